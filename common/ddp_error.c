@@ -1,0 +1,18 @@
+/* ddp_error: see ddp_error.h. */
+#include "ddp_error.h"
+
+#include <string.h>
+
+const char *ddp_strerror(int rc) {
+    switch (rc) {
+    case 0: return "success";
+    case DDP_EPROTO: return "protocol violation by the peer";
+    case DDP_EAUTH: return "shared-secret authentication failed";
+    case DDP_ENOSECRET: return "the store requires a shared secret";
+    case DDP_ETIMEOUT: return "timed out";
+    case DDP_ECLOSED: return "connection closed by the peer";
+    case DDP_EUSAGE: return "invalid usage";
+    case DDP_EVALUE: return "value has the wrong form";
+    default: return rc < 0 && rc > -DDP_EBASE ? strerror(-rc) : "unknown error";
+    }
+}

@@ -1,0 +1,35 @@
+/* ddp_error: the project's error convention for launcher/, common/ and proto/ callers.
+ * Functions return 0 or a negative errno / DDP_E* code; TRY propagates, TRY_GOTO jumps to the
+ * one cleanup label. ddp_strerror names both kinds. */
+#ifndef DDP_COMMON_DDP_ERROR_H
+#define DDP_COMMON_DDP_ERROR_H
+
+#include <errno.h>
+
+enum {
+    DDP_EBASE = 10000,
+    DDP_EPROTO = -(DDP_EBASE + 1),    /* the peer broke the wire protocol */
+    DDP_EAUTH = -(DDP_EBASE + 2),     /* shared-secret authentication failed */
+    DDP_ENOSECRET = -(DDP_EBASE + 3), /* the store requires a secret we do not hold */
+    DDP_ETIMEOUT = -(DDP_EBASE + 4),  /* a deadline passed */
+    DDP_ECLOSED = -(DDP_EBASE + 5),   /* the peer closed the connection */
+    DDP_EUSAGE = -(DDP_EBASE + 6),    /* bad arguments from a user */
+    DDP_EVALUE = -(DDP_EBASE + 7),    /* a value has the wrong form (e.g. ADD on non-integer) */
+};
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        int try_rc_ = (expr);                                                                      \
+        if (try_rc_ < 0) return try_rc_;                                                           \
+    } while (0)
+
+#define TRY_GOTO(rc, expr, label)                                                                  \
+    do {                                                                                           \
+        (rc) = (expr);                                                                             \
+        if ((rc) < 0) goto label;                                                                  \
+    } while (0)
+
+/* Message for 0, -errno or DDP_E*; never NULL. */
+const char *ddp_strerror(int rc);
+
+#endif

@@ -1,0 +1,11 @@
+/* commands: the subcommands of the ddprun executable. Each returns the process exit code
+ * (0 success, 1 failure, 2 usage error) and prints its own messages. */
+#ifndef DDP_LAUNCHER_COMMANDS_H
+#define DDP_LAUNCHER_COMMANDS_H
+
+/* `ddprun store ...`: the standalone store server (store_cmd.c). */
+int store_cmd_main(int argc, char **argv);
+/* `ddprun store-client ...`: one store operation from the shell (store_cli.c). */
+int store_cli_main(int argc, char **argv);
+
+#endif
