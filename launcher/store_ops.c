@@ -90,6 +90,12 @@ static void op_multi_get(store_conn_t *c, const store_request_t *req) {
     while (store_proto_next_item(req, &cursor, &key, NULL)) {
         kv_table_get(t, key.ptr, key.len, &n);
         total += 8 + n;
+        if (total > c->srv->limits.max_output_bytes) {
+            /* Many keys naming one big value would multiply it: bound the reply, not the claim. */
+            store_conn_drop(c, "MULTI_GET reply above the output limit of %zu bytes",
+                            c->srv->limits.max_output_bytes);
+            return;
+        }
     }
     uint8_t *buf = malloc(total ? total : 1);
     if (!buf) {
@@ -206,6 +212,12 @@ void store_ops_handle(store_conn_t *c, const store_request_t *req) {
     case STORE_OP_GETNUMKEYS: send_i64(c, kv_table_num_keys(t)); return;
     case STORE_OP_DELETE_KEY: send_i64(c, kv_table_delete(t, k->ptr, k->len)); return;
     case STORE_OP_APPEND:
+        v = kv_table_get(t, k->ptr, k->len, &n);
+        if (n + req->value.len > c->srv->limits.max_value_bytes) {
+            store_conn_drop(c, "APPEND would make a value longer than the value-size limit (%zu "
+                               "bytes)", c->srv->limits.max_value_bytes);
+            return;
+        }
         rc = kv_table_append(t, k->ptr, k->len, req->value.ptr, req->value.len);
         break;
     case STORE_OP_MULTI_GET: op_multi_get(c, req); return;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The newcomer's first command: install, build, and run the main job.
+# Until the trainer lands, the main job is the store: start `ddprun store`, talk to it with our
+# client (and with PyTorch's own TCPStore client when Debian's torch is installed), stop it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/setup.sh
+ddprun=build/launcher/ddprun
+work=$(mktemp -d)
+trap 'kill "$store_pid" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+
+"$ddprun" store --host 127.0.0.1 --port 0 --port-file "$work/port" &
+store_pid=$!
+for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+port=$(cat "$work/port")
+cli() { "$ddprun" store-client --endpoint "127.0.0.1:$port" "$@"; }
+
+echo "== store on 127.0.0.1:$port"
+cli set greeting "hello from ddprun"
+echo "get greeting        -> $(cli get greeting)"
+echo "add counter 5       -> $(cli add counter 5)"
+echo "add counter 37      -> $(cli add counter 37)"
+echo "compare-set ...     -> $(cli compare-set greeting 'hello from ddprun' updated)"
+( sleep 0.3; cli set round/1/ready yes ) &
+echo "wait round/1/ready  -> woke after another client set it"
+cli wait round/1/ready
+echo "num-keys            -> $(cli num-keys)"
+echo "ping                -> $(cli ping)"
+if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+    /usr/bin/python3 - "$port" <<'PY'
+import sys, datetime
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=10))
+print("torch TCPStore get  ->", s.get("greeting").decode(), "| add ->", s.add("counter", 1))
+PY
+fi
+kill -TERM "$store_pid"
+wait "$store_pid"
+echo "== store stopped cleanly"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run): install what is missing, build with
+# AddressSanitizer + UBSan, run the C unit tests (ctest), the end-to-end and interop tests (pytest
+# driving the real binaries; GPU tests skip without a GPU), then the codec fuzzer for a bounded time.
+#   tests/run.sh [--fuzz-seconds N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzz_seconds=60
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --fuzz-seconds) fuzz_seconds="$2"; shift ;;
+        *) echo "tests/run.sh: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+build=build-test
+deploy/setup.sh --tests --build-dir "$build" -- -DDDP_SANITIZE=ON -DDDP_WERROR=ON
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+echo "== unit tests"
+(cd "$build" && ctest --output-on-failure -j "$(nproc)")
+
+echo "== end-to-end and interop tests"
+DDPRUN_BIN="$PWD/$build/launcher/ddprun" /usr/bin/python3 -m pytest -q tests
+
+if [ "$fuzz_seconds" -gt 0 ]; then
+    echo "== fuzzing the store codec for ${fuzz_seconds}s"
+    tests/fuzz/run_fuzz.sh "$fuzz_seconds"
+fi
+echo "== all tests passed"
