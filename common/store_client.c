@@ -415,15 +415,15 @@ static int keys_op(store_client_t *c, store_op_t op, const char *const *keys, si
     return send_all(c, w.data, w.len);
 }
 
-int store_client_wait(store_client_t *c, const char *const *keys, size_t n_keys,
-                      int64_t timeout_ms) {
-    TRY(keys_op(c, STORE_OP_WAIT, keys, n_keys, NULL, NULL, timeout_ms));
+/* Read the deferred STOP_WAITING of a WAIT or BARRIER; on timeout cancel it on the server. */
+static int await_stop_waiting(store_client_t *c, int64_t timeout_ms, const char *what,
+                              const char *key) {
     store_reply_t r;
     int rc = recv_reply(c, STORE_REPLY_U8, &r);
     if (rc == 0)
         return r.u8 == STORE_WAIT_STOP_WAITING
                    ? 0
-                   : fail(c, DDP_EPROTO, "unexpected WAIT reply %u", r.u8);
+                   : fail(c, DDP_EPROTO, "unexpected %s reply %u", what, r.u8);
     if (rc != DDP_ETIMEOUT) return rc;
     int64_t waited = timeout_ms < 0 ? c->opts.op_timeout_ms : timeout_ms;
     if (c->opts.dialect == STORE_DIALECT_LEGACY) {
@@ -438,8 +438,63 @@ int store_client_wait(store_client_t *c, const char *const *keys, size_t n_keys,
         if (rc == 0 && r.u8 == STORE_WAIT_STOP_WAITING) rc = recv_reply(c, STORE_REPLY_U8, &r);
         if (rc < 0 || r.u8 != STORE_WAIT_CANCELED) disconnect(c);
     }
-    return fail(c, DDP_ETIMEOUT, "WAIT for '%s'%s timed out after %lld ms",
-                n_keys ? keys[0] : "", n_keys > 1 ? " and others" : "", (long long)waited);
+    return fail(c, DDP_ETIMEOUT, "%s on '%s' timed out after %lld ms", what, key,
+                (long long)waited);
+}
+
+int store_client_wait(store_client_t *c, const char *const *keys, size_t n_keys,
+                      int64_t timeout_ms) {
+    TRY(keys_op(c, STORE_OP_WAIT, keys, n_keys, NULL, NULL, timeout_ms));
+    return await_stop_waiting(c, timeout_ms, "WAIT", n_keys ? keys[0] : "");
+}
+
+int store_client_barrier(store_client_t *c, const char *key, int64_t world_size,
+                         int64_t timeout_ms) {
+    TRY(check_key(c, key));
+    TRY(start_op(c, timeout_ms));
+    store_writer_t w;
+    TRY(begin(c, STORE_OP_BARRIER, str_cost(key) + 8, &w));
+    store_put_bytes(&w, key, strlen(key));
+    store_put_i64(&w, world_size);
+    TRY(send_all(c, w.data, w.len));
+    return await_stop_waiting(c, timeout_ms, "BARRIER", key);
+}
+
+int store_client_list_keys(store_client_t *c, char ***keys, size_t *n_keys) {
+    TRY(start_op(c, -1));
+    store_writer_t w;
+    TRY(begin(c, STORE_OP_LIST_KEYS, 0, &w));
+    TRY(send_all(c, w.data, w.len));
+    store_reply_t r;
+    int rc = recv_reply(c, STORE_REPLY_KEY_COUNT, &r);
+    if (rc < 0) {
+        if (rc == DDP_ETIMEOUT) disconnect(c);
+        return rc;
+    }
+    if (r.i64 < 0 || (uint64_t)r.i64 > c->limits.max_store_bytes / 8) {
+        disconnect(c);
+        return fail(c, DDP_EPROTO, "LIST_KEYS reply claims %lld keys", (long long)r.i64);
+    }
+    size_t n = (size_t)r.i64, i = 0;
+    char **out = calloc(n + 1, sizeof *out);
+    if (!out) return fail(c, -ENOMEM, "out of memory for %zu keys", n);
+    for (; i < n; i++) {
+        rc = recv_reply(c, STORE_REPLY_BYTES, &r);
+        if (rc == 0 && r.bytes.len > c->limits.max_key_bytes) rc = DDP_EPROTO;
+        if (rc == 0 && !(out[i] = malloc(r.bytes.len + 1))) rc = -ENOMEM;
+        if (rc < 0) break;
+        memcpy(out[i], r.bytes.ptr, r.bytes.len);
+        out[i][r.bytes.len] = '\0';
+    }
+    if (rc < 0) {
+        while (i-- > 0) free(out[i]);
+        free(out);
+        disconnect(c);
+        return rc == DDP_EPROTO ? fail(c, rc, "LIST_KEYS reply holds an over-long key") : rc;
+    }
+    *keys = out;
+    *n_keys = n;
+    return 0;
 }
 
 int store_client_get(store_client_t *c, const char *key, uint8_t **val, size_t *val_len) {

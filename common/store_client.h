@@ -52,6 +52,13 @@ int store_client_check(store_client_t *c, const char *const *keys, size_t n_keys
 int store_client_wait(store_client_t *c, const char *const *keys, size_t n_keys,
                       int64_t timeout_ms);
 int store_client_num_keys(store_client_t *c, int64_t *n);
+/* BARRIER (torch >= 2.10 servers and ddprun's): count this arrival at key and block until
+ * world_size arrivals; timeout as store_client_wait. */
+int store_client_barrier(store_client_t *c, const char *key, int64_t world_size,
+                         int64_t timeout_ms);
+/* LIST_KEYS: every key holding a value, as a malloc'd array of malloc'd NUL-terminated strings
+ * (keys containing NUL bytes are cut there); the caller frees each and the array. */
+int store_client_list_keys(store_client_t *c, char ***keys, size_t *n_keys);
 int store_client_delete_key(store_client_t *c, const char *key, bool *was_deleted);
 int store_client_append(store_client_t *c, const char *key, const void *val, size_t val_len);
 /* vals[i]/val_lens[i] for each key (empty when missing); free each vals[i]. No waiting. */

@@ -193,6 +193,8 @@ static void maybe_remove(kv_table_t *t, kv_entry_t *e) {
     free(e);
 }
 
+static void link_waiter(kv_waiter_t *w, kv_entry_t *e);
+
 static void fire(kv_waiter_t *w) {
     w->cb(w->owner);
     free(w);
@@ -456,15 +458,7 @@ int kv_table_wait_add_key(kv_table_t *t, kv_waiter_t *w, const void *key, size_t
     kv_entry_t *e;
     int rc = get_or_create(t, key, key_len, 0, &e);
     if (rc < 0) return rc;
-    wait_link_t *l = &w->links[w->n_links++];
-    l->entry = e;
-    l->waiter = w;
-    l->next = NULL;
-    l->prev = e->wait_tail;
-    if (e->wait_tail) e->wait_tail->next = l;
-    else e->wait_head = l;
-    e->wait_tail = l;
-    w->remaining++;
+    link_waiter(w, e);
     return 0;
 }
 
@@ -485,5 +479,62 @@ int kv_table_wait_commit(kv_table_t *t, kv_waiter_t *w) {
         kv_table_wait_cancel(t, w);
         return 1;
     }
+    return 0;
+}
+
+bool kv_table_next_key(const kv_table_t *t, size_t *cursor, const uint8_t **key, size_t *key_len) {
+    for (; *cursor < t->cap; (*cursor)++) {
+        const kv_entry_t *e = t->slots[*cursor];
+        if (e && e->is_set) {
+            *key = e->key;
+            *key_len = e->key_len;
+            (*cursor)++;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void link_waiter(kv_waiter_t *w, kv_entry_t *e) {
+    wait_link_t *l = &w->links[w->n_links++];
+    l->entry = e;
+    l->waiter = w;
+    l->next = NULL;
+    l->prev = e->wait_tail;
+    if (e->wait_tail) e->wait_tail->next = l;
+    else e->wait_head = l;
+    e->wait_tail = l;
+    w->remaining++;
+}
+
+int kv_table_barrier(kv_table_t *t, const void *key, size_t key_len, int64_t world_size,
+                     kv_wake_cb cb, void *owner, kv_waiter_t **out) {
+    kv_entry_t *e = find(t, key, key_len);
+    int64_t count = 0;
+    if (e && e->is_set) {
+        int rc = parse_int64(e->val, e->val_len, &count);
+        if (rc < 0) return rc;
+    }
+    count = (int64_t)((uint64_t)count + 1u);
+    char text[24];
+    int n = snprintf(text, sizeof text, "%lld", (long long)count);
+    kv_waiter_t *w = NULL;
+    if (count < world_size) {
+        int rc = kv_table_wait_begin(t, 1, cb, owner, &w);
+        if (rc < 0) return rc;
+    }
+    int rc = get_or_create(t, key, key_len, value_delta(e, (size_t)n), &e);
+    if (rc == 0) rc = store_value(t, e, text, (size_t)n);
+    if (rc < 0) {
+        free(w);
+        maybe_remove(t, e);
+        return rc;
+    }
+    if (!w) {
+        wake_all(e);
+        return 1;
+    }
+    link_waiter(w, e);
+    *out = w;
     return 0;
 }

@@ -58,6 +58,17 @@ int kv_table_queue_pop(kv_table_t *t, const void *key, size_t key_len, int64_t *
                        uint8_t **item, size_t *item_len);
 int64_t kv_table_queue_len(kv_table_t *t, const void *key, size_t key_len);
 
+/* LIST_KEYS: walk the keys holding a value; *cursor starts at 0. The key is borrowed until the
+ * next table call that changes the table. Returns false when done. */
+bool kv_table_next_key(const kv_table_t *t, size_t *cursor, const uint8_t **key, size_t *key_len);
+
+/* BARRIER as PyTorch: add 1 to the decimal counter at key without waking anyone; once it reaches
+ * world_size wake every waiter of key and return 1; else register a waiter on key (cb fires when
+ * key is next written, i.e. by the last arrival) and return 0 with *out set. -EINVAL/-ERANGE when
+ * the value is not an integer; -ENOSPC/-ENOMEM as SET. */
+int kv_table_barrier(kv_table_t *t, const void *key, size_t key_len, int64_t world_size,
+                     kv_wake_cb cb, void *owner, kv_waiter_t **out);
+
 /* WAIT: begin(max_keys), add each key, then commit. commit returns 1 when all keys are already
  * present (waiter freed, cb not called), 0 when registered (cb fires later), or a negative code
  * (waiter freed). A registered waiter is cancelled with kv_table_wait_cancel (no cb); so is one

@@ -23,7 +23,7 @@ static const char cli_usage[] =
     "operations:\n"
     "  set K V | get K | add K N | compare-set K EXPECTED DESIRED | append K V\n"
     "  check K... | wait K... | num-keys | delete K | multi-get K... | multi-set K V [K V]...\n"
-    "  ping | queue-push K V | queue-pop K | queue-len K\n"
+    "  ping | queue-push K V | queue-pop K | queue-len K | list-keys | barrier K WORLD_SIZE\n"
     "\n"
     "exit status: 0 done, 1 the operation failed (message on stderr), 2 usage error;\n"
     "check prints 1 (all keys present) or 0.\n";
@@ -47,7 +47,8 @@ static const cli_op_t cli_ops[] = {
     {"set", 2, 2},         {"get", 1, 1},        {"add", 2, 2},        {"compare-set", 3, 3},
     {"append", 2, 2},      {"check", 1, -1},     {"wait", 1, -1},      {"num-keys", 0, 0},
     {"delete", 1, 1},      {"multi-get", 1, -1}, {"multi-set", 2, -1}, {"ping", 0, 0},
-    {"queue-push", 2, 2},  {"queue-pop", 1, 1},  {"queue-len", 1, 1},
+    {"queue-push", 2, 2},  {"queue-pop", 1, 1},  {"queue-len", 1, 1},  {"list-keys", 0, 0},
+    {"barrier", 2, 2},
 };
 
 static int usage_error(const char *what, const char *arg) {
@@ -85,10 +86,22 @@ static int run_op(store_client_t *c, const char *op, char **a, int n) {
         free(v);
         return rc;
     }
-    if (strcmp(op, "add") == 0) {
+    if (strcmp(op, "list-keys") == 0) {
+        char **list = NULL;
+        size_t count = 0;
+        if ((rc = store_client_list_keys(c, &list, &count)) < 0) return rc;
+        for (size_t i = 0; i < count; i++) {
+            puts(list[i]);
+            free(list[i]);
+        }
+        free(list);
+        return 0;
+    }
+    if (strcmp(op, "add") == 0 || strcmp(op, "barrier") == 0) {
         char *end;
         long long delta = strtoll(a[1], &end, 10);
-        if (*a[1] == '\0' || *end != '\0') return usage_error("add: not an integer: ", a[1]);
+        if (*a[1] == '\0' || *end != '\0') return usage_error("not an integer: ", a[1]);
+        if (op[0] == 'b') return store_client_barrier(c, a[0], delta, -1);
         rc = store_client_add(c, a[0], delta, &i64);
     } else if (strcmp(op, "num-keys") == 0) {
         rc = store_client_num_keys(c, &i64);

@@ -112,6 +112,48 @@ static void op_multi_get(store_conn_t *c, const store_request_t *req) {
     free(buf);
 }
 
+static void op_list_keys(store_conn_t *c) {
+    kv_table_t *t = c->srv->table;
+    size_t cursor = 0, total = 8, n;
+    const uint8_t *key;
+    int64_t count = 0;
+    while (kv_table_next_key(t, &cursor, &key, &n)) {
+        total += 8 + n;
+        count++;
+    }
+    if (total > c->srv->limits.max_output_bytes) {
+        store_conn_drop(c, "LIST_KEYS reply of %zu bytes above the output limit of %zu bytes",
+                        total, c->srv->limits.max_output_bytes);
+        return;
+    }
+    uint8_t *buf = malloc(total);
+    if (!buf) {
+        store_conn_drop(c, "out of memory building a %zu-byte LIST_KEYS reply", total);
+        return;
+    }
+    store_writer_t w;
+    store_writer_init(&w, buf, total);
+    store_put_i64(&w, count);
+    for (cursor = 0; kv_table_next_key(t, &cursor, &key, &n);) store_put_bytes(&w, key, n);
+    store_conn_send(c, buf, w.len, NULL, 0);
+    free(buf);
+}
+
+static void op_barrier(store_conn_t *c, const store_request_t *req) {
+    if (c->waiter) {
+        store_conn_drop(c, "BARRIER sent while a WAIT is still pending");
+        return;
+    }
+    kv_waiter_t *w = NULL;
+    int rc = kv_table_barrier(c->srv->table, req->key.ptr, req->key.len, req->add_delta,
+                              on_wait_done, c, &w);
+    if (rc == 1) send_u8(c, STORE_WAIT_STOP_WAITING);
+    else if (rc == 0) c->waiter = w;
+    else if (rc == -EINVAL || rc == -ERANGE)
+        store_conn_drop(c, "BARRIER on a key whose value is not a 64-bit integer");
+    else drop_on_write_error(c, req, rc);
+}
+
 static void op_auth_hello(store_conn_t *c, const store_request_t *req) {
     if (req->u32 != STORE_AUTH_VERSION) {
         store_conn_drop(c, "auth hello of unsupported version %u", req->u32);
@@ -250,6 +292,8 @@ void store_ops_handle(store_conn_t *c, const store_request_t *req) {
         return;
     }
     case STORE_OP_QUEUE_LEN: send_i64(c, kv_table_queue_len(t, k->ptr, k->len)); return;
+    case STORE_OP_LIST_KEYS: op_list_keys(c); return;
+    case STORE_OP_BARRIER: op_barrier(c, req); return;
     case STORE_OP_WATCH_KEY:
         store_conn_drop(c, "WATCH_KEY (torch's legacy watch_key callback API) is not supported");
         return;

@@ -43,7 +43,8 @@ static const char *const op_names[STORE_OP__COUNT] = {
     [STORE_OP_MULTI_GET] = "MULTI_GET",   [STORE_OP_MULTI_SET] = "MULTI_SET",
     [STORE_OP_CANCEL_WAIT] = "CANCEL_WAIT", [STORE_OP_PING] = "PING",
     [STORE_OP_QUEUE_PUSH] = "QUEUE_PUSH", [STORE_OP_QUEUE_POP] = "QUEUE_POP",
-    [STORE_OP_QUEUE_LEN] = "QUEUE_LEN",   [STORE_OP_WATCH_KEY] = "WATCH_KEY",
+    [STORE_OP_QUEUE_LEN] = "QUEUE_LEN",   [STORE_OP_LIST_KEYS] = "LIST_KEYS",
+    [STORE_OP_BARRIER] = "BARRIER",       [STORE_OP_WATCH_KEY] = "WATCH_KEY",
     [STORE_OP_AUTH_HELLO] = "AUTH_HELLO", [STORE_OP_AUTH_PROOF] = "AUTH_PROOF",
 };
 
@@ -66,7 +67,7 @@ static int op_from_wire(store_dialect_t dialect, uint8_t wire, store_op_t *op) {
         *op = legacy_ops[wire];
         return 0;
     }
-    if (wire <= STORE_OP_QUEUE_LEN) {
+    if (wire <= STORE_OP_BARRIER) {
         *op = (store_op_t)wire;
         return 0;
     }
@@ -87,7 +88,7 @@ int store_proto_wire_opcode(store_dialect_t dialect, store_op_t op) {
             if (legacy_ops[i] == op) return (int)i;
         return -1;
     }
-    if (op <= STORE_OP_QUEUE_LEN) return (int)op;
+    if (op <= STORE_OP_BARRIER) return (int)op;
     if (op == STORE_OP_AUTH_HELLO) return STORE_WIRE_AUTH_HELLO;
     if (op == STORE_OP_AUTH_PROOF) return STORE_WIRE_AUTH_PROOF;
     return -1;
@@ -212,7 +213,8 @@ static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *
     case STORE_OP_QUEUE_POP:
     case STORE_OP_QUEUE_LEN:
     case STORE_OP_WATCH_KEY: return rd_key(r, lim, &q->key);
-    case STORE_OP_ADD: {
+    case STORE_OP_ADD:
+    case STORE_OP_BARRIER: {
         uint64_t v;
         RD(rd_key(r, lim, &q->key));
         RD(rd_u64(r, &v));
@@ -224,7 +226,8 @@ static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *
     case STORE_OP_MULTI_GET: return rd_items(r, lim, false, q);
     case STORE_OP_MULTI_SET: return rd_items(r, lim, true, q);
     case STORE_OP_GETNUMKEYS:
-    case STORE_OP_CANCEL_WAIT: return 1;
+    case STORE_OP_CANCEL_WAIT:
+    case STORE_OP_LIST_KEYS: return 1;
     case STORE_OP_AUTH_HELLO: {
         uint8_t version;
         RD(rd_u8(r, &version));
@@ -280,7 +283,9 @@ store_reply_kind_t store_proto_reply_kind(store_op_t op) {
     switch (op) {
     case STORE_OP_CHECK:
     case STORE_OP_WAIT:
+    case STORE_OP_BARRIER:
     case STORE_OP_CANCEL_WAIT: return STORE_REPLY_U8;
+    case STORE_OP_LIST_KEYS: return STORE_REPLY_KEY_COUNT;
     case STORE_OP_ADD:
     case STORE_OP_GETNUMKEYS:
     case STORE_OP_DELETE_KEY:
@@ -307,6 +312,7 @@ int store_proto_decode_reply(store_reply_kind_t kind, const store_limits_t *lim,
     case STORE_REPLY_U8: rc = rd_u8(&r, &out->u8); break;
     case STORE_REPLY_U32: rc = rd_u32(&r, &out->u32); break;
     case STORE_REPLY_I64:
+    case STORE_REPLY_KEY_COUNT:
         rc = rd_u64(&r, &v64);
         out->i64 = (int64_t)v64;
         break;

@@ -5,7 +5,8 @@
  * checked against store_limits_t before the caller could be asked to buffer it.
  *
  * Two numberings exist on the wire (see docs/protocol.md):
- *   current (torch >= 2.2): VALIDATE=0 + u32 magic opens every connection, SET=1 ... QUEUE_LEN=16;
+ *   current (torch >= 2.2): VALIDATE=0 + u32 magic opens every connection, SET=1 ... QUEUE_LEN=16,
+ *                           then LIST_KEYS=17 and BARRIER=18 in newer releases;
  *   legacy  (torch 1.9-2.1): no VALIDATE, SET=0 COMPARE_SET=1 ... DELETE_KEY=8 ... CANCEL_WAIT=12.
  * They are told apart by the first bytes of a connection (store_proto_detect_dialect).
  * Strings/byte vectors are u64 length + bytes, integers little-endian. ADD carries an i64; the
@@ -41,9 +42,11 @@ typedef enum {
     STORE_OP_QUEUE_PUSH = 14,
     STORE_OP_QUEUE_POP = 15,
     STORE_OP_QUEUE_LEN = 16,
-    STORE_OP_WATCH_KEY = 17,  /* legacy only (7 on the wire); decoded so it can be refused clearly */
-    STORE_OP_AUTH_HELLO = 18, /* ddprun extension, current dialect only: 0xD0 on the wire */
-    STORE_OP_AUTH_PROOF = 19, /* ddprun extension: 0xD1 */
+    STORE_OP_LIST_KEYS = 17,  /* torch >= 2.10-ish */
+    STORE_OP_BARRIER = 18,    /* torch >= 2.10-ish */
+    STORE_OP_WATCH_KEY = 19,  /* legacy only (7 on the wire); decoded so it can be refused clearly */
+    STORE_OP_AUTH_HELLO = 20, /* ddprun extension, current dialect only: 0xD0 on the wire */
+    STORE_OP_AUTH_PROOF = 21, /* ddprun extension: 0xD1 */
     STORE_OP__COUNT
 } store_op_t;
 
@@ -95,10 +98,10 @@ typedef struct {
 /* One decoded request. Pointers reference the decoded buffer and live as long as it does. */
 typedef struct {
     store_op_t op;
-    store_bytes_t key;    /* SET CAS GET ADD DELETE APPEND QUEUE_* WATCH */
+    store_bytes_t key;    /* SET CAS GET ADD DELETE APPEND QUEUE_* BARRIER WATCH */
     store_bytes_t value;  /* SET APPEND QUEUE_PUSH; COMPARE_SET: expected value */
     store_bytes_t value2; /* COMPARE_SET: desired value */
-    int64_t add_delta;    /* ADD */
+    int64_t add_delta;    /* ADD; BARRIER: world size */
     uint32_t u32;         /* VALIDATE magic, PING nonce, AUTH_HELLO version */
     uint64_t n_items;     /* CHECK WAIT MULTI_GET: keys; MULTI_SET: key/value pairs */
     store_bytes_t items;  /* the raw items, walked with store_proto_next_item */
@@ -134,6 +137,7 @@ typedef enum {
     STORE_REPLY_U32,   /* PING: u32 nonce echo */
     STORE_REPLY_BYTES, /* GET COMPARE_SET: u64 length + bytes */
     STORE_REPLY_QUEUE_POP, /* i64 queue length before the pop, then bytes if it was > 0 */
+    STORE_REPLY_KEY_COUNT, /* LIST_KEYS: i64 count, then that many keys (decode each as BYTES) */
     STORE_REPLY_AUTH_HELLO, /* u8 OPEN | u8 CHALLENGE + nonce */
     STORE_REPLY_AUTH_PROOF, /* u8 OK + mac | u8 DENIED */
     STORE_REPLY_NONE,  /* SET APPEND MULTI_SET QUEUE_PUSH VALIDATE: nothing */
