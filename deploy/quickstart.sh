@@ -27,12 +27,15 @@ cli wait round/1/ready
 echo "num-keys            -> $(cli num-keys)"
 echo "ping                -> $(cli ping)"
 if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+    # PyTorch's own client on our store; it prefixes its keys with "/".
     /usr/bin/python3 - "$port" <<'PY'
 import sys, datetime
 from torch.distributed import TCPStore
 s = TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=10))
-print("torch TCPStore get  ->", s.get("greeting").decode(), "| add ->", s.add("counter", 1))
+s.set("from_torch", "hello from PyTorch's TCPStore client")
+print("torch add(counter)  ->", s.add("counter", 1), "(its key is /counter)")
 PY
+    echo "get /from_torch     -> $(cli get /from_torch)"
 fi
 kill -TERM "$store_pid"
 wait "$store_pid"
