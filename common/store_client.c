@@ -101,7 +101,7 @@ int store_client_send_raw(store_client_t *c, const void *p, size_t n) {
 }
 
 /* Read until a reply of this kind is complete; it points into rbuf until the next read. */
-static int recv_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t *out) {
+static int read_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t *out) {
     for (;;) {
         int rc = store_proto_decode_reply(kind, &c->limits, c->rbuf + c->r_pos,
                                           c->r_len - c->r_pos, out);
@@ -139,6 +139,14 @@ static int recv_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t 
         rc = wait_fd(c, POLLIN);
         if (rc < 0) return rc == DDP_ETIMEOUT ? rc : fail(c, rc, "receiving: %s", ddp_strerror(rc));
     }
+}
+
+/* read_reply that gives up the connection on a timeout: a reply arriving later would be taken for
+ * the next operation's. (A timed-out WAIT is the exception: it is cancelled instead.) */
+static int recv_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t *out) {
+    int rc = read_reply(c, kind, out);
+    if (rc == DDP_ETIMEOUT) disconnect(c);
+    return rc;
 }
 
 /* ---- framing of requests ------------------------------------------------------------------ */
@@ -195,11 +203,7 @@ static int key_op(store_client_t *c, store_op_t op, const char *key, const void 
     store_reply_kind_t kind = store_proto_reply_kind(op);
     if (kind == STORE_REPLY_NONE) return 0;
     int rc = recv_reply(c, kind, r);
-    if (rc == DDP_ETIMEOUT) {
-        disconnect(c); /* a late reply would be mistaken for the next op's */
-        return fail(c, rc, "%s '%s' timed out", store_op_name(op), key);
-    }
-    return rc;
+    return rc == DDP_ETIMEOUT ? fail(c, rc, "%s '%s' timed out", store_op_name(op), key) : rc;
 }
 
 static int copy_out(store_client_t *c, const store_bytes_t *b, uint8_t **val, size_t *len) {
@@ -415,11 +419,20 @@ static int keys_op(store_client_t *c, store_op_t op, const char *const *keys, si
     return send_all(c, w.data, w.len);
 }
 
+/* An op without arguments (GETNUMKEYS, LIST_KEYS): send it and read its first reply. */
+static int bare_op(store_client_t *c, store_op_t op, store_reply_kind_t kind, store_reply_t *r) {
+    TRY(start_op(c, -1));
+    store_writer_t w;
+    TRY(begin(c, op, 0, &w));
+    TRY(send_all(c, w.data, w.len));
+    return recv_reply(c, kind, r);
+}
+
 /* Read the deferred STOP_WAITING of a WAIT or BARRIER; on timeout cancel it on the server. */
 static int await_stop_waiting(store_client_t *c, int64_t timeout_ms, const char *what,
                               const char *key) {
     store_reply_t r;
-    int rc = recv_reply(c, STORE_REPLY_U8, &r);
+    int rc = read_reply(c, STORE_REPLY_U8, &r);
     if (rc == 0)
         return r.u8 == STORE_WAIT_STOP_WAITING
                    ? 0
@@ -461,16 +474,9 @@ int store_client_barrier(store_client_t *c, const char *key, int64_t world_size,
 }
 
 int store_client_list_keys(store_client_t *c, char ***keys, size_t *n_keys) {
-    TRY(start_op(c, -1));
-    store_writer_t w;
-    TRY(begin(c, STORE_OP_LIST_KEYS, 0, &w));
-    TRY(send_all(c, w.data, w.len));
     store_reply_t r;
-    int rc = recv_reply(c, STORE_REPLY_KEY_COUNT, &r);
-    if (rc < 0) {
-        if (rc == DDP_ETIMEOUT) disconnect(c);
-        return rc;
-    }
+    TRY(bare_op(c, STORE_OP_LIST_KEYS, STORE_REPLY_KEY_COUNT, &r));
+    int rc = 0;
     if (r.i64 < 0 || (uint64_t)r.i64 > c->limits.max_store_bytes / 8) {
         disconnect(c);
         return fail(c, DDP_EPROTO, "LIST_KEYS reply claims %lld keys", (long long)r.i64);
@@ -522,7 +528,6 @@ int store_client_add(store_client_t *c, const char *key, int64_t delta, int64_t 
     TRY(send_all(c, w.data, w.len));
     store_reply_t r;
     int rc = recv_reply(c, STORE_REPLY_I64, &r);
-    if (rc == DDP_ETIMEOUT) disconnect(c);
     if (rc == 0 && result) *result = r.i64;
     return rc;
 }
@@ -531,26 +536,15 @@ int store_client_check(store_client_t *c, const char *const *keys, size_t n_keys
     TRY(keys_op(c, STORE_OP_CHECK, keys, n_keys, NULL, NULL, -1));
     store_reply_t r;
     int rc = recv_reply(c, STORE_REPLY_U8, &r);
-    if (rc == DDP_ETIMEOUT) disconnect(c);
     if (rc == 0) *is_ready = r.u8 == STORE_CHECK_READY;
     return rc;
 }
 
-/* An op with no argument and an i64 reply (GETNUMKEYS). */
-static int bare_i64_op(store_client_t *c, store_op_t op, int64_t *out) {
-    TRY(start_op(c, -1));
-    store_writer_t w;
-    TRY(begin(c, op, 0, &w));
-    TRY(send_all(c, w.data, w.len));
-    store_reply_t r;
-    int rc = recv_reply(c, STORE_REPLY_I64, &r);
-    if (rc == DDP_ETIMEOUT) disconnect(c);
-    if (rc == 0) *out = r.i64;
-    return rc;
-}
-
 int store_client_num_keys(store_client_t *c, int64_t *n) {
-    return bare_i64_op(c, STORE_OP_GETNUMKEYS, n);
+    store_reply_t r;
+    TRY(bare_op(c, STORE_OP_GETNUMKEYS, STORE_REPLY_I64, &r));
+    *n = r.i64;
+    return 0;
 }
 
 int store_client_delete_key(store_client_t *c, const char *key, bool *was_deleted) {
@@ -575,10 +569,8 @@ int store_client_multi_get(store_client_t *c, const char *const *keys, size_t n_
         if (rc == 0) rc = copy_out(c, &r.bytes, &vals[i], &val_lens[i]);
         if (rc < 0) break;
     }
-    if (rc < 0) {
+    if (rc < 0)
         while (i-- > 0) free(vals[i]);
-        if (rc == DDP_ETIMEOUT) disconnect(c);
-    }
     return rc;
 }
 
@@ -597,9 +589,7 @@ int store_client_ping(store_client_t *c, uint64_t *rtt_us) {
     store_put_u32(&w, nonce);
     TRY(send_all(c, w.data, w.len));
     store_reply_t r;
-    int rc = recv_reply(c, STORE_REPLY_U32, &r);
-    if (rc == DDP_ETIMEOUT) disconnect(c);
-    if (rc < 0) return rc;
+    TRY(recv_reply(c, STORE_REPLY_U32, &r));
     if (r.u32 != nonce) return fail(c, DDP_EPROTO, "PING echoed %u, sent %u", r.u32, nonce);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rtt_us)

@@ -7,27 +7,9 @@ torch >= 2.2 clients prefix every key with "/", so keys crossing sides carry it 
 """
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import tempfile
-import time
 
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def ddprun_bin():
-    env = os.environ.get("DDPRUN_BIN")
-    if env:
-        return env
-    for build in ("build", "build-test"):
-        path = os.path.join(ROOT, build, "launcher", "ddprun")
-        if os.access(path, os.X_OK):
-            return path
-    pytest.skip("ddprun binary not built (set DDPRUN_BIN)")
 
 
 def modern_torch_python():
@@ -43,26 +25,9 @@ def modern_torch_python():
     pytest.skip("no torch >= 2.2 interpreter (set DDP_TORCH_PYTHON)")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def torch_py():
     return modern_torch_python()
-
-
-@pytest.fixture
-def our_store():
-    tmp = tempfile.mkdtemp()
-    port_file = os.path.join(tmp, "port")
-    proc = subprocess.Popen([ddprun_bin(), "store", "--host", "127.0.0.1", "--port", "0",
-                             "--port-file", port_file], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(port_file):
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "store did not start"
-        time.sleep(0.02)
-    yield int(open(port_file).read())
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == 0, proc.stderr.read()
-    shutil.rmtree(tmp)
 
 
 CLIENT_SCRIPT = r"""
@@ -112,12 +77,12 @@ print("OK", n)
 """
 
 
-def test_modern_torch_client_against_our_store(torch_py, our_store):
-    r = subprocess.run([torch_py, "-W", "ignore", "-c", CLIENT_SCRIPT, str(our_store)],
+def test_modern_torch_client_against_our_store(torch_py, ddprun, store):
+    r = subprocess.run([torch_py, "-W", "ignore", "-c", CLIENT_SCRIPT, str(store.port)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().startswith("OK")
-    cli = [ddprun_bin(), "store-client", "--endpoint", f"127.0.0.1:{our_store}"]
+    cli = [ddprun, "store-client", "--endpoint", store.endpoint]
     got = subprocess.run(cli + ["get", "/shared"], capture_output=True, text=True, timeout=30)
     assert got.stdout == "from-torch\n", got.stderr
 
@@ -135,12 +100,12 @@ sys.stdin.read()   # live until the test closes our stdin
 """
 
 
-def test_our_client_against_modern_torch_server(torch_py):
+def test_our_client_against_modern_torch_server(torch_py, ddprun):
     srv = subprocess.Popen([torch_py, "-W", "ignore", "-c", TORCH_SERVER], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(srv.stdout.readline())
-        cli = [ddprun_bin(), "store-client", "--endpoint", f"127.0.0.1:{port}", "--timeout", "5000"]
+        cli = [ddprun, "store-client", "--endpoint", f"127.0.0.1:{port}", "--timeout", "5000"]
 
         def run(*args):
             r = subprocess.run(cli + list(args), capture_output=True, text=True, timeout=60)
