@@ -25,6 +25,11 @@
 
 static void conn_close(store_conn_t *c);
 
+/* Close callback of handles that never became connections (refused or failed at accept). */
+static void free_handle(uv_handle_t *h) {
+    free(h);
+}
+
 /* ---- peers -------------------------------------------------------------------------------- */
 
 static void peer_key(const struct sockaddr_storage *ss, uint8_t out[16]) {
@@ -346,7 +351,7 @@ static void refuse(store_server_t *s, uv_tcp_t *tcp, const char *peer, const cha
                    unsigned limit) {
     s->n_dropped++;
     if (drop_log_allowed(s)) LOG_WARN("store: refusing connection from %s: %s (%u)", peer, why, limit);
-    uv_close((uv_handle_t *)tcp, (uv_close_cb)free);
+    uv_close((uv_handle_t *)tcp, free_handle);
 }
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -359,7 +364,7 @@ static void on_connection(uv_stream_t *server, int status) {
     if (!c) return;
     uv_tcp_init(s->loop, &c->tcp);
     if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
-        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        uv_close((uv_handle_t *)&c->tcp, free_handle);
         return;
     }
     struct sockaddr_storage ss;
@@ -368,7 +373,7 @@ static void on_connection(uv_stream_t *server, int status) {
     uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &ss_len);
     format_peer(&ss, c->peer_name, sizeof c->peer_name);
     if (s->is_stopping) {
-        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        uv_close((uv_handle_t *)&c->tcp, free_handle);
         return;
     }
     if (s->n_conns >= s->limits.max_connections) {
