@@ -1,0 +1,527 @@
+/* options: see options.h. The table below is the single source of ddprun's launcher flags. */
+#include "options.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "endpoint.h"
+
+typedef int (*opt_set_fn)(ddprun_opts_t *o, const char *value, char *err, size_t err_len);
+
+typedef struct {
+    const char *name; /* canonical dashed spelling; the underscored one is accepted too */
+    char short_name;
+    const char *metavar; /* NULL: a switch without value */
+    const char *help;
+    opt_set_fn set;
+} opt_spec_t;
+
+static int errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int errf(char *err, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+static int parse_int(const char *v, long min, long max, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || errno || x < min || x > max) return -EINVAL;
+    *out = x;
+    return 0;
+}
+
+static int parse_seconds(const char *v, double *out) {
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x >= 0) || x > 1e7) return -EINVAL;
+    *out = x;
+    return 0;
+}
+
+static int copy_str(char *dst, size_t cap, const char *v, const char *what, char *err, size_t el) {
+    if (strlen(v) >= cap) return errf(err, el, "%s is longer than %zu characters", what, cap - 1);
+    strcpy(dst, v);
+    return 0;
+}
+
+/* ---- resource counting -------------------------------------------------------------------- */
+
+static int count_gpus(void) {
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (visible) {
+        if (!*visible) return 0;
+        int n = 1;
+        for (const char *p = visible; *p; p++) n += *p == ',';
+        return n;
+    }
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* ---- setters ------------------------------------------------------------------------------ */
+
+static int set_nnodes(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    long lo, hi;
+    const char *colon = strchr(v, ':');
+    char first[32];
+    if (colon) {
+        size_t n = (size_t)(colon - v);
+        if (n >= sizeof first) return errf(err, el, "--nnodes: '%s' is not N or MIN:MAX", v);
+        memcpy(first, v, n);
+        first[n] = '\0';
+    }
+    if (parse_int(colon ? first : v, 1, 100000, &lo) < 0 ||
+        parse_int(colon ? colon + 1 : v, 1, 100000, &hi) < 0 || lo > hi)
+        return errf(err, el, "--nnodes: '%s' is not N or MIN:MAX with 1 <= MIN <= MAX", v);
+    o->min_nodes = (unsigned)lo;
+    o->max_nodes = (unsigned)hi;
+    return 0;
+}
+
+static int set_nproc(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    long n;
+    int gpus = count_gpus();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (strcmp(v, "cpu") == 0) n = cpus;
+    else if (strcmp(v, "gpu") == 0) {
+        if (gpus == 0) return errf(err, el, "--nproc-per-node gpu: no GPU is visible here");
+        n = gpus;
+    } else if (strcmp(v, "auto") == 0) n = gpus > 0 ? gpus : cpus;
+    else if (parse_int(v, 1, DDP_MAX_LOCAL_WORKERS, &n) < 0)
+        return errf(err, el, "--nproc-per-node: '%s' is not a count (1-%d), cpu, gpu or auto", v,
+                    DDP_MAX_LOCAL_WORKERS);
+    if (n > DDP_MAX_LOCAL_WORKERS) n = DDP_MAX_LOCAL_WORKERS;
+    o->nproc_per_node = (int)n;
+    return 0;
+}
+
+static int set_node_rank(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    long r;
+    if (parse_int(v, 0, 100000, &r) < 0) return errf(err, el, "--node-rank: '%s' is not >= 0", v);
+    o->node_rank = (int)r;
+    return 0;
+}
+
+static int set_backend(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (strcmp(v, "c10d") && strcmp(v, "static"))
+        return errf(err, el, "--rdzv-backend: '%s' is not c10d or static", v);
+    strcpy(o->rdzv_backend, v);
+    return 0;
+}
+
+static int set_endpoint(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    char msg[256];
+    if (endpoint_parse(v, DDP_DEFAULT_STORE_PORT, o->rdzv_host, sizeof o->rdzv_host, &o->rdzv_port,
+                       msg, sizeof msg) < 0)
+        return errf(err, el, "--rdzv-endpoint: %s", msg);
+    o->has_rdzv_endpoint = true;
+    return 0;
+}
+
+static int set_rdzv_id(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return copy_str(o->rdzv_id, sizeof o->rdzv_id, v, "--rdzv-id", err, el);
+}
+
+static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    struct {
+        const char *key;
+        double *field;
+    } keys[] = {{"join_timeout", &o->join_timeout_s},
+                {"last_call_timeout", &o->last_call_timeout_s},
+                {"close_timeout", &o->close_timeout_s},
+                {"heartbeat_timeout", &o->heartbeat_timeout_s},
+                {"keep_alive_interval", &o->keep_alive_interval_s},
+                {"timeout", &o->join_timeout_s}};
+    char buf[1024];
+    if (copy_str(buf, sizeof buf, v, "--rdzv-conf", err, el) < 0) return -EINVAL;
+    for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq) return errf(err, el, "--rdzv-conf: '%s' is not key=value", item);
+        *eq = '\0';
+        size_t i = 0, n = sizeof keys / sizeof keys[0];
+        while (i < n && strcmp(keys[i].key, item) != 0) i++;
+        if (i == n)
+            return errf(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
+                                 "close_timeout, heartbeat_timeout, keep_alive_interval)", item);
+        if (parse_seconds(eq + 1, keys[i].field) < 0)
+            return errf(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
+    }
+    return 0;
+}
+
+static int set_standalone(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    (void)v, (void)err, (void)el;
+    o->is_standalone = true;
+    return 0;
+}
+
+static int set_max_restarts(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    long n;
+    if (parse_int(v, 0, 1000000, &n) < 0) return errf(err, el, "--max-restarts: '%s' is not >= 0", v);
+    o->max_restarts = (int)n;
+    return 0;
+}
+
+static int set_monitor(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (parse_seconds(v, &o->monitor_interval_s) < 0)
+        return errf(err, el, "--monitor-interval: '%s' is not a number of seconds", v);
+    return 0;
+}
+
+static int set_role(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return copy_str(o->role, sizeof o->role, v, "--role", err, el);
+}
+
+static int set_log_dir(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return copy_str(o->log_dir, sizeof o->log_dir, v, "--log-dir", err, el);
+}
+
+/* torchrun's Std spec: "3" for every rank, or "0:1,1:2" per local rank; 0 none 1 out 2 err 3 both. */
+static int parse_std_spec(uint8_t *masks, const char *v, const char *flag, char *err, size_t el) {
+    long m;
+    if (parse_int(v, 0, 3, &m) == 0) {
+        memset(masks, (int)m, DDP_MAX_LOCAL_WORKERS);
+        return 0;
+    }
+    char buf[1024];
+    if (copy_str(buf, sizeof buf, v, flag, err, el) < 0) return -EINVAL;
+    memset(masks, 0, DDP_MAX_LOCAL_WORKERS);
+    for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        long rank;
+        if (colon) *colon = '\0';
+        if (!colon || parse_int(item, 0, DDP_MAX_LOCAL_WORKERS - 1, &rank) < 0 ||
+            parse_int(colon + 1, 0, 3, &m) < 0)
+            return errf(err, el, "%s: '%s' is not 0-3 or LOCAL_RANK:0-3,...", flag, v);
+        masks[rank] = (uint8_t)m;
+    }
+    return 0;
+}
+
+static int set_redirects(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return parse_std_spec(o->redirects, v, "--redirects", err, el);
+}
+
+static int set_tee(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return parse_std_spec(o->tee, v, "--tee", err, el);
+}
+
+static int set_ranks_filter(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    char buf[1024];
+    if (copy_str(buf, sizeof buf, v, "--local-ranks-filter", err, el) < 0) return -EINVAL;
+    memset(o->is_rank_shown, 0, sizeof o->is_rank_shown);
+    for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        long r;
+        if (parse_int(item, 0, DDP_MAX_LOCAL_WORKERS - 1, &r) < 0)
+            return errf(err, el, "--local-ranks-filter: '%s' is not a list of local ranks", v);
+        o->is_rank_shown[r] = true;
+    }
+    return 0;
+}
+
+static int set_master_addr(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return copy_str(o->master_addr, sizeof o->master_addr, v, "--master-addr", err, el);
+}
+
+static int set_master_port(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    long p;
+    if (parse_int(v, 0, 65535, &p) < 0) return errf(err, el, "--master-port: '%s' is not a port", v);
+    o->master_port = (uint16_t)p;
+    return 0;
+}
+
+static int set_local_addr(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    return copy_str(o->local_addr, sizeof o->local_addr, v, "--local-addr", err, el);
+}
+
+static int set_no_python(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    (void)v, (void)err, (void)el;
+    o->is_no_python = true;
+    return 0;
+}
+
+static int set_module(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    (void)v, (void)err, (void)el;
+    o->is_module = true;
+    return 0;
+}
+
+static int set_signals(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    static const struct {
+        const char *name;
+        int num;
+    } names[] = {{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},
+                 {"SIGQUIT", SIGQUIT}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
+    char buf[256];
+    if (copy_str(buf, sizeof buf, v, "--signals-to-handle", err, el) < 0) return -EINVAL;
+    o->n_signals = 0;
+    for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*item)) item++;
+        size_t i = 0, n = sizeof names / sizeof names[0];
+        while (i < n && strcmp(names[i].name, item) != 0) i++;
+        if (i == n || o->n_signals == DDP_MAX_SIGNALS)
+            return errf(err, el, "--signals-to-handle: '%s' is not one of SIGTERM, SIGINT, SIGHUP, "
+                                 "SIGQUIT, SIGUSR1, SIGUSR2", item);
+        o->signals[o->n_signals++] = names[i].num;
+    }
+    return 0;
+}
+
+static int set_shutdown_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (parse_seconds(v, &o->shutdown_timeout_s) < 0)
+        return errf(err, el, "--shutdown-timeout: '%s' is not a number of seconds", v);
+    return 0;
+}
+
+static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    (void)v, (void)err, (void)el;
+    o->is_dry_run = true;
+    return 0;
+}
+
+static const opt_spec_t opt_table[] = {
+    {"nnodes", 0, "N|MIN:MAX", "number of nodes, or a range for elastic jobs (1:1)", set_nnodes},
+    {"nproc-per-node", 0, "N|cpu|gpu|auto", "workers per node (1)", set_nproc},
+    {"node-rank", 0, "R", "this node's rank hint (static backend: its rank)", set_node_rank},
+    {"rdzv-backend", 0, "c10d|static", "rendezvous backend (static)", set_backend},
+    {"rdzv-endpoint", 0, "HOST[:PORT]", "the store of the rendezvous ([v6]:port too; port 29400)",
+     set_endpoint},
+    {"rdzv-id", 0, "ID", "job id shared by all nodes (none)", set_rdzv_id},
+    {"rdzv-conf", 0, "K=V,...", "join_timeout, last_call_timeout, close_timeout, "
+                                "heartbeat_timeout, keep_alive_interval (seconds)", set_rdzv_conf},
+    {"standalone", 0, NULL, "single node: own store on a free port, random job id", set_standalone},
+    {"max-restarts", 0, "N", "restarts of the whole job before giving up (0)", set_max_restarts},
+    {"monitor-interval", 0, "SECONDS", "how often workers are checked (0.1)", set_monitor},
+    {"role", 0, "NAME", "role of the workers (default)", set_role},
+    {"log-dir", 0, "DIR", "per-rank, per-attempt log files go here", set_log_dir},
+    {"redirects", 'r', "0-3|R:0-3,...", "send worker stdout(1)/stderr(2)/both(3) to files only",
+     set_redirects},
+    {"tee", 't', "0-3|R:0-3,...", "copy worker stdout(1)/stderr(2)/both(3) to files too", set_tee},
+    {"local-ranks-filter", 0, "R,...", "show only these local ranks on the console",
+     set_ranks_filter},
+    {"master-addr", 0, "HOST", "static backend: the store's host (127.0.0.1)", set_master_addr},
+    {"master-port", 0, "PORT", "static backend: the store's port (29500)", set_master_port},
+    {"local-addr", 0, "HOST", "this node's address as others reach it", set_local_addr},
+    {"no-python", 0, NULL, "run the program directly, not under python3", set_no_python},
+    {"module", 'm', NULL, "the program is a Python module (python3 -m)", set_module},
+    {"signals-to-handle", 0, "SIG,...", "signals forwarded to the workers "
+                                        "(SIGTERM,SIGINT,SIGHUP,SIGQUIT)", set_signals},
+    {"shutdown-timeout", 0, "SECONDS", "grace after forwarding a signal, then SIGKILL (30)",
+     set_shutdown_timeout},
+    {"dry-run", 0, NULL, "print the resolved configuration and exit", set_dry_run},
+};
+#define N_OPTS (sizeof opt_table / sizeof opt_table[0])
+
+void options_print_help(FILE *f) {
+    fputs("usage: ddprun [options] PROGRAM [ARGS...]\n"
+          "       ddprun store|store-client ...   (ddprun store --help)\n\n"
+          "Run PROGRAM on every node as torchrun does: train.conf runs the built-in trainer,\n"
+          "script.py runs under python3 -u, anything else is executed. Options may also come from\n"
+          "PET_<NAME> environment variables (PET_NPROC_PER_NODE=4); flags accept --a-b and --a_b.\n\n",
+          f);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_spec_t *s = &opt_table[i];
+        char left[64];
+        if (s->short_name)
+            snprintf(left, sizeof left, "-%c, --%s%s%s", s->short_name, s->name,
+                     s->metavar ? " " : "", s->metavar ? s->metavar : "");
+        else
+            snprintf(left, sizeof left, "    --%s%s%s", s->name, s->metavar ? " " : "",
+                     s->metavar ? s->metavar : "");
+        fprintf(f, "  %-36s %s\n", left, s->help);
+    }
+    fputs("  -h, --help                           this text\n", f);
+}
+
+static void set_defaults(ddprun_opts_t *o) {
+    memset(o, 0, sizeof *o);
+    o->min_nodes = o->max_nodes = 1;
+    o->nproc_per_node = 1;
+    o->node_rank = -1;
+    strcpy(o->rdzv_backend, "static");
+    strcpy(o->rdzv_id, "none");
+    o->rdzv_port = DDP_DEFAULT_STORE_PORT;
+    o->join_timeout_s = 600;
+    o->last_call_timeout_s = 1;
+    o->close_timeout_s = 30;
+    o->heartbeat_timeout_s = 30;
+    o->keep_alive_interval_s = 5;
+    o->monitor_interval_s = 0.1;
+    strcpy(o->role, "default");
+    memset(o->is_rank_shown, 1, sizeof o->is_rank_shown);
+    strcpy(o->master_addr, "127.0.0.1");
+    o->master_port = 29500;
+    o->signals[0] = SIGTERM;
+    o->signals[1] = SIGINT;
+    o->signals[2] = SIGHUP;
+    o->signals[3] = SIGQUIT;
+    o->n_signals = 4;
+    o->shutdown_timeout_s = 30;
+}
+
+/* The table entry for a flag name, dashes and underscores alike. */
+static const opt_spec_t *find_long(const char *name, size_t len) {
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *n = opt_table[i].name;
+        if (strlen(n) != len) continue;
+        size_t j = 0;
+        while (j < len && (n[j] == name[j] || (n[j] == '-' && name[j] == '_'))) j++;
+        if (j == len) return &opt_table[i];
+    }
+    return NULL;
+}
+
+static const opt_spec_t *find_short(char c) {
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (opt_table[i].short_name == c) return &opt_table[i];
+    return NULL;
+}
+
+static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char env[64] = "PET_";
+        size_t n = 4;
+        for (const char *p = opt_table[i].name; *p && n < sizeof env - 1; p++)
+            env[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+        env[n] = '\0';
+        const char *v = getenv(env);
+        if (!v || (!opt_table[i].metavar && (!*v || strcmp(v, "0") == 0))) continue;
+        char msg[512];
+        if (opt_table[i].set(o, v, msg, sizeof msg) < 0)
+            return errf(err, el, "%s (from $%s)", msg, env);
+    }
+    return 0;
+}
+
+/* --standalone and the backends' implied settings; errors for combinations torchrun rejects. */
+static int finish(ddprun_opts_t *o, char *err, size_t el) {
+    if (o->is_standalone) {
+        if (o->has_rdzv_endpoint)
+            fprintf(stderr, "ddprun: --standalone ignores --rdzv-endpoint %s\n", o->rdzv_host);
+        strcpy(o->rdzv_backend, "c10d");
+        strcpy(o->rdzv_host, "127.0.0.1");
+        o->rdzv_port = 0; /* a free one */
+        o->has_rdzv_endpoint = true;
+        o->min_nodes = o->max_nodes = 1;
+        uint8_t id[8];
+        if (getrandom(id, sizeof id, 0) != (ssize_t)sizeof id) memset(id, 0x5a, sizeof id);
+        snprintf(o->rdzv_id, sizeof o->rdzv_id, "%02x%02x%02x%02x-%02x%02x%02x%02x", id[0], id[1],
+                 id[2], id[3], id[4], id[5], id[6], id[7]);
+    }
+    if (strcmp(o->rdzv_backend, "static") == 0) {
+        if (o->min_nodes != o->max_nodes)
+            return errf(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
+                        o->min_nodes, o->max_nodes);
+        if (o->node_rank < 0) {
+            if (o->min_nodes > 1)
+                return errf(err, el, "--rdzv-backend static with --nnodes %u needs --node-rank",
+                            o->min_nodes);
+            o->node_rank = 0;
+        }
+        if (o->node_rank >= (int)o->min_nodes)
+            return errf(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
+                        o->min_nodes);
+    } else if (!o->has_rdzv_endpoint) {
+        return errf(err, el, "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
+    }
+    if (o->is_no_python && o->is_module)
+        return errf(err, el, "--no-python and --module exclude each other");
+    return 0;
+}
+
+int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
+    char err[768];
+    set_defaults(o);
+    int rc = apply_env(o, err, sizeof err);
+    int i = 1;
+    for (; rc == 0 && i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0') break; /* the program */
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            options_print_help(stdout);
+            return 1;
+        }
+        const opt_spec_t *s;
+        const char *value = NULL;
+        if (a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            s = find_long(a + 2, eq ? (size_t)(eq - a - 2) : strlen(a + 2));
+            if (eq) value = eq + 1;
+        } else {
+            s = a[2] == '\0' ? find_short(a[1]) : NULL;
+        }
+        if (!s) {
+            rc = errf(err, sizeof err, "unknown option %s", a);
+            break;
+        }
+        if (s->metavar && !value) {
+            if (i + 1 >= argc) {
+                rc = errf(err, sizeof err, "option --%s needs a value (%s)", s->name, s->metavar);
+                break;
+            }
+            value = argv[++i];
+        } else if (!s->metavar && value) {
+            rc = errf(err, sizeof err, "option --%s takes no value", s->name);
+            break;
+        }
+        rc = s->set(o, value ? value : "", err, sizeof err);
+    }
+    if (rc == 0 && i >= argc)
+        rc = errf(err, sizeof err, "no program given: ddprun [options] train.conf|script.py|PROGRAM");
+    if (rc == 0) {
+        o->program_argv = argv + i;
+        o->program_argc = argc - i;
+        rc = finish(o, err, sizeof err);
+    }
+    if (rc < 0) {
+        fprintf(errf_out, "ddprun: %s (see ddprun --help)\n", err);
+        return 2;
+    }
+    return 0;
+}
+
+void options_print(const ddprun_opts_t *o, FILE *f) {
+    fprintf(f, "nnodes: %u:%u\nnproc_per_node: %d\nnode_rank: %d\n", o->min_nodes, o->max_nodes,
+            o->nproc_per_node, o->node_rank);
+    fprintf(f, "rdzv_backend: %s\nrdzv_endpoint: %s:%u\nrdzv_id: %s\n", o->rdzv_backend,
+            o->rdzv_host, o->rdzv_port, o->rdzv_id);
+    fprintf(f, "rdzv_conf: join_timeout=%g,last_call_timeout=%g,close_timeout=%g,"
+               "heartbeat_timeout=%g,keep_alive_interval=%g\n",
+            o->join_timeout_s, o->last_call_timeout_s, o->close_timeout_s, o->heartbeat_timeout_s,
+            o->keep_alive_interval_s);
+    fprintf(f, "standalone: %d\nmax_restarts: %d\nmonitor_interval: %g\nrole: %s\nlog_dir: %s\n",
+            o->is_standalone, o->max_restarts, o->monitor_interval_s, o->role, o->log_dir);
+    fprintf(f, "redirects:");
+    for (int r = 0; r < o->nproc_per_node; r++) fprintf(f, " %d", o->redirects[r]);
+    fprintf(f, "\ntee:");
+    for (int r = 0; r < o->nproc_per_node; r++) fprintf(f, " %d", o->tee[r]);
+    fprintf(f, "\nlocal_ranks_shown:");
+    for (int r = 0; r < o->nproc_per_node; r++)
+        if (o->is_rank_shown[r]) fprintf(f, " %d", r);
+    fprintf(f, "\nmaster: %s:%u\nlocal_addr: %s\nno_python: %d\nmodule: %d\nsignals:",
+            o->master_addr, o->master_port, o->local_addr, o->is_no_python, o->is_module);
+    for (int s = 0; s < o->n_signals; s++) fprintf(f, " %d", o->signals[s]);
+    fprintf(f, "\nshutdown_timeout: %g\nprogram:", o->shutdown_timeout_s);
+    for (int a = 0; a < o->program_argc; a++) fprintf(f, " %s", o->program_argv[a]);
+    fputc('\n', f);
+}

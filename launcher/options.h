@@ -1,0 +1,57 @@
+/* options: ddprun's command line, with torchrun's flags and meanings. One table drives parsing
+ * (both spellings: --nproc-per-node and --nproc_per_node, --flag=value and --flag value), the
+ * PET_* environment fallbacks torchrun reads, --help, and the man-page check in the tests.
+ * Pure apart from reading the environment and counting CPUs/GPUs; no allocation kept. */
+#ifndef DDP_LAUNCHER_OPTIONS_H
+#define DDP_LAUNCHER_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DDP_MAX_LOCAL_WORKERS 1024
+#define DDP_MAX_SIGNALS       16
+
+typedef struct {
+    unsigned min_nodes, max_nodes;
+    int nproc_per_node;
+    int node_rank; /* -1: not given */
+    char rdzv_backend[16]; /* "c10d" or "static" */
+    char rdzv_host[256];
+    uint16_t rdzv_port;
+    bool has_rdzv_endpoint;
+    char rdzv_id[128];
+    double join_timeout_s, last_call_timeout_s, close_timeout_s, heartbeat_timeout_s,
+        keep_alive_interval_s;
+    bool is_standalone;
+    int max_restarts;
+    double monitor_interval_s;
+    char role[64];
+    char log_dir[1024];
+    uint8_t redirects[DDP_MAX_LOCAL_WORKERS]; /* per local rank: bit 0 stdout, bit 1 stderr */
+    uint8_t tee[DDP_MAX_LOCAL_WORKERS];
+    bool is_rank_shown[DDP_MAX_LOCAL_WORKERS]; /* --local-ranks-filter */
+    char master_addr[256];
+    uint16_t master_port;
+    char local_addr[256];
+    bool is_no_python, is_module;
+    int signals[DDP_MAX_SIGNALS];
+    int n_signals;
+    double shutdown_timeout_s;
+    bool is_dry_run;
+    char **program_argv; /* points into argv: the program and its arguments */
+    int program_argc;
+} ddprun_opts_t;
+
+/* Parse argv (argv[0] is the program name) after the PET_* environment. Returns 0, 1 when --help
+ * was printed (exit 0), or 2 after printing one line "ddprun: ..." to err (exit 2). */
+int options_parse(int argc, char **argv, ddprun_opts_t *out, FILE *err);
+/* The agent: run PROGRAM as configured until done; returns the process exit code (agent.c). */
+int agent_main(ddprun_opts_t *o);
+/* The --help text, generated from the option table. */
+void options_print_help(FILE *f);
+/* Print the resolved configuration, one "key: value" per line (--dry-run). */
+void options_print(const ddprun_opts_t *o, FILE *f);
+
+#endif

@@ -1,0 +1,471 @@
+/* workers: see workers.h. Each worker owns a process handle, two output pipes, two optional log
+ * files and a small tail buffer of its stderr for the root-cause summary. */
+#include "workers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+extern char **environ;
+
+#define LINE_MAX_BYTES 65536
+#define TAIL_BYTES     2048
+#define GIVE_UP_AFTER_KILL_MS 5000
+
+typedef struct worker worker_t;
+
+typedef struct {
+    uv_pipe_t pipe;
+    worker_t *owner;
+    int fd_index;     /* 1 stdout, 2 stderr */
+    int log_fd;       /* -1 without --log-dir */
+    bool is_console;  /* shown on our console */
+    bool is_open;
+    char line[LINE_MAX_BYTES];
+    size_t line_len;
+} stream_t;
+
+struct worker {
+    uv_process_t proc;
+    workers_t *set;
+    worker_result_t result;
+    stream_t out, err;
+    int open_handles;
+    char tail[TAIL_BYTES];
+    size_t tail_len;
+    char prefix[32];
+};
+
+struct workers {
+    uv_loop_t *loop;
+    workers_spec_t spec;
+    workers_exit_cb on_exit;
+    workers_done_cb on_done;
+    void *arg;
+    int n;
+    int n_active; /* workers whose process or pipes are still open */
+    int n_open_handles; /* of all workers; the set is freed only once this is 0 */
+    bool is_destroyed;
+    uv_timer_t kill_timer;
+    bool is_stopping, is_done, is_timer_open;
+    int lifeline[2];
+    worker_t w[];
+};
+
+static int mkdir_p(const char *path) {
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -errno;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void check_done(workers_t *s) {
+    if (s->n_active > 0 || s->is_done) return;
+    s->is_done = true;
+    if (s->is_timer_open) uv_timer_stop(&s->kill_timer);
+    s->on_done(s, s->arg);
+}
+
+static void handle_closed(worker_t *w) {
+    workers_t *s = w->set;
+    s->n_open_handles--;
+    if (--w->open_handles == 0) {
+        s->n_active--;
+        check_done(s);
+    }
+    if (s->is_destroyed && s->n_open_handles == 0) free(s);
+}
+
+static void on_proc_closed(uv_handle_t *h) {
+    handle_closed(h->data);
+}
+
+static void on_stream_closed(uv_handle_t *h) {
+    handle_closed(((stream_t *)h->data)->owner);
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+static void keep_tail(worker_t *w, const char *p, size_t n) {
+    if (n >= TAIL_BYTES) {
+        p += n - (TAIL_BYTES - 1);
+        n = TAIL_BYTES - 1;
+    }
+    if (w->tail_len + n >= TAIL_BYTES) {
+        size_t drop = w->tail_len + n - (TAIL_BYTES - 1);
+        memmove(w->tail, w->tail + drop, w->tail_len - drop);
+        w->tail_len -= drop;
+    }
+    memcpy(w->tail + w->tail_len, p, n);
+    w->tail_len += n;
+    w->tail[w->tail_len] = '\0';
+}
+
+/* One line (with its newline, or a final partial line) to the console with the rank prefix. */
+static void emit_line(stream_t *s, const char *p, size_t n) {
+    worker_t *w = s->owner;
+    if (s->fd_index == 2) keep_tail(w, p, n);
+    if (!s->is_console) return;
+    char buf[LINE_MAX_BYTES + 64];
+    size_t len = (size_t)snprintf(buf, sizeof buf, "%s", w->prefix);
+    memcpy(buf + len, p, n);
+    len += n;
+    if (buf[len - 1] != '\n') buf[len++] = '\n';
+    write_all(s->fd_index, buf, len);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)suggested;
+    stream_t *s = h->data;
+    static char chunk[65536];
+    (void)s;
+    *buf = uv_buf_init(chunk, sizeof chunk);
+}
+
+static void close_stream(stream_t *s) {
+    if (!s->is_open) return;
+    s->is_open = false;
+    if (s->line_len) emit_line(s, s->line, s->line_len);
+    s->line_len = 0;
+    if (s->log_fd >= 0) close(s->log_fd);
+    s->log_fd = -1;
+    uv_close((uv_handle_t *)&s->pipe, on_stream_closed);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+    stream_t *s = stream->data;
+    if (nread < 0) {
+        close_stream(s);
+        return;
+    }
+    const char *p = buf->base;
+    size_t n = (size_t)nread;
+    if (s->log_fd >= 0) write_all(s->log_fd, p, n);
+    while (n > 0) {
+        const char *nl = memchr(p, '\n', n);
+        size_t take = nl ? (size_t)(nl - p) + 1 : n;
+        if (s->line_len + take > sizeof s->line) { /* an over-long line goes out in pieces */
+            emit_line(s, s->line, s->line_len);
+            s->line_len = 0;
+        }
+        if (take > sizeof s->line) {
+            emit_line(s, p, take);
+        } else {
+            memcpy(s->line + s->line_len, p, take);
+            s->line_len += take;
+            if (nl) {
+                emit_line(s, s->line, s->line_len);
+                s->line_len = 0;
+            }
+        }
+        p += take;
+        n -= take;
+    }
+}
+
+/* ---- processes ---------------------------------------------------------------------------- */
+
+static void on_process_exit(uv_process_t *proc, int64_t exit_status, int term_signal) {
+    worker_t *w = proc->data;
+    /* What the worker left behind in its process group (its own children) goes with it. */
+    kill(-w->result.pid, SIGKILL);
+    w->result.has_exited = true;
+    w->result.exit_status = (int)exit_status;
+    w->result.term_signal = term_signal;
+    w->set->on_exit(w->set, &w->result, w->set->arg);
+    uv_close((uv_handle_t *)proc, on_proc_closed);
+}
+
+/* KEY=VALUE entries: ours override the inherited environment. */
+typedef struct {
+    char **vars;
+    size_t n, cap;
+} env_t;
+
+static int env_set(env_t *e, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int env_set(env_t *e, const char *key, const char *fmt, ...) {
+    char value[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof value, fmt, ap);
+    va_end(ap);
+    size_t klen = strlen(key);
+    char *entry = malloc(klen + strlen(value) + 2);
+    if (!entry) return -ENOMEM;
+    sprintf(entry, "%s=%s", key, value);
+    for (size_t i = 0; i < e->n; i++) {
+        if (strncmp(e->vars[i], key, klen) == 0 && e->vars[i][klen] == '=') {
+            free(e->vars[i]);
+            e->vars[i] = entry;
+            return 0;
+        }
+    }
+    if (e->n + 1 >= e->cap) {
+        size_t cap = e->cap ? e->cap * 2 : 256;
+        char **v = realloc(e->vars, cap * sizeof *v);
+        if (!v) {
+            free(entry);
+            return -ENOMEM;
+        }
+        e->vars = v;
+        e->cap = cap;
+    }
+    e->vars[e->n++] = entry;
+    e->vars[e->n] = NULL;
+    return 0;
+}
+
+static void env_free(env_t *e) {
+    for (size_t i = 0; i < e->n; i++) free(e->vars[i]);
+    free(e->vars);
+}
+
+static int build_env(const workers_spec_t *sp, int local_rank, env_t *e) {
+    const ddprun_opts_t *o = sp->opts;
+    int rc = 0;
+    for (char **p = environ; *p && rc == 0; p++) {
+        char *eq = strchr(*p, '=');
+        if (!eq) continue;
+        char key[256];
+        size_t klen = (size_t)(eq - *p);
+        if (klen >= sizeof key) continue;
+        memcpy(key, *p, klen);
+        key[klen] = '\0';
+        rc = env_set(e, key, "%s", eq + 1);
+    }
+    int rank = sp->rank_offset + local_rank;
+    rc |= env_set(e, "RANK", "%d", rank);
+    rc |= env_set(e, "LOCAL_RANK", "%d", local_rank);
+    rc |= env_set(e, "WORLD_SIZE", "%d", sp->world_size);
+    rc |= env_set(e, "LOCAL_WORLD_SIZE", "%d", o->nproc_per_node);
+    rc |= env_set(e, "GROUP_RANK", "%d", sp->group_rank);
+    rc |= env_set(e, "GROUP_WORLD_SIZE", "%d", sp->group_world_size);
+    rc |= env_set(e, "ROLE_NAME", "%s", o->role);
+    rc |= env_set(e, "ROLE_RANK", "%d", rank);
+    rc |= env_set(e, "ROLE_WORLD_SIZE", "%d", sp->world_size);
+    rc |= env_set(e, "MASTER_ADDR", "%s", sp->master_addr);
+    rc |= env_set(e, "MASTER_PORT", "%u", sp->master_port);
+    rc |= env_set(e, "TORCHELASTIC_USE_AGENT_STORE", "True");
+    rc |= env_set(e, "TORCHELASTIC_RESTART_COUNT", "%d", sp->attempt);
+    rc |= env_set(e, "TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
+    rc |= env_set(e, "TORCHELASTIC_RUN_ID", "%s", sp->run_id);
+    rc |= env_set(e, "TORCHELASTIC_ERROR_FILE", "%s/%d/error.json", sp->attempt_dir, local_rank);
+    rc |= env_set(e, "DDPRUN_ATTEMPT", "%d", sp->attempt);
+    if (!getenv("OMP_NUM_THREADS")) rc |= env_set(e, "OMP_NUM_THREADS", "1");
+    if (!getenv("PYTHONUNBUFFERED")) rc |= env_set(e, "PYTHONUNBUFFERED", "1");
+    return rc;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* argv of the shim: self __shim AGENT_PID -- [python3 -u [-m]] PROGRAM ARGS */
+static char **build_argv(const workers_spec_t *sp, char *pid_text) {
+    const ddprun_opts_t *o = sp->opts;
+    char **argv = calloc((size_t)o->program_argc + 9, sizeof *argv);
+    if (!argv) return NULL;
+    int n = 0;
+    argv[n++] = (char *)(uintptr_t)sp->self_exe;
+    argv[n++] = "__shim";
+    argv[n++] = pid_text;
+    argv[n++] = "--";
+    bool is_python = !o->is_no_python && (o->is_module || ends_with(o->program_argv[0], ".py"));
+    if (is_python) {
+        const char *py = getenv("PYTHON_EXEC");
+        argv[n++] = (char *)(uintptr_t)(py && *py ? py : "python3");
+        argv[n++] = "-u";
+        if (o->is_module) argv[n++] = "-m";
+    }
+    for (int i = 0; i < o->program_argc; i++) argv[n++] = o->program_argv[i];
+    return argv;
+}
+
+static int open_log(const char *dir, const char *name) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
+    const workers_spec_t *sp = &s->spec;
+    const ddprun_opts_t *o = sp->opts;
+    worker_t *w = &s->w[local_rank];
+    w->set = s;
+    w->result.local_rank = local_rank;
+    w->result.rank = sp->rank_offset + local_rank;
+    snprintf(w->prefix, sizeof w->prefix, "[%d/%d]: ", sp->group_rank, w->result.rank);
+    char dir[1536];
+    snprintf(dir, sizeof dir, "%s/%d", sp->attempt_dir, local_rank);
+    int rc = mkdir_p(dir);
+    if (rc < 0) {
+        snprintf(err, err_len, "cannot create %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    stream_t *streams[2] = {&w->out, &w->err};
+    int mask = o->redirects[local_rank] | o->tee[local_rank];
+    for (int i = 0; i < 2; i++) {
+        stream_t *st = streams[i];
+        st->owner = w;
+        st->fd_index = i + 1;
+        st->log_fd = -1;
+        /* Files: for every stream with --log-dir, else for the ones redirected or teed. */
+        if (o->log_dir[0] || (mask & (1 << i)))
+            st->log_fd = open_log(dir, i == 0 ? "stdout.log" : "stderr.log");
+        st->is_console = o->is_rank_shown[local_rank] && !(o->redirects[local_rank] & (1 << i));
+        uv_pipe_init(s->loop, &st->pipe, 0);
+        st->pipe.data = st;
+        st->is_open = true;
+        w->open_handles++;
+        s->n_open_handles++;
+    }
+    char pid_text[24];
+    snprintf(pid_text, sizeof pid_text, "%d", (int)getpid());
+    env_t env = {0};
+    char **argv = build_argv(sp, pid_text);
+    rc = argv ? build_env(sp, local_rank, &env) : -ENOMEM;
+    uv_stdio_container_t stdio[4] = {
+        {.flags = UV_IGNORE},
+        {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->out.pipe},
+        {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err.pipe},
+        {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
+    };
+    uv_process_options_t po = {.exit_cb = on_process_exit, .file = sp->self_exe, .args = argv,
+                               .env = env.vars, .stdio = stdio, .stdio_count = 4,
+                               .flags = UV_PROCESS_DETACHED};
+    w->proc.data = w;
+    if (rc == 0) rc = uv_spawn(s->loop, &w->proc, &po);
+    free(argv);
+    env_free(&env);
+    s->n_active++;
+    if (rc < 0) {
+        snprintf(err, err_len, "cannot start local rank %d: %s", local_rank, uv_strerror(rc));
+        close_stream(&w->out);
+        close_stream(&w->err);
+        return rc;
+    }
+    w->open_handles++;
+    s->n_open_handles++;
+    w->result.pid = w->proc.pid;
+    uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
+    uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
+    return 0;
+}
+
+int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb on_exit_cb,
+                  workers_done_cb on_done, void *arg, workers_t **out, char *err,
+                  size_t err_len) {
+    int n = spec->opts->nproc_per_node;
+    workers_t *s = calloc(1, sizeof *s + (size_t)n * sizeof(worker_t));
+    if (!s) return -ENOMEM;
+    s->loop = loop;
+    s->spec = *spec;
+    s->on_exit = on_exit_cb;
+    s->on_done = on_done;
+    s->arg = arg;
+    s->n = n;
+    /* The write end stays in the agent (close-on-exec): its death closes every lifeline. */
+    if (pipe2(s->lifeline, O_CLOEXEC) < 0) {
+        snprintf(err, err_len, "cannot create the lifeline pipe: %s", strerror(errno));
+        free(s);
+        return -errno;
+    }
+    uv_timer_init(loop, &s->kill_timer);
+    s->kill_timer.data = s;
+    s->is_timer_open = true;
+    *out = s;
+    for (int i = 0; i < n; i++) {
+        int rc = spawn_one(s, i, err, err_len);
+        if (rc < 0) {
+            workers_stop(s, SIGKILL, 0);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void workers_signal(workers_t *s, int signum) {
+    for (int i = 0; i < s->n; i++) {
+        worker_t *w = &s->w[i];
+        if (w->result.pid > 0 && !w->result.has_exited) kill(-w->result.pid, signum);
+    }
+}
+
+static void on_give_up(uv_timer_t *t) {
+    workers_t *s = t->data;
+    for (int i = 0; i < s->n; i++) {
+        worker_t *w = &s->w[i];
+        if (w->result.pid > 0 && !w->result.has_exited)
+            LOG_ERROR("worker rank %d (pid %d) survives SIGKILL (uninterruptible sleep?); giving "
+                      "up on it", w->result.rank, w->result.pid);
+        close_stream(&w->out);
+        close_stream(&w->err);
+    }
+    s->n_active = 0;
+    check_done(s);
+}
+
+static void on_kill_timer(uv_timer_t *t) {
+    workers_t *s = t->data;
+    workers_signal(s, SIGKILL);
+    uv_timer_start(&s->kill_timer, on_give_up, GIVE_UP_AFTER_KILL_MS, 0);
+}
+
+void workers_stop(workers_t *s, int signum, double timeout_s) {
+    if (!s->is_stopping) {
+        s->is_stopping = true;
+        uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)(timeout_s * 1000), 0);
+    }
+    workers_signal(s, signum);
+    if (signum == SIGKILL) uv_timer_start(&s->kill_timer, on_give_up, GIVE_UP_AFTER_KILL_MS, 0);
+    check_done(s);
+}
+
+const char *workers_tail(const workers_t *s, int local_rank) {
+    return s->w[local_rank].tail;
+}
+
+const worker_result_t *workers_result(const workers_t *s, int local_rank) {
+    return &s->w[local_rank].result;
+}
+
+/* A worker stuck in the kernel may keep its process handle open forever: the set then stays
+ * allocated until that handle closes, instead of being freed under it. */
+static void on_timer_closed(uv_handle_t *h) {
+    workers_t *s = h->data;
+    s->is_destroyed = true;
+    if (s->n_open_handles == 0) free(s);
+}
+
+void workers_destroy(workers_t *s) {
+    close(s->lifeline[0]);
+    close(s->lifeline[1]);
+    s->is_timer_open = false;
+    uv_close((uv_handle_t *)&s->kill_timer, on_timer_closed);
+}
