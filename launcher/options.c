@@ -333,7 +333,8 @@ void options_print_help(FILE *f) {
           "       ddprun store|store-client ...   (ddprun store --help)\n\n"
           "Run PROGRAM on every node as torchrun does: train.conf runs the built-in trainer,\n"
           "script.py runs under python3 -u, anything else is executed. Options may also come from\n"
-          "PET_<NAME> environment variables (PET_NPROC_PER_NODE=4); flags accept --a-b and --a_b.\n\n",
+          "PET_<NAME> environment variables (PET_NPROC_PER_NODE=4); dashes and underscores are\n"
+          "alike in flag names (--nproc_per_node).\n\n",
           f);
     for (size_t i = 0; i < N_OPTS; i++) {
         const opt_spec_t *s = &opt_table[i];

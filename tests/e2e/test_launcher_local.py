@@ -1,0 +1,280 @@
+"""The launcher on one node: torchrun's environment, supervision, restarts, signals, logs, exit codes.
+Workers are small shell scripts that record what they saw into files the test then reads."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ENV_DUMP = r"""#!/bin/sh
+out="$OUT_DIR/rank$RANK.attempt$TORCHELASTIC_RESTART_COUNT.json"
+/usr/bin/python3 - "$out" <<'PY'
+import json, os, sys
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS"]
+d = {k: os.environ.get(k) for k in keys}
+d["pid"] = os.getpid(); d["pgid"] = os.getpgid(0)
+json.dump(d, open(sys.argv[1], "w"))
+PY
+echo "hello from rank $RANK"
+echo "warning from rank $RANK" >&2
+if [ "$RANK" = "${FAIL_RANK:-none}" ]; then
+    if [ "$TORCHELASTIC_RESTART_COUNT" -lt "${FAIL_ATTEMPTS:-1000}" ]; then exit "${FAIL_CODE:-3}"; fi
+fi
+exit 0
+"""
+
+SLEEPER = r"""#!/bin/sh
+echo $$ > "$OUT_DIR/pid$RANK"
+trap 'echo "rank $RANK got TERM"; echo term > "$OUT_DIR/term$RANK"; exit 7' TERM
+sleep 60 &
+echo $! > "$OUT_DIR/child$RANK"
+wait
+"""
+
+STUBBORN = r"""#!/bin/sh
+trap '' TERM
+echo $$ > "$OUT_DIR/pid$RANK"
+while :; do sleep 1; done
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    def make(text, name="worker.sh"):
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(0o755)
+        return str(path)
+    return make
+
+
+def launch(ddprun, args, tmp_path, env=None, timeout=60, **kw):
+    e = dict(os.environ, OUT_DIR=str(tmp_path))
+    e.update(env or {})
+    return subprocess.run([ddprun] + args, capture_output=True, text=True, env=e,
+                          timeout=timeout, **kw)
+
+
+def wait_for(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:           # a zombie is not alive
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_environment_of_every_worker(ddprun, script, tmp_path):
+    r = launch(ddprun, ["--standalone", "--nproc-per-node", "4", "--role", "trainer",
+                        script(ENV_DUMP)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    envs = [json.load(open(tmp_path / f"rank{i}.attempt0.json")) for i in range(4)]
+    ports = {e["MASTER_PORT"] for e in envs}
+    assert len(ports) == 1 and int(ports.pop()) > 0
+    run_ids = {e["TORCHELASTIC_RUN_ID"] for e in envs}
+    assert len(run_ids) == 1
+    pgids = set()
+    for i, e in enumerate(envs):
+        assert e["RANK"] == str(i) and e["LOCAL_RANK"] == str(i) and e["ROLE_RANK"] == str(i)
+        assert e["WORLD_SIZE"] == "4" and e["LOCAL_WORLD_SIZE"] == "4"
+        assert e["ROLE_WORLD_SIZE"] == "4" and e["ROLE_NAME"] == "trainer"
+        assert e["GROUP_RANK"] == "0" and e["GROUP_WORLD_SIZE"] == "1"
+        assert e["MASTER_ADDR"] == "127.0.0.1"
+        assert e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert e["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_0/{i}/error.json")
+        assert e["OMP_NUM_THREADS"] == "1"
+        pgids.add(e["pgid"])
+    assert len(pgids) == 4, "each worker runs in a process group of its own"
+    for i in range(4):
+        assert f"[0/{i}]: hello from rank {i}" in r.stdout
+        assert f"[0/{i}]: warning from rank {i}" in r.stderr
+
+
+def test_omp_num_threads_is_kept_when_set(ddprun, script, tmp_path):
+    r = launch(ddprun, ["--standalone", script(ENV_DUMP)], tmp_path, env={"OMP_NUM_THREADS": "7"})
+    assert r.returncode == 0
+    assert json.load(open(tmp_path / "rank0.attempt0.json"))["OMP_NUM_THREADS"] == "7"
+
+
+def test_failure_restarts_every_worker_until_the_budget(ddprun, script, tmp_path):
+    r = launch(ddprun, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2",
+                        script(ENV_DUMP)], tmp_path, env={"FAIL_RANK": "1", "FAIL_CODE": "5"})
+    assert r.returncode == 5, r.stderr
+    for attempt in range(3):
+        for rank in range(2):
+            assert (tmp_path / f"rank{rank}.attempt{attempt}.json").exists() or rank == 0
+    assert not (tmp_path / "rank1.attempt3.json").exists()
+    assert "root cause: node 0 rank 1" in r.stderr and "exited with 5 on attempt 3 of 3" in r.stderr
+    assert "warning from rank 1" in r.stderr.split("root cause")[1], "its last stderr lines"
+
+
+def test_recovers_when_a_restart_succeeds(ddprun, script, tmp_path):
+    r = launch(ddprun, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
+                        script(ENV_DUMP)], tmp_path, env={"FAIL_RANK": "0", "FAIL_ATTEMPTS": "2"})
+    assert r.returncode == 0, r.stderr
+    env = json.load(open(tmp_path / "rank0.attempt2.json"))
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "2"
+
+
+def test_permanent_exit_codes_are_not_retried(ddprun, script, tmp_path):
+    r = launch(ddprun, ["--standalone", "--max-restarts", "5", script(ENV_DUMP)], tmp_path,
+               env={"FAIL_RANK": "0", "FAIL_CODE": "78"})
+    assert r.returncode == 78
+    assert not (tmp_path / "rank0.attempt1.json").exists()
+    assert "not retried" in r.stderr
+
+
+def test_missing_program_is_exit_127_and_not_retried(ddprun, tmp_path):
+    r = launch(ddprun, ["--standalone", "--max-restarts", "3", str(tmp_path / "nope")], tmp_path)
+    assert r.returncode == 127
+    assert "cannot run" in r.stderr and "attempt 1 of 4" in r.stderr
+
+
+def test_killed_worker_is_128_plus_signal(ddprun, script, tmp_path):
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2", script(SLEEPER)],
+                            env=dict(os.environ, OUT_DIR=str(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: (tmp_path / "pid1").exists())
+    os.kill(int((tmp_path / "pid1").read_text()), signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert "killed by Killed" in err or "killed by" in err
+    assert (tmp_path / "term0").exists(), "the other worker was stopped with SIGTERM"
+
+
+def test_sigterm_reaches_workers_and_agent_exits_143(ddprun, script, tmp_path):
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2", script(SLEEPER)],
+                            env=dict(os.environ, OUT_DIR=str(tmp_path)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: (tmp_path / "child0").exists() and (tmp_path / "child1").exists())
+    children = [int((tmp_path / f"child{i}").read_text()) for i in range(2)]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert (tmp_path / "term0").exists() and (tmp_path / "term1").exists()
+    assert "[0/1]: rank 1 got TERM" in out
+    assert wait_for(lambda: not any(alive(c) for c in children)), "grandchildren left behind"
+
+
+def test_agent_sigkill_leaves_no_worker_behind(ddprun, script, tmp_path):
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "3", script(SLEEPER)],
+                            env=dict(os.environ, OUT_DIR=str(tmp_path)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: all((tmp_path / f"child{i}").exists() for i in range(3)))
+    pids = [int((tmp_path / f"{kind}{i}").read_text()) for kind in ("pid", "child")
+            for i in range(3)]
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not any(alive(p) for p in pids), timeout=5), \
+        [p for p in pids if alive(p)]
+
+
+def test_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout(ddprun, script, tmp_path):
+    proc = subprocess.Popen([ddprun, "--standalone", "--shutdown-timeout", "0.5",
+                             script(STUBBORN)], env=dict(os.environ, OUT_DIR=str(tmp_path)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: (tmp_path / "pid0").exists())
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert not alive(int((tmp_path / "pid0").read_text()))
+
+
+def test_log_dir_redirects_tee_and_filter(ddprun, script, tmp_path):
+    logs = tmp_path / "logs"
+    r = launch(ddprun, ["--master-port", "0", "--nproc-per-node", "3", "--rdzv-id", "job7", "--log-dir",
+                        str(logs), "--redirects", "1:3", "--local-ranks-filter", "0,1",
+                        script(ENV_DUMP)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for rank in range(3):
+        d = logs / "job7" / "attempt_0" / str(rank)
+        assert (d / "stdout.log").read_text() == f"hello from rank {rank}\n"
+        assert (d / "stderr.log").read_text() == f"warning from rank {rank}\n"
+    assert "[0/0]: hello from rank 0" in r.stdout
+    assert "hello from rank 1" not in r.stdout, "rank 1's output is redirected to files only"
+    assert "rank 2" not in r.stdout + r.stderr.replace("3 worker(s)", ""), "filtered out"
+
+
+def test_python_scripts_run_under_python_exec(ddprun, tmp_path):
+    py = tmp_path / "hello.py"
+    py.write_text("import os, sys\nprint('py', os.environ['RANK'], sys.argv[1:])\n")
+    r = launch(ddprun, ["--standalone", "--nproc-per-node", "2", str(py), "--lr", "0.1"],
+               tmp_path, env={"PYTHON_EXEC": sys.executable})
+    assert r.returncode == 0, r.stderr
+    assert "[0/1]: py 1 ['--lr', '0.1']" in r.stdout
+
+
+def test_static_backend_uses_master_port(ddprun, script, tmp_path):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    r = launch(ddprun, ["--nnodes", "1", "--master-port", str(port), script(ENV_DUMP)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.load(open(tmp_path / "rank0.attempt0.json"))["MASTER_PORT"] == str(port)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bogus", "x"], "unknown option --bogus"),
+    (["--nproc-per-node", "zero", "x"], "--nproc-per-node"),
+    (["--nnodes", "3:2", "x"], "--nnodes"),
+    (["--standalone"], "no program given"),
+    (["--rdzv-backend", "etcd", "x"], "--rdzv-backend"),
+    (["--rdzv-conf", "bogus=1", "x"], "unknown key 'bogus'"),
+    (["--rdzv-backend", "c10d", "x"], "needs --rdzv-endpoint"),
+    (["--nnodes", "2", "x"], "needs --node-rank"),
+    (["--max-restarts", "-1", "x"], "--max-restarts"),
+    (["--signals-to-handle", "SIGFOO", "x"], "SIGFOO"),
+])
+def test_bad_flags_exit_2_with_one_line(ddprun, args, needle):
+    r = subprocess.run([ddprun] + args, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_both_spellings_and_pet_environment(ddprun):
+    r = subprocess.run([ddprun, "--nproc_per_node=3", "--max-restarts", "4", "--dry-run", "x"],
+                       capture_output=True, text=True, env=dict(os.environ, PET_NPROC_PER_NODE="7",
+                                                                 PET_ROLE="from-env"))
+    assert r.returncode == 0, r.stderr
+    assert "nproc_per_node: 3" in r.stdout, "the command line beats PET_*"
+    assert "role: from-env" in r.stdout and "max_restarts: 4" in r.stdout
+    r = subprocess.run([ddprun, "--nproc-per-node", "cpu", "--dry-run", "x"], capture_output=True,
+                       text=True)
+    assert f"nproc_per_node: {os.cpu_count()}" in r.stdout
+    bad = subprocess.run([ddprun, "--dry-run", "x"], capture_output=True, text=True,
+                         env=dict(os.environ, PET_NNODES="zero"))
+    assert bad.returncode == 2 and "PET_NNODES" in bad.stderr
+
+
+def test_help_lists_every_flag_and_the_man_page_documents_them(ddprun):
+    from conftest import ROOT
+    import re
+    r = subprocess.run([ddprun, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    flags = set(re.findall(r"--[a-z][a-z-]+", r.stdout))
+    for f in ("--nnodes", "--nproc-per-node", "--rdzv-endpoint", "--max-restarts", "--tee",
+              "--local-ranks-filter", "--signals-to-handle", "--shutdown-timeout", "--standalone"):
+        assert f in flags
+    man = open(os.path.join(ROOT, "docs", "ddprun.1")).read().replace("\\-", "-")
+    missing = sorted(f for f in flags if f not in man)
+    assert not missing, f"docs/ddprun.1 lacks {missing}"

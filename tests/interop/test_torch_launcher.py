@@ -1,0 +1,31 @@
+"""An unmodified PyTorch DDP script (Debian's torch 1.13, gloo, CPU) under ddprun and under
+torchrun: same final weights. Its workers use the agent's store (TORCHELASTIC_USE_AGENT_STORE)."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_linear.py")
+
+
+def final_line(text):
+    lines = [l for l in text.splitlines() if "FINAL" in l]
+    assert len(lines) == 1, text
+    return lines[0].split("FINAL", 1)[1].split()
+
+
+def test_ddp_script_matches_torchrun(ddprun, tmp_path):
+    ours = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", SCRIPT],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHON_EXEC=sys.executable))
+    assert ours.returncode == 0, ours.stderr
+    # Debian's torch 1.13 torchrun needs explicit -r/-t on this Python; -r 1 sends stdout to files.
+    theirs = subprocess.run([sys.executable, "-m", "torch.distributed.run", "-r", "1", "-t", "1",
+                             "--log_dir", str(tmp_path), "--standalone", "--nproc_per_node", "2",
+                             SCRIPT], capture_output=True, text=True, timeout=300)
+    assert theirs.returncode == 0, theirs.stderr
+    logs = "".join(open(p).read() for p in glob.glob(f"{tmp_path}/**/stdout.log", recursive=True))
+    assert final_line(ours.stdout) == final_line(logs)
