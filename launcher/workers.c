@@ -360,18 +360,22 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
                                .env = env.vars, .stdio = stdio, .stdio_count = 4,
                                .flags = UV_PROCESS_DETACHED};
     w->proc.data = w;
-    if (rc == 0) rc = uv_spawn(s->loop, &w->proc, &po);
+    bool is_spawn_tried = rc == 0;
+    if (is_spawn_tried) rc = uv_spawn(s->loop, &w->proc, &po);
     free(argv);
     env_free(&env);
     s->n_active++;
+    if (is_spawn_tried) { /* uv_spawn initialises the handle even when it fails */
+        w->open_handles++;
+        s->n_open_handles++;
+    }
     if (rc < 0) {
         snprintf(err, err_len, "cannot start local rank %d: %s", local_rank, uv_strerror(rc));
+        if (is_spawn_tried) uv_close((uv_handle_t *)&w->proc, on_proc_closed);
         close_stream(&w->out);
         close_stream(&w->err);
         return rc;
     }
-    w->open_handles++;
-    s->n_open_handles++;
     w->result.pid = w->proc.pid;
     uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
