@@ -35,6 +35,7 @@ struct store_client {
     uint8_t *wbuf;
     size_t w_cap;
     uint64_t deadline_ms; /* of the op in progress */
+    int wake[2];          /* store_client_interrupt writes here; every wait polls it too */
     char err[512];
 };
 
@@ -64,8 +65,15 @@ static void disconnect(store_client_t *c) {
 
 static int wait_fd(store_client_t *c, short events) {
     for (;;) {
-        struct pollfd p = {.fd = c->fd, .events = events};
-        int n = poll(&p, 1, clock_remaining_ms(c->deadline_ms));
+        struct pollfd p[2] = {{.fd = c->fd, .events = events}, {.fd = c->wake[0], .events = POLLIN}};
+        int n = poll(p, 2, clock_remaining_ms(c->deadline_ms));
+        if (n > 0 && (p[1].revents & POLLIN)) {
+            char drain[64];
+            while (read(c->wake[0], drain, sizeof drain) > 0) {
+            }
+            disconnect(c);
+            return DDP_ECLOSED;
+        }
         if (n > 0) return 0;
         if (n == 0) return DDP_ETIMEOUT;
         if (errno != EINTR) return -errno;
@@ -368,6 +376,7 @@ int store_client_connect(const store_client_opts_t *opts, store_client_t **out) 
     *out = c;
     c->opts = *opts;
     c->fd = -1;
+    c->wake[0] = c->wake[1] = -1;
     snprintf(c->host, sizeof c->host, "%s", opts->host ? opts->host : "127.0.0.1");
     c->opts.host = c->host;
     if (c->opts.dialect == STORE_DIALECT_UNKNOWN) c->opts.dialect = STORE_DIALECT_CURRENT;
@@ -378,14 +387,25 @@ int store_client_connect(const store_client_opts_t *opts, store_client_t **out) 
     store_limits_default(&c->limits);
     c->r_cap = 4096;
     c->rbuf = malloc(c->r_cap);
+    if (pipe2(c->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
+        c->wake[0] = c->wake[1] = -1;
+        return fail(c, -errno, "cannot create a pipe: %s", strerror(errno));
+    }
     if (!c->rbuf) return fail(c, -ENOMEM, "out of memory");
     if (c->secret.is_set && store_auth_init() < 0) return fail(c, -EIO, "libsodium failed to start");
     return reconnect(c);
 }
 
+void store_client_interrupt(store_client_t *c) {
+    ssize_t w = write(c->wake[1], "x", 1); /* wakes the poll(2) of the blocked operation */
+    (void)w;
+}
+
 void store_client_destroy(store_client_t *c) {
     if (!c) return;
     disconnect(c);
+    if (c->wake[0] >= 0) close(c->wake[0]);
+    if (c->wake[1] >= 0) close(c->wake[1]);
     free(c->rbuf);
     free(c->wbuf);
     free(c);

@@ -34,6 +34,9 @@ typedef struct store_client store_client_t;
  * store_client_error() explains; destroy it. Returns 0 or a negative code. */
 int store_client_connect(const store_client_opts_t *opts, store_client_t **out);
 void store_client_destroy(store_client_t *c);
+/* From any thread: make the operation in progress on c fail at once (DDP_ECLOSED), e.g. a WAIT
+ * another thread is blocked in. The client reconnects on its next operation. */
+void store_client_interrupt(store_client_t *c);
 const char *store_client_error(const store_client_t *c);
 /* Send raw bytes (tests/benchmarks that need a hand-made frame). */
 int store_client_send_raw(store_client_t *c, const void *p, size_t n);

@@ -1,11 +1,14 @@
 /* agent: `ddprun [options] PROGRAM`, the per-node elastic agent, on one libuv loop. Hosts the
- * store (embedded store_server) the workers reach through MASTER_ADDR/MASTER_PORT, runs one
- * attempt of local workers at a time (workers.c), and on any failure stops them all and starts
- * the next attempt until --max-restarts is spent or the failure is permanent. Exits 0, or with the
- * root-cause worker's code (128+signal if it was killed) after a short summary.
+ * job's store when this node owns the rendezvous endpoint (embedded store_server), joins each
+ * round (rendezvous.c, run on libuv's thread pool so the loop never blocks), runs the round's
+ * local workers (workers.c), and ends the round on any failure anywhere: a local failure sets the
+ * round's restart key, every agent WAITs on it, stops its workers and joins the next round until
+ * --max-restarts is spent or the failure is permanent. Exits 0, or with the root-cause worker's code
+ * (128+signal if killed) after a short summary.
  *
- * This build runs single-node jobs (--standalone, or --nnodes 1 with either backend); rendezvous
- * across nodes is the next step of issue 3. */
+ * One node (--standalone, or --nnodes 1) needs no rendezvous. Several nodes use the c10d backend
+ * with a fixed --nnodes; heartbeats, scale-up/-down and the static multi-node backend are the next
+ * steps of issue 3. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -15,11 +18,16 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "ddp_error.h"
 #include "exit_codes.h"
 #include "log.h"
 #include "options.h"
+#include "rendezvous.h"
+#include "store_client.h"
 #include "store_server.h"
 #include "workers.h"
+
+#define STORE_LINGER_MS 5000
 
 typedef struct {
     uv_loop_t *loop;
@@ -27,19 +35,67 @@ typedef struct {
     store_server_t *store;
     workers_t *workers;
     uv_signal_t sig_handles[DDP_MAX_SIGNALS];
+    uv_timer_t linger;
     char self_exe[PATH_MAX];
     char run_dir[1200];
     char master_addr[256];
     uint16_t master_port;
-    int attempt;
-    bool has_failure;
+    rdzv_result_t round; /* membership of the current round; .round is the attempt number */
+    bool has_failure;    /* a local worker failed this round */
+    bool is_workers_done; /* every local worker ended and its output is drained */
     worker_result_t root_cause;
-    int stop_signal; /* a signal we were asked to stop with, 0 if none */
+    int stop_signal;     /* a signal we were asked to stop with, 0 if none */
     int exit_code;
     bool is_finished;
+    /* several nodes */
+    bool is_multi;
+    rdzv_t rdzv;
+    store_client_t *ops, *watch; /* watch: blocked in the restart WAIT of the round */
+    uv_work_t join_work, watch_work, report_work, finish_work;
+    bool is_joining, is_watching, is_reporting, is_finishing;
+    bool has_restart; /* the round's restart key was seen */
+    char restart_why[256];
+    char report_why[256];
+    int join_rc, watch_rc, report_rc, finish_rc;
+    char join_err[512];
 } agent_t;
 
-static int start_attempt(agent_t *a);
+static void maybe_advance(agent_t *a);
+static void begin_round(agent_t *a, int round);
+
+/* ---- ending ------------------------------------------------------------------------------- */
+
+static void on_linger(uv_timer_t *t) {
+    agent_t *a = t->data;
+    store_server_stats_t st;
+    store_server_stats(a->store, &st);
+    static int waited_ms;
+    waited_ms += 100;
+    if (st.n_connections > 0 && waited_ms < STORE_LINGER_MS) return;
+    uv_close((uv_handle_t *)t, NULL);
+    store_server_stop(a->store, NULL, NULL);
+}
+
+static void finish(agent_t *a, int code) {
+    if (a->is_finished) return;
+    a->is_finished = true;
+    a->exit_code = code;
+    for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
+    if (a->watch) store_client_interrupt(a->watch); /* its thread-pool WAIT must end too */
+    if (a->ops && !a->is_joining && !a->is_reporting && !a->is_finishing) {
+        store_client_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
+        a->ops = NULL;
+    }
+    if (!a->store) return;
+    if (!a->is_multi) {
+        store_server_stop(a->store, NULL, NULL);
+        return;
+    }
+    /* Other agents may still read the round's keys: keep the store until they hang up. */
+    uv_timer_init(a->loop, &a->linger);
+    a->linger.data = a;
+    uv_timer_start(&a->linger, on_linger, 100, 100);
+}
 
 static void print_file_indented(const char *path, size_t max_bytes) {
     FILE *f = fopen(path, "r");
@@ -57,101 +113,274 @@ static void print_root_cause(agent_t *a) {
     if (r->term_signal) snprintf(how, sizeof how, "was killed by %s", strsignal(r->term_signal));
     else snprintf(how, sizeof how, "exited with %d", r->exit_status);
     fprintf(stderr, "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
-                    "of %d\n", 0, r->rank, r->local_rank, r->pid, how, a->attempt + 1,
-            a->opts->max_restarts + 1);
+                    "of %d\n", a->round.group_rank, r->rank, r->local_rank, r->pid, how,
+            a->round.round + 1, a->opts->max_restarts + 1);
     const char *tail = a->workers ? workers_tail(a->workers, r->local_rank) : "";
     if (*tail) {
-        fprintf(stderr, "ddprun: last lines of its stderr:\n");
         const char *p = tail;
-        /* at most the last 10 lines */
         int lines = 0;
         for (const char *q = tail + strlen(tail); q > tail; q--)
-            if (q[-1] == '\n' && ++lines > 10) {
+            if (q[-1] == '\n' && ++lines > 10) { /* the last 10 lines */
                 p = q;
                 break;
             }
-        fprintf(stderr, "%s%s", p, tail[strlen(tail) - 1] == '\n' ? "" : "\n");
+        fprintf(stderr, "ddprun: last lines of its stderr:\n%s%s", p,
+                tail[strlen(tail) - 1] == '\n' ? "" : "\n");
     }
     char error_file[1400];
-    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir, a->attempt,
-             r->local_rank);
+    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
+             a->round.round, r->local_rank);
     print_file_indented(error_file, 2048);
 }
 
-static void finish(agent_t *a, int code) {
-    if (a->is_finished) return;
-    a->is_finished = true;
-    a->exit_code = code;
-    for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
-    if (a->store) store_server_stop(a->store, NULL, NULL);
+/* ---- workers ------------------------------------------------------------------------------ */
+
+static int failure_code(const worker_result_t *r) {
+    return r->term_signal ? 128 + r->term_signal : r->exit_status;
+}
+
+static bool failure_is_permanent(const worker_result_t *r) {
+    return !r->term_signal && ddp_exit_is_permanent(r->exit_status);
+}
+
+static void report_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    a->report_rc = rdzv_request_restart(&a->rdzv, a->ops, a->round.round, a->report_why);
+}
+
+static void report_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->is_reporting = false;
+    if (a->report_rc < 0)
+        LOG_ERROR("cannot tell the other agents to restart: %s", store_client_error(a->ops));
+    maybe_advance(a);
+}
+
+/* Tell every agent that this round ends (multi-node), with what the others need to decide. */
+static void report_restart(agent_t *a, int code, bool is_permanent) {
+    if (!a->is_multi || a->is_reporting) return;
+    snprintf(a->report_why, sizeof a->report_why, "code=%d permanent=%d node=%d rank=%d", code,
+             is_permanent, a->round.group_rank, a->root_cause.rank);
+    a->is_reporting = true;
+    a->report_work.data = a;
+    uv_queue_work(a->loop, &a->report_work, report_work_cb, report_after_cb);
 }
 
 static void on_worker_exit(workers_t *w, const worker_result_t *r, void *arg) {
     (void)w;
     agent_t *a = arg;
     bool is_failure = r->term_signal != 0 || r->exit_status != 0;
-    if (!is_failure || a->has_failure || a->stop_signal) return;
+    if (!is_failure || a->has_failure || a->stop_signal || a->has_restart) return;
     a->has_failure = true;
     a->root_cause = *r;
-    LOG_WARN("worker rank %d (pid %d) %s %d; stopping the other workers", r->rank, r->pid,
-             r->term_signal ? "was killed by signal" : "exited with", r->term_signal ? r->term_signal
-                                                                                      : r->exit_status);
+    LOG_WARN("worker rank %d (pid %d) %s %d; stopping every worker", r->rank, r->pid,
+             r->term_signal ? "was killed by signal" : "exited with",
+             r->term_signal ? r->term_signal : r->exit_status);
     workers_stop(a->workers, SIGTERM, a->opts->shutdown_timeout_s);
+    report_restart(a, failure_code(r), failure_is_permanent(r));
 }
 
 static void on_workers_done(workers_t *w, void *arg) {
     agent_t *a = arg;
-    int code = 0;
-    if (a->stop_signal) {
-        code = 128 + a->stop_signal;
-    } else if (a->has_failure) {
-        const worker_result_t *r = &a->root_cause;
-        code = r->term_signal ? 128 + r->term_signal : r->exit_status;
-        bool is_permanent = !r->term_signal && ddp_exit_is_permanent(r->exit_status);
-        if (!is_permanent && a->attempt < a->opts->max_restarts) {
-            LOG_WARN("restarting every worker (restart %d of %d)", a->attempt + 1,
-                     a->opts->max_restarts);
-            workers_destroy(w);
-            a->workers = NULL;
-            a->attempt++;
-            a->has_failure = false;
-            if (start_attempt(a) == 0) return;
-            finish(a, 1);
-            return;
-        }
-        print_root_cause(a);
-        if (is_permanent) fprintf(stderr, "ddprun: exit %d is not retried\n", r->exit_status);
-    }
-    workers_destroy(w);
-    a->workers = NULL;
-    finish(a, code);
+    if (w != a->workers) return; /* a previous round's set, already replaced */
+    a->is_workers_done = true;
+    maybe_advance(a);
 }
 
-static int start_attempt(agent_t *a) {
+static int start_workers(agent_t *a) {
     char attempt_dir[1300], err[512];
-    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->attempt);
+    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->round.round);
     workers_spec_t spec = {
         .opts = a->opts, .self_exe = a->self_exe, .run_id = a->opts->rdzv_id,
-        .attempt = a->attempt, .group_rank = 0, .group_world_size = 1, .rank_offset = 0,
-        .world_size = a->opts->nproc_per_node, .master_addr = a->master_addr,
+        .attempt = a->round.round, .group_rank = a->round.group_rank,
+        .group_world_size = a->round.group_world_size, .rank_offset = a->round.rank_offset,
+        .world_size = a->round.world_size, .master_addr = a->master_addr,
         .master_port = a->master_port, .attempt_dir = attempt_dir};
+    a->is_workers_done = false;
     int rc = workers_start(a->loop, &spec, on_worker_exit, on_workers_done, a, &a->workers, err,
                            sizeof err);
     if (rc < 0) LOG_ERROR("%s", err);
     return rc;
 }
 
+/* ---- rounds ------------------------------------------------------------------------------- */
+
+static void watch_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    a->watch_rc = rdzv_wait_restart(&a->rdzv, a->watch, a->round.round, a->restart_why,
+                                    sizeof a->restart_why);
+}
+
+static void watch_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->is_watching = false;
+    if (a->is_finished) {
+        store_client_destroy(a->watch);
+        a->watch = NULL;
+        return;
+    }
+    if (a->watch_rc < 0) {
+        LOG_ERROR("lost the job's store while watching round %d: %s", a->round.round,
+                  store_client_error(a->watch));
+        snprintf(a->restart_why, sizeof a->restart_why, "code=%d permanent=1 node=-1 rank=-1",
+                 DDP_EXIT_PEER_FAILURE);
+    }
+    a->has_restart = true;
+    if (a->workers && !a->has_failure && !a->stop_signal) {
+        LOG_WARN("round %d ends (%s): stopping local workers", a->round.round, a->restart_why);
+        workers_stop(a->workers, SIGTERM, a->opts->shutdown_timeout_s);
+    }
+    maybe_advance(a);
+}
+
+static void join_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    const ddprun_opts_t *o = a->opts;
+    a->join_rc = 0;
+    store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
+                              .connect_timeout_ms = (int64_t)(o->join_timeout_s * 1000),
+                              .op_timeout_ms = (int64_t)(o->join_timeout_s * 1000) + 60000};
+    store_client_t **clients[2] = {&a->ops, &a->watch};
+    for (int i = 0; i < 2 && a->join_rc == 0; i++) {
+        if (*clients[i]) continue;
+        a->join_rc = store_client_connect(&co, clients[i]);
+        if (a->join_rc < 0)
+            snprintf(a->join_err, sizeof a->join_err, "%s", store_client_error(*clients[i]));
+    }
+    int round = a->round.round, current = 0;
+    if (a->join_rc == 0 && (a->join_rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
+        snprintf(a->join_err, sizeof a->join_err, "%s", store_client_error(a->ops));
+    if (a->join_rc == 0)
+        a->join_rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &a->round,
+                               a->join_err, sizeof a->join_err);
+}
+
+static void join_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->is_joining = false;
+    if (a->stop_signal) {
+        finish(a, 128 + a->stop_signal);
+        return;
+    }
+    if (a->join_rc < 0) {
+        fprintf(stderr, "ddprun: %s\n", a->join_err);
+        finish(a, 1);
+        return;
+    }
+    if (!a->round.is_member) {
+        fprintf(stderr, "ddprun: round %d closed with %d nodes without this one (--nnodes %u:%u); "
+                        "joining a running job is not built yet\n", a->round.round,
+                a->round.group_world_size, a->opts->min_nodes, a->opts->max_nodes);
+        finish(a, 1);
+        return;
+    }
+    LOG_INFO("round %d: node %d of %d, ranks %d-%d of %d", a->round.round, a->round.group_rank,
+             a->round.group_world_size, a->round.rank_offset,
+             a->round.rank_offset + a->opts->nproc_per_node - 1, a->round.world_size);
+    a->is_watching = true;
+    a->watch_work.data = a;
+    uv_queue_work(a->loop, &a->watch_work, watch_work_cb, watch_after_cb);
+    if (start_workers(a) < 0) {
+        a->has_failure = true;
+        a->root_cause = (worker_result_t){.exit_status = DDP_EXIT_EXEC_FAILED};
+        report_restart(a, DDP_EXIT_EXEC_FAILED, true);
+    }
+}
+
+static void begin_round(agent_t *a, int round) {
+    a->has_failure = a->has_restart = false;
+    a->restart_why[0] = '\0';
+    a->round.round = round;
+    if (!a->is_multi) {
+        a->round = (rdzv_result_t){.round = round, .group_world_size = 1, .is_member = true,
+                                   .world_size = a->opts->nproc_per_node};
+        if (start_workers(a) < 0) finish(a, DDP_EXIT_EXEC_FAILED);
+        return;
+    }
+    a->is_joining = true;
+    a->join_work.data = a;
+    uv_queue_work(a->loop, &a->join_work, join_work_cb, join_after_cb);
+}
+
+static void finish_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    a->finish_rc = rdzv_finish(&a->rdzv, a->ops, a->round.round, a->round.group_world_size,
+                               (int64_t)(a->opts->join_timeout_s * 1000));
+}
+
+static void finish_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->is_finishing = false;
+    if (a->finish_rc < 0)
+        LOG_WARN("not every node confirmed the end of the job: %s", store_client_error(a->ops));
+    finish(a, 0);
+}
+
+/* Called whenever something settles: the local workers ended, the restart key was seen, a
+ * report went out. Decides between the next round, success, and giving up. */
+static void maybe_advance(agent_t *a) {
+    if (a->is_finished || a->is_reporting) return;
+    if (a->workers && !a->is_workers_done) return;
+    bool is_failed = a->has_failure || a->has_restart || a->stop_signal;
+    if (a->is_multi && is_failed && !a->has_restart && !a->stop_signal) return; /* await the key */
+    int code = 0;
+    bool is_permanent = false;
+    if (a->stop_signal) {
+        code = 128 + a->stop_signal;
+        is_permanent = true;
+    } else if (a->has_failure) {
+        code = failure_code(&a->root_cause);
+        is_permanent = failure_is_permanent(&a->root_cause);
+    } else if (a->has_restart) {
+        int node = -1, rank = -1, perm = 0;
+        sscanf(a->restart_why, "code=%d permanent=%d node=%d rank=%d", &code, &perm, &node, &rank);
+        is_permanent = perm != 0;
+    }
+    if (is_failed && !a->stop_signal && !is_permanent && a->round.round < a->opts->max_restarts) {
+        LOG_WARN("restarting every worker (restart %d of %d)", a->round.round + 1,
+                 a->opts->max_restarts);
+        if (a->workers) workers_destroy(a->workers);
+        a->workers = NULL;
+        begin_round(a, a->round.round + 1);
+        return;
+    }
+    if (is_failed) {
+        if (a->has_failure) print_root_cause(a);
+        else if (!a->stop_signal)
+            fprintf(stderr, "ddprun: the job failed on another node (%s)\n", a->restart_why);
+        if (is_permanent && !a->stop_signal) fprintf(stderr, "ddprun: exit %d is not retried\n", code);
+    }
+    if (a->workers) workers_destroy(a->workers);
+    a->workers = NULL;
+    if (a->is_multi && !is_failed) {
+        a->is_finishing = true;
+        a->finish_work.data = a;
+        uv_queue_work(a->loop, &a->finish_work, finish_work_cb, finish_after_cb);
+        return;
+    }
+    finish(a, code);
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
     agent_t *a = h->data;
-    if (a->stop_signal || !a->workers) {
+    if (a->stop_signal) {
         if (a->workers) workers_stop(a->workers, SIGKILL, 0); /* second signal: no more grace */
         return;
     }
     LOG_WARN("%s received: forwarding it to the workers, SIGKILL after %g s", strsignal(signum),
              a->opts->shutdown_timeout_s);
     a->stop_signal = signum;
-    workers_stop(a->workers, signum, a->opts->shutdown_timeout_s);
+    if (a->is_joining && a->ops) store_client_interrupt(a->ops);
+    if (a->workers) workers_stop(a->workers, signum, a->opts->shutdown_timeout_s);
+    report_restart(a, 128 + signum, true);
+    maybe_advance(a);
 }
+
+/* ---- start -------------------------------------------------------------------------------- */
 
 static int prepare_run_dir(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
@@ -165,11 +394,33 @@ static int prepare_run_dir(agent_t *a) {
     return mkdtemp(a->run_dir) ? 0 : -errno;
 }
 
+/* Host the store if this node owns the endpoint; another agent may already hold it. */
+static int host_store(agent_t *a) {
+    const ddprun_opts_t *o = a->opts;
+    bool is_c10d = strcmp(o->rdzv_backend, "c10d") == 0;
+    store_server_opts_t so = {.host = is_c10d ? o->rdzv_host : o->master_addr,
+                              .port = is_c10d ? o->rdzv_port : o->master_port};
+    store_limits_default(&so.limits);
+    char err[512];
+    int rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
+    if (rc < 0 && a->is_multi && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
+        a->store = NULL; /* someone else hosts it: we are a client */
+        rc = 0;
+    } else if (rc < 0) {
+        fprintf(stderr, "ddprun: cannot host the job's store: %s\n", err);
+        return rc;
+    }
+    snprintf(a->master_addr, sizeof a->master_addr, "%s", so.host);
+    a->master_port = a->store ? store_server_port(a->store) : so.port;
+    return 0;
+}
+
 int agent_main(ddprun_opts_t *o) {
-    if (o->max_nodes > 1) {
-        fprintf(stderr, "ddprun: --nnodes %u:%u: rendezvous across nodes is not in this build yet; "
-                        "run a single node (--standalone or --nnodes 1)\n", o->min_nodes,
-                o->max_nodes);
+    bool is_c10d = strcmp(o->rdzv_backend, "c10d") == 0;
+    if (o->max_nodes > 1 && (!is_c10d || o->min_nodes != o->max_nodes)) {
+        fprintf(stderr, "ddprun: --nnodes %u:%u with --rdzv-backend %s: this build runs several "
+                        "nodes with --rdzv-backend c10d and a fixed --nnodes N\n", o->min_nodes,
+                o->max_nodes, o->rdzv_backend);
         return DDP_EXIT_USAGE;
     }
     const char *prog = o->program_argv[0];
@@ -183,6 +434,7 @@ int agent_main(ddprun_opts_t *o) {
     agent_t *a = &agent;
     a->opts = o;
     a->loop = uv_default_loop();
+    a->is_multi = o->max_nodes > 1;
     ssize_t n = readlink("/proc/self/exe", a->self_exe, sizeof a->self_exe - 1);
     if (n <= 0) {
         fprintf(stderr, "ddprun: cannot find its own executable: %s\n", strerror(errno));
@@ -194,27 +446,20 @@ int agent_main(ddprun_opts_t *o) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;
     }
-    bool is_c10d = strcmp(o->rdzv_backend, "c10d") == 0;
-    store_server_opts_t so = {.host = is_c10d ? o->rdzv_host : o->master_addr,
-                              .port = is_c10d ? o->rdzv_port : o->master_port};
-    store_limits_default(&so.limits);
-    char err[512];
-    rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "ddprun: cannot host the job's store: %s\n", err);
-        return 1;
-    }
-    snprintf(a->master_addr, sizeof a->master_addr, "%s", so.host);
-    a->master_port = store_server_port(a->store);
-    LOG_INFO("run %s: %d worker(s), store on %s port %u, logs in %s", o->rdzv_id,
-             o->nproc_per_node, a->master_addr, a->master_port, a->run_dir);
+    if (host_store(a) < 0) return 1;
+    rdzv_init(&a->rdzv, o, a->store != NULL);
+    LOG_INFO("run %s: %d worker(s), store %s %s port %u, logs in %s", o->rdzv_id,
+             o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
+             a->run_dir);
     for (int i = 0; i < o->n_signals; i++) {
         uv_signal_init(a->loop, &a->sig_handles[i]);
         a->sig_handles[i].data = a;
         uv_signal_start(&a->sig_handles[i], on_signal, o->signals[i]);
     }
     signal(SIGPIPE, SIG_IGN);
-    if (start_attempt(a) < 0) finish(a, DDP_EXIT_EXEC_FAILED);
+    begin_round(a, 0);
     uv_run(a->loop, UV_RUN_DEFAULT);
+    store_client_destroy(a->ops);
+    store_client_destroy(a->watch);
     return a->exit_code;
 }

@@ -24,6 +24,7 @@
 #define DROP_LOGS_PER_SEC   20u
 
 static void conn_close(store_conn_t *c);
+static void on_server_handle_closed(uv_handle_t *h);
 
 /* Close callback of handles that never became connections (refused or failed at accept). */
 static void free_handle(uv_handle_t *h) {
@@ -475,10 +476,9 @@ int store_server_start(uv_loop_t *loop, const store_server_opts_t *opts, store_s
         snprintf(err, err_len, "cannot listen on %s port %u: %s%s", opts->host ? opts->host : "*",
                  opts->port, uv_strerror(rc),
                  rc == UV_EADDRINUSE ? " (another process holds this port; pick another or 0)" : "");
+        /* The listener is freed with the server once the loop has closed it. */
         s->is_stopping = true;
-        uv_close((uv_handle_t *)&s->listener, NULL);
-        kv_table_destroy(s->table);
-        free(s);
+        uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
         return rc;
     }
     struct sockaddr_storage bound;

@@ -33,7 +33,8 @@ typedef struct {
 } store_server_stats_t;
 
 /* Bind, listen and start serving on loop. Returns 0, or a negative code with a message in err
- * (e.g. the port is in use). The caller runs the loop. */
+ * (e.g. the port is in use); then the half-made server is freed by the loop, so run it (briefly)
+ * before closing the loop. The caller runs the loop. */
 int store_server_start(uv_loop_t *loop, const store_server_opts_t *opts, store_server_t **out,
                        char *err, size_t err_len);
 uint16_t store_server_port(const store_server_t *s);

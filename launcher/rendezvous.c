@@ -1,0 +1,200 @@
+/* rendezvous: see rendezvous.h. Records are short text: "nproc=N hint=H host=0|1". */
+#include "rendezvous.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddp_error.h"
+
+static void key(const rdzv_t *r, char *out, size_t len, int round, const char *what) {
+    if (round < 0) snprintf(out, len, "%s/%s", r->prefix, what);
+    else snprintf(out, len, "%s/r%d/%s", r->prefix, round, what);
+}
+
+void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host) {
+    memset(r, 0, sizeof *r);
+    r->opts = opts;
+    r->is_store_host = is_store_host;
+    r->node_rank_hint = opts->node_rank;
+    snprintf(r->prefix, sizeof r->prefix, "/ddprun/%s", opts->rdzv_id);
+}
+
+static int get_int(store_client_t *c, const char *k, int64_t *out) {
+    uint8_t *v;
+    size_t n;
+    TRY(store_client_get(c, k, &v, &n));
+    char text[32];
+    size_t m = n < sizeof text - 1 ? n : sizeof text - 1;
+    memcpy(text, v, m);
+    text[m] = '\0';
+    free(v);
+    char *end;
+    *out = strtoll(text, &end, 10);
+    return end == text ? DDP_EPROTO : 0;
+}
+
+int rdzv_current_round(rdzv_t *r, store_client_t *c, int *round) {
+    char k[256];
+    key(r, k, sizeof k, -1, "round");
+    int64_t v;
+    TRY(store_client_add(c, k, 0, &v));
+    *round = (int)v;
+    return 0;
+}
+
+typedef struct {
+    int join_index, nproc, hint;
+    bool is_host;
+} member_t;
+
+static int member_order(const void *a, const void *b) {
+    const member_t *x = a, *y = b;
+    if (x->is_host != y->is_host) return x->is_host ? -1 : 1;
+    int hx = x->hint < 0 ? RDZV_MAX_NODES * 8 : x->hint, hy = y->hint < 0 ? RDZV_MAX_NODES * 8 : y->hint;
+    if (hx != hy) return hx < hy ? -1 : 1;
+    return x->join_index - y->join_index;
+}
+
+static void sleep_ms(int64_t ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char *err,
+              size_t err_len) {
+    const ddprun_opts_t *o = r->opts;
+    char k[256], record[64];
+    int64_t joined;
+    key(r, k, sizeof k, round, "joined");
+    int rc = store_client_add(c, k, 1, &joined);
+    if (rc < 0) goto fail;
+    int index = (int)joined - 1;
+    snprintf(record, sizeof record, "nproc=%d hint=%d host=%d", o->nproc_per_node,
+             r->node_rank_hint, r->is_store_host);
+    char node_key[256];
+    snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
+    if ((rc = store_client_set(c, node_key, record, strlen(record))) < 0) goto fail;
+    char closed_key[256];
+    key(r, closed_key, sizeof closed_key, round, "closed");
+    if (joined >= (int64_t)o->min_nodes) {
+        /* MAX closes at once; MIN after a last call that lets more nodes in. */
+        if (joined < (int64_t)o->max_nodes) {
+            sleep_ms((int64_t)(o->last_call_timeout_s * 1000));
+            if ((rc = store_client_add(c, k, 0, &joined)) < 0) goto fail;
+        }
+        char count[16];
+        int n = (int)(joined < (int64_t)o->max_nodes ? joined : (int64_t)o->max_nodes);
+        snprintf(count, sizeof count, "%d", n);
+        uint8_t *cur;
+        size_t cur_n;
+        rc = store_client_compare_set(c, closed_key, "", 0, count, strlen(count), &cur, &cur_n);
+        if (rc < 0) goto fail;
+        free(cur);
+    }
+    const char *keys[] = {closed_key};
+    rc = store_client_wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
+    if (rc == DDP_ETIMEOUT) {
+        snprintf(err, err_len, "round %d did not gather --nnodes %u:%u within join_timeout=%gs "
+                 "(%lld joined)", round, o->min_nodes, o->max_nodes, o->join_timeout_s,
+                 (long long)joined);
+        return rc;
+    }
+    int64_t n_members;
+    if (rc < 0 || (rc = get_int(c, closed_key, &n_members)) < 0) goto fail;
+    if (n_members < 1 || n_members > RDZV_MAX_NODES) {
+        snprintf(err, err_len, "round %d closed with %lld members", round, (long long)n_members);
+        return DDP_EPROTO;
+    }
+    memset(out, 0, sizeof *out);
+    out->round = round;
+    out->group_world_size = (int)n_members;
+    out->is_member = index < n_members;
+    if (!out->is_member) return 0;
+    member_t *m = calloc((size_t)n_members, sizeof *m);
+    if (!m) return -ENOMEM;
+    for (int i = 0; i < n_members && rc == 0; i++) {
+        snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, i);
+        uint8_t *v;
+        size_t vn;
+        if ((rc = store_client_get(c, node_key, &v, &vn)) < 0) break;
+        char text[64];
+        size_t tn = vn < sizeof text - 1 ? vn : sizeof text - 1;
+        memcpy(text, v, tn);
+        text[tn] = '\0';
+        free(v);
+        int is_host = 0;
+        m[i].join_index = i;
+        if (sscanf(text, "nproc=%d hint=%d host=%d", &m[i].nproc, &m[i].hint, &is_host) != 3 ||
+            m[i].nproc < 1) {
+            snprintf(err, err_len, "round %d: node record %d is malformed: '%s'", round, i, text);
+            free(m);
+            return DDP_EPROTO;
+        }
+        m[i].is_host = is_host;
+    }
+    if (rc < 0) {
+        free(m);
+        goto fail;
+    }
+    qsort(m, (size_t)n_members, sizeof *m, member_order);
+    for (int i = 0; i < n_members; i++) {
+        if (m[i].join_index == index) {
+            out->group_rank = i;
+            out->rank_offset = out->world_size;
+        }
+        out->world_size += m[i].nproc;
+    }
+    free(m);
+    return 0;
+fail:
+    snprintf(err, err_len, "rendezvous round %d: %s", round, store_client_error(c));
+    return rc;
+}
+
+int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const char *why) {
+    char k[256];
+    key(r, k, sizeof k, round, "restart");
+    uint8_t *cur;
+    size_t n;
+    TRY(store_client_compare_set(c, k, "", 0, why, strlen(why), &cur, &n));
+    free(cur);
+    /* The next round begins where agents that start late will look for it. */
+    key(r, k, sizeof k, -1, "round");
+    int64_t now;
+    TRY(store_client_add(c, k, 0, &now));
+    if (now == round) TRY(store_client_add(c, k, 1, &now));
+    return 0;
+}
+
+int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len) {
+    char k[256];
+    key(r, k, sizeof k, round, "restart");
+    const char *keys[] = {k};
+    int rc;
+    /* WAIT in slices: each slice is one bounded operation of the client. */
+    while ((rc = store_client_wait(c, keys, 1, 60000)) == DDP_ETIMEOUT) {
+    }
+    if (rc < 0) return rc;
+    uint8_t *v;
+    size_t n;
+    TRY(store_client_get(c, k, &v, &n));
+    size_t m = n < why_len - 1 ? n : why_len - 1;
+    memcpy(why, v, m);
+    why[m] = '\0';
+    free(v);
+    return 0;
+}
+
+int rdzv_finish(rdzv_t *r, store_client_t *c, int round, int n, int64_t timeout_ms) {
+    char k[256], all[256];
+    key(r, k, sizeof k, round, "done");
+    key(r, all, sizeof all, round, "all_done");
+    int64_t count;
+    TRY(store_client_add(c, k, 1, &count));
+    if (count >= n) TRY(store_client_set(c, all, "1", 1));
+    const char *keys[] = {all};
+    return store_client_wait(c, keys, 1, timeout_ms);
+}

@@ -1,0 +1,51 @@
+/* rendezvous: agents of one job agree on a round's members and ranks through the store, and tell
+ * each other about failures and completion. Blocking calls on a store_client (the agent runs them
+ * on libuv's thread pool, so its loop never blocks); every call is bounded by the client's and the
+ * join deadlines. Keys live under /ddprun/<run_id>/ (docs/protocol.md, "Rendezvous keys").
+ *
+ * A round: each agent ADDs to r<R>/joined (its join index), SETs its record r<R>/node/<i>; the join
+ * that reaches --nnodes MAX closes the round at once, the one that reaches MIN after the last-call
+ * window; closing is a COMPARE_SET of r<R>/closed to the member count. Members are the first N
+ * joiners; ranks are deterministic: the store host first, then --node-rank hints, then join order.
+ * A failure anywhere sets r<R>/restart (first writer wins), which every agent WAITs on. */
+#ifndef DDP_LAUNCHER_RENDEZVOUS_H
+#define DDP_LAUNCHER_RENDEZVOUS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "options.h"
+#include "store_client.h"
+
+#define RDZV_MAX_NODES 1024
+
+typedef struct {
+    int round;
+    int group_rank, group_world_size;
+    int rank_offset, world_size;
+    bool is_member; /* false: this agent joined too late for this round */
+} rdzv_result_t;
+
+typedef struct {
+    const ddprun_opts_t *opts;
+    char prefix[200];
+    bool is_store_host;
+    int node_rank_hint;
+} rdzv_t;
+
+void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host);
+/* The round a newly started agent should join (0 unless the job already ran rounds). */
+int rdzv_current_round(rdzv_t *r, store_client_t *c, int *round);
+/* Join round `round` and wait until it closes (--rdzv-conf join_timeout). */
+int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char *err,
+              size_t err_len);
+/* Ask every agent to end round `round`: why is "code=N permanent=0|1 node=G rank=R". The first
+ * report wins; later ones are ignored. */
+int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const char *why);
+/* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */
+int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len);
+/* Exit barrier: count this agent done and wait until all n members are (so the store host does
+ * not leave while others still need the store). */
+int rdzv_finish(rdzv_t *r, store_client_t *c, int round, int n, int64_t timeout_ms);
+
+#endif
