@@ -81,7 +81,11 @@ static void finish(agent_t *a, int code) {
     a->is_finished = true;
     a->exit_code = code;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
-    if (a->watch) store_client_interrupt(a->watch); /* its thread-pool WAIT must end too */
+    if (a->watch && a->is_watching) store_client_interrupt(a->watch); /* end its WAIT too */
+    if (a->watch && !a->is_watching && !a->is_joining) {
+        store_client_destroy(a->watch);
+        a->watch = NULL;
+    }
     if (a->ops && !a->is_joining && !a->is_reporting && !a->is_finishing) {
         store_client_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
         a->ops = NULL;

@@ -29,3 +29,36 @@ def test_ddp_script_matches_torchrun(ddprun, tmp_path):
     assert theirs.returncode == 0, theirs.stderr
     logs = "".join(open(p).read() for p in glob.glob(f"{tmp_path}/**/stdout.log", recursive=True))
     assert final_line(ours.stdout) == final_line(logs)
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def two_nodes(cmd_for_node):
+    procs = [subprocess.Popen(cmd_for_node(i), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PYTHON_EXEC=sys.executable))
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    return outs
+
+
+def test_ddp_two_nodes_by_two_matches_torchrun(ddprun, tmp_path):
+    port = free_port()
+    ours = two_nodes(lambda i: [ddprun, "--nnodes", "2", "--nproc-per-node", "2",
+                                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                "--rdzv-id", "ddp2x2", SCRIPT])
+    port = free_port()
+    two_nodes(lambda i: [sys.executable, "-m", "torch.distributed.run", "-r", "1", "-t", "1",
+                         "--log_dir", str(tmp_path / f"node{i}"), "--nnodes", "2",
+                         "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                         f"127.0.0.1:{port}", "--rdzv_id", "ddp2x2", SCRIPT])
+    logs = "".join(open(p).read() for p in glob.glob(f"{tmp_path}/**/stdout.log", recursive=True))
+    assert final_line("".join(out for out, _ in ours)) == final_line(logs)

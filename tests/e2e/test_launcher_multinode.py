@@ -1,0 +1,116 @@
+"""Several agents as several nodes on loopback (c10d rendezvous, fixed --nnodes): ranks and
+environment, a failure on any node restarts every node, the restart budget is job-wide, exit codes
+and the root cause reach every agent."""
+import json
+import os
+import socket
+import subprocess
+import time
+
+WORKER = r"""#!/bin/sh
+/usr/bin/python3 - <<'PY'
+import json, os
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"]
+d = {k: os.environ[k] for k in keys}
+path = f"{os.environ['OUT_DIR']}/rank{d['RANK']}.attempt{d['TORCHELASTIC_RESTART_COUNT']}.json"
+json.dump(d, open(path, "w"))
+PY
+if [ "$RANK" = "${FAIL_RANK:-none}" ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt "${FAIL_ATTEMPTS:-1000}" ]; then
+    exit "${FAIL_CODE:-5}"
+fi
+sleep 0.2
+"""
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_agents(ddprun, tmp_path, n_nodes, nproc, extra=(), env=None, hints=None, timeout=60):
+    worker = tmp_path / "worker.sh"
+    worker.write_text(WORKER)
+    worker.chmod(0o755)
+    port = free_port()
+    e = dict(os.environ, OUT_DIR=str(tmp_path))
+    e.update(env or {})
+    procs = []
+    for i in range(n_nodes):
+        args = [ddprun, "--nnodes", str(n_nodes), "--nproc-per-node", str(nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "mn", "--rdzv-conf", "join_timeout=30"] + list(extra)
+        if hints:
+            args += ["--node-rank", str(hints[i])]
+        procs.append(subprocess.Popen(args + [str(worker)], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+        time.sleep(0.05)  # the first agent hosts the store
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def load(tmp_path, rank, attempt=0):
+    return json.load(open(tmp_path / f"rank{rank}.attempt{attempt}.json"))
+
+
+def test_three_nodes_ranks_and_environment(ddprun, tmp_path):
+    results = run_agents(ddprun, tmp_path, 3, 2)
+    assert [r[0] for r in results] == [0, 0, 0], [r[2] for r in results]
+    envs = [load(tmp_path, r) for r in range(6)]
+    assert {e["WORLD_SIZE"] for e in envs} == {"6"} and {e["GROUP_WORLD_SIZE"] for e in envs} == {"3"}
+    assert {e["MASTER_ADDR"] + ":" + e["MASTER_PORT"] for e in envs} == {
+        envs[0]["MASTER_ADDR"] + ":" + envs[0]["MASTER_PORT"]}
+    for rank, e in enumerate(envs):
+        assert e["GROUP_RANK"] == str(rank // 2) and e["LOCAL_RANK"] == str(rank % 2)
+        assert e["LOCAL_WORLD_SIZE"] == "2" and e["TORCHELASTIC_RUN_ID"] == "mn"
+    # the store host is node 0
+    assert "store hosted on" in results[0][2] and "node 0 of 3" in results[0][2]
+
+
+def test_node_rank_hints_order_the_other_nodes(ddprun, tmp_path):
+    results = run_agents(ddprun, tmp_path, 3, 1, hints=[2, 1, 0])
+    assert [r[0] for r in results] == [0, 0, 0]
+    # node 0 is always the store host; then the hints: agent 2 (hint 0) before agent 1 (hint 1)
+    assert "node 0 of 3" in results[0][2]
+    assert "node 2 of 3" in results[1][2] and "node 1 of 3" in results[2][2]
+
+
+def test_failure_on_one_node_restarts_every_node(ddprun, tmp_path):
+    t0 = time.monotonic()
+    results = run_agents(ddprun, tmp_path, 2, 2, extra=["--max-restarts", "3"],
+                         env={"FAIL_RANK": "3", "FAIL_ATTEMPTS": "2"})
+    assert [r[0] for r in results] == [0, 0], [r[2] for r in results]
+    for rank in range(4):
+        assert load(tmp_path, rank, 2)["TORCHELASTIC_RESTART_COUNT"] == "2"
+    assert "round 0 ends (code=5" in results[0][2], "node 0 learns of node 1's failure"
+    assert time.monotonic() - t0 < 20
+
+
+def test_restart_budget_is_job_wide_and_exit_code_reaches_every_node(ddprun, tmp_path):
+    results = run_agents(ddprun, tmp_path, 2, 2, extra=["--max-restarts", "1"],
+                         env={"FAIL_RANK": "1", "FAIL_CODE": "9"})
+    assert [r[0] for r in results] == [9, 9], [r[2] for r in results]
+    assert "root cause: node 0 rank 1" in results[0][2] and "attempt 2 of 2" in results[0][2]
+    assert "failed on another node (code=9" in results[1][2]
+    assert not (tmp_path / "rank0.attempt2.json").exists(), "no third attempt anywhere"
+
+
+def test_permanent_failure_stops_every_node_at_once(ddprun, tmp_path):
+    results = run_agents(ddprun, tmp_path, 2, 1, extra=["--max-restarts", "5"],
+                         env={"FAIL_RANK": "1", "FAIL_CODE": "78"})
+    assert [r[0] for r in results] == [78, 78]
+    assert not (tmp_path / "rank0.attempt1.json").exists()
+
+
+def test_join_timeout_is_a_clear_error(ddprun, tmp_path):
+    worker = tmp_path / "w.sh"
+    worker.write_text("#!/bin/sh\nexit 0\n")
+    worker.chmod(0o755)
+    r = subprocess.run([ddprun, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        f"127.0.0.1:{free_port()}", "--rdzv-conf", "join_timeout=1",
+                        str(worker)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert "did not gather --nnodes 2:2 within join_timeout=1s (1 joined)" in r.stderr
