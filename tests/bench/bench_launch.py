@@ -1,15 +1,19 @@
 #!/usr/bin/python3
-"""ddprun against Debian's torchrun (torch 1.13), side by side in one run, on one node:
+"""ddprun against Debian's torchrun (torch 1.13), side by side in one run:
 
-  launch   : wall time of `--standalone --nproc-per-node 4` running /bin/true (--no-python), from
-             exec to exit; median of N runs each.
-  recovery : 4 workers; kill -9 one of them; time until all 4 replacement workers are running
-             (each worker writes a timestamp when it starts); median of N runs each.
+  launch      : wall time of `--standalone --nproc-per-node 4` running /bin/true (--no-python),
+                from exec to exit; median of N runs each.
+  recovery    : one agent with 4 workers; kill -9 one worker; time until all 4 replacement workers
+                run (each worker writes a timestamp when it starts); median of N runs each.
+  recovery2x2 : the same with 2 agents x 2 workers on loopback (c10d rendezvous), the killed worker
+                on the second node.
+  rdzv32      : 32 agents x 1 worker on loopback: from starting the agents to the first worker
+                running (ddprun only; torchrun with 32 agents is run with --rdzv32-torchrun).
 
 torchrun runs with `-r 1 -t 1` (its enum parsing breaks on the defaults on this Python) and
 --monitor_interval 0.1. Prints each median and the ratio torchrun/ddprun.
 
-Usage: /usr/bin/python3 tests/bench/bench_launch.py [--runs N] [--json FILE]
+Usage: /usr/bin/python3 tests/bench/bench_launch.py [--runs N] [--json FILE] [--rdzv32-torchrun]
 """
 import argparse
 import json
@@ -23,12 +27,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RECOVERY_LIMIT_S = 60
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 WORKER = """#!/bin/sh
-date +%s%N > "$OUT_DIR/start.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
-echo $$ > "$OUT_DIR/pid.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
-[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] && exit 0
+date +%s%N > "$OUT_DIR/start.$TORCHELASTIC_RESTART_COUNT.$RANK"
+echo $$ > "$OUT_DIR/pid.$TORCHELASTIC_RESTART_COUNT.$RANK"
+[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] || [ -n "$BENCH_EXIT_AT_ONCE" ] && exit 0
 exec sleep 60
 """
 
@@ -68,54 +73,134 @@ def wait_files(paths, timeout):
     return False
 
 
-def time_recovery(cmd, worker):
+def median_or_none(values):
+    """Median, where a run that never finished (None) counts as slower than any other."""
+    vals = sorted(values, key=lambda v: float("inf") if v is None else v)
+    return vals[len(vals) // 2]
+
+
+def free_port():
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def time_recovery(cmds, n_workers):
+    """cmds: one command per agent. Kill one worker of the last agent; time the replacements."""
     out = tempfile.mkdtemp(prefix="bench-recovery-")
     env = dict(os.environ, OUT_DIR=out)
-    proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    procs = []
+    for cmd in cmds:
+        procs.append(subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        time.sleep(0.05)
     try:
-        first = [f"{out}/pid.0.{r}" for r in range(4)]
+        first = [f"{out}/pid.0.{r}" for r in range(n_workers)]
         if not wait_files(first, 120):
-            sys.exit(f"bench_launch: {cmd[0]}: workers did not start")
-        victim = int(open(first[1]).read())
+            sys.exit(f"bench_launch: {cmds[0][0]}: workers did not start")
+        victim = int(open(first[-1]).read())
         t_kill = time.time_ns()
         os.kill(victim, signal.SIGKILL)
-        second = [f"{out}/start.1.{r}" for r in range(4)]
-        if not wait_files(second, 120):
-            sys.exit(f"bench_launch: {cmd[0]}: workers were not restarted")
+        second = [f"{out}/start.1.{r}" for r in range(n_workers)]
+        if not wait_files(second, RECOVERY_LIMIT_S):
+            if cmds[0][0] == ddprun_bin():
+                sys.exit("bench_launch: ddprun did not restart every worker")
+            return None  # the anchor did not recover in time: reported as such
         started = max(int(open(p).read()) for p in second)
-        proc.wait(timeout=120)
+        for p in procs:
+            p.wait(timeout=120)
         return (started - t_kill) / 1e9
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def multi_node(ddprun, program, n_agents, nproc, restarts, tool):
+    port = free_port()
+    if tool == "ddprun":
+        return [[ddprun, "--nnodes", str(n_agents), "--nproc-per-node", str(nproc),
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                 "bench", "--max-restarts", str(restarts), "--no-python", program]
+                for _ in range(n_agents)]
+    return [[sys.executable, "-m", "torch.distributed.run", "-r", "1", "-t", "1", "--nnodes",
+             str(n_agents), "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
+             "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "bench", "--max_restarts",
+             str(restarts), "--monitor_interval", "0.1", "--no_python", program]
+            for _ in range(n_agents)]
+
+
+def time_rendezvous(cmds, n_workers):
+    out = tempfile.mkdtemp(prefix="bench-rdzv-")
+    env = dict(os.environ, OUT_DIR=out, BENCH_EXIT_AT_ONCE="1")
+    t0 = time.time_ns()
+    procs = [subprocess.Popen(c, cwd=out, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for c in cmds]
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            starts = [f for f in os.listdir(out) if f.startswith("start.0.")]
+            if starts:
+                first = min(int(open(f"{out}/{f}").read() or 0) or 10 ** 20 for f in starts)
+                if first < 10 ** 20:
+                    break
+            time.sleep(0.001)
+        else:
+            sys.exit("bench_launch: rendezvous did not start any worker")
+        for p in procs:
+            p.wait(timeout=300)
+        if any(p.returncode for p in procs):
+            sys.exit(f"bench_launch: an agent failed the {len(cmds)}-agent run")
+        return (first - t0) / 1e9
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
         shutil.rmtree(out, ignore_errors=True)
 
 
 def main():
-    ap = argparse.ArgumentParser(description="ddprun vs torchrun: launch and recovery")
+    ap = argparse.ArgumentParser(description="ddprun vs torchrun: launch, recovery, rendezvous")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--rdzv32-torchrun", action="store_true",
+                    help="also time 32 torchrun agents (slow: a Python process each)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-launch-")
     worker = os.path.join(tmp, "worker.sh")
     with open(worker, "w") as f:
         f.write(WORKER)
     os.chmod(worker, 0o755)
-    results = {}
-    launch = commands(ddprun_bin(), "/bin/true", 0)
-    recover = commands(ddprun_bin(), worker, 1)
+    ddprun = ddprun_bin()
+    results = {"ddprun": {}, "torchrun": {}}
+    launch = commands(ddprun, "/bin/true", 0)
+    recover = commands(ddprun, worker, 1)
     for name in ("ddprun", "torchrun"):
-        results[name] = {
-            "launch_s": statistics.median(time_launch(launch[name], tmp) for _ in range(args.runs)),
-            "recovery_s": statistics.median(time_recovery(recover[name], worker)
-                                            for _ in range(args.runs)),
-        }
-    for metric in ("launch_s", "recovery_s"):
-        a, b = results["ddprun"][metric], results["torchrun"][metric]
-        results[metric + "_ratio"] = b / a
-        print(f"{metric[:-2]:9} ddprun {a * 1000:8.1f} ms   torchrun {b * 1000:8.1f} ms   "
-              f"torchrun/ddprun {b / a:6.1f}x", flush=True)
+        r = results[name]
+        r["launch_s"] = statistics.median(time_launch(launch[name], tmp) for _ in range(args.runs))
+        r["recovery_s"] = median_or_none(time_recovery([recover[name]], 4)
+                                         for _ in range(args.runs))
+        r["recovery2x2_s"] = median_or_none(
+            time_recovery(multi_node(ddprun, worker, 2, 2, 1, name), 4) for _ in range(args.runs))
+    results["ddprun"]["rdzv32_s"] = statistics.median(
+        time_rendezvous(multi_node(ddprun, worker, 32, 1, 0, "ddprun"), 32)
+        for _ in range(args.runs))
+    if args.rdzv32_torchrun:
+        results["torchrun"]["rdzv32_s"] = time_rendezvous(
+            multi_node(ddprun, worker, 32, 1, 0, "torchrun"), 32)
+    for metric in ("launch_s", "recovery_s", "recovery2x2_s", "rdzv32_s"):
+        a, b = results["ddprun"][metric], results["torchrun"].get(metric, "not run")
+        line = f"{metric[:-2]:12} ddprun {a * 1000:8.1f} ms"
+        if b is None:
+            line += f"   torchrun did not recover within {RECOVERY_LIMIT_S} s (median run)"
+        elif b != "not run":
+            results[metric + "_ratio"] = b / a
+            line += f"   torchrun {b * 1000:8.1f} ms   torchrun/ddprun {b / a:6.1f}x"
+        print(line, flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         with open(args.json, "w") as f:
