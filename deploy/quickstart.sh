@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The newcomer's first command: install, build, and run the main job.
-# Until the trainer lands, the main job is the store: start `ddprun store`, talk to it with our
-# client (and with PyTorch's own TCPStore client when Debian's torch is installed), stop it.
+# Until the trainer lands, the main job shows the two parts that exist: the store (`ddprun store`,
+# our client and PyTorch's own TCPStore client) and the launcher running a PyTorch DDP script
+# (gloo, CPU) on 2 workers, as torchrun would.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
@@ -40,3 +41,12 @@ fi
 kill -TERM "$store_pid"
 wait "$store_pid"
 echo "== store stopped cleanly"
+
+if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
+    echo "== ddprun --standalone --nproc-per-node 2 tests/interop/scripts/ddp_linear.py"
+    PYTHON_EXEC=/usr/bin/python3 "$ddprun" --standalone --nproc-per-node 2 \
+        tests/interop/scripts/ddp_linear.py
+else
+    echo "== ddprun --standalone --nproc-per-node 2 (Debian's python3-torch is not installed: a shell worker)"
+    "$ddprun" --standalone --nproc-per-node 2 --no-python sh -c 'echo "rank $RANK of $WORLD_SIZE"'
+fi

@@ -10,6 +10,7 @@
  * with a fixed --nnodes; heartbeats, scale-up/-down and the static multi-node backend are the next
  * steps of issue 3. */
 #include <errno.h>
+#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -398,6 +399,11 @@ static int prepare_run_dir(agent_t *a) {
     return mkdtemp(a->run_dir) ? 0 : -errno;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)type, (void)ftw;
+    return remove(path);
+}
+
 /* Host the store if this node owns the endpoint; another agent may already hold it. */
 static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
@@ -465,5 +471,7 @@ int agent_main(ddprun_opts_t *o) {
     uv_run(a->loop, UV_RUN_DEFAULT);
     store_client_destroy(a->ops);
     store_client_destroy(a->watch);
+    /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
+    if (a->exit_code == 0 && !o->log_dir[0]) nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return a->exit_code;
 }
