@@ -114,3 +114,34 @@ def test_join_timeout_is_a_clear_error(ddprun, tmp_path):
                         str(worker)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1
     assert "did not gather --nnodes 2:2 within join_timeout=1s (1 joined)" in r.stderr
+
+
+def test_losing_the_store_host_stops_every_node(ddprun, tmp_path):
+    sleeper = tmp_path / "sleeper.sh"
+    sleeper.write_text("#!/bin/sh\necho $$ > \"$OUT_DIR/pid$RANK\"\nexec sleep 60\n")
+    sleeper.chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    agents = []
+    for _ in range(2):
+        agents.append(subprocess.Popen(
+            [ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lost", str(sleeper)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.05)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"pid{r}").exists() for r in range(4)):
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.02)
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(4)]
+    t0 = time.monotonic()
+    agents[0].kill()                                # the store host dies, SIGKILL
+    agents[0].wait()
+    _, err = agents[1].communicate(timeout=30)
+    assert agents[1].returncode == 75, err          # peer failure, not a hang
+    assert "lost the job's store" in err
+    assert time.monotonic() - t0 < 10
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{p}") for p in pids):
+        assert time.monotonic() < deadline, "a worker outlived its agent"
+        time.sleep(0.02)
