@@ -56,7 +56,8 @@ typedef struct {
     bool is_joining, is_watching, is_reporting, is_finishing;
     bool has_restart; /* the round's restart key was seen */
     char restart_why[256];
-    char report_why[256];
+    rdzv_why_t report_why;
+    int failures; /* of the job so far: the restart budget (one node counts locally) */
     int join_rc, watch_rc, report_rc, finish_rc;
     char join_err[512];
 } agent_t;
@@ -150,7 +151,7 @@ static bool failure_is_permanent(const worker_result_t *r) {
 
 static void report_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->report_rc = rdzv_request_restart(&a->rdzv, a->ops, a->round.round, a->report_why);
+    a->report_rc = rdzv_request_restart(&a->rdzv, a->ops, a->round.round, &a->report_why);
 }
 
 static void report_after_cb(uv_work_t *req, int status) {
@@ -162,11 +163,13 @@ static void report_after_cb(uv_work_t *req, int status) {
     maybe_advance(a);
 }
 
-/* Tell every agent that this round ends (multi-node), with what the others need to decide. */
+/* Tell every agent that this round ends (multi-node), with what the others need to decide.
+ * code 0 is a membership change (a node arrived), which does not spend the restart budget. */
 static void report_restart(agent_t *a, int code, bool is_permanent) {
     if (!a->is_multi || a->is_reporting) return;
-    snprintf(a->report_why, sizeof a->report_why, "code=%d permanent=%d node=%d rank=%d", code,
-             is_permanent, a->round.group_rank, a->root_cause.rank);
+    a->report_why = (rdzv_why_t){.code = code, .is_permanent = is_permanent,
+                                 .node = a->round.group_rank,
+                                 .rank = code ? a->root_cause.rank : -1};
     a->is_reporting = true;
     a->report_work.data = a;
     uv_queue_work(a->loop, &a->report_work, report_work_cb, report_after_cb);
@@ -229,8 +232,9 @@ static void watch_after_cb(uv_work_t *req, int status) {
     if (a->watch_rc < 0) {
         LOG_ERROR("lost the job's store while watching round %d: %s", a->round.round,
                   store_client_error(a->watch));
-        snprintf(a->restart_why, sizeof a->restart_why, "code=%d permanent=1 node=-1 rank=-1",
-                 DDP_EXIT_PEER_FAILURE);
+        snprintf(a->restart_why, sizeof a->restart_why,
+                 "code=%d permanent=1 failures=%d node=-1 rank=-1", DDP_EXIT_PEER_FAILURE,
+                 a->failures + 1);
     }
     a->has_restart = true;
     if (a->workers && !a->has_failure && !a->stop_signal) {
@@ -275,19 +279,22 @@ static void join_after_cb(uv_work_t *req, int status) {
         finish(a, 1);
         return;
     }
+    a->is_watching = true;
+    a->watch_work.data = a;
+    uv_queue_work(a->loop, &a->watch_work, watch_work_cb, watch_after_cb);
     if (!a->round.is_member) {
-        fprintf(stderr, "ddprun: round %d closed with %d nodes without this one (--nnodes %u:%u); "
-                        "joining a running job is not built yet\n", a->round.round,
-                a->round.group_world_size, a->opts->min_nodes, a->opts->max_nodes);
-        finish(a, 1);
+        /* Arrived after the round closed: ask for a new round if there is room, else wait as a
+         * spare for the round's end; either way the watch above brings us to the next round. */
+        bool has_room = a->round.group_world_size < (int)a->opts->max_nodes;
+        LOG_INFO("round %d runs with %d nodes without this one; %s", a->round.round,
+                 a->round.group_world_size,
+                 has_room ? "asking for a new round" : "waiting for the next round");
+        if (has_room) report_restart(a, 0, false);
         return;
     }
     LOG_INFO("round %d: node %d of %d, ranks %d-%d of %d", a->round.round, a->round.group_rank,
              a->round.group_world_size, a->round.rank_offset,
              a->round.rank_offset + a->opts->nproc_per_node - 1, a->round.world_size);
-    a->is_watching = true;
-    a->watch_work.data = a;
-    uv_queue_work(a->loop, &a->watch_work, watch_work_cb, watch_after_cb);
     if (start_workers(a) < 0) {
         a->has_failure = true;
         a->root_cause = (worker_result_t){.exit_status = DDP_EXIT_EXEC_FAILED};
@@ -332,22 +339,28 @@ static void maybe_advance(agent_t *a) {
     if (a->workers && !a->is_workers_done) return;
     bool is_failed = a->has_failure || a->has_restart || a->stop_signal;
     if (a->is_multi && is_failed && !a->has_restart && !a->stop_signal) return; /* await the key */
-    int code = 0;
-    bool is_permanent = false;
+    rdzv_why_t why = {0};
     if (a->stop_signal) {
-        code = 128 + a->stop_signal;
-        is_permanent = true;
-    } else if (a->has_failure) {
-        code = failure_code(&a->root_cause);
-        is_permanent = failure_is_permanent(&a->root_cause);
-    } else if (a->has_restart) {
-        int node = -1, rank = -1, perm = 0;
-        sscanf(a->restart_why, "code=%d permanent=%d node=%d rank=%d", &code, &perm, &node, &rank);
-        is_permanent = perm != 0;
+        why = (rdzv_why_t){.code = 128 + a->stop_signal, .is_permanent = true};
+    } else if (a->has_restart) { /* several nodes: every agent decides from the same key */
+        if (!rdzv_why_parse(a->restart_why, &why))
+            why = (rdzv_why_t){.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true};
+        a->failures = why.failures;
+    } else if (a->has_failure) { /* one node */
+        why = (rdzv_why_t){.code = failure_code(&a->root_cause),
+                           .is_permanent = failure_is_permanent(&a->root_cause),
+                           .failures = ++a->failures};
     }
-    if (is_failed && !a->stop_signal && !is_permanent && a->round.round < a->opts->max_restarts) {
-        LOG_WARN("restarting every worker (restart %d of %d)", a->round.round + 1,
-                 a->opts->max_restarts);
+    int code = why.code;
+    bool is_permanent = why.is_permanent;
+    bool is_membership_change = is_failed && !a->stop_signal && code == 0;
+    if (is_membership_change ||
+        (is_failed && !is_permanent && why.failures <= a->opts->max_restarts)) {
+        if (is_membership_change)
+            LOG_INFO("membership changes: every node joins round %d", a->round.round + 1);
+        else
+            LOG_WARN("restarting every worker (restart %d of %d)", why.failures,
+                     a->opts->max_restarts);
         if (a->workers) workers_destroy(a->workers);
         a->workers = NULL;
         begin_round(a, a->round.round + 1);
@@ -427,10 +440,9 @@ static int host_store(agent_t *a) {
 
 int agent_main(ddprun_opts_t *o) {
     bool is_c10d = strcmp(o->rdzv_backend, "c10d") == 0;
-    if (o->max_nodes > 1 && (!is_c10d || o->min_nodes != o->max_nodes)) {
-        fprintf(stderr, "ddprun: --nnodes %u:%u with --rdzv-backend %s: this build runs several "
-                        "nodes with --rdzv-backend c10d and a fixed --nnodes N\n", o->min_nodes,
-                o->max_nodes, o->rdzv_backend);
+    if (o->max_nodes > 1 && !is_c10d) {
+        fprintf(stderr, "ddprun: --nnodes %u:%u with --rdzv-backend static: this build runs "
+                        "several nodes with --rdzv-backend c10d\n", o->min_nodes, o->max_nodes);
         return DDP_EXIT_USAGE;
     }
     const char *prog = o->program_argv[0];

@@ -154,13 +154,34 @@ fail:
     return rc;
 }
 
-int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const char *why) {
-    char k[256];
+bool rdzv_why_parse(const char *text, rdzv_why_t *out) {
+    int perm = 0;
+    if (sscanf(text, "code=%d permanent=%d failures=%d node=%d rank=%d", &out->code, &perm,
+               &out->failures, &out->node, &out->rank) != 5)
+        return false;
+    out->is_permanent = perm != 0;
+    return true;
+}
+
+int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why_t *why) {
+    char k[256], failures_key[256], text[128];
+    key(r, failures_key, sizeof failures_key, -1, "failures");
+    int64_t failures;
+    TRY(store_client_add(c, failures_key, 0, &failures));
+    if (why->code != 0) failures++;
+    snprintf(text, sizeof text, "code=%d permanent=%d failures=%lld node=%d rank=%d", why->code,
+             why->is_permanent, (long long)failures, why->node, why->rank);
     key(r, k, sizeof k, round, "restart");
     uint8_t *cur;
     size_t n;
-    TRY(store_client_compare_set(c, k, "", 0, why, strlen(why), &cur, &n));
+    TRY(store_client_compare_set(c, k, "", 0, text, strlen(text), &cur, &n));
+    bool is_winner = n == strlen(text) && memcmp(cur, text, n) == 0;
     free(cur);
+    if (is_winner && why->code != 0) {
+        char count[24];
+        snprintf(count, sizeof count, "%lld", (long long)failures);
+        TRY(store_client_set(c, failures_key, count, strlen(count)));
+    }
     /* The next round begins where agents that start late will look for it. */
     key(r, k, sizeof k, -1, "round");
     int64_t now;

@@ -39,9 +39,19 @@ int rdzv_current_round(rdzv_t *r, store_client_t *c, int *round);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). */
 int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char *err,
               size_t err_len);
-/* Ask every agent to end round `round`: why is "code=N permanent=0|1 node=G rank=R". The first
- * report wins; later ones are ignored. */
-int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const char *why);
+/* Why a round ended, as every agent reads it from the round's restart key. */
+typedef struct {
+    int code;          /* 0: a membership change, not a failure */
+    bool is_permanent; /* retrying cannot help: every agent exits with code */
+    int failures;      /* failures of the job so far, this one included: the restart budget */
+    int node, rank;    /* where it happened (-1: not a worker) */
+} rdzv_why_t;
+
+/* Ask every agent to end round `round`. The first report wins; later ones are ignored. The winner
+ * of a failure report also advances the job-wide failure count. */
+int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why_t *why);
+/* Parse a restart key's value; returns false if it is malformed. */
+bool rdzv_why_parse(const char *text, rdzv_why_t *out);
 /* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */
 int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len);
 /* Exit barrier: count this agent done and wait until all n members are (so the store host does

@@ -145,3 +145,49 @@ def test_losing_the_store_host_stops_every_node(ddprun, tmp_path):
     while any(os.path.exists(f"/proc/{p}") for p in pids):
         assert time.monotonic() < deadline, "a worker outlived its agent"
         time.sleep(0.02)
+
+
+ELASTIC_WORKER = r"""#!/bin/sh
+echo "$GROUP_WORLD_SIZE $WORLD_SIZE $GROUP_RANK" > "$OUT_DIR/seen.$TORCHELASTIC_RESTART_COUNT.$RANK"
+[ "$TORCHELASTIC_RESTART_COUNT" = "0" ] && exec sleep "${FIRST_ROUND_S:-0}"
+exit 0
+"""
+
+
+def start_elastic(ddprun, tmp_path, port, nnodes, env_extra=None):
+    worker = tmp_path / "elastic.sh"
+    worker.write_text(ELASTIC_WORKER)
+    worker.chmod(0o755)
+    env = dict(os.environ, OUT_DIR=str(tmp_path), **(env_extra or {}))
+    return subprocess.Popen(
+        [ddprun, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "el", "--rdzv-conf",
+         "join_timeout=30,last_call_timeout=0.3", str(worker)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_min_nodes_start_after_the_last_call(ddprun, tmp_path):
+    port = free_port()
+    agents = [start_elastic(ddprun, tmp_path, port, "2:3") for _ in range(2)]
+    errs = [a.communicate(timeout=60)[1] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], errs
+    assert (tmp_path / "seen.0.0").read_text().split()[:2] == ["2", "2"]
+
+
+def test_a_node_arriving_later_scales_the_job_up(ddprun, tmp_path):
+    port = free_port()
+    env = {"FIRST_ROUND_S": "30"}
+    agents = [start_elastic(ddprun, tmp_path, port, "2:3", env) for _ in range(2)]
+    deadline = time.monotonic() + 20
+    while not ((tmp_path / "seen.0.0").exists() and (tmp_path / "seen.0.1").exists()):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    agents.append(start_elastic(ddprun, tmp_path, port, "2:3", env))
+    errs = [a.communicate(timeout=60)[1] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0, 0], errs
+    assert time.monotonic() - t0 < 15, "the 30 s first round was cut short by the new round"
+    for rank in range(3):
+        assert (tmp_path / f"seen.1.{rank}").read_text().split()[:2] == ["3", "3"]
+    assert "asking for a new round" in errs[2]
+    assert all("restarting" not in e for e in errs), "a membership change is not a failure"
