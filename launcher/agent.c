@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "commands.h"
 #include "ddp_error.h"
 #include "exit_codes.h"
@@ -42,6 +43,7 @@ typedef struct {
     char master_addr[256];
     uint16_t master_port;
     rdzv_result_t round; /* membership of the current round; .round is the attempt number */
+    rdzv_result_t joined; /* written by the join thread, taken over by the loop after it */
     bool has_failure;    /* a local worker failed this round */
     bool is_workers_done; /* every local worker ended and its output is drained */
     worker_result_t root_cause;
@@ -52,6 +54,15 @@ typedef struct {
     bool is_multi;
     rdzv_t rdzv;
     store_client_t *ops, *watch; /* watch: blocked in the restart WAIT of the round */
+    store_client_t *hb;          /* heartbeats, with short deadlines */
+    uv_timer_t hb_timer;
+    uv_work_t hb_work;
+    bool is_hb_busy, is_hb_timer_open;
+    int hb_rc;
+    uint64_t hb_ok_ms;             /* last heartbeat the store took */
+    rdzv_result_t hb_round;        /* the round the beat in flight is for (a copy: threads) */
+    int64_t hb_seen[RDZV_MAX_NODES], hb_fresh[RDZV_MAX_NODES];
+    uint64_t hb_changed_ms[RDZV_MAX_NODES];
     uv_work_t join_work, watch_work, report_work, finish_work;
     bool is_joining, is_watching, is_reporting, is_finishing;
     bool has_restart; /* the round's restart key was seen */
@@ -64,6 +75,7 @@ typedef struct {
 
 static void maybe_advance(agent_t *a);
 static void begin_round(agent_t *a, int round);
+static void report_restart(agent_t *a, int code, bool is_permanent);
 
 /* ---- ending ------------------------------------------------------------------------------- */
 
@@ -83,6 +95,14 @@ static void finish(agent_t *a, int code) {
     a->is_finished = true;
     a->exit_code = code;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
+    if (a->is_hb_timer_open) {
+        uv_close((uv_handle_t *)&a->hb_timer, NULL);
+        a->is_hb_timer_open = false;
+    }
+    if (a->hb && !a->is_hb_busy) {
+        store_client_destroy(a->hb);
+        a->hb = NULL;
+    }
     if (a->watch && a->is_watching) store_client_interrupt(a->watch); /* end its WAIT too */
     if (a->watch && !a->is_watching && !a->is_joining) {
         store_client_destroy(a->watch);
@@ -244,6 +264,93 @@ static void watch_after_cb(uv_work_t *req, int status) {
     maybe_advance(a);
 }
 
+/* ---- heartbeats: a node that stops beating (killed, partitioned) ends the round ----------- */
+
+static void hb_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    const ddprun_opts_t *o = a->opts;
+    a->hb_rc = 0;
+    if (!a->hb) {
+        int64_t limit_ms = (int64_t)(o->heartbeat_timeout_s * 1000);
+        store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
+                                  .connect_timeout_ms = limit_ms, .op_timeout_ms = limit_ms};
+        a->hb_rc = store_client_connect(&co, &a->hb);
+        if (a->hb_rc < 0) {
+            store_client_destroy(a->hb);
+            a->hb = NULL;
+            return;
+        }
+    }
+    a->hb_rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->hb_round, a->hb_fresh);
+}
+
+static void hb_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->is_hb_busy = false;
+    if (a->is_finished) {
+        store_client_destroy(a->hb);
+        a->hb = NULL;
+        return;
+    }
+    if (a->has_restart || a->has_failure || a->stop_signal || !a->round.is_member ||
+        a->is_joining || a->hb_round.round != a->round.round)
+        return; /* the round this beat was for is over */
+    uint64_t now = clock_now_ms();
+    uint64_t limit_ms = (uint64_t)(a->opts->heartbeat_timeout_s * 1000);
+    if (a->hb_rc < 0) {
+        if (now - a->hb_ok_ms <= limit_ms) return;
+        LOG_ERROR("the job's store at %s:%u took no heartbeat for %g s: leaving the job",
+                  a->opts->rdzv_host, a->opts->rdzv_port, a->opts->heartbeat_timeout_s);
+        snprintf(a->restart_why, sizeof a->restart_why,
+                 "code=%d permanent=1 failures=%d node=-1 rank=-1", DDP_EXIT_PEER_FAILURE,
+                 a->failures + 1);
+        a->has_restart = true;
+        if (a->workers) workers_stop(a->workers, SIGTERM, a->opts->shutdown_timeout_s);
+        maybe_advance(a);
+        return;
+    }
+    a->hb_ok_ms = now;
+    const int64_t *counters = a->hb_fresh;
+    for (int i = 0; i < a->round.group_world_size; i++) {
+        if (i == a->round.group_rank) continue;
+        if (counters[i] != a->hb_seen[i]) {
+            a->hb_seen[i] = counters[i];
+            a->hb_changed_ms[i] = now;
+        } else if (now - a->hb_changed_ms[i] > limit_ms) {
+            LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", i,
+                     a->opts->heartbeat_timeout_s, a->round.round);
+            report_restart(a, 0, false);
+            return;
+        }
+    }
+}
+
+static void on_hb_timer(uv_timer_t *t) {
+    agent_t *a = t->data;
+    if (a->is_hb_busy || a->is_finished) return;
+    a->is_hb_busy = true;
+    a->hb_round = a->round;
+    a->hb_work.data = a;
+    uv_queue_work(a->loop, &a->hb_work, hb_work_cb, hb_after_cb);
+}
+
+static void start_heartbeats(agent_t *a) {
+    uint64_t now = clock_now_ms();
+    a->hb_ok_ms = now;
+    for (int i = 0; i < RDZV_MAX_NODES; i++) {
+        a->hb_seen[i] = -1;
+        a->hb_changed_ms[i] = now;
+    }
+    if (!a->is_hb_timer_open) {
+        uv_timer_init(a->loop, &a->hb_timer);
+        a->hb_timer.data = a;
+        a->is_hb_timer_open = true;
+    }
+    uint64_t every = (uint64_t)(a->opts->keep_alive_interval_s * 1000);
+    uv_timer_start(&a->hb_timer, on_hb_timer, 0, every ? every : 1);
+}
+
 static void join_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const ddprun_opts_t *o = a->opts;
@@ -258,11 +365,11 @@ static void join_work_cb(uv_work_t *req) {
         if (a->join_rc < 0)
             snprintf(a->join_err, sizeof a->join_err, "%s", store_client_error(*clients[i]));
     }
-    int round = a->round.round, current = 0;
+    int round = a->joined.round, current = 0;
     if (a->join_rc == 0 && (a->join_rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
         snprintf(a->join_err, sizeof a->join_err, "%s", store_client_error(a->ops));
     if (a->join_rc == 0)
-        a->join_rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &a->round,
+        a->join_rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &a->joined,
                                a->join_err, sizeof a->join_err);
 }
 
@@ -279,6 +386,7 @@ static void join_after_cb(uv_work_t *req, int status) {
         finish(a, 1);
         return;
     }
+    a->round = a->joined;
     a->is_watching = true;
     a->watch_work.data = a;
     uv_queue_work(a->loop, &a->watch_work, watch_work_cb, watch_after_cb);
@@ -295,6 +403,7 @@ static void join_after_cb(uv_work_t *req, int status) {
     LOG_INFO("round %d: node %d of %d, ranks %d-%d of %d", a->round.round, a->round.group_rank,
              a->round.group_world_size, a->round.rank_offset,
              a->round.rank_offset + a->opts->nproc_per_node - 1, a->round.world_size);
+    if (a->round.group_world_size > 1) start_heartbeats(a);
     if (start_workers(a) < 0) {
         a->has_failure = true;
         a->root_cause = (worker_result_t){.exit_status = DDP_EXIT_EXEC_FAILED};
@@ -312,6 +421,8 @@ static void begin_round(agent_t *a, int round) {
         if (start_workers(a) < 0) finish(a, DDP_EXIT_EXEC_FAILED);
         return;
     }
+    if (a->is_hb_timer_open) uv_timer_stop(&a->hb_timer); /* no beats between rounds */
+    a->joined.round = round;
     a->is_joining = true;
     a->join_work.data = a;
     uv_queue_work(a->loop, &a->join_work, join_work_cb, join_after_cb);
@@ -335,9 +446,10 @@ static void finish_after_cb(uv_work_t *req, int status) {
 /* Called whenever something settles: the local workers ended, the restart key was seen, a
  * report went out. Decides between the next round, success, and giving up. */
 static void maybe_advance(agent_t *a) {
-    if (a->is_finished || a->is_reporting) return;
+    if (a->is_finished || a->is_reporting || a->is_joining || a->is_finishing) return;
     if (a->workers && !a->is_workers_done) return;
     bool is_failed = a->has_failure || a->has_restart || a->stop_signal;
+    if (!is_failed && !a->workers && a->is_multi && !a->round.is_member) return; /* a spare */
     if (a->is_multi && is_failed && !a->has_restart && !a->stop_signal) return; /* await the key */
     rdzv_why_t why = {0};
     if (a->stop_signal) {

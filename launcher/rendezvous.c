@@ -219,3 +219,36 @@ int rdzv_finish(rdzv_t *r, store_client_t *c, int round, int n, int64_t timeout_
     const char *keys[] = {all};
     return store_client_wait(c, keys, 1, timeout_ms);
 }
+
+int rdzv_heartbeat(rdzv_t *r, store_client_t *c, const rdzv_result_t *round, int64_t *counters) {
+    char k[256];
+    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
+    int64_t mine;
+    TRY(store_client_add(c, k, 1, &mine));
+    int n = round->group_world_size;
+    char **keys = calloc((size_t)n, sizeof *keys);
+    uint8_t **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int rc = keys && vals && lens ? 0 : -ENOMEM;
+    for (int i = 0; i < n && rc == 0; i++) {
+        keys[i] = malloc(256);
+        if (!keys[i]) rc = -ENOMEM;
+        else snprintf(keys[i], 256, "%s/r%d/hb/%d", r->prefix, round->round, i);
+    }
+    if (rc == 0) rc = store_client_multi_get(c, (const char *const *)keys, (size_t)n, vals, lens);
+    for (int i = 0; i < n; i++) {
+        if (rc == 0) {
+            char text[32];
+            size_t m = lens[i] < sizeof text - 1 ? lens[i] : sizeof text - 1;
+            memcpy(text, vals[i], m);
+            text[m] = '\0';
+            counters[i] = m ? strtoll(text, NULL, 10) : 0;
+            free(vals[i]);
+        }
+        if (keys) free(keys[i]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    return rc;
+}

@@ -54,6 +54,9 @@ int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why
 bool rdzv_why_parse(const char *text, rdzv_why_t *out);
 /* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */
 int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len);
+/* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read every member's counter
+ * (counters, not clocks: each agent judges staleness on its own monotonic clock). */
+int rdzv_heartbeat(rdzv_t *r, store_client_t *c, const rdzv_result_t *round, int64_t *counters);
 /* Exit barrier: count this agent done and wait until all n members are (so the store host does
  * not leave while others still need the store). */
 int rdzv_finish(rdzv_t *r, store_client_t *c, int round, int n, int64_t timeout_ms);

@@ -154,15 +154,16 @@ exit 0
 """
 
 
-def start_elastic(ddprun, tmp_path, port, nnodes, env_extra=None):
+def start_elastic(ddprun, tmp_path, port, nnodes, env_extra=None,
+                  conf="join_timeout=30,last_call_timeout=0.3"):
     worker = tmp_path / "elastic.sh"
     worker.write_text(ELASTIC_WORKER)
     worker.chmod(0o755)
     env = dict(os.environ, OUT_DIR=str(tmp_path), **(env_extra or {}))
     return subprocess.Popen(
         [ddprun, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "el", "--rdzv-conf",
-         "join_timeout=30,last_call_timeout=0.3", str(worker)],
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "el", "--rdzv-conf", conf,
+         str(worker)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -191,3 +192,27 @@ def test_a_node_arriving_later_scales_the_job_up(ddprun, tmp_path):
         assert (tmp_path / f"seen.1.{rank}").read_text().split()[:2] == ["3", "3"]
     assert "asking for a new round" in errs[2]
     assert all("restarting" not in e for e in errs), "a membership change is not a failure"
+
+
+def test_a_lost_node_is_detected_by_heartbeat_and_the_job_scales_down(ddprun, tmp_path):
+    port = free_port()
+    conf = ("join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,"
+            "heartbeat_timeout=1")
+    agents = []
+    for _ in range(3):
+        agents.append(start_elastic(ddprun, tmp_path, port, "2:3", {"FIRST_ROUND_S": "60"}, conf))
+        time.sleep(0.05)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"seen.0.{r}").exists() for r in range(3)):
+        assert time.monotonic() < deadline, "three workers did not start"
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    agents[2].kill()                           # a whole node, agent and (by its lifeline) workers
+    agents[2].wait()
+    errs = [a.communicate(timeout=60)[1] for a in agents[:2]]
+    assert [a.returncode for a in agents[:2]] == [0, 0], errs
+    assert time.monotonic() - t0 < 15
+    assert any("sent no heartbeat" in e for e in errs)
+    for rank in range(2):
+        assert (tmp_path / f"seen.1.{rank}").read_text().split()[:2] == ["2", "2"]
+    assert not (tmp_path / "seen.1.2").exists()
