@@ -6,9 +6,9 @@
  * --max-restarts is spent or the failure is permanent. Exits 0, or with the root-cause worker's code
  * (128+signal if killed) after a short summary.
  *
- * One node (--standalone, or --nnodes 1) needs no rendezvous. Several nodes use the c10d backend
- * with a fixed --nnodes; heartbeats, scale-up/-down and the static multi-node backend are the next
- * steps of issue 3. */
+ * One node (--standalone, or --nnodes 1) needs no rendezvous. Several nodes rendezvous through
+ * the store: c10d (elastic MIN:MAX, heartbeats) or static (node 0 hosts MASTER_ADDR:MASTER_PORT,
+ * --node-rank orders the nodes). */
 #include <errno.h>
 #include <ftw.h>
 #include <limits.h>
@@ -532,12 +532,13 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
 /* Host the store if this node owns the endpoint; another agent may already hold it. */
 static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
-    bool is_c10d = strcmp(o->rdzv_backend, "c10d") == 0;
-    store_server_opts_t so = {.host = is_c10d ? o->rdzv_host : o->master_addr,
-                              .port = is_c10d ? o->rdzv_port : o->master_port};
+    store_server_opts_t so = {.host = o->rdzv_host, .port = o->rdzv_port};
     store_limits_default(&so.limits);
     char err[512];
-    int rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
+    bool is_static = strcmp(o->rdzv_backend, "static") == 0;
+    int rc = 0;
+    if (is_static && o->node_rank != 0) rc = UV_EADDRINUSE; /* node 0 hosts a static job's store */
+    else rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
     if (rc < 0 && a->is_multi && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
         a->store = NULL; /* someone else hosts it: we are a client */
         rc = 0;
@@ -551,12 +552,6 @@ static int host_store(agent_t *a) {
 }
 
 int agent_main(ddprun_opts_t *o) {
-    bool is_c10d = strcmp(o->rdzv_backend, "c10d") == 0;
-    if (o->max_nodes > 1 && !is_c10d) {
-        fprintf(stderr, "ddprun: --nnodes %u:%u with --rdzv-backend static: this build runs "
-                        "several nodes with --rdzv-backend c10d\n", o->min_nodes, o->max_nodes);
-        return DDP_EXIT_USAGE;
-    }
     const char *prog = o->program_argv[0];
     size_t plen = strlen(prog);
     if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0) {

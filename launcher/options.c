@@ -438,6 +438,10 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
         if (o->node_rank >= (int)o->min_nodes)
             return errf(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
                         o->min_nodes);
+        /* The static backend's store is MASTER_ADDR:MASTER_PORT, hosted by node 0. */
+        strcpy(o->rdzv_host, o->master_addr);
+        o->rdzv_port = o->master_port;
+        o->has_rdzv_endpoint = true;
     } else if (!o->has_rdzv_endpoint) {
         return errf(err, el, "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
     }

@@ -216,3 +216,22 @@ def test_a_lost_node_is_detected_by_heartbeat_and_the_job_scales_down(ddprun, tm
     for rank in range(2):
         assert (tmp_path / f"seen.1.{rank}").read_text().split()[:2] == ["2", "2"]
     assert not (tmp_path / "seen.1.2").exists()
+
+
+def test_static_backend_across_nodes_ranks_by_node_rank(ddprun, tmp_path):
+    worker = tmp_path / "worker.sh"
+    worker.write_text(WORKER)
+    worker.chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    agents = [subprocess.Popen([ddprun, "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node",
+                                "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                                str(worker)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+              for r in (1, 0)]                      # node 1 first: it waits for node 0's store
+    errs = [a.communicate(timeout=60)[1] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], errs
+    for rank in range(4):
+        env_seen = load(tmp_path, rank)
+        assert env_seen["GROUP_RANK"] == str(rank // 2) and env_seen["WORLD_SIZE"] == "4"
+        assert env_seen["MASTER_PORT"] == str(port)
