@@ -235,3 +235,28 @@ def test_static_backend_across_nodes_ranks_by_node_rank(ddprun, tmp_path):
         env_seen = load(tmp_path, rank)
         assert env_seen["GROUP_RANK"] == str(rank // 2) and env_seen["WORLD_SIZE"] == "4"
         assert env_seen["MASTER_PORT"] == str(port)
+
+
+def test_kill_9_of_a_worker_restarts_every_node(ddprun, tmp_path):
+    script = tmp_path / "k.sh"
+    script.write_text("#!/bin/sh\necho $$ > \"$OUT_DIR/pid.$TORCHELASTIC_RESTART_COUNT.$RANK\"\n"
+                      "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exec sleep 60\nexit 0\n")
+    script.chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    agents = []
+    for _ in range(2):
+        agents.append(subprocess.Popen(
+            [ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "1", str(script)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.05)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"pid.0.{r}").exists() for r in range(4)):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(int((tmp_path / "pid.0.2").read_text()), 9)   # a worker of node 1
+    errs = [a.communicate(timeout=60)[1] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], errs
+    assert all((tmp_path / f"pid.1.{r}").exists() for r in range(4)), "every node restarted"
+    assert "killed by signal 9" in errs[1]
