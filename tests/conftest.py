@@ -149,6 +149,15 @@ def is_closed_by_peer(sock, timeout=10.0):
         return False
 
 
+def free_port(host="127.0.0.1"):
+    """A port that was free a moment ago (for agents that must agree on a fixed endpoint)."""
+    s = socket.socket()
+    s.bind((host, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def raise_fd_limit(n):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < n:

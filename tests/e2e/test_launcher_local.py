@@ -223,11 +223,8 @@ def test_python_scripts_run_under_python_exec(ddprun, tmp_path):
 
 
 def test_static_backend_uses_master_port(ddprun, script, tmp_path):
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    from conftest import free_port
+    port = free_port()
     r = launch(ddprun, ["--nnodes", "1", "--master-port", str(port), script(ENV_DUMP)], tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.load(open(tmp_path / "rank0.attempt0.json"))["MASTER_PORT"] == str(port)

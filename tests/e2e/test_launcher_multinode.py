@@ -3,9 +3,10 @@ environment, a failure on any node restarts every node, the restart budget is jo
 and the root cause reach every agent."""
 import json
 import os
-import socket
 import subprocess
 import time
+
+from conftest import free_port
 
 WORKER = r"""#!/bin/sh
 /usr/bin/python3 - <<'PY'
@@ -21,14 +22,6 @@ if [ "$RANK" = "${FAIL_RANK:-none}" ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt "${
 fi
 sleep 0.2
 """
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run_agents(ddprun, tmp_path, n_nodes, nproc, extra=(), env=None, hints=None, timeout=60):
@@ -50,6 +43,20 @@ def run_agents(ddprun, tmp_path, n_nodes, nproc, extra=(), env=None, hints=None,
         time.sleep(0.05)  # the first agent hosts the store
     outs = [p.communicate(timeout=timeout) for p in procs]
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def spawn_c10d_agents(ddprun, script, tmp_path, n, nproc, extra=()):
+    """n agents of one c10d job on loopback, started a moment apart (the first hosts the store)."""
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    agents = []
+    for _ in range(n):
+        agents.append(subprocess.Popen(
+            [ddprun, "--nnodes", str(n), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}"] + list(extra) + [str(script)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.05)
+    return agents
 
 
 def load(tmp_path, rank, attempt=0):
@@ -120,15 +127,7 @@ def test_losing_the_store_host_stops_every_node(ddprun, tmp_path):
     sleeper = tmp_path / "sleeper.sh"
     sleeper.write_text("#!/bin/sh\necho $$ > \"$OUT_DIR/pid$RANK\"\nexec sleep 60\n")
     sleeper.chmod(0o755)
-    port = free_port()
-    env = dict(os.environ, OUT_DIR=str(tmp_path))
-    agents = []
-    for _ in range(2):
-        agents.append(subprocess.Popen(
-            [ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lost", str(sleeper)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        time.sleep(0.05)
+    agents = spawn_c10d_agents(ddprun, sleeper, tmp_path, 2, 2, ["--rdzv-id", "lost"])
     deadline = time.monotonic() + 20
     while not all((tmp_path / f"pid{r}").exists() for r in range(4)):
         assert time.monotonic() < deadline, "workers did not start"
@@ -242,15 +241,7 @@ def test_kill_9_of_a_worker_restarts_every_node(ddprun, tmp_path):
     script.write_text("#!/bin/sh\necho $$ > \"$OUT_DIR/pid.$TORCHELASTIC_RESTART_COUNT.$RANK\"\n"
                       "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exec sleep 60\nexit 0\n")
     script.chmod(0o755)
-    port = free_port()
-    env = dict(os.environ, OUT_DIR=str(tmp_path))
-    agents = []
-    for _ in range(2):
-        agents.append(subprocess.Popen(
-            [ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "1", str(script)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        time.sleep(0.05)
+    agents = spawn_c10d_agents(ddprun, script, tmp_path, 2, 2, ["--max-restarts", "1"])
     deadline = time.monotonic() + 20
     while not all((tmp_path / f"pid.0.{r}").exists() for r in range(4)):
         assert time.monotonic() < deadline

@@ -4,11 +4,12 @@ the cut-off node (exit 75, workers stopped) while the host scales down and finis
 Needs root and iproute2; skipped otherwise."""
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
+
+from conftest import free_port
 
 WORKER = r"""#!/bin/sh
 echo "$GROUP_WORLD_SIZE $WORLD_SIZE $MASTER_ADDR" > "$OUT_DIR/seen.$TORCHELASTIC_RESTART_COUNT.$RANK"
@@ -52,10 +53,7 @@ def test_partitioned_node_leaves_and_the_host_scales_down(ddprun, tmp_path, veth
     worker = tmp_path / "w.sh"
     worker.write_text(WORKER)
     worker.chmod(0o755)
-    s = socket.socket()
-    s.bind((veth_pair["host_addr"], 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port(veth_pair["host_addr"])
     common = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"{veth_pair['host_addr']}:{port}", "--rdzv-id", "netns",
               "--rdzv-conf", "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.1,"

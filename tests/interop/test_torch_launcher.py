@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from conftest import free_port
+
 pytest.importorskip("torch.distributed")
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_linear.py")
 
@@ -29,15 +31,6 @@ def test_ddp_script_matches_torchrun(ddprun, tmp_path):
     assert theirs.returncode == 0, theirs.stderr
     logs = "".join(open(p).read() for p in glob.glob(f"{tmp_path}/**/stdout.log", recursive=True))
     assert final_line(ours.stdout) == final_line(logs)
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def two_nodes(cmd_for_node):
