@@ -22,6 +22,8 @@
 #define DEFAULT_OP_TIMEOUT_MS      300000
 #define BACKOFF_FIRST_MS           10
 #define BACKOFF_MAX_MS             1000
+/* A store answers the auth hello at once; a program that accepts and stays silent is not one. */
+#define HANDSHAKE_TIMEOUT_MS       10000
 
 struct store_client {
     store_client_opts_t opts;
@@ -344,7 +346,16 @@ static int reconnect(store_client_t *c) {
             c->deadline_ms = connect_deadline;
             rc = connect_once(c, ai);
             if (rc < 0) continue;
+            uint64_t handshake_deadline = clock_deadline_ms(HANDSHAKE_TIMEOUT_MS);
+            if (handshake_deadline < c->deadline_ms) c->deadline_ms = handshake_deadline;
             rc = handshake(c);
+            if (rc == DDP_ETIMEOUT) {
+                disconnect(c);
+                rc = fail(c, DDP_EPROTO, "accepted the connection but did not answer the "
+                                         "handshake within %d ms: is another program using "
+                                         "this port?", HANDSHAKE_TIMEOUT_MS);
+                break;
+            }
             if (rc == DDP_ECLOSED && c->is_plain) {
                 disconnect(c); /* reconnect without the hello, at once */
                 rc = connect_once(c, ai);

@@ -19,6 +19,9 @@ extern char **environ;
 #define LINE_MAX_BYTES 65536
 #define TAIL_BYTES     2048
 #define GIVE_UP_AFTER_KILL_MS 5000
+/* Output still open this long after its worker exited belongs to something the worker left behind
+ * outside its process group (a daemon holding stdout): stop waiting for it. */
+#define DRAIN_AFTER_EXIT_MS 2000
 
 typedef struct worker worker_t;
 
@@ -54,7 +57,8 @@ struct workers {
     int n_active; /* workers whose process or pipes are still open */
     int n_open_handles; /* of all workers; the set is freed only once this is 0 */
     bool is_destroyed;
-    uv_timer_t kill_timer;
+    int n_open_timers;
+    uv_timer_t kill_timer, drain_timer;
     bool is_stopping, is_done, is_timer_open;
     int lifeline[2];
     worker_t w[];
@@ -85,7 +89,10 @@ static void write_all(int fd, const char *p, size_t n) {
 static void check_done(workers_t *s) {
     if (s->n_active > 0 || s->is_done) return;
     s->is_done = true;
-    if (s->is_timer_open) uv_timer_stop(&s->kill_timer);
+    if (s->is_timer_open) {
+        uv_timer_stop(&s->kill_timer);
+        uv_timer_stop(&s->drain_timer);
+    }
     s->on_done(s, s->arg);
 }
 
@@ -188,8 +195,21 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 
 /* ---- processes ---------------------------------------------------------------------------- */
 
+static void on_drain_timer(uv_timer_t *t) {
+    workers_t *s = t->data;
+    for (int i = 0; i < s->n; i++) {
+        worker_t *w = &s->w[i];
+        if (!w->result.has_exited || (!w->out.is_open && !w->err.is_open)) continue;
+        LOG_WARN("output of rank %d is still open %d ms after it exited (a process it left "
+                 "behind?): no longer waiting for it", w->result.rank, DRAIN_AFTER_EXIT_MS);
+        close_stream(&w->out);
+        close_stream(&w->err);
+    }
+}
+
 static void on_process_exit(uv_process_t *proc, int64_t exit_status, int term_signal) {
     worker_t *w = proc->data;
+    uv_timer_start(&w->set->drain_timer, on_drain_timer, DRAIN_AFTER_EXIT_MS, 0);
     /* What the worker left behind in its process group (its own children) goes with it. */
     kill(-w->result.pid, SIGKILL);
     w->result.has_exited = true;
@@ -402,6 +422,8 @@ int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb o
     }
     uv_timer_init(loop, &s->kill_timer);
     s->kill_timer.data = s;
+    uv_timer_init(loop, &s->drain_timer);
+    s->drain_timer.data = s;
     s->is_timer_open = true;
     *out = s;
     for (int i = 0; i < n; i++) {
@@ -463,6 +485,7 @@ const worker_result_t *workers_result(const workers_t *s, int local_rank) {
  * allocated until that handle closes, instead of being freed under it. */
 static void on_timer_closed(uv_handle_t *h) {
     workers_t *s = h->data;
+    if (--s->n_open_timers > 0) return;
     s->is_destroyed = true;
     if (s->n_open_handles == 0) free(s);
 }
@@ -471,5 +494,7 @@ void workers_destroy(workers_t *s) {
     close(s->lifeline[0]);
     close(s->lifeline[1]);
     s->is_timer_open = false;
+    s->n_open_timers = 2;
     uv_close((uv_handle_t *)&s->kill_timer, on_timer_closed);
+    uv_close((uv_handle_t *)&s->drain_timer, on_timer_closed);
 }

@@ -275,3 +275,19 @@ def test_help_lists_every_flag_and_the_man_page_documents_them(ddprun):
     man = open(os.path.join(ROOT, "docs", "ddprun.1")).read().replace("\\-", "-")
     missing = sorted(f for f in flags if f not in man)
     assert not missing, f"docs/ddprun.1 lacks {missing}"
+
+
+def test_a_process_left_behind_outside_the_group_cannot_wedge_the_agent(ddprun, script,
+                                                                       tmp_path):
+    # The worker starts a daemon in a session of its own (out of reach of the group SIGKILL) that
+    # keeps the worker's stdout open, then exits: the agent must still finish.
+    leaver = script("#!/bin/sh\nsetsid sh -c 'echo $$ > \"$OUT_DIR/daemon\"; exec sleep 30' &\n"
+                    "sleep 0.2\necho done\n", name="leaver.sh")
+    t0 = time.monotonic()
+    r = launch(ddprun, ["--standalone", leaver], tmp_path, timeout=30)
+    took = time.monotonic() - t0
+    daemon = int((tmp_path / "daemon").read_text())
+    os.kill(daemon, signal.SIGKILL)
+    assert r.returncode == 0, r.stderr
+    assert took < 10, f"the agent waited {took:.1f} s for the daemon's pipe"
+    assert "still open" in r.stderr

@@ -130,3 +130,19 @@ def test_man_page_documents_every_store_option(ddprun):
     missing = sorted(o for o in options if o not in man)
     assert not missing, f"docs/ddprun.1 lacks {missing}"
     assert len(options) >= 15
+
+
+def test_a_silent_program_on_the_port_is_a_clear_error_not_a_hang(ddprun):
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    t0 = time.monotonic()
+    r = subprocess.run([ddprun, "store-client", "--endpoint", f"127.0.0.1:{port}",
+                        "--connect-timeout", "600000", "ping"], capture_output=True, text=True,
+                       timeout=60)
+    silent.close()
+    assert r.returncode == 1
+    assert "did not answer the handshake" in r.stderr and "another program" in r.stderr
+    assert time.monotonic() - t0 < 20
