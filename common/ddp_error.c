@@ -11,8 +11,6 @@ const char *ddp_strerror(int rc) {
     case DDP_ENOSECRET: return "the store requires a shared secret";
     case DDP_ETIMEOUT: return "timed out";
     case DDP_ECLOSED: return "connection closed by the peer";
-    case DDP_EUSAGE: return "invalid usage";
-    case DDP_EVALUE: return "value has the wrong form";
     default: return rc < 0 && rc > -DDP_EBASE ? strerror(-rc) : "unknown error";
     }
 }

@@ -13,8 +13,6 @@ enum {
     DDP_ENOSECRET = -(DDP_EBASE + 3), /* the store requires a secret we do not hold */
     DDP_ETIMEOUT = -(DDP_EBASE + 4),  /* a deadline passed */
     DDP_ECLOSED = -(DDP_EBASE + 5),   /* the peer closed the connection */
-    DDP_EUSAGE = -(DDP_EBASE + 6),    /* bad arguments from a user */
-    DDP_EVALUE = -(DDP_EBASE + 7),    /* a value has the wrong form (e.g. ADD on non-integer) */
 };
 
 #define TRY(expr)                                                                                  \

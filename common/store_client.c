@@ -105,11 +105,6 @@ static int send_all(store_client_t *c, const void *p, size_t n) {
     return 0;
 }
 
-int store_client_send_raw(store_client_t *c, const void *p, size_t n) {
-    c->deadline_ms = clock_deadline_ms(c->opts.op_timeout_ms);
-    return send_all(c, p, n);
-}
-
 /* Read until a reply of this kind is complete; it points into rbuf until the next read. */
 static int read_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t *out) {
     for (;;) {

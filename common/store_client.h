@@ -38,8 +38,6 @@ void store_client_destroy(store_client_t *c);
  * another thread is blocked in. The client reconnects on its next operation. */
 void store_client_interrupt(store_client_t *c);
 const char *store_client_error(const store_client_t *c);
-/* Send raw bytes (tests/benchmarks that need a hand-made frame). */
-int store_client_send_raw(store_client_t *c, const void *p, size_t n);
 
 int store_client_set(store_client_t *c, const char *key, const void *val, size_t val_len);
 /* Blocks until key exists (WAIT, as PyTorch's client does), bounded by op_timeout_ms. */

@@ -477,10 +477,6 @@ const char *workers_tail(const workers_t *s, int local_rank) {
     return s->w[local_rank].tail;
 }
 
-const worker_result_t *workers_result(const workers_t *s, int local_rank) {
-    return &s->w[local_rank].result;
-}
-
 /* A worker stuck in the kernel may keep its process handle open forever: the set then stays
  * allocated until that handle closes, instead of being freed under it. */
 static void on_timer_closed(uv_handle_t *h) {

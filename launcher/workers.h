@@ -49,7 +49,6 @@ void workers_signal(workers_t *w, int signum);
 void workers_stop(workers_t *w, int signum, double timeout_s);
 /* The last lines a worker wrote to stderr (NUL-terminated, may be empty). */
 const char *workers_tail(const workers_t *w, int local_rank);
-const worker_result_t *workers_result(const workers_t *w, int local_rank);
 /* Free after on_done. */
 void workers_destroy(workers_t *w);
 
