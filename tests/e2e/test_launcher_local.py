@@ -158,15 +158,17 @@ def test_killed_worker_is_128_plus_signal(ddprun, script, tmp_path):
     assert (tmp_path / "term0").exists(), "the other worker was stopped with SIGTERM"
 
 
-def test_sigterm_reaches_workers_and_agent_exits_143(ddprun, script, tmp_path):
-    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2", script(SLEEPER)],
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_reach_workers_and_agent_exits_128_plus_signal(ddprun, script, tmp_path, signum):
+    sleeper = SLEEPER.replace("exit 7' TERM", "exit 7' TERM INT")  # the marker says TERM for both
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2", script(sleeper)],
                             env=dict(os.environ, OUT_DIR=str(tmp_path)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: (tmp_path / "child0").exists() and (tmp_path / "child1").exists())
     children = [int((tmp_path / f"child{i}").read_text()) for i in range(2)]
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143
+    assert proc.returncode == 128 + signum
     assert (tmp_path / "term0").exists() and (tmp_path / "term1").exists()
     assert "[0/1]: rank 1 got TERM" in out
     assert wait_for(lambda: not any(alive(c) for c in children)), "grandchildren left behind"
