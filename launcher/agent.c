@@ -186,7 +186,8 @@ static void report_after_cb(uv_work_t *req, int status) {
 /* Tell every agent that this round ends (multi-node), with what the others need to decide.
  * code 0 is a membership change (a node arrived), which does not spend the restart budget. */
 static void report_restart(agent_t *a, int code, bool is_permanent) {
-    if (!a->is_multi || a->is_reporting) return;
+    /* ops is busy while joining (not a member yet) or in the exit barrier (already done). */
+    if (!a->is_multi || a->is_reporting || a->is_joining || a->is_finishing) return;
     a->report_why = (rdzv_why_t){.code = code, .is_permanent = is_permanent,
                                  .node = a->round.group_rank,
                                  .rank = code ? a->root_cause.rank : -1};
