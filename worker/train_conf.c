@@ -1,0 +1,212 @@
+/* train_conf: see train_conf.h. The key table is the single source of train.conf's keys. */
+#include "train_conf.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ini.h>
+
+typedef enum { KEY_INT, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type_t;
+
+typedef struct {
+    const char *section, *key;
+    key_type_t type;
+    size_t offset;
+    size_t size;        /* KEY_STRING: buffer size */
+    double min, max;    /* KEY_INT, KEY_DOUBLE */
+    const char *values; /* KEY_ENUM: "a|b|c" in enum order */
+    const char *def;    /* the default, as text */
+    const char *help;
+} key_spec_t;
+
+#define F(field) offsetof(train_conf_t, field), sizeof(((train_conf_t *)0)->field)
+
+static const key_spec_t keys[] = {
+    {"model", "name", KEY_ENUM, F(model), 0, 0, "mlp|cnn|resnet18|resnet34", "cnn",
+     "the network"},
+    {"model", "width", KEY_INT, F(width), 1, 4096, NULL, "64", "base channels / hidden units"},
+    {"data", "kind", KEY_ENUM, F(data_kind), 0, 0,
+     "fashion-mnist|mnist|cifar10|cifar100|synthetic", "fashion-mnist", "dataset"},
+    {"data", "dir", KEY_STRING, F(data_dir), 0, 0, NULL, "/usr/share/datasets/fashion-mnist",
+     "where the dataset's files are"},
+    {"data", "train_limit", KEY_INT, F(train_limit), 0, 1e12, NULL, "0",
+     "use only the first N training samples (0: all)"},
+    {"data", "height", KEY_INT, F(height), 1, 4096, NULL, "32", "synthetic: image height"},
+    {"data", "width", KEY_INT, F(width_px), 1, 4096, NULL, "32", "synthetic: image width"},
+    {"data", "channels", KEY_INT, F(channels), 1, 64, NULL, "3", "synthetic: channels"},
+    {"data", "classes", KEY_INT, F(classes), 2, 100000, NULL, "10", "synthetic: classes"},
+    {"data", "augment", KEY_BOOL, F(is_augmented), 0, 0, NULL, "false",
+     "random crop with padding and horizontal flip"},
+    {"data", "crop_padding", KEY_INT, F(crop_padding), 0, 64, NULL, "4", "padding of the crop"},
+    {"optim", "lr", KEY_DOUBLE, F(lr), 0, 1e3, NULL, "0.1", "learning rate (before scaling)"},
+    {"optim", "momentum", KEY_DOUBLE, F(momentum), 0, 1, NULL, "0.9", "SGD momentum"},
+    {"optim", "nesterov", KEY_BOOL, F(is_nesterov), 0, 0, NULL, "false", "Nesterov momentum"},
+    {"optim", "weight_decay", KEY_DOUBLE, F(weight_decay), 0, 1, NULL, "0.0005", "L2 decay"},
+    {"optim", "label_smoothing", KEY_DOUBLE, F(label_smoothing), 0, 0.999, NULL, "0",
+     "label smoothing of the loss"},
+    {"optim", "schedule", KEY_ENUM, F(schedule), 0, 0, "constant|step|cosine|one-cycle",
+     "cosine", "learning-rate schedule"},
+    {"optim", "warmup_epochs", KEY_DOUBLE, F(warmup_epochs), 0, 1e6, NULL, "0",
+     "linear warm-up length"},
+    {"optim", "step_every_epochs", KEY_INT, F(step_every_epochs), 1, 1e6, NULL, "30",
+     "step schedule: period"},
+    {"optim", "step_gamma", KEY_DOUBLE, F(step_gamma), 0, 1, NULL, "0.1", "step schedule: factor"},
+    {"optim", "lr_scaling", KEY_ENUM, F(lr_scaling), 0, 0, "none|linear|sqrt", "none",
+     "scale lr with the world size"},
+    {"train", "batch_size", KEY_INT, F(batch_size), 1, 1 << 20, NULL, "128", "per rank"},
+    {"train", "epochs", KEY_INT, F(epochs), 0, 1e6, NULL, "1", "epochs (0: none)"},
+    {"train", "max_steps", KEY_INT, F(max_steps), 0, 1e12, NULL, "0", "stop after N steps (0: none)"},
+    {"train", "hours", KEY_DOUBLE, F(hours), 0, 1e5, NULL, "0", "wall-clock budget (0: none)"},
+    {"train", "eval_interval", KEY_INT, F(eval_interval), 0, 1e12, NULL, "0",
+     "evaluate every N steps (0: after every epoch)"},
+    {"train", "seed", KEY_INT, F(seed), 0, 9.007199254740992e15, NULL, "0", "of everything random"},
+    {"train", "metrics_file", KEY_STRING, F(metrics_file), 0, 0, NULL, "", "JSON lines here"},
+    {"train", "log_interval", KEY_INT, F(log_interval), 1, 1e12, NULL, "50", "progress line period"},
+    {"snapshot", "dir", KEY_STRING, F(snapshot_dir), 0, 0, NULL, "", "snapshots here (empty: none)"},
+    {"snapshot", "every", KEY_INT, F(snapshot_every), 0, 1e12, NULL, "0", "steps between snapshots"},
+    {"snapshot", "keep", KEY_INT, F(snapshot_keep), 1, 1e6, NULL, "3", "newest snapshots kept"},
+    {"snapshot", "keep_every", KEY_INT, F(snapshot_keep_every), 0, 1e12, NULL, "0",
+     "also keep every Nth step's snapshot forever (0: none)"},
+    {"precision", "mode", KEY_ENUM, F(precision), 0, 0, "fp32|tf32|fp16|bf16", "fp32",
+     "arithmetic of the compute backend"},
+    {"precision", "loss_scale", KEY_DOUBLE, F(loss_scale_init), 1, 1e10, NULL, "65536",
+     "fp16: initial dynamic loss scale"},
+    {"precision", "growth_interval", KEY_INT, F(loss_scale_growth_interval), 1, 1e9, NULL, "2000",
+     "fp16: steps without overflow before the scale doubles"},
+};
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+static int fail(char *err, size_t len, const key_spec_t *k, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t len, const key_spec_t *k, const char *fmt, ...) {
+    int n = k ? snprintf(err, len, "%s.%s: ", k->section, k->key) : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + n, len - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int set_value(train_conf_t *c, const key_spec_t *k, const char *v, char *err, size_t el) {
+    char *field = (char *)c + k->offset, *end;
+    switch (k->type) {
+    case KEY_INT: {
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (!*v || *end || errno || x < k->min || x > k->max)
+            return fail(err, el, k, "'%s' is not a whole number in [%.0f, %.0f]", v, k->min,
+                        k->max);
+        *(int64_t *)field = x;
+        return 0;
+    }
+    case KEY_DOUBLE: {
+        double x = strtod(v, &end);
+        if (!*v || *end || !isfinite(x) || x < k->min || x > k->max)
+            return fail(err, el, k, "'%s' is not a number in [%g, %g]", v, k->min, k->max);
+        *(double *)field = x;
+        return 0;
+    }
+    case KEY_BOOL:
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1") || !strcmp(v, "on"))
+            *(bool *)field = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0") || !strcmp(v, "off"))
+            *(bool *)field = false;
+        else
+            return fail(err, el, k, "'%s' is not true or false", v);
+        return 0;
+    case KEY_STRING:
+        if (strlen(v) >= k->size)
+            return fail(err, el, k, "longer than %zu characters", k->size - 1);
+        strcpy(field, v);
+        return 0;
+    case KEY_ENUM: {
+        int index = 0;
+        size_t vlen = strlen(v);
+        for (const char *p = k->values; *p; index++) {
+            const char *bar = strchr(p, '|');
+            size_t n = bar ? (size_t)(bar - p) : strlen(p);
+            if (n == vlen && strncmp(p, v, n) == 0) {
+                if (k->size == sizeof(int)) *(int *)field = index; /* a C enum */
+                else snprintf(field, k->size, "%s", v);          /* kept as text (model) */
+                return 0;
+            }
+            p += n + (bar != NULL);
+        }
+        return fail(err, el, k, "'%s' is not one of %s", v, k->values);
+    }
+    }
+    return fail(err, el, k, "unsupported type");
+}
+
+int train_conf_set(train_conf_t *c, const char *section, const char *key, const char *value,
+                   char *err, size_t err_len) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].section, section) && !strcmp(keys[i].key, key))
+            return set_value(c, &keys[i], value, err, err_len);
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].section, section))
+            return fail(err, err_len, NULL, "%s.%s: unknown key (see train.conf(5))", section,
+                        key);
+    return fail(err, err_len, NULL, "%s.%s: unknown section [%s] (model, data, optim, train, "
+                                    "snapshot, precision)", section, key, section);
+}
+
+void train_conf_default(train_conf_t *c) {
+    memset(c, 0, sizeof *c);
+    char err[256];
+    for (size_t i = 0; i < N_KEYS; i++) {
+        int rc = set_value(c, &keys[i], keys[i].def, err, sizeof err);
+        (void)rc; /* defaults are valid by construction; the unit test proves it */
+    }
+}
+
+typedef struct {
+    train_conf_t *conf;
+    char msg[512];
+    bool has_error;
+} parse_ctx_t;
+
+static int on_ini(void *user, const char *section, const char *name, const char *value) {
+    parse_ctx_t *ctx = user;
+    if (ctx->has_error) return 1;
+    if (train_conf_set(ctx->conf, section, name, value, ctx->msg, sizeof ctx->msg) < 0) {
+        ctx->has_error = true;
+        return 0; /* ini_parse reports this line */
+    }
+    return 1;
+}
+
+int train_conf_load(const char *path, char *const *overrides, int n_overrides, train_conf_t *out,
+                    char *err, size_t err_len) {
+    train_conf_default(out);
+    parse_ctx_t ctx = {.conf = out};
+    int line = ini_parse(path, on_ini, &ctx);
+    if (line == -1) return fail(err, err_len, NULL, "%s: cannot open: %s", path, strerror(errno));
+    if (line == -2) return fail(err, err_len, NULL, "%s: out of memory", path);
+    if (line > 0)
+        return fail(err, err_len, NULL, "%s:%d: %s", path, line,
+                    ctx.has_error ? ctx.msg : "not 'key = value' or '[section]'");
+    for (int i = 0; i < n_overrides; i++) {
+        char buf[TRAIN_CONF_PATH_MAX + 128];
+        snprintf(buf, sizeof buf, "%s", overrides[i]);
+        char *dot = strchr(buf, '.'), *eq = strchr(buf, '=');
+        if (!dot || !eq || dot > eq)
+            return fail(err, err_len, NULL, "override '%s': expected section.key=value",
+                        overrides[i]);
+        *dot = *eq = '\0';
+        char msg[512];
+        if (train_conf_set(out, buf, dot + 1, eq + 1, msg, sizeof msg) < 0)
+            return fail(err, err_len, NULL, "override '%s': %s", overrides[i], msg);
+    }
+    return 0;
+}
+
+void train_conf_print_keys(FILE *f) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        fprintf(f, "%s.%s = %s\t%s%s%s\n", keys[i].section, keys[i].key, keys[i].def,
+                keys[i].help, keys[i].values ? "; one of " : "",
+                keys[i].values ? keys[i].values : "");
+}

@@ -1,0 +1,68 @@
+/* train_conf: train.conf, the trainer's INI file (inih), and `section.key=value` overrides from
+ * the command line. One table describes every key: its section, type, range and default; parsing,
+ * overrides and docs/train.conf.5 (checked by a test) all follow it. Errors name the file, the line
+ * and the key ("train.conf:12: optim.lr: 'fast' is not a number"). Pure apart from reading the
+ * file; no allocation kept. */
+#ifndef DDP_WORKER_TRAIN_CONF_H
+#define DDP_WORKER_TRAIN_CONF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define TRAIN_CONF_PATH_MAX 1024
+
+typedef enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_ONE_CYCLE } schedule_t;
+typedef enum { LR_SCALING_NONE, LR_SCALING_LINEAR, LR_SCALING_SQRT } lr_scaling_t;
+typedef enum { DATA_FASHION_MNIST, DATA_MNIST, DATA_CIFAR10, DATA_CIFAR100, DATA_SYNTHETIC } data_kind_t;
+typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_FP16, PRECISION_BF16 } precision_t;
+
+typedef struct {
+    /* [model] */
+    char model[32];          /* mlp, cnn, resnet18, resnet34 */
+    int64_t width;           /* base channel count / hidden units */
+    /* [data] */
+    data_kind_t data_kind;
+    char data_dir[TRAIN_CONF_PATH_MAX];
+    int64_t train_limit;     /* use only the first N training samples (0: all) */
+    int64_t height, width_px, channels, classes; /* synthetic data's shape */
+    bool is_augmented;       /* random crop with padding + horizontal flip */
+    int64_t crop_padding;
+    /* [optim] */
+    double lr, momentum, weight_decay, label_smoothing;
+    bool is_nesterov;
+    schedule_t schedule;
+    double warmup_epochs, step_gamma;
+    int64_t step_every_epochs;
+    lr_scaling_t lr_scaling;
+    /* [train] */
+    int64_t batch_size;      /* per rank */
+    int64_t epochs, max_steps;
+    double hours;            /* wall-clock budget, 0: none */
+    int64_t eval_interval;   /* steps, 0: at the end of every epoch */
+    int64_t seed;
+    char metrics_file[TRAIN_CONF_PATH_MAX];
+    int64_t log_interval;
+    /* [snapshot] */
+    char snapshot_dir[TRAIN_CONF_PATH_MAX];
+    int64_t snapshot_every, snapshot_keep, snapshot_keep_every;
+    /* [precision] */
+    precision_t precision;
+    double loss_scale_init;
+    int64_t loss_scale_growth_interval;
+} train_conf_t;
+
+/* Defaults for every key. */
+void train_conf_default(train_conf_t *c);
+/* Read path over the defaults, then apply overrides ("section.key=value"). Returns 0, or -1 with
+ * "file:line: section.key: why" (or "override N: ...") in err. */
+int train_conf_load(const char *path, char *const *overrides, int n_overrides, train_conf_t *out,
+                    char *err, size_t err_len);
+/* Set one key from text. Returns 0, or -1 with "section.key: why" in err. */
+int train_conf_set(train_conf_t *c, const char *section, const char *key, const char *value,
+                   char *err, size_t err_len);
+/* Every key as "section.key" with its default and help, one per line (the docs test reads it). */
+void train_conf_print_keys(FILE *f);
+
+#endif
