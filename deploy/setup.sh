@@ -19,9 +19,11 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev libxxhash-dev libinih-dev)
+packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev libxxhash-dev libinih-dev
+          zlib1g-dev)
 if [ "$with_tests" = 1 ]; then
-    packages+=(libcriterion-dev python3 python3-pytest python3-torch clang libclang-rt-14-dev iproute2)
+    packages+=(libcriterion-dev python3 python3-pytest python3-torch clang libclang-rt-14-dev iproute2
+               dataset-fashion-mnist zlib1g-dev)
 fi
 
 missing=()

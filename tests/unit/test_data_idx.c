@@ -1,0 +1,124 @@
+/* Unit tests of worker/data_idx: real Fashion-MNIST when installed, and hand-made IDX files
+ * (plain and gzipped) for every way a file can be wrong. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "data_idx.h"
+
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+
+static char dir[64];
+
+static void make_dir(void) {
+    strcpy(dir, "/tmp/idx_test_XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void remove_dir(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(data_idx, .init = make_dir, .fini = remove_dir);
+
+/* An IDX file: header (0 0 8 ndims, big-endian dims), then `payload` bytes base + i % mod. */
+static void write_idx(const char *name, bool is_gz, int ndims, const uint32_t *dims,
+                      size_t payload, int mod, int base) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    gzFile f = gzopen(path, is_gz ? "wb" : "wbT");
+    cr_assert_not_null(f);
+    uint8_t head[4] = {0, 0, 8, (uint8_t)ndims};
+    gzwrite(f, head, 4);
+    for (int i = 0; i < ndims; i++) {
+        uint8_t b[4] = {(uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8),
+                        (uint8_t)dims[i]};
+        gzwrite(f, b, 4);
+    }
+    for (size_t i = 0; i < payload; i++) {
+        uint8_t v = (uint8_t)((size_t)base + i % (size_t)mod);
+        gzwrite(f, &v, 1);
+    }
+    gzclose(f);
+}
+
+static int load(const char *images, const char *labels, dataset_t *d, char *err) {
+    char ip[256], lp[256];
+    snprintf(ip, sizeof ip, "%s/%s", dir, images);
+    snprintf(lp, sizeof lp, "%s/%s", dir, labels);
+    return idx_load(ip, lp, 0, 10, d, err, 512);
+}
+
+Test(data_idx, fashion_mnist_as_installed) {
+    struct stat st;
+    if (stat(FASHION_DIR, &st) != 0) cr_skip_test("dataset-fashion-mnist is not installed");
+    dataset_t train, test;
+    char err[512];
+    cr_assert_eq(idx_load_dir(FASHION_DIR, true, 0, &train, err, sizeof err), 0, "%s", err);
+    cr_assert(train.n == 60000 && train.h == 28 && train.w == 28 && train.c == 1);
+    int counts[10] = {0};
+    for (int64_t i = 0; i < train.n; i++) counts[train.labels[i]]++;
+    for (int k = 0; k < 10; k++) cr_assert_eq(counts[k], 6000, "class %d", k);
+    dataset_free(&train);
+    cr_assert_eq(idx_load_dir(FASHION_DIR, false, 1000, &test, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(test.n, 1000, "train_limit keeps the first N");
+    dataset_free(&test);
+}
+
+Test(data_idx, plain_and_gzipped_files) {
+    uint32_t idims[3] = {5, 2, 3}, ldims[1] = {5};
+    for (int gz = 0; gz < 2; gz++) {
+        write_idx("train-images-idx3-ubyte", gz, 3, idims, 30, 251, 0);
+        write_idx("train-labels-idx1-ubyte", gz, 1, ldims, 5, 10, 0);
+        dataset_t d;
+        char err[512];
+        cr_assert_eq(idx_load_dir(dir, true, 0, &d, err, sizeof err), 0, "%s", err);
+        cr_assert(d.n == 5 && d.h == 2 && d.w == 3 && d.images[7] == 7 && d.labels[4] == 4);
+        dataset_free(&d);
+    }
+}
+
+static void expect_error(const char *needle, char *err) {
+    cr_assert(strstr(err, needle), "'%s' lacks '%s'", err, needle);
+}
+
+Test(data_idx, wrong_files_say_what_and_where) {
+    uint32_t idims[3] = {4, 2, 2}, ldims[1] = {4}, ldims5[1] = {5};
+    dataset_t d;
+    char err[512];
+    write_idx("img", true, 3, idims, 16, 256, 0);
+    write_idx("lab", true, 1, ldims, 4, 10, 0);
+    cr_assert_eq(load("img", "lab", &d, err), 0, "%s", err);
+    dataset_free(&d);
+
+    write_idx("short", true, 3, idims, 15, 256, 0);
+    cr_assert_eq(load("short", "lab", &d, err), -1);
+    expect_error("short: truncated: fewer than the 4 images", err);
+    write_idx("long", false, 3, idims, 17, 256, 0);
+    cr_assert_eq(load("long", "lab", &d, err), -1);
+    expect_error("long: longer than its header says", err);
+    write_idx("lab5", true, 1, ldims5, 5, 10, 0);
+    cr_assert_eq(load("img", "lab5", &d, err), -1);
+    expect_error("has 4 images but", err);
+    write_idx("badlab", true, 1, ldims, 4, 10, 9);
+    cr_assert_eq(load("img", "badlab", &d, err), -1);
+    expect_error("is not below 10 classes", err);
+    cr_assert_eq(load("lab", "lab", &d, err), -1);
+    expect_error("not an IDX file of unsigned bytes with 3 dimensions", err);
+    uint32_t zero[3] = {4, 0, 2};
+    write_idx("zero", true, 3, zero, 0, 1, 0);
+    cr_assert_eq(load("zero", "lab", &d, err), -1);
+    expect_error("dimension 1 is 0", err);
+    char empty[256];
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    fclose(fopen(empty, "w"));
+    cr_assert_eq(load("empty", "lab", &d, err), -1);
+    expect_error("empty: truncated: no IDX header", err);
+    cr_assert_eq(load("missing", "lab", &d, err), -1);
+    expect_error("missing: cannot open", err);
+}

@@ -1,0 +1,161 @@
+/* data_idx: see data_idx.h. zlib's gz* functions read gzipped and plain files alike. */
+#include "data_idx.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#define IDX_TYPE_UBYTE 0x08
+#define IDX_MAX_ELEMS  ((int64_t)1 << 34) /* 16 GiB of bytes: far beyond any dataset here */
+
+static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Read exactly n bytes; 0, or -1 if the file ends (or fails) first. */
+static int read_exact(gzFile f, void *p, size_t n) {
+    uint8_t *b = p;
+    while (n > 0) {
+        unsigned chunk = n > (1u << 30) ? 1u << 30 : (unsigned)n;
+        int got = gzread(f, b, chunk);
+        if (got <= 0) return -1;
+        b += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+/* Open an IDX file and check its header: ubyte data with `want_dims` dimensions. */
+static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *err, size_t el) {
+    gzFile f = gzopen(path, "rb");
+    if (!f) {
+        fail(err, el, "%s: cannot open: %s", path, strerror(errno ? errno : EIO));
+        return NULL;
+    }
+    uint8_t magic[4];
+    if (read_exact(f, magic, 4) < 0) {
+        fail(err, el, "%s: truncated: no IDX header", path);
+    } else if (magic[0] || magic[1] || magic[2] != IDX_TYPE_UBYTE || magic[3] != want_dims) {
+        fail(err, el, "%s: not an IDX file of unsigned bytes with %d dimensions (header %02x %02x "
+                      "%02x %02x)", path, want_dims, magic[0], magic[1], magic[2], magic[3]);
+    } else {
+        int64_t total = 1;
+        bool is_ok = true;
+        for (int i = 0; i < want_dims && is_ok; i++) {
+            uint8_t b[4];
+            if (read_exact(f, b, 4) < 0) {
+                fail(err, el, "%s: truncated in the header", path);
+                is_ok = false;
+                break;
+            }
+            dims[i] = (int64_t)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3];
+            if (dims[i] <= 0 || dims[i] > IDX_MAX_ELEMS / total) {
+                fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
+                is_ok = false;
+                break;
+            }
+            total *= dims[i];
+        }
+        if (is_ok) return f;
+    }
+    gzclose(f);
+    return NULL;
+}
+
+/* After the payload: the file must end here, or it is not what its header says. */
+static int expect_end(gzFile f, const char *path, char *err, size_t el) {
+    uint8_t extra;
+    if (gzread(f, &extra, 1) != 0)
+        return fail(err, el, "%s: longer than its header says (trailing bytes)", path);
+    return 0;
+}
+
+int idx_load(const char *images_path, const char *labels_path, int64_t limit, int classes,
+             dataset_t *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    int64_t idims[3], ldims[3];
+    gzFile fi = open_idx(images_path, 3, idims, err, err_len);
+    if (!fi) return -1;
+    gzFile fl = open_idx(labels_path, 1, ldims, err, err_len);
+    if (!fl) {
+        gzclose(fi);
+        return -1;
+    }
+    int rc = 0;
+    if (idims[0] != ldims[0]) {
+        rc = fail(err, err_len, "%s has %lld images but %s has %lld labels", images_path,
+                  (long long)idims[0], labels_path, (long long)ldims[0]);
+        goto done;
+    }
+    int64_t n = idims[0], keep = limit > 0 && limit < n ? limit : n;
+    size_t per_image = (size_t)(idims[1] * idims[2]);
+    out->images = malloc((size_t)n * per_image);
+    out->labels = malloc((size_t)n);
+    if (!out->images || !out->labels) {
+        rc = fail(err, err_len, "%s: out of memory for %lld images", images_path, (long long)n);
+        goto done;
+    }
+    if (read_exact(fi, out->images, (size_t)n * per_image) < 0) {
+        rc = fail(err, err_len, "%s: truncated: fewer than the %lld images its header promises",
+                  images_path, (long long)n);
+        goto done;
+    }
+    if (read_exact(fl, out->labels, (size_t)n) < 0) {
+        rc = fail(err, err_len, "%s: truncated: fewer than the %lld labels its header promises",
+                  labels_path, (long long)n);
+        goto done;
+    }
+    if ((rc = expect_end(fi, images_path, err, err_len)) < 0) goto done;
+    if ((rc = expect_end(fl, labels_path, err, err_len)) < 0) goto done;
+    for (int64_t i = 0; i < n; i++) {
+        if (out->labels[i] >= classes) {
+            rc = fail(err, err_len, "%s: label %u of sample %lld is not below %d classes",
+                      labels_path, out->labels[i], (long long)i, classes);
+            goto done;
+        }
+    }
+    out->n = keep;
+    out->h = (int)idims[1];
+    out->w = (int)idims[2];
+    out->c = 1;
+    out->classes = classes;
+done:
+    gzclose(fi);
+    gzclose(fl);
+    if (rc < 0) dataset_free(out);
+    return rc;
+}
+
+/* dir/name or dir/name.gz, whichever exists. */
+static void find_file(const char *dir, const char *name, char *out, size_t len) {
+    struct stat st;
+    snprintf(out, len, "%s/%s", dir, name);
+    if (stat(out, &st) == 0) return;
+    snprintf(out, len, "%s/%s.gz", dir, name);
+}
+
+int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, char *err,
+                 size_t err_len) {
+    char images[2048], labels[2048];
+    find_file(dir, is_train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte", images,
+              sizeof images);
+    find_file(dir, is_train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte", labels,
+              sizeof labels);
+    return idx_load(images, labels, limit, 10, out, err, err_len);
+}
+
+void dataset_free(dataset_t *d) {
+    free(d->images);
+    free(d->labels);
+    memset(d, 0, sizeof *d);
+}

@@ -1,0 +1,28 @@
+/* data_idx: MNIST-style IDX files (Fashion-MNIST, MNIST), gzipped or not, into memory as uint8
+ * NHWC images and labels. Headers, dimensions, sizes and labels are validated; a truncated or
+ * wrong file is an error naming the file and what is wrong. Allocates once per load. */
+#ifndef DDP_WORKER_DATA_IDX_H
+#define DDP_WORKER_DATA_IDX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint8_t *images; /* (n, h, w, c) uint8 NHWC */
+    uint8_t *labels; /* (n) */
+    int64_t n;
+    int h, w, c;
+    int classes;
+} dataset_t;
+
+/* Load an images file (idx3: n x h x w) and its labels file (idx1: n), keeping the first `limit`
+ * samples (0: all). Labels must be below `classes`. Returns 0, or -1 with a message in err. */
+int idx_load(const char *images_path, const char *labels_path, int64_t limit, int classes,
+             dataset_t *out, char *err, size_t err_len);
+/* The train or test split of an MNIST-layout directory (train-images-idx3-ubyte[.gz] ...). */
+int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, char *err,
+                 size_t err_len);
+void dataset_free(dataset_t *d);
+
+#endif
