@@ -23,7 +23,7 @@ packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev libxxhash-de
           zlib1g-dev)
 if [ "$with_tests" = 1 ]; then
     packages+=(libcriterion-dev python3 python3-pytest python3-torch clang libclang-rt-14-dev iproute2
-               dataset-fashion-mnist zlib1g-dev)
+               dataset-fashion-mnist)
 fi
 
 missing=()
