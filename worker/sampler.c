@@ -1,25 +1,20 @@
-/* sampler: see sampler.h. The shuffle is Fisher-Yates driven by SplitMix64 of (seed, epoch): a
- * counter-based generator, so no state has to be saved or replayed. */
+/* sampler: see sampler.h. The shuffle is Fisher-Yates driven by rng.h's counter-based generator
+ * keyed by (seed, epoch), so no state has to be saved or replayed. */
 #include "sampler.h"
 
 #include <errno.h>
 #include <stdlib.h>
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "rng.h"
 
 /* Uniform in [0, bound) without modulo bias (Lemire's method). */
 static uint64_t below(uint64_t *state, uint64_t bound) {
-    unsigned __int128 m = (unsigned __int128)splitmix64(state) * bound;
+    unsigned __int128 m = (unsigned __int128)rng_next(state) * bound;
     uint64_t low = (uint64_t)m;
     if (low < bound) {
         uint64_t threshold = -bound % bound;
         while (low < threshold) {
-            m = (unsigned __int128)splitmix64(state) * bound;
+            m = (unsigned __int128)rng_next(state) * bound;
             low = (uint64_t)m;
         }
     }
@@ -48,7 +43,7 @@ void sampler_set_epoch(sampler_t *s, int64_t epoch) {
     s->epoch = epoch;
     for (int64_t i = 0; i < s->n; i++) s->perm[i] = i;
     if (!s->is_shuffled) return;
-    uint64_t state = s->seed * 0x632BE59BD9B4E019ull ^ (uint64_t)epoch;
+    uint64_t state = rng_key(s->seed, 0x53414D504C4552ull /* "SAMPLER" */, (uint64_t)epoch);
     for (int64_t i = s->n - 1; i > 0; i--) {
         int64_t j = (int64_t)below(&state, (uint64_t)i + 1);
         int64_t t = s->perm[i];

@@ -1,0 +1,36 @@
+/* augment: see augment.h. Output pixel (y, x) reads source (y + dy, x + dx) of the padded image,
+ * mirrored in x first when flipped; pixels from the padding are 0 before normalization. */
+#include "augment.h"
+
+#include "rng.h"
+
+augment_choice_t augment_choose(const augment_t *a, int64_t epoch, int64_t index) {
+    augment_choice_t ch = {0, 0, false};
+    if (!a->is_random) return ch;
+    uint64_t state = rng_key(a->seed, (uint64_t)epoch, (uint64_t)index);
+    uint64_t span = (uint64_t)(2 * a->padding + 1);
+    ch.dx = (int)(rng_next(&state) % span) - a->padding;
+    ch.dy = (int)(rng_next(&state) % span) - a->padding;
+    ch.is_flipped = rng_next(&state) >> 63;
+    return ch;
+}
+
+void augment_sample(const augment_t *a, int64_t epoch, int64_t index, const uint8_t *src, int h,
+                    int w, int c, float *dst) {
+    augment_choice_t ch = augment_choose(a, epoch, index);
+    float scale[AUGMENT_MAX_CHANNELS], shift[AUGMENT_MAX_CHANNELS];
+    for (int k = 0; k < c; k++) {
+        scale[k] = 1.0f / (255.0f * a->std[k]);
+        shift[k] = -a->mean[k] / a->std[k];
+    }
+    for (int y = 0; y < h; y++) {
+        int sy = y + ch.dy;
+        for (int x = 0; x < w; x++) {
+            int sx = (ch.is_flipped ? w - 1 - x : x) + ch.dx;
+            float *out = dst + ((int64_t)y * w + x) * c;
+            bool is_inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+            const uint8_t *in = is_inside ? src + ((int64_t)sy * w + sx) * c : NULL;
+            for (int k = 0; k < c; k++) out[k] = (is_inside ? in[k] : 0) * scale[k] + shift[k];
+        }
+    }
+}
