@@ -2,6 +2,8 @@
  * mirrored in x first when flipped; pixels from the padding are 0 before normalization. */
 #include "augment.h"
 
+#include <stddef.h>
+
 #include "rng.h"
 
 augment_choice_t augment_choose(const augment_t *a, int64_t epoch, int64_t index) {
