@@ -22,6 +22,31 @@ static int fail(char *err, size_t len, const char *fmt, ...) {
     return -1;
 }
 
+/* Read the `claimed` bytes a header promises into a buffer that grows with what actually arrives,
+ * so a lying header costs at most twice the real data, not its claim. *out is malloc'd on 0. */
+static int read_claimed(gzFile f, size_t claimed, uint8_t **out) {
+    size_t cap = claimed < (1u << 20) ? claimed : 1u << 20, have = 0;
+    uint8_t *buf = malloc(cap ? cap : 1);
+    while (buf && have < claimed) {
+        if (have == cap) {
+            size_t next = cap * 2 < claimed ? cap * 2 : claimed;
+            uint8_t *grown = realloc(buf, next);
+            if (!grown) break;
+            buf = grown;
+            cap = next;
+        }
+        int got = gzread(f, buf + have, (unsigned)(cap - have > (1u << 30) ? 1u << 30 : cap - have));
+        if (got <= 0) break;
+        have += (size_t)got;
+    }
+    if (!buf || have < claimed) {
+        free(buf);
+        return -1;
+    }
+    *out = buf;
+    return 0;
+}
+
 /* Read exactly n bytes; 0, or -1 if the file ends (or fails) first. */
 static int read_exact(gzFile f, void *p, size_t n) {
     uint8_t *b = p;
@@ -99,18 +124,12 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
     }
     int64_t n = idims[0], keep = limit > 0 && limit < n ? limit : n;
     size_t per_image = (size_t)(idims[1] * idims[2]);
-    out->images = malloc((size_t)n * per_image);
-    out->labels = malloc((size_t)n);
-    if (!out->images || !out->labels) {
-        rc = fail(err, err_len, "%s: out of memory for %lld images", images_path, (long long)n);
-        goto done;
-    }
-    if (read_exact(fi, out->images, (size_t)n * per_image) < 0) {
+    if (read_claimed(fi, (size_t)n * per_image, &out->images) < 0) {
         rc = fail(err, err_len, "%s: truncated: fewer than the %lld images its header promises",
                   images_path, (long long)n);
         goto done;
     }
-    if (read_exact(fl, out->labels, (size_t)n) < 0) {
+    if (read_claimed(fl, (size_t)n, &out->labels) < 0) {
         rc = fail(err, err_len, "%s: truncated: fewer than the %lld labels its header promises",
                   labels_path, (long long)n);
         goto done;
