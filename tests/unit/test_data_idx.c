@@ -114,6 +114,15 @@ Test(data_idx, wrong_files_say_what_and_where) {
     write_idx("zero", true, 3, zero, 0, 1, 0);
     cr_assert_eq(load("zero", "lab", &d, err), -1);
     expect_error("dimension 1 is 0", err);
+    uint32_t huge[3] = {60000000, 28, 28}; /* claims 47 GB, holds 100 bytes */
+    write_idx("liar", true, 3, huge, 100, 256, 0);
+    cr_assert_eq(load("liar", "lab", &d, err), -1);
+    expect_error("has 60000000 images but", err);
+    uint32_t huge_labels[1] = {60000000};
+    write_idx("liarlab", true, 1, huge_labels, 10, 10, 0);
+    write_idx("liarimg", true, 3, huge, 100, 256, 0);
+    cr_assert_eq(load("liarimg", "liarlab", &d, err), -1);
+    expect_error("liarimg: truncated", err);
     char empty[256];
     snprintf(empty, sizeof empty, "%s/empty", dir);
     fclose(fopen(empty, "w"));
