@@ -85,7 +85,9 @@ static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *e
             }
             dims[i] = (int64_t)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3];
             if (dims[i] <= 0 || dims[i] > IDX_MAX_ELEMS / total) {
-                fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
+                if (dims[i] <= 0) fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
+                else fail(err, el, "%s: its dimensions claim more than %lld bytes", path,
+                          (long long)IDX_MAX_ELEMS);
                 is_ok = false;
                 break;
             }
