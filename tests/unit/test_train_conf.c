@@ -104,3 +104,31 @@ Test(train_conf, errors_name_file_line_and_key) {
     cr_assert_eq(train_conf_load("/nonexistent/train.conf", NULL, 0, &c, err, sizeof err), -1);
     cr_assert(strstr(err, "/nonexistent/train.conf: cannot open"), "%s", err);
 }
+
+Test(train_conf, the_man_page_documents_every_key) {
+    FILE *man = fopen(DDP_SOURCE_DIR "/docs/train.conf.5", "r");
+    cr_assert_not_null(man, "docs/train.conf.5 is missing");
+    static char page[65536];
+    size_t n = fread(page, 1, sizeof page - 1, man);
+    fclose(man);
+    page[n] = '\0';
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    train_conf_print_keys(f);
+    fclose(f);
+    for (char *save, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char key[96], escaped[200];
+        cr_assert_eq(sscanf(line, "%95s", key), 1);
+        size_t j = 0;
+        for (size_t i = 0; key[i] && j < sizeof escaped - 2; i++) {
+            if (key[i] == '-') escaped[j++] = '\\';
+            escaped[j++] = key[i];
+        }
+        escaped[j] = '\0';
+        char needle[220];
+        snprintf(needle, sizeof needle, ".B %s\n", escaped);
+        cr_assert(strstr(page, needle), "docs/train.conf.5 does not document %s", key);
+    }
+    free(text);
+}
