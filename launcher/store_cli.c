@@ -56,6 +56,16 @@ static int usage_error(const char *what, const char *arg) {
     return 2;
 }
 
+/* A whole decimal int64 argument (add's delta, barrier's world size). */
+static bool parse_i64(const char *text, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || errno == ERANGE) return false;
+    *out = v;
+    return true;
+}
+
 static void print_value(const uint8_t *v, size_t n) {
     fwrite(v, 1, n, stdout);
     fputc('\n', stdout);
@@ -98,9 +108,8 @@ static int run_op(store_client_t *c, const char *op, char **a, int n) {
         return 0;
     }
     if (strcmp(op, "add") == 0 || strcmp(op, "barrier") == 0) {
-        char *end;
-        long long delta = strtoll(a[1], &end, 10);
-        if (*a[1] == '\0' || *end != '\0') return usage_error("not an integer: ", a[1]);
+        int64_t delta = 0;
+        parse_i64(a[1], &delta); /* checked by store_cli_main before connecting */
         if (op[0] == 'b') return store_client_barrier(c, a[0], delta, -1);
         rc = store_client_add(c, a[0], delta, &i64);
     } else if (strcmp(op, "num-keys") == 0) {
@@ -122,8 +131,7 @@ static int run_op(store_client_t *c, const char *op, char **a, int n) {
         free(vals);
         free(lens);
         return rc;
-    } else { /* multi-set */
-        if (n % 2) return usage_error("multi-set needs key/value pairs", "");
+    } else { /* multi-set: pairs checked by store_cli_main */
         size_t pairs = (size_t)n / 2;
         const char **ks = calloc(pairs, sizeof *ks);
         const void **vs = calloc(pairs, sizeof *vs);
@@ -185,6 +193,13 @@ int store_cli_main(int argc, char **argv) {
     if (!spec) return usage_error("unknown operation ", op);
     if (n_args < spec->min_args || (spec->max_args >= 0 && n_args > spec->max_args))
         return usage_error("wrong number of arguments for ", op);
+    /* Every usage error is found before connecting: a store that is down must not hide it. */
+    char **args = argv + optind + 1;
+    int64_t number;
+    if ((strcmp(op, "add") == 0 || strcmp(op, "barrier") == 0) && !parse_i64(args[1], &number))
+        return usage_error("not a 64-bit integer: ", args[1]);
+    if (strcmp(op, "multi-set") == 0 && n_args % 2)
+        return usage_error("multi-set needs key/value pairs", "");
 
     store_secret_t secret = {0};
     if (store_auth_init() < 0) return usage_error("libsodium failed to initialise", "");
@@ -195,8 +210,15 @@ int store_cli_main(int argc, char **argv) {
 
     store_client_t *c = NULL;
     rc = store_client_connect(&opts, &c);
-    if (rc == 0) rc = run_op(c, op, argv + optind + 1, n_args);
-    if (rc < 0) fprintf(stderr, "ddprun store-client: %s\n", c ? store_client_error(c) : ddp_strerror(rc));
+    if (rc == 0) rc = run_op(c, op, args, n_args);
+    const char *msg = c ? store_client_error(c) : "";
+    if (rc < 0 && msg[0]) fprintf(stderr, "ddprun store-client: %s\n", msg);
+    else if (rc == DDP_ETIMEOUT) /* some client paths (e.g. ADD) time out without a message */
+        fprintf(stderr, "ddprun store-client: store %s:%u: %s timed out after %lld ms\n", opts.host,
+                opts.port, op, (long long)opts.op_timeout_ms);
+    else if (rc < 0)
+        fprintf(stderr, "ddprun store-client: store %s:%u: %s failed: %s\n", opts.host, opts.port,
+                op, ddp_strerror(rc));
     store_client_destroy(c);
     return rc == 0 ? 0 : rc == 2 ? 2 : 1;
 }

@@ -64,8 +64,14 @@ void store_ops_forget_waiter(store_conn_t *c) {
 static void op_wait(store_conn_t *c, const store_request_t *req) {
     kv_table_t *t = c->srv->table;
     if (c->waiter) {
-        store_conn_drop(c, "WAIT sent while its previous WAIT is still pending");
-        return;
+        if (c->dialect != STORE_DIALECT_LEGACY) {
+            store_conn_drop(c, "WAIT sent while its previous WAIT is still pending");
+            return;
+        }
+        /* torch <= 2.1 abandons a timed-out WAIT without cancelling it and keeps using the
+         * connection (its next get() starts with a WAIT), as torch's own server allows: the new
+         * WAIT replaces the abandoned one. */
+        store_ops_forget_waiter(c);
     }
     kv_waiter_t *w = NULL;
     int rc = kv_table_wait_begin(t, req->n_items, on_wait_done, c, &w);
