@@ -235,7 +235,9 @@ static void wake_one(kv_entry_t *e) {
 }
 
 static int store_value(kv_table_t *t, kv_entry_t *e, const void *val, size_t len) {
-    if (len > e->val_cap || !e->val) {
+    /* The budget charges val_len: a buffer much larger than its value (left by a bigger one)
+     * would be memory held without being charged, so it is not reused. */
+    if (len > e->val_cap || len < e->val_cap / 2 || !e->val) {
         uint8_t *p = malloc(len ? len : 1);
         if (!p) return -ENOMEM;
         free(e->val);
@@ -370,6 +372,10 @@ int kv_table_delete(kv_table_t *t, const void *key, size_t key_len) {
     t->n_set--;
     e->is_set = false;
     e->val_len = 0;
+    /* The entry may live on (a queue, waiters): its buffer is no longer charged, so free it. */
+    free(e->val);
+    e->val = NULL;
+    e->val_cap = 0;
     maybe_remove(t, e);
     return 1;
 }

@@ -24,6 +24,7 @@ static const char cli_usage[] =
     "  set K V | get K | add K N | compare-set K EXPECTED DESIRED | append K V\n"
     "  check K... | wait K... | num-keys | delete K | multi-get K... | multi-set K V [K V]...\n"
     "  ping | queue-push K V | queue-pop K | queue-len K | list-keys | barrier K WORLD_SIZE\n"
+    "  (the operations of this last line are not part of the --legacy numbering)\n"
     "\n"
     "exit status: 0 done, 1 the operation failed (message on stderr), 2 usage error;\n"
     "check prints 1 (all keys present) or 0.\n";
@@ -41,14 +42,16 @@ static const struct option cli_options[] = {
 typedef struct {
     const char *name;
     int min_args, max_args; /* -1: any number */
+    bool is_current_only;   /* absent from the legacy numbering */
 } cli_op_t;
 
 static const cli_op_t cli_ops[] = {
-    {"set", 2, 2},         {"get", 1, 1},        {"add", 2, 2},        {"compare-set", 3, 3},
-    {"append", 2, 2},      {"check", 1, -1},     {"wait", 1, -1},      {"num-keys", 0, 0},
-    {"delete", 1, 1},      {"multi-get", 1, -1}, {"multi-set", 2, -1}, {"ping", 0, 0},
-    {"queue-push", 2, 2},  {"queue-pop", 1, 1},  {"queue-len", 1, 1},  {"list-keys", 0, 0},
-    {"barrier", 2, 2},
+    {"set", 2, 2, false},        {"get", 1, 1, false},        {"add", 2, 2, false},
+    {"compare-set", 3, 3, false}, {"append", 2, 2, false},     {"check", 1, -1, false},
+    {"wait", 1, -1, false},      {"num-keys", 0, 0, false},   {"delete", 1, 1, false},
+    {"multi-get", 1, -1, false}, {"multi-set", 2, -1, false}, {"ping", 0, 0, true},
+    {"queue-push", 2, 2, true},  {"queue-pop", 1, 1, true},   {"queue-len", 1, 1, true},
+    {"list-keys", 0, 0, true},   {"barrier", 2, 2, true},
 };
 
 static int usage_error(const char *what, const char *arg) {
@@ -193,6 +196,9 @@ int store_cli_main(int argc, char **argv) {
     if (!spec) return usage_error("unknown operation ", op);
     if (n_args < spec->min_args || (spec->max_args >= 0 && n_args > spec->max_args))
         return usage_error("wrong number of arguments for ", op);
+    /* queue-pop would otherwise WAIT its whole timeout before finding QUEUE_POP missing. */
+    if (spec->is_current_only && opts.dialect == STORE_DIALECT_LEGACY)
+        return usage_error(op, " is not part of the legacy protocol numbering; drop --legacy");
     /* Every usage error is found before connecting: a store that is down must not hide it. */
     char **args = argv + optind + 1;
     int64_t number;

@@ -1,4 +1,9 @@
-"""Shared pytest fixtures: the ddprun binary, a running `ddprun store`, raw protocol helpers."""
+"""Shared pytest fixtures: the ddprun binary, a running `ddprun store`, raw protocol helpers.
+
+Run with Debian's interpreter (torch 1.13 and pytest live there):
+    /usr/bin/python3 -m pytest -q tests
+The binary is $DDPRUN_BIN, else the newest of build/, build-test/ and build-py/ (launcher/ddprun).
+"""
 import os
 import resource
 import signal
@@ -12,17 +17,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAGIC = 0x3C85F7CE
+SECRET_ENV = ("DDPRUN_STORE_SECRET", "DDPRUN_STORE_SECRET_FILE")
 
 
 def find_ddprun():
     env = os.environ.get("DDPRUN_BIN")
     if env:
+        if not os.access(env, os.X_OK):
+            pytest.exit(f"DDPRUN_BIN={env} is not an executable", returncode=2)
         return env
-    for build in ("build", "build-test"):
-        path = os.path.join(ROOT, build, "launcher", "ddprun")
-        if os.access(path, os.X_OK):
-            return path
-    pytest.exit("ddprun is not built: run deploy/setup.sh or set DDPRUN_BIN", returncode=2)
+    built = [p for p in (os.path.join(ROOT, d, "launcher", "ddprun")
+                         for d in ("build", "build-test", "build-py")) if os.access(p, os.X_OK)]
+    if not built:
+        pytest.exit("ddprun is not built: run deploy/setup.sh (or cmake -B build && make -C build) "
+                    "or set DDPRUN_BIN", returncode=2)
+    return max(built, key=os.path.getmtime)
 
 
 @pytest.fixture(scope="session")
@@ -30,39 +39,65 @@ def ddprun():
     return find_ddprun()
 
 
+def clean_env(**extra):
+    """This environment without a store secret (the store and its client would both pick one up
+    from DDPRUN_STORE_SECRET*), plus extra."""
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+    env.update(extra)
+    return env
+
+
+def wait_until(predicate, timeout=10.0, interval=0.02):
+    """Poll predicate until it returns something truthy (returned) or timeout passes (None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
 class Store:
     """A `ddprun store` process on 127.0.0.1 with a free port; stderr captured to a file."""
 
-    def __init__(self, ddprun, args, tmp):
+    def __init__(self, ddprun, args, tmp, env=None):
         self.tmp = tmp
         self.port_file = os.path.join(tmp, "port")
         self.log_path = os.path.join(tmp, "store.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [ddprun, "store", "--host", "127.0.0.1", "--port", "0", "--port-file",
-             self.port_file] + list(args), stderr=self.log)
-        deadline = time.monotonic() + 10
+             self.port_file] + list(args), stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=self.log, env=env if env is not None else clean_env())
+        deadline = time.monotonic() + 20
         while not os.path.exists(self.port_file):
             if self.proc.poll() is not None:
-                raise RuntimeError("store exited: " + self.stderr())
+                raise RuntimeError(f"store exited {self.proc.returncode}: " + self.stderr())
             if time.monotonic() > deadline:
-                raise RuntimeError("store did not start")
+                self.proc.kill()
+                raise RuntimeError("store did not write its port file within 20 s: " +
+                                   self.stderr())
             time.sleep(0.01)
         self.port = int(open(self.port_file).read())
         self.endpoint = f"127.0.0.1:{self.port}"
 
     def stderr(self):
-        self.log.flush()
-        with open(self.log_path) as f:
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path, errors="replace") as f:
             return f.read()
 
-    def wait_log(self, needle, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if needle in self.stderr():
-                return self.stderr()
-            time.sleep(0.02)
-        raise AssertionError(f"{needle!r} not logged within {timeout}s:\n{self.stderr()}")
+    def lines(self, *needles):
+        """Log lines that contain every needle."""
+        return [line for line in self.stderr().splitlines() if all(n in line for n in needles)]
+
+    def wait_log(self, *needles, timeout=10.0):
+        """Wait for one log line holding every needle; returns that line."""
+        found = wait_until(lambda: self.lines(*needles), timeout)
+        if not found:
+            raise AssertionError(f"no log line with {needles!r} within {timeout}s:\n"
+                                 f"{self.stderr()}")
+        return found[0]
 
     def alive(self):
         return self.proc.poll() is None
@@ -71,23 +106,36 @@ class Store:
         """SIGTERM; the store must exit 0 (it never crashed, it shut down cleanly)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=20)
-        self.log.close()
-        assert rc == 0, f"store exited {rc}:\n{self.stderr()}"
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("store ignored SIGTERM for 20 s:\n" + self.stderr())
+        finally:
+            self.log.close()
+        assert rc == 0, f"store exited {rc} (crashed or failed to shut down):\n{self.stderr()}"
 
 
 @pytest.fixture
 def start_store(ddprun):
+    """start_store(*args, env=None) -> Store; every store is SIGTERMed at teardown and must have
+    exited 0."""
     stores = []
 
-    def start(*args):
-        store = Store(ddprun, args, tempfile.mkdtemp(prefix="ddpstore-"))
+    def start(*args, env=None):
+        store = Store(ddprun, args, tempfile.mkdtemp(prefix="ddpstore-"), env=env)
         stores.append(store)
         return store
 
     yield start
+    failures = []
     for store in stores:
-        store.stop()
+        try:
+            store.stop()
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
 
 
 @pytest.fixture
@@ -95,9 +143,25 @@ def store(start_store):
     return start_store()
 
 
+@pytest.fixture
+def make_secret(tmp_path):
+    """make_secret(text) -> path of a 0600 file holding text (a store secret)."""
+    count = [0]
+
+    def make(text="s3cret-s3cret-s3cret"):
+        count[0] += 1
+        path = tmp_path / f"secret-{count[0]}"
+        path.write_text(text + "\n")
+        os.chmod(path, 0o600)
+        return str(path)
+
+    return make
+
+
 # ---- raw protocol helpers (current numbering unless said otherwise) -----------------------------
 
 def s_bytes(b):
+    """A protocol string: u64 LE length + bytes."""
     if isinstance(b, str):
         b = b.encode()
     return struct.pack("<Q", len(b)) + b
@@ -118,35 +182,70 @@ def connect(port, source="127.0.0.1", timeout=10.0):
     return s
 
 
+def send_quietly(sock, data):
+    """sendall that tolerates the server having closed the connection already; returns whether
+    everything was sent."""
+    try:
+        sock.sendall(data)
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+
+
 def recv_exact(sock, n):
     buf = b""
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise ConnectionError("closed")
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
         buf += chunk
     return buf
 
 
-def healthy_ping(port, nonce=0xC0FFEE):
-    """A fresh, well-behaved client: VALIDATE + PING must be answered with the same nonce."""
-    with connect(port) as s:
+def try_ping(port, nonce=0xC0FFEE, source="127.0.0.1"):
+    """A fresh, well-behaved client: VALIDATE + PING; True if the nonce came back."""
+    try:
+        with connect(port, source=source) as s:
+            s.sendall(validate() + ping(nonce))
+            return struct.unpack("<I", recv_exact(s, 4))[0] == nonce
+    except (ConnectionError, socket.timeout):
+        return False
+
+
+def healthy_ping(port, nonce=0xC0FFEE, source="127.0.0.1"):
+    """A fresh, well-behaved client must get its PING answered with the same nonce."""
+    with connect(port, source=source) as s:
         s.sendall(validate() + ping(nonce))
         assert struct.unpack("<I", recv_exact(s, 4))[0] == nonce
 
 
 def is_closed_by_peer(sock, timeout=10.0):
-    """True once the server closed this connection (EOF or reset) within timeout."""
-    sock.settimeout(timeout)
+    """True once the server closed this connection (EOF or reset) within timeout; bytes it sends
+    meanwhile are discarded."""
+    deadline = time.monotonic() + timeout
     try:
         while True:
-            data = sock.recv(65536)
-            if not data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            sock.settimeout(left)
+            if not sock.recv(65536):
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
     except socket.timeout:
         return False
+
+
+def closed_now(sock):
+    """Non-blocking: has the server closed this connection already?"""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
 
 
 def free_port(host="127.0.0.1"):
