@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -375,7 +376,7 @@ typedef struct {
     int delay_ms;
     int64_t timeout_ms;
     int rc;
-    uint64_t done_ms;
+    _Atomic uint64_t done_ms; /* set by the worker thread when its call returned */
     store_client_t *c; /* a client made by the test thread, used by this thread only */
 } job_t;
 
@@ -553,7 +554,7 @@ typedef struct {
     int rc;
     uint8_t *val;
     size_t len;
-    uint64_t done_ms;
+    _Atomic uint64_t done_ms; /* set by the worker thread when its call returned */
 } popper_t;
 
 static void *pop_one(void *arg) {
