@@ -165,11 +165,11 @@ int store_cmd_main(int argc, char **argv) {
             log_init("ddprun", (log_level_t)level);
             break;
         }
-        case OPT_MAX_KEY: rc = set_limit("max-key-bytes", optarg, 1, 1u << 30, &lim->max_key_bytes, 8); break;
-        case OPT_MAX_VALUE: rc = set_limit("max-value-bytes", optarg, 1, 1ull << 32, &lim->max_value_bytes, 8); break;
+        case OPT_MAX_KEY: rc = set_limit("max-key-bytes", optarg, 1, 1u << 24, &lim->max_key_bytes, 8); break;
+        case OPT_MAX_VALUE: rc = set_limit("max-value-bytes", optarg, 1, 1u << 30, &lim->max_value_bytes, 8); break;
         case OPT_MAX_KEYS_OP: rc = set_limit("max-keys-per-op", optarg, 1, 1u << 24, &lim->max_keys_per_op, 8); break;
-        case OPT_MAX_FRAME: rc = set_limit("max-frame-bytes", optarg, 64, 1ull << 34, &lim->max_frame_bytes, 8); break;
-        case OPT_MAX_OUTPUT: rc = set_limit("max-output-bytes", optarg, 64, 1ull << 34, &lim->max_output_bytes, 8); break;
+        case OPT_MAX_FRAME: rc = set_limit("max-frame-bytes", optarg, 64, 0x7fffffffu /* frame lengths are int */, &lim->max_frame_bytes, 8); break;
+        case OPT_MAX_OUTPUT: rc = set_limit("max-output-bytes", optarg, 64, 0x7fffffffu, &lim->max_output_bytes, 8); break;
         case OPT_MAX_TOTAL: rc = set_limit("max-total-buffer-bytes", optarg, 4096, 1ull << 40, &lim->max_total_buffer_bytes, 8); break;
         case OPT_MAX_STORE: rc = set_limit("max-store-bytes", optarg, 4096, 1ull << 42, &lim->max_store_bytes, 8); break;
         case OPT_MAX_CONNS: rc = set_limit("max-connections", optarg, 1, 1u << 24, &lim->max_connections, 4); break;

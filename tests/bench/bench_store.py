@@ -167,17 +167,20 @@ def fmt_us(us):
 
 def print_row(row):
     a, b = row["ours"], row["torch"]
-    print(f"{row['op']:<5} {row['clients']:>4} {row['depth']:>3} | "
-          f"{a['ops_per_s']:>9,.0f} {b['ops_per_s']:>9,.0f} {row['ratio']:>6.2f}x | "
-          f"{fmt_us(a['p50_us']):>6} / {fmt_us(a['p99_us']):>6}  {fmt_us(b['p50_us']):>6} / "
-          f"{fmt_us(b['p99_us']):>6} | {a['server_cpu_us_per_op']:>5.1f} / "
-          f"{b['server_cpu_us_per_op']:>5.1f} | {a['client_cpu_us_per_op']:>5.1f}", flush=True)
+    print(" | ".join([
+        f"{row['op']:<5} {row['clients']:>4} {row['depth']:>3}",
+        f"{a['ops_per_s']:>9,.0f} {b['ops_per_s']:>9,.0f} {row['ratio']:>6.2f}x",
+        f"{fmt_us(a['p50_us']):>6} / {fmt_us(a['p99_us']):>6}  "
+        f"{fmt_us(b['p50_us']):>6} / {fmt_us(b['p99_us']):>6}",
+        f"{a['server_cpu_us_per_op']:>5.1f} / {b['server_cpu_us_per_op']:>5.1f}",
+        f"{a['client_cpu_us_per_op']:>5.1f}"]), flush=True)
 
 
-HEADER = ("op    clnt  in |  ours/s    torch/s  ratio |   ours p50/p99    torch p50/p99 |"
-          " server CPU us/op | load gen\n"
-          "                |                          |        (us)            (us)    |"
-          "   ours / torch   | CPU us/op")
+HEADER = "\n".join(" | ".join(cols) for cols in [
+    [f"{'op':<5} {'clnt':>4} {'in':>3}", f"{'ours/s':>9} {'torch/s':>9} {'ratio':>7}",
+     f"{'ours p50/p99':>15}  {'torch p50/p99':>15}", f"{'server CPU':>13}", "load gen"],
+    [f"{'':<14}", f"{'':>27}", f"{'(us)':>15}  {'(us)':>15}", f"{'us/op o / t':>13}",
+     "CPU us/op"]])
 
 
 def targets(rows, peak_mib, ncpu):
