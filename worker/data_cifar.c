@@ -2,7 +2,6 @@
 #include "data_cifar.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,32 +11,22 @@
 #define CIFAR_PIXELS (CIFAR_SIDE * CIFAR_SIDE)
 #define CIFAR_IMAGE  (3 * CIFAR_PIXELS)
 
-static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* Append one file's records to out (already sized for them). */
 static int read_file(const char *path, int label_bytes, int classes, dataset_t *out,
                      int64_t first, int64_t count, char *err, size_t el) {
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, el, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return dataset_fail(err, el, "%s: cannot open: %s", path, strerror(errno));
     uint8_t record[2 + CIFAR_IMAGE];
     size_t size = (size_t)label_bytes + CIFAR_IMAGE;
     int rc = 0;
     for (int64_t i = 0; i < count; i++) {
         if (fread(record, 1, size, f) != size) {
-            rc = fail(err, el, "%s: truncated in record %lld", path, (long long)i);
+            rc = dataset_fail(err, el, "%s: truncated in record %lld", path, (long long)i);
             break;
         }
         uint8_t label = record[label_bytes - 1]; /* CIFAR-100: the fine label, after the coarse */
         if (label >= classes) {
-            rc = fail(err, el, "%s: record %lld has label %u, not below %d classes", path,
+            rc = dataset_fail(err, el, "%s: record %lld has label %u, not below %d classes", path,
                       (long long)i, label, classes);
             break;
         }
@@ -70,9 +59,9 @@ int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t lim
         snprintf(paths[i], sizeof paths[i], "%s/%s", dir, names[i]);
         struct stat st;
         if (stat(paths[i], &st) != 0)
-            return fail(err, err_len, "%s: cannot open: %s", paths[i], strerror(errno));
+            return dataset_fail(err, err_len, "%s: cannot open: %s", paths[i], strerror(errno));
         if (st.st_size == 0 || (size_t)st.st_size % record != 0)
-            return fail(err, err_len, "%s: %lld bytes is not a whole number of %zu-byte records",
+            return dataset_fail(err, err_len, "%s: %lld bytes is not a whole number of %zu-byte records",
                         paths[i], (long long)st.st_size, record);
         counts[i] = (int64_t)((size_t)st.st_size / record);
         total += counts[i];
@@ -81,7 +70,7 @@ int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t lim
     out->labels = malloc((size_t)total);
     if (!out->images || !out->labels) {
         dataset_free(out);
-        return fail(err, err_len, "%s: out of memory for %lld images", dir, (long long)total);
+        return dataset_fail(err, err_len, "%s: out of memory for %lld images", dir, (long long)total);
     }
     for (int64_t i = 0, first = 0; i < n_files; first += counts[i], i++) {
         if (read_file(paths[i], label_bytes, classes, out, first, counts[i], err, err_len) < 0) {

@@ -12,9 +12,7 @@
 #define IDX_TYPE_UBYTE 0x08
 #define IDX_MAX_ELEMS  ((int64_t)1 << 34) /* 16 GiB of bytes: far beyond any dataset here */
 
-static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t len, const char *fmt, ...) {
+int dataset_fail(char *err, size_t len, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, len, fmt, ap);
@@ -64,14 +62,14 @@ static int read_exact(gzFile f, void *p, size_t n) {
 static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *err, size_t el) {
     gzFile f = gzopen(path, "rb");
     if (!f) {
-        fail(err, el, "%s: cannot open: %s", path, strerror(errno ? errno : EIO));
+        dataset_fail(err, el, "%s: cannot open: %s", path, strerror(errno ? errno : EIO));
         return NULL;
     }
     uint8_t magic[4];
     if (read_exact(f, magic, 4) < 0) {
-        fail(err, el, "%s: truncated: no IDX header", path);
+        dataset_fail(err, el, "%s: truncated: no IDX header", path);
     } else if (magic[0] || magic[1] || magic[2] != IDX_TYPE_UBYTE || magic[3] != want_dims) {
-        fail(err, el, "%s: not an IDX file of unsigned bytes with %d dimensions (header %02x %02x "
+        dataset_fail(err, el, "%s: not an IDX file of unsigned bytes with %d dimensions (header %02x %02x "
                       "%02x %02x)", path, want_dims, magic[0], magic[1], magic[2], magic[3]);
     } else {
         int64_t total = 1;
@@ -79,14 +77,14 @@ static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *e
         for (int i = 0; i < want_dims && is_ok; i++) {
             uint8_t b[4];
             if (read_exact(f, b, 4) < 0) {
-                fail(err, el, "%s: truncated in the header", path);
+                dataset_fail(err, el, "%s: truncated in the header", path);
                 is_ok = false;
                 break;
             }
             dims[i] = (int64_t)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3];
             if (dims[i] <= 0 || dims[i] > IDX_MAX_ELEMS / total) {
-                if (dims[i] <= 0) fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
-                else fail(err, el, "%s: its dimensions claim more than %lld bytes", path,
+                if (dims[i] <= 0) dataset_fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
+                else dataset_fail(err, el, "%s: its dimensions claim more than %lld bytes", path,
                           (long long)IDX_MAX_ELEMS);
                 is_ok = false;
                 break;
@@ -103,7 +101,7 @@ static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *e
 static int expect_end(gzFile f, const char *path, char *err, size_t el) {
     uint8_t extra;
     if (gzread(f, &extra, 1) != 0)
-        return fail(err, el, "%s: longer than its header says (trailing bytes)", path);
+        return dataset_fail(err, el, "%s: longer than its header says (trailing bytes)", path);
     return 0;
 }
 
@@ -120,19 +118,19 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
     }
     int rc = 0;
     if (idims[0] != ldims[0]) {
-        rc = fail(err, err_len, "%s has %lld images but %s has %lld labels", images_path,
+        rc = dataset_fail(err, err_len, "%s has %lld images but %s has %lld labels", images_path,
                   (long long)idims[0], labels_path, (long long)ldims[0]);
         goto done;
     }
     int64_t n = idims[0], keep = limit > 0 && limit < n ? limit : n;
     size_t per_image = (size_t)(idims[1] * idims[2]);
     if (read_claimed(fi, (size_t)n * per_image, &out->images) < 0) {
-        rc = fail(err, err_len, "%s: truncated: fewer than the %lld images its header promises",
+        rc = dataset_fail(err, err_len, "%s: truncated: fewer than the %lld images its header promises",
                   images_path, (long long)n);
         goto done;
     }
     if (read_claimed(fl, (size_t)n, &out->labels) < 0) {
-        rc = fail(err, err_len, "%s: truncated: fewer than the %lld labels its header promises",
+        rc = dataset_fail(err, err_len, "%s: truncated: fewer than the %lld labels its header promises",
                   labels_path, (long long)n);
         goto done;
     }
@@ -140,7 +138,7 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
     if ((rc = expect_end(fl, labels_path, err, err_len)) < 0) goto done;
     for (int64_t i = 0; i < n; i++) {
         if (out->labels[i] >= classes) {
-            rc = fail(err, err_len, "%s: label %u of sample %lld is not below %d classes",
+            rc = dataset_fail(err, err_len, "%s: label %u of sample %lld is not below %d classes",
                       labels_path, out->labels[i], (long long)i, classes);
             goto done;
         }

@@ -24,5 +24,7 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
 int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, char *err,
                  size_t err_len);
 void dataset_free(dataset_t *d);
+/* Format a loader error into err; returns -1 (the loaders' error return). */
+int dataset_fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif
