@@ -26,6 +26,7 @@ typedef struct {
     data_kind_t data_kind;
     char data_dir[TRAIN_CONF_PATH_MAX];
     int64_t train_limit;     /* use only the first N training samples (0: all) */
+    int64_t test_limit;      /* evaluate on the first N test samples (0: all) */
     int64_t height, width_px, channels, classes; /* synthetic data's shape */
     bool is_augmented;       /* random crop with padding + horizontal flip */
     int64_t crop_padding;
@@ -42,6 +43,8 @@ typedef struct {
     double hours;            /* wall-clock budget, 0: none */
     int64_t eval_interval;   /* steps, 0: at the end of every epoch */
     int64_t seed;
+    double collective_timeout_s;
+    int64_t threads;         /* 0: cores / workers on the node */
     char metrics_file[TRAIN_CONF_PATH_MAX];
     int64_t log_interval;
     /* [snapshot] */

@@ -1,0 +1,365 @@
+/* The CPU backend's ops: every backward against central finite differences of its forward on
+ * small shapes (through L = sum(y * r) for a fixed random r), the accumulate (+=) contract of
+ * every backward, and the optimizer against torch.optim.SGD's update rule written out. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "rng.h"
+
+#define MAX_INPUTS 3
+#define PREFILL 0.25f /* gradients start here: a backward that overwrites instead of adding fails */
+
+typedef struct op_check op_check_t;
+struct op_check {
+    backend_t *b;
+    int n_inputs;
+    float *in[MAX_INPUTS], *grad[MAX_INPUTS];
+    size_t n_in[MAX_INPUTS];
+    float *y, *r;
+    size_t n_out;
+    void (*forward)(op_check_t *c);
+    void (*backward)(op_check_t *c); /* dy = r */
+    /* op parameters */
+    conv_shape_t conv;
+    pool_shape_t pool;
+    int rows, ch, n, in_f, out_f, classes;
+    float smoothing;
+    int32_t labels[16];
+    int32_t argmax[4096];
+    float save[64], running[64];
+};
+
+static uint64_t rng_state = 12345;
+
+static float *random_buffer(size_t n, float scale) {
+    float *p = calloc(n, sizeof(float));
+    cr_assert_not_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * ((float)(rng_next(&rng_state) >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+    return p;
+}
+
+static void add_input(op_check_t *c, size_t n, float scale) {
+    int i = c->n_inputs++;
+    c->in[i] = random_buffer(n, scale);
+    c->grad[i] = calloc(n, sizeof(float));
+    c->n_in[i] = n;
+}
+
+static void set_output(op_check_t *c, size_t n) {
+    c->n_out = n;
+    c->y = calloc(n, sizeof(float));
+    c->r = random_buffer(n, 1.0f);
+}
+
+static double objective(op_check_t *c) {
+    c->forward(c);
+    double l = 0;
+    for (size_t i = 0; i < c->n_out; i++) l += (double)c->y[i] * c->r[i];
+    return l;
+}
+
+/* Checks every input element (shapes here are small). */
+static void check_gradients(op_check_t *c, double h, double atol, double rtol) {
+    c->forward(c);
+    for (int i = 0; i < c->n_inputs; i++)
+        for (size_t j = 0; j < c->n_in[i]; j++) c->grad[i][j] = PREFILL;
+    c->backward(c);
+    for (int i = 0; i < c->n_inputs; i++) {
+        for (size_t j = 0; j < c->n_in[i]; j++) {
+            float v = c->in[i][j];
+            c->in[i][j] = (float)(v + h);
+            double up = objective(c);
+            c->in[i][j] = (float)(v - h);
+            double down = objective(c);
+            c->in[i][j] = v;
+            double numeric = (up - down) / (2 * h);
+            double analytic = (double)c->grad[i][j] - PREFILL;
+            cr_assert(fabs(numeric - analytic) <= atol + rtol * fabs(numeric),
+                      "input %d element %zu: analytic %.6f, finite differences %.6f", i, j,
+                      analytic, numeric);
+        }
+    }
+}
+
+static void free_check(op_check_t *c) {
+    for (int i = 0; i < c->n_inputs; i++) {
+        free(c->in[i]);
+        free(c->grad[i]);
+    }
+    free(c->y);
+    free(c->r);
+    c->b->ops->destroy(c->b);
+}
+
+static op_check_t *new_check(void) {
+    static op_check_t c;
+    memset(&c, 0, sizeof c);
+    c.b = backend_cpu_create(1);
+    cr_assert_not_null(c.b);
+    cr_assert_eq(c.b->ops->reserve_workspace(c.b, 1 << 20), 0);
+    return &c;
+}
+
+/* ---- conv2d ---- */
+
+static void conv_fwd(op_check_t *c) { c->b->ops->conv2d_forward(c->b, &c->conv, c->in[0], c->in[1], c->y); }
+static void conv_bwd(op_check_t *c) {
+    c->b->ops->conv2d_backward(c->b, &c->conv, c->in[0], c->in[1], c->r, c->grad[0], c->grad[1]);
+}
+
+static void check_conv(int n, int h, int w, int ch, int k, int size, int stride, int pad) {
+    op_check_t *c = new_check();
+    conv_shape_t *s = &c->conv;
+    *s = (conv_shape_t){.n = n, .h = h, .w = w, .c = ch, .k = k, .r = size, .s = size,
+                        .stride = stride, .pad = pad};
+    s->oh = (h + 2 * pad - size) / stride + 1;
+    s->ow = (w + 2 * pad - size) / stride + 1;
+    add_input(c, (size_t)n * h * w * ch, 1.0f);
+    add_input(c, (size_t)k * size * size * ch, 0.5f);
+    set_output(c, (size_t)n * s->oh * s->ow * k);
+    c->forward = conv_fwd;
+    c->backward = conv_bwd;
+    check_gradients(c, 1e-2, 2e-3, 1e-2);
+    free_check(c);
+}
+
+Test(cpu_ops, conv2d_3x3_same_padding) { check_conv(2, 5, 4, 3, 4, 3, 1, 1); }
+Test(cpu_ops, conv2d_3x3_stride_2) { check_conv(2, 5, 6, 2, 3, 3, 2, 1); }
+Test(cpu_ops, conv2d_1x1_pointwise) { check_conv(2, 3, 3, 4, 5, 1, 1, 0); }
+Test(cpu_ops, conv2d_1x1_stride_2) { check_conv(1, 5, 5, 3, 2, 1, 2, 0); }
+Test(cpu_ops, conv2d_5x5_no_padding) { check_conv(1, 6, 7, 2, 2, 5, 1, 0); }
+
+Test(cpu_ops, conv2d_forward_matches_direct_loops) {
+    op_check_t *c = new_check();
+    conv_shape_t *s = &c->conv;
+    *s = (conv_shape_t){.n = 2, .h = 4, .w = 5, .c = 3, .k = 2, .r = 3, .s = 3, .stride = 2,
+                        .pad = 1, .oh = 2, .ow = 3};
+    add_input(c, 2 * 4 * 5 * 3, 1.0f);
+    add_input(c, 2 * 3 * 3 * 3, 1.0f);
+    set_output(c, 2 * 2 * 3 * 2);
+    conv_fwd(c);
+    for (int n = 0; n < 2; n++)
+        for (int oy = 0; oy < 2; oy++)
+            for (int ox = 0; ox < 3; ox++)
+                for (int k = 0; k < 2; k++) {
+                    double sum = 0;
+                    for (int ky = 0; ky < 3; ky++)
+                        for (int kx = 0; kx < 3; kx++)
+                            for (int ci = 0; ci < 3; ci++) {
+                                int iy = oy * 2 - 1 + ky, ix = ox * 2 - 1 + kx;
+                                if (iy < 0 || iy >= 4 || ix < 0 || ix >= 5) continue;
+                                sum += c->in[0][((n * 4 + iy) * 5 + ix) * 3 + ci] *
+                                       c->in[1][((k * 3 + ky) * 3 + kx) * 3 + ci];
+                            }
+                    float got = c->y[((n * 2 + oy) * 3 + ox) * 2 + k];
+                    cr_assert_float_eq(got, sum, 1e-5, "y[%d,%d,%d,%d]", n, oy, ox, k);
+                }
+    free_check(c);
+}
+
+/* ---- batch norm ---- */
+
+static void bn_fwd(op_check_t *c) {
+    float *g = c->in[1], *b = c->in[2];
+    c->b->ops->batchnorm_forward_train(c->b, (size_t)c->rows, c->ch, c->in[0], g, b, c->y, c->save,
+                                       c->save + c->ch, c->running, c->running + c->ch, 0.1f,
+                                       1e-5f);
+}
+static void bn_bwd(op_check_t *c) {
+    c->b->ops->batchnorm_backward(c->b, (size_t)c->rows, c->ch, c->in[0], c->in[1], c->save,
+                                  c->save + c->ch, c->r, c->grad[0], c->grad[1], c->grad[2]);
+}
+
+Test(cpu_ops, batchnorm_train_gradients) {
+    op_check_t *c = new_check();
+    c->rows = 12;
+    c->ch = 3;
+    add_input(c, 36, 2.0f);
+    add_input(c, 3, 1.5f);
+    add_input(c, 3, 1.0f);
+    set_output(c, 36);
+    c->forward = bn_fwd;
+    c->backward = bn_bwd;
+    check_gradients(c, 1e-2, 3e-3, 2e-2);
+    free_check(c);
+}
+
+Test(cpu_ops, batchnorm_statistics_and_eval_follow_pytorch) {
+    op_check_t *c = new_check();
+    c->rows = 4;
+    c->ch = 1;
+    float x[4] = {1, 2, 3, 6}, g = 2, beta = 0.5f, y[4];
+    float running[2] = {0, 1}, save[2];
+    c->b->ops->batchnorm_forward_train(c->b, 4, 1, x, &g, &beta, y, save, save + 1, running,
+                                       running + 1, 0.1f, 1e-5f);
+    /* mean 3, biased var 3.5, unbiased 14/3 */
+    cr_assert_float_eq(save[0], 3.0f, 1e-6);
+    cr_assert_float_eq(save[1], 1.0 / sqrt(3.5 + 1e-5), 1e-6);
+    cr_assert_float_eq(running[0], 0.3f, 1e-6);
+    cr_assert_float_eq(running[1], 0.9 + 0.1 * 14.0 / 3.0, 1e-6);
+    cr_assert_float_eq(y[3], 2.0 * 3.0 / sqrt(3.5 + 1e-5) + 0.5, 1e-5);
+    c->b->ops->batchnorm_forward_eval(c->b, 4, 1, x, &g, &beta, y, running, running + 1, 1e-5f);
+    cr_assert_float_eq(y[0], 2.0 * (1.0 - 0.3) / sqrt(running[1] + 1e-5) + 0.5, 1e-5);
+    c->b->ops->destroy(c->b);
+}
+
+/* ---- elementwise, pooling, linear ---- */
+
+static void relu_fwd(op_check_t *c) { c->b->ops->relu_forward(c->b, c->in[0], c->y, c->n_out); }
+static void relu_bwd(op_check_t *c) { c->b->ops->relu_backward(c->b, c->y, c->r, c->grad[0], c->n_out); }
+
+Test(cpu_ops, relu_gradients) {
+    op_check_t *c = new_check();
+    add_input(c, 40, 1.0f);
+    for (int i = 0; i < 40; i++) /* keep away from the kink at 0 */
+        if (fabsf(c->in[0][i]) < 0.05f) c->in[0][i] = 0.5f;
+    set_output(c, 40);
+    c->forward = relu_fwd;
+    c->backward = relu_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-4);
+    free_check(c);
+}
+
+static void add_fwd(op_check_t *c) { c->b->ops->add_forward(c->b, c->in[0], c->in[1], c->y, c->n_out); }
+static void add_bwd(op_check_t *c) {
+    c->b->ops->accumulate(c->b, c->r, c->grad[0], c->n_out);
+    c->b->ops->accumulate(c->b, c->r, c->grad[1], c->n_out);
+}
+
+Test(cpu_ops, add_gradients) {
+    op_check_t *c = new_check();
+    add_input(c, 30, 1.0f);
+    add_input(c, 30, 1.0f);
+    set_output(c, 30);
+    c->forward = add_fwd;
+    c->backward = add_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-4);
+    free_check(c);
+}
+
+static void maxpool_fwd(op_check_t *c) { c->b->ops->maxpool_forward(c->b, &c->pool, c->in[0], c->y, c->argmax); }
+static void maxpool_bwd(op_check_t *c) { c->b->ops->maxpool_backward(c->b, &c->pool, c->argmax, c->r, c->grad[0]); }
+
+static void check_maxpool(int size, int stride) {
+    op_check_t *c = new_check();
+    pool_shape_t *s = &c->pool;
+    *s = (pool_shape_t){.n = 2, .h = 6, .w = 5, .c = 3, .size = size, .stride = stride};
+    s->oh = (6 - size) / stride + 1;
+    s->ow = (5 - size) / stride + 1;
+    add_input(c, 2 * 6 * 5 * 3, 1.0f);
+    set_output(c, (size_t)2 * s->oh * s->ow * 3);
+    c->forward = maxpool_fwd;
+    c->backward = maxpool_bwd;
+    check_gradients(c, 1e-4, 1e-3, 1e-3); /* piecewise linear: a small step avoids near-ties */
+    free_check(c);
+}
+
+Test(cpu_ops, maxpool_2x2_stride_2_gradients) { check_maxpool(2, 2); }
+Test(cpu_ops, maxpool_3x3_stride_2_overlapping_gradients) { check_maxpool(3, 2); }
+
+static void gap_fwd(op_check_t *c) { c->b->ops->avgpool_global_forward(c->b, c->n, c->rows, c->ch, c->in[0], c->y); }
+static void gap_bwd(op_check_t *c) { c->b->ops->avgpool_global_backward(c->b, c->n, c->rows, c->ch, c->r, c->grad[0]); }
+
+Test(cpu_ops, global_average_pool_gradients) {
+    op_check_t *c = new_check();
+    c->n = 2;
+    c->rows = 6; /* H * W */
+    c->ch = 4;
+    add_input(c, 48, 1.0f);
+    set_output(c, 8);
+    c->forward = gap_fwd;
+    c->backward = gap_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-3);
+    free_check(c);
+}
+
+static void linear_fwd(op_check_t *c) {
+    c->b->ops->linear_forward(c->b, c->n, c->in_f, c->out_f, c->in[0], c->in[1], c->in[2], c->y);
+}
+static void linear_bwd(op_check_t *c) {
+    c->b->ops->linear_backward(c->b, c->n, c->in_f, c->out_f, c->in[0], c->in[1], c->r, c->grad[0],
+                               c->grad[1], c->grad[2]);
+}
+
+Test(cpu_ops, linear_gradients) {
+    op_check_t *c = new_check();
+    c->n = 3;
+    c->in_f = 5;
+    c->out_f = 4;
+    add_input(c, 15, 1.0f);
+    add_input(c, 20, 1.0f);
+    add_input(c, 4, 1.0f);
+    set_output(c, 12);
+    c->forward = linear_fwd;
+    c->backward = linear_bwd;
+    check_gradients(c, 1e-2, 1e-3, 1e-3);
+    free_check(c);
+}
+
+/* ---- loss: y is the summed loss, r = [1/n] so the objective is the mean loss ---- */
+
+static void xent_fwd(op_check_t *c) {
+    c->y[0] = 0;
+    c->b->ops->softmax_xent(c->b, c->n, c->classes, c->in[0], c->labels, c->smoothing, 1.0f, NULL,
+                            c->y);
+}
+static void xent_bwd(op_check_t *c) {
+    float *d = calloc(c->n_in[0], sizeof(float)), loss = 0;
+    c->b->ops->softmax_xent(c->b, c->n, c->classes, c->in[0], c->labels, c->smoothing, 1.0f, d,
+                            &loss);
+    for (size_t i = 0; i < c->n_in[0]; i++) c->grad[0][i] += d[i];
+    free(d);
+}
+
+static void check_xent(float smoothing) {
+    op_check_t *c = new_check();
+    c->n = 4;
+    c->classes = 5;
+    c->smoothing = smoothing;
+    for (int i = 0; i < 4; i++) c->labels[i] = (i * 3) % 5;
+    add_input(c, 20, 3.0f);
+    set_output(c, 1);
+    c->r[0] = 1.0f / 4;
+    c->forward = xent_fwd;
+    c->backward = xent_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-3);
+    free_check(c);
+}
+
+Test(cpu_ops, softmax_cross_entropy_gradients) { check_xent(0.0f); }
+Test(cpu_ops, softmax_cross_entropy_label_smoothing_gradients) { check_xent(0.1f); }
+
+Test(cpu_ops, softmax_cross_entropy_value) {
+    backend_t *b = backend_cpu_create(1);
+    float logits[3] = {1.0f, 2.0f, 0.5f}, loss = 0;
+    int32_t label = 1;
+    b->ops->softmax_xent(b, 1, 3, logits, &label, 0.0f, 1.0f, NULL, &loss);
+    double lse = log(exp(1.0) + exp(2.0) + exp(0.5));
+    cr_assert_float_eq(loss, lse - 2.0, 1e-6);
+    loss = 0;
+    b->ops->softmax_xent(b, 1, 3, logits, &label, 0.3f, 1.0f, NULL, &loss);
+    /* torch: (1 - eps) * nll + eps * mean_j(-log p_j) */
+    double smooth = 0.7 * (lse - 2.0) + 0.3 * ((lse - 1.0) + (lse - 2.0) + (lse - 0.5)) / 3;
+    cr_assert_float_eq(loss, smooth, 1e-6);
+    b->ops->destroy(b);
+}
+
+Test(cpu_ops, sgd_step_follows_torch_optim_sgd) {
+    backend_t *b = backend_cpu_create(1);
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        float p = 1.0f, m = 0.0f, g = 0.5f;
+        double rp = 1.0, rm = 0.0;
+        for (int step = 0; step < 3; step++) {
+            b->ops->sgd_step(b, &p, &g, &m, 1, 0.1f, 0.9f, 0.01f, nesterov, 0.5f);
+            double d = 0.5 * 0.5 + 0.01 * rp;
+            rm = 0.9 * rm + d; /* torch starts the buffer at d: the same as 0.9 * 0 + d */
+            rp -= 0.1 * (nesterov ? d + 0.9 * rm : rm);
+            cr_assert_float_eq(p, rp, 1e-6, "nesterov %d step %d", nesterov, step);
+        }
+    }
+    b->ops->destroy(b);
+}

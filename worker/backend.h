@@ -1,0 +1,109 @@
+/* backend: the compute a training step needs, behind one table of function pointers (backend_i)
+ * plus an opaque context, so the model and the trainer run unchanged on the CPU reference backend
+ * (cpu/backend_cpu.c) and on the CUDA backend. Only a backend's own files include vendor headers.
+ *
+ * Conventions every backend keeps:
+ * - Tensors are fp32 NHWC in memory the backend allocated ("device" memory; host memory on cpu).
+ *   Conv filters are (K, R, S, C) (cuDNN's NHWC filter layout), linear weights (out, in) as
+ *   PyTorch stores them.
+ * - Every backward op ACCUMULATES (+=) into its input gradients and parameter gradients; the
+ *   trainer zeroes them once per step. That makes fan-out (a residual's input) need no special case.
+ * - Calls are ordered on the backend's stream; only to_host synchronizes. Nothing allocates after
+ *   start-up: workspace is sized once by backend_create's caller through reserve_workspace.
+ * - Numerics follow PyTorch: batch norm uses the biased variance to normalize and the unbiased one
+ *   for the running estimate; softmax cross-entropy with label smoothing as nn.CrossEntropyLoss.
+ */
+#ifndef DDP_WORKER_BACKEND_H
+#define DDP_WORKER_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct backend backend_t;
+
+typedef struct {
+    int n, h, w, c; /* input (N, H, W, C) */
+    int k, r, s;    /* K filters of R x S x C */
+    int stride, pad;
+    int oh, ow;     /* output (N, OH, OW, K) */
+} conv_shape_t;
+
+typedef struct {
+    int n, h, w, c; /* input; output (N, OH, OW, C) */
+    int size, stride;
+    int oh, ow;
+} pool_shape_t;
+
+typedef struct {
+    const char *name;
+    /* Zeroed memory for the whole run, or NULL when out of memory. */
+    void *(*alloc)(backend_t *b, size_t n_bytes);
+    void (*release)(backend_t *b, void *p);
+    /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM. */
+    int (*reserve_workspace)(backend_t *b, size_t n_bytes);
+    void (*to_device)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    /* Waits for every queued op, then copies. */
+    void (*to_host)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    void (*fill)(backend_t *b, float *x, float value, size_t n_elems);
+    void (*scale)(backend_t *b, float *x, float factor, size_t n_elems);
+
+    /* x: (N,H,W,C), w: (K,R,S,C) -> y: (N,OH,OW,K). */
+    void (*conv2d_forward)(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
+                           float *y);
+    /* dx += dL/dx (skipped when dx is NULL), dw += dL/dw. */
+    void (*conv2d_backward)(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
+                            const float *dy, float *dx, float *dw);
+    /* Training: normalize with the batch's statistics over (N,H,W) per channel, save mean and
+     * 1/sqrt(var+eps) for backward, update the running estimates with momentum. */
+    void (*batchnorm_forward_train)(backend_t *b, size_t rows, int c, const float *x,
+                                    const float *gamma, const float *beta, float *y,
+                                    float *save_mean, float *save_invstd, float *running_mean,
+                                    float *running_var, float momentum, float eps);
+    void (*batchnorm_forward_eval)(backend_t *b, size_t rows, int c, const float *x,
+                                   const float *gamma, const float *beta, float *y,
+                                   const float *running_mean, const float *running_var, float eps);
+    void (*batchnorm_backward)(backend_t *b, size_t rows, int c, const float *x,
+                               const float *gamma, const float *save_mean,
+                               const float *save_invstd, const float *dy, float *dx,
+                               float *dgamma, float *dbeta);
+    void (*relu_forward)(backend_t *b, const float *x, float *y, size_t n_elems);
+    /* dx += dy where y > 0 */
+    void (*relu_backward)(backend_t *b, const float *y, const float *dy, float *dx, size_t n_elems);
+    void (*add_forward)(backend_t *b, const float *x1, const float *x2, float *y, size_t n_elems);
+    /* dx += dy (the add's backward, once per input) */
+    void (*accumulate)(backend_t *b, const float *dy, float *dx, size_t n_elems);
+    /* argmax: (N,OH,OW,C) int32 scratch the forward fills for the backward. */
+    void (*maxpool_forward)(backend_t *b, const pool_shape_t *s, const float *x, float *y,
+                            int32_t *argmax);
+    void (*maxpool_backward)(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
+                             const float *dy, float *dx);
+    /* x: (N, HW, C) -> y: (N, C) mean over HW */
+    void (*avgpool_global_forward)(backend_t *b, int n, int hw, int c, const float *x, float *y);
+    void (*avgpool_global_backward)(backend_t *b, int n, int hw, int c, const float *dy, float *dx);
+    /* x: (N, I), w: (O, I), bias: (O) -> y: (N, O) */
+    void (*linear_forward)(backend_t *b, int n, int in, int out, const float *x, const float *w,
+                           const float *bias, float *y);
+    void (*linear_backward)(backend_t *b, int n, int in, int out, const float *x, const float *w,
+                            const float *dy, float *dx, float *dw, float *dbias);
+    /* logits: (N, K), labels: (N) int32 in [0, K). loss_sum: one float, += the summed loss of
+     * the batch; dlogits = d(mean loss)/dlogits * grad_scale (mean over N). */
+    void (*softmax_xent)(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
+                         float smoothing, float grad_scale, float *dlogits, float *loss_sum);
+    /* One SGD step over a flat arena, as torch.optim.SGD (dampening 0):
+     * g = grad * grad_scale + wd * p; m = momentum * m + g; p -= lr * (nesterov ? g + momentum * m : m) */
+    void (*sgd_step)(backend_t *b, float *params, const float *grads, float *momentum_buf,
+                     size_t n_elems, float lr, float momentum, float weight_decay,
+                     bool is_nesterov, float grad_scale);
+    void (*destroy)(backend_t *b);
+} backend_i;
+
+struct backend {
+    const backend_i *ops;
+};
+
+/* The CPU reference backend; threads: GEMM threads (0: as many as the machine has). Returns NULL
+ * when out of memory. */
+backend_t *backend_cpu_create(int threads);
+
+#endif

@@ -1,0 +1,431 @@
+/* backend_cpu: the reference backend. fp32, NHWC, host memory; convolutions are im2col + SGEMM
+ * and linear layers SGEMM through OpenBLAS, everything else plain loops written to be read and
+ * checked (tests hold every op against finite differences, and the CUDA backend against these).
+ * Reductions accumulate in double so results barely depend on the order. Single-threaded apart
+ * from OpenBLAS's own threads. */
+#include "backend.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    backend_t base;
+    float *workspace; /* im2col columns of one image */
+    size_t workspace_bytes;
+} cpu_t;
+
+void openblas_set_num_threads(int num_threads); /* not in every cblas.h */
+
+static cpu_t *cpu_of(backend_t *b) { return (cpu_t *)b; }
+
+static void *cpu_alloc(backend_t *b, size_t n_bytes) {
+    (void)b;
+    return calloc(1, n_bytes ? n_bytes : 1);
+}
+
+static void cpu_release(backend_t *b, void *p) {
+    (void)b;
+    free(p);
+}
+
+static int cpu_reserve_workspace(backend_t *b, size_t n_bytes) {
+    cpu_t *c = cpu_of(b);
+    if (n_bytes <= c->workspace_bytes) return 0;
+    float *w = realloc(c->workspace, n_bytes);
+    if (!w) return -ENOMEM;
+    c->workspace = w;
+    c->workspace_bytes = n_bytes;
+    return 0;
+}
+
+static void cpu_copy(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    (void)b;
+    if (n_bytes) memcpy(dst, src, n_bytes);
+}
+
+static void cpu_fill(backend_t *b, float *x, float value, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] = value;
+}
+
+static void cpu_scale(backend_t *b, float *x, float factor, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] *= factor;
+}
+
+/* ---- convolution: per image, columns (OH*OW, R*S*C) then one GEMM ---- */
+
+static bool conv_is_pointwise(const conv_shape_t *s) {
+    return s->r == 1 && s->s == 1 && s->stride == 1 && s->pad == 0;
+}
+
+/* col[(oy*OW + ox), (ky*S + kx)*C + ci] = x[iy, ix, ci] or 0 outside the image */
+static void im2col(const conv_shape_t *s, const float *x, float *col) {
+    size_t row_len = (size_t)s->r * s->s * s->c;
+    for (int oy = 0; oy < s->oh; oy++) {
+        for (int ox = 0; ox < s->ow; ox++) {
+            float *dst = col + ((size_t)oy * s->ow + ox) * row_len;
+            for (int ky = 0; ky < s->r; ky++) {
+                int iy = oy * s->stride - s->pad + ky;
+                for (int kx = 0; kx < s->s; kx++, dst += s->c) {
+                    int ix = ox * s->stride - s->pad + kx;
+                    if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) {
+                        memset(dst, 0, sizeof(float) * (size_t)s->c);
+                    } else {
+                        memcpy(dst, x + ((size_t)iy * s->w + ix) * s->c, sizeof(float) * (size_t)s->c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The adjoint of im2col: dx[iy, ix, ci] += col[...] */
+static void col2im_add(const conv_shape_t *s, const float *col, float *dx) {
+    size_t row_len = (size_t)s->r * s->s * s->c;
+    for (int oy = 0; oy < s->oh; oy++) {
+        for (int ox = 0; ox < s->ow; ox++) {
+            const float *src = col + ((size_t)oy * s->ow + ox) * row_len;
+            for (int ky = 0; ky < s->r; ky++) {
+                int iy = oy * s->stride - s->pad + ky;
+                for (int kx = 0; kx < s->s; kx++, src += s->c) {
+                    int ix = ox * s->stride - s->pad + kx;
+                    if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) continue;
+                    float *d = dx + ((size_t)iy * s->w + ix) * s->c;
+                    for (int ci = 0; ci < s->c; ci++) d[ci] += src[ci];
+                }
+            }
+        }
+    }
+}
+
+static void cpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
+                               float *y) {
+    cpu_t *c = cpu_of(b);
+    int rsc = s->r * s->s * s->c, p = s->oh * s->ow;
+    if (conv_is_pointwise(s)) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->n * p, s->k, rsc, 1.0f, x, rsc, w,
+                    rsc, 0.0f, y, s->k);
+        return;
+    }
+    for (int i = 0; i < s->n; i++) {
+        im2col(s, x + (size_t)i * s->h * s->w * s->c, c->workspace);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p, s->k, rsc, 1.0f, c->workspace, rsc,
+                    w, rsc, 0.0f, y + (size_t)i * p * s->k, s->k);
+    }
+}
+
+static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
+                                const float *dy, float *dx, float *dw) {
+    cpu_t *c = cpu_of(b);
+    int rsc = s->r * s->s * s->c, p = s->oh * s->ow;
+    if (conv_is_pointwise(s)) {
+        int m = s->n * p;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, m, 1.0f, dy, s->k, x, rsc,
+                    1.0f, dw, rsc);
+        if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, rsc, s->k, 1.0f, dy,
+                            s->k, w, rsc, 1.0f, dx, rsc);
+        return;
+    }
+    for (int i = 0; i < s->n; i++) {
+        const float *dyi = dy + (size_t)i * p * s->k;
+        im2col(s, x + (size_t)i * s->h * s->w * s->c, c->workspace);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, p, 1.0f, dyi, s->k,
+                    c->workspace, rsc, 1.0f, dw, rsc);
+        if (!dx) continue;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p, rsc, s->k, 1.0f, dyi, s->k, w,
+                    rsc, 0.0f, c->workspace, rsc);
+        col2im_add(s, c->workspace, dx + (size_t)i * s->h * s->w * s->c);
+    }
+}
+
+/* ---- batch norm over rows = N*H*W, channels innermost ---- */
+
+static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x,
+                                        const float *gamma, const float *beta, float *y,
+                                        float *save_mean, float *save_invstd, float *running_mean,
+                                        float *running_var, float momentum, float eps) {
+    cpu_t *cb = cpu_of(b);
+    double *sum = (double *)cb->workspace, *sq = sum + c;
+    for (int j = 0; j < 2 * c; j++) sum[j] = 0;
+    for (size_t i = 0; i < rows; i++) {
+        const float *xi = x + i * (size_t)c;
+        for (int j = 0; j < c; j++) sum[j] += xi[j];
+    }
+    for (int j = 0; j < c; j++) sum[j] /= (double)rows;
+    for (size_t i = 0; i < rows; i++) {
+        const float *xi = x + i * (size_t)c;
+        for (int j = 0; j < c; j++) {
+            double d = xi[j] - sum[j];
+            sq[j] += d * d;
+        }
+    }
+    for (int j = 0; j < c; j++) {
+        double var = sq[j] / (double)rows;
+        save_mean[j] = (float)sum[j];
+        save_invstd[j] = (float)(1.0 / sqrt(var + eps));
+        double unbiased = rows > 1 ? sq[j] / (double)(rows - 1) : var;
+        running_mean[j] = (float)((1.0 - momentum) * running_mean[j] + momentum * sum[j]);
+        running_var[j] = (float)((1.0 - momentum) * running_var[j] + momentum * unbiased);
+    }
+    for (size_t i = 0; i < rows; i++) {
+        const float *xi = x + i * (size_t)c;
+        float *yi = y + i * (size_t)c;
+        for (int j = 0; j < c; j++)
+            yi[j] = (xi[j] - save_mean[j]) * save_invstd[j] * gamma[j] + beta[j];
+    }
+}
+
+static void cpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const float *x,
+                                       const float *gamma, const float *beta, float *y,
+                                       const float *running_mean, const float *running_var,
+                                       float eps) {
+    cpu_t *cb = cpu_of(b);
+    float *mul = cb->workspace, *add = mul + c;
+    for (int j = 0; j < c; j++) {
+        mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
+        add[j] = beta[j] - running_mean[j] * mul[j];
+    }
+    for (size_t i = 0; i < rows; i++) {
+        const float *xi = x + i * (size_t)c;
+        float *yi = y + i * (size_t)c;
+        for (int j = 0; j < c; j++) yi[j] = xi[j] * mul[j] + add[j];
+    }
+}
+
+static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float *x,
+                                   const float *gamma, const float *save_mean,
+                                   const float *save_invstd, const float *dy, float *dx,
+                                   float *dgamma, float *dbeta) {
+    cpu_t *cb = cpu_of(b);
+    double *sum_dy = (double *)cb->workspace, *sum_dy_xhat = sum_dy + c;
+    for (int j = 0; j < 2 * c; j++) sum_dy[j] = 0;
+    for (size_t i = 0; i < rows; i++) {
+        const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
+        for (int j = 0; j < c; j++) {
+            sum_dy[j] += dyi[j];
+            sum_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
+        }
+    }
+    for (int j = 0; j < c; j++) {
+        dgamma[j] += (float)sum_dy_xhat[j];
+        dbeta[j] += (float)sum_dy[j];
+    }
+    /* dx = gamma * invstd / M * (M dy - sum(dy) - xhat sum(dy xhat)) */
+    double m = (double)rows;
+    for (size_t i = 0; i < rows; i++) {
+        const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
+        float *dxi = dx + i * (size_t)c;
+        for (int j = 0; j < c; j++) {
+            double xhat = (xi[j] - save_mean[j]) * save_invstd[j];
+            dxi[j] += (float)(gamma[j] * save_invstd[j] / m *
+                              (m * dyi[j] - sum_dy[j] - xhat * sum_dy_xhat[j]));
+        }
+    }
+}
+
+/* ---- elementwise ---- */
+
+static void cpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void cpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++)
+        if (y[i] > 0.0f) dx[i] += dy[i];
+}
+
+static void cpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) y[i] = x1[i] + x2[i];
+}
+
+static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) dx[i] += dy[i];
+}
+
+/* ---- pooling ---- */
+
+static void cpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y,
+                                int32_t *argmax) {
+    (void)b;
+    for (int n = 0; n < s->n; n++) {
+        const float *xn = x + (size_t)n * s->h * s->w * s->c;
+        for (int oy = 0; oy < s->oh; oy++) {
+            for (int ox = 0; ox < s->ow; ox++) {
+                size_t o = (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
+                for (int ch = 0; ch < s->c; ch++) {
+                    float best = -INFINITY;
+                    int32_t best_at = 0;
+                    for (int ky = 0; ky < s->size; ky++) {
+                        for (int kx = 0; kx < s->size; kx++) {
+                            int at = ((oy * s->stride + ky) * s->w + ox * s->stride + kx) * s->c + ch;
+                            if (xn[at] > best) {
+                                best = xn[at];
+                                best_at = at;
+                            }
+                        }
+                    }
+                    y[o + ch] = best;
+                    argmax[o + ch] = best_at;
+                }
+            }
+        }
+    }
+}
+
+static void cpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
+                                 const float *dy, float *dx) {
+    (void)b;
+    size_t per_out = (size_t)s->oh * s->ow * s->c, per_in = (size_t)s->h * s->w * s->c;
+    for (int n = 0; n < s->n; n++)
+        for (size_t i = 0; i < per_out; i++)
+            dx[n * per_in + argmax[n * per_out + i]] += dy[n * per_out + i];
+}
+
+static void cpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x,
+                                       float *y) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        float *yi = y + (size_t)i * c;
+        for (int j = 0; j < c; j++) yi[j] = 0.0f;
+        for (int p = 0; p < hw; p++) {
+            const float *xp = x + ((size_t)i * hw + p) * c;
+            for (int j = 0; j < c; j++) yi[j] += xp[j];
+        }
+        for (int j = 0; j < c; j++) yi[j] /= (float)hw;
+    }
+}
+
+static void cpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy,
+                                        float *dx) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        const float *dyi = dy + (size_t)i * c;
+        for (int p = 0; p < hw; p++) {
+            float *dxp = dx + ((size_t)i * hw + p) * c;
+            for (int j = 0; j < c; j++) dxp[j] += dyi[j] / (float)hw;
+        }
+    }
+}
+
+/* ---- linear ---- */
+
+static void cpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
+                               const float *bias, float *y) {
+    (void)b;
+    for (int i = 0; i < n; i++) memcpy(y + (size_t)i * out, bias, sizeof(float) * (size_t)out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 1.0f, y,
+                out);
+}
+
+static void cpu_linear_backward(backend_t *b, int n, int in, int out, const float *x,
+                                const float *w, const float *dy, float *dx, float *dw,
+                                float *dbias) {
+    (void)b;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f,
+                dw, in);
+    for (int i = 0; i < n; i++)
+        for (int o = 0; o < out; o++) dbias[o] += dy[(size_t)i * out + o];
+    if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w,
+                        in, 1.0f, dx, in);
+}
+
+/* ---- loss ---- */
+
+static void cpu_softmax_xent(backend_t *b, int n, int k, const float *logits,
+                             const int32_t *labels, float smoothing, float grad_scale,
+                             float *dlogits, float *loss_sum) {
+    (void)b;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const float *z = logits + (size_t)i * k;
+        float zmax = z[0];
+        for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+        double sum_exp = 0, sum_z = 0;
+        for (int j = 0; j < k; j++) {
+            sum_exp += exp((double)z[j] - zmax);
+            sum_z += z[j];
+        }
+        double log_sum = log(sum_exp) + zmax;
+        /* q = (1 - eps) onehot + eps / K; loss = -sum q log p */
+        double off = smoothing / k, on = 1.0 - smoothing + off;
+        total += (1.0 - smoothing) * (log_sum - z[labels[i]]) + off * ((double)k * log_sum - sum_z);
+        if (!dlogits) continue;
+        float *d = dlogits + (size_t)i * k;
+        for (int j = 0; j < k; j++) {
+            double p = exp((double)z[j] - log_sum);
+            double q = j == labels[i] ? on : off;
+            d[j] = (float)((p - q) * grad_scale / n);
+        }
+    }
+    *loss_sum += (float)total;
+}
+
+/* ---- optimizer ---- */
+
+static void cpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf,
+                         size_t n, float lr, float momentum, float weight_decay, bool is_nesterov,
+                         float grad_scale) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale + weight_decay * params[i];
+        float m = momentum * momentum_buf[i] + g;
+        momentum_buf[i] = m;
+        params[i] -= lr * (is_nesterov ? g + momentum * m : m);
+    }
+}
+
+static void cpu_destroy(backend_t *b) {
+    cpu_t *c = cpu_of(b);
+    free(c->workspace);
+    free(c);
+}
+
+static const backend_i cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .reserve_workspace = cpu_reserve_workspace,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .fill = cpu_fill,
+    .scale = cpu_scale,
+    .conv2d_forward = cpu_conv2d_forward,
+    .conv2d_backward = cpu_conv2d_backward,
+    .batchnorm_forward_train = cpu_batchnorm_forward_train,
+    .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
+    .batchnorm_backward = cpu_batchnorm_backward,
+    .relu_forward = cpu_relu_forward,
+    .relu_backward = cpu_relu_backward,
+    .add_forward = cpu_add_forward,
+    .accumulate = cpu_accumulate,
+    .maxpool_forward = cpu_maxpool_forward,
+    .maxpool_backward = cpu_maxpool_backward,
+    .avgpool_global_forward = cpu_avgpool_global_forward,
+    .avgpool_global_backward = cpu_avgpool_global_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .softmax_xent = cpu_softmax_xent,
+    .sgd_step = cpu_sgd_step,
+    .destroy = cpu_destroy,
+};
+
+backend_t *backend_cpu_create(int threads) {
+    cpu_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->base.ops = &cpu_ops;
+    if (threads > 0) openblas_set_num_threads(threads);
+    /* batch norm keeps 2 doubles per channel in the workspace */
+    if (cpu_reserve_workspace(&c->base, 4096 * 2 * sizeof(double)) < 0) {
+        free(c);
+        return NULL;
+    }
+    return &c->base;
+}

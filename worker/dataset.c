@@ -1,0 +1,100 @@
+/* dataset: see dataset.h. Synthetic data is learnable on purpose (each class brightens its own
+ * band of rows), so a synthetic run's accuracy still says whether training works. */
+#include "dataset.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "data_cifar.h"
+#include "rng.h"
+
+#define SYNTHETIC_TRAIN_DEFAULT 10000
+#define SYNTHETIC_TEST_DEFAULT 2000
+
+static int synthetic(const train_conf_t *c, int64_t n, uint64_t stream, dataset_t *d, char *err,
+                     size_t err_len) {
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->h = (int)c->height;
+    d->w = (int)c->width_px;
+    d->c = (int)c->channels;
+    d->classes = (int)c->classes;
+    size_t per = (size_t)d->h * d->w * d->c;
+    d->images = malloc(per * (size_t)n);
+    d->labels = malloc((size_t)n);
+    if (!d->images || !d->labels) {
+        dataset_free(d);
+        return dataset_fail(err, err_len, "synthetic data: out of memory for %lld images",
+                            (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t state = rng_key((uint64_t)c->seed ^ stream, 0x73796e74ull /* "synt" */, (uint64_t)i);
+        int label = (int)(rng_next(&state) % (uint64_t)d->classes);
+        d->labels[i] = (uint8_t)(label % 256);
+        uint8_t *img = d->images + per * (size_t)i;
+        for (int y = 0; y < d->h; y++) {
+            bool is_band = y * d->classes / d->h == label;
+            for (size_t j = 0; j < (size_t)d->w * d->c; j++) {
+                int noise = (int)(rng_next(&state) % 128);
+                img[(size_t)y * d->w * d->c + j] = (uint8_t)(noise + (is_band ? 127 : 0));
+            }
+        }
+    }
+    return 0;
+}
+
+static void set_stats(data_splits_t *d, const float *mean, const float *std, int channels) {
+    for (int i = 0; i < AUGMENT_MAX_CHANNELS; i++) {
+        d->mean[i] = mean[i < channels ? i : 0];
+        d->std[i] = std[i < channels ? i : 0];
+    }
+}
+
+int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t err_len) {
+    memset(d, 0, sizeof *d);
+    int rc = 0;
+    switch (c->data_kind) {
+    case DATA_FASHION_MNIST:
+    case DATA_MNIST: {
+        rc = idx_load_dir(c->data_dir, true, c->train_limit, &d->train, err, err_len);
+        if (rc == 0) rc = idx_load_dir(c->data_dir, false, c->test_limit, &d->test, err, err_len);
+        static const float fm_mean[1] = {0.2860f}, fm_std[1] = {0.3530f};
+        static const float m_mean[1] = {0.1307f}, m_std[1] = {0.3081f};
+        bool is_fashion = c->data_kind == DATA_FASHION_MNIST;
+        set_stats(d, is_fashion ? fm_mean : m_mean, is_fashion ? fm_std : m_std, 1);
+        break;
+    }
+    case DATA_CIFAR10:
+    case DATA_CIFAR100: {
+        bool is_100 = c->data_kind == DATA_CIFAR100;
+        rc = cifar_load_dir(c->data_dir, is_100, true, c->train_limit, &d->train, err, err_len);
+        if (rc == 0)
+            rc = cifar_load_dir(c->data_dir, is_100, false, c->test_limit, &d->test, err, err_len);
+        static const float c10_mean[3] = {0.4914f, 0.4822f, 0.4465f};
+        static const float c10_std[3] = {0.2470f, 0.2435f, 0.2616f};
+        static const float c100_mean[3] = {0.5071f, 0.4865f, 0.4409f};
+        static const float c100_std[3] = {0.2673f, 0.2564f, 0.2762f};
+        set_stats(d, is_100 ? c100_mean : c10_mean, is_100 ? c100_std : c10_std, 3);
+        break;
+    }
+    case DATA_SYNTHETIC: {
+        int64_t n_train = c->train_limit ? c->train_limit : SYNTHETIC_TRAIN_DEFAULT;
+        int64_t n_test = c->test_limit ? c->test_limit : SYNTHETIC_TEST_DEFAULT;
+        rc = synthetic(c, n_train, 0, &d->train, err, err_len);
+        if (rc == 0) rc = synthetic(c, n_test, 0x7e57ull, &d->test, err, err_len);
+        static const float mean[1] = {0.37f}, std[1] = {0.2f};
+        set_stats(d, mean, std, 1);
+        break;
+    }
+    }
+    if (rc == 0 && d->train.c > AUGMENT_MAX_CHANNELS)
+        rc = dataset_fail(err, err_len, "data: %d channels; at most %d are supported", d->train.c,
+                          AUGMENT_MAX_CHANNELS);
+    if (rc < 0) data_splits_free(d);
+    return rc;
+}
+
+void data_splits_free(data_splits_t *d) {
+    dataset_free(&d->train);
+    dataset_free(&d->test);
+}

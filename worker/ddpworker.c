@@ -1,0 +1,114 @@
+/* ddpworker: the trainer `ddprun ... train.conf` runs, one process per rank. Reads the rank and
+ * the job's store from torchrun's environment (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT, TORCHELASTIC_RUN_ID, DDPRUN_ATTEMPT; without them it is a world of one), loads
+ * train.conf and the data, builds the collective and the CPU backend, and trains. Exit codes
+ * (proto/exit_codes.h) tell the agent whether a restart can help. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "comm.h"
+#include "dataset.h"
+#include "exit_codes.h"
+#include "trainer.h"
+
+static const char usage[] =
+    "usage: ddpworker train.conf [section.key=value ...]\n"
+    "       ddpworker --keys      every train.conf key with its default (see train.conf(5))\n"
+    "Run by `ddprun [options] train.conf`, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...;\n"
+    "run directly it trains as a world of one.\n";
+
+/* An integer from the environment, or def when unset; a malformed one is a launcher bug. */
+static long env_long(const char *name, long def, long min, long max) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*end || errno || x < min || x > max)
+        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a whole number in [%ld, %ld]", name,
+                    v, min, max);
+    return x;
+}
+
+static comm_t *make_comm(int rank, int world, const train_conf_t *conf) {
+    comm_t *comm = NULL;
+    if (world == 1) {
+        if (comm_null_create(&comm) < 0) trainer_die(DDP_EXIT_BUG, "out of memory");
+        return comm;
+    }
+    const char *host = getenv("MASTER_ADDR");
+    long port = env_long("MASTER_PORT", 0, 1, 65535);
+    if (!host || !*host || port == 0)
+        trainer_die(DDP_EXIT_USAGE, "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
+                                    "(run it with ddprun)", world);
+    int64_t timeout_ms = (int64_t)(conf->collective_timeout_s * 1000);
+    store_client_opts_t so = {.host = host, .port = (uint16_t)port, .connect_timeout_ms = 60000,
+                              .op_timeout_ms = timeout_ms};
+    store_client_t *store = NULL;
+    if (store_client_connect(&so, &store) < 0)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "cannot reach the job's store: %s",
+                    store_client_error(store));
+    const char *run_id = getenv("TORCHELASTIC_RUN_ID");
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "/ddpworker/%s/%ld/", run_id && *run_id ? run_id : "none",
+             env_long("DDPRUN_ATTEMPT", env_long("TORCHELASTIC_RESTART_COUNT", 0, 0, INT_MAX), 0,
+                      INT_MAX));
+    comm_ring_opts_t ro = {.rank = rank, .world = world, .store = store, .key_prefix = prefix,
+                           .store_host = host, .timeout_ms = timeout_ms};
+    char err[512];
+    if (comm_ring_create(&ro, &comm, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the ring of %d workers: %s", world, err);
+    store_client_destroy(store);
+    return comm;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? DDP_EXIT_USAGE : 0;
+    }
+    if (!strcmp(argv[1], "--keys")) {
+        train_conf_print_keys(stdout);
+        return 0;
+    }
+    int world = (int)env_long("WORLD_SIZE", 1, 1, 1 << 20);
+    int rank = (int)env_long("RANK", 0, 0, world - 1);
+    int local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
+
+    train_conf_t conf;
+    char err[1024];
+    if (train_conf_load(argv[1], argv + 2, argc - 2, &conf, err, sizeof err) < 0) {
+        fprintf(stderr, "ddpworker: %s\n", err);
+        return DDP_EXIT_CONFIG;
+    }
+    if (conf.precision != PRECISION_FP32)
+        trainer_die(DDP_EXIT_CONFIG, "precision.mode: the cpu backend computes in fp32 only");
+    if (conf.snapshot_dir[0])
+        trainer_die(DDP_EXIT_CONFIG, "snapshot.dir: snapshots are not in this build yet; leave it "
+                                     "empty");
+    data_splits_t data;
+    if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
+        fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);
+        return DDP_EXIT_DATA;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = conf.threads ? (int)conf.threads
+                               : (int)(cores / local_world > 1 ? cores / local_world : 1);
+    backend_t *backend = backend_cpu_create(threads);
+    if (!backend) trainer_die(DDP_EXIT_BUG, "out of memory for the cpu backend");
+    comm_t *comm = make_comm(rank, world, &conf);
+
+    trainer_t t;
+    trainer_init(&t, &conf, &data, backend, comm);
+    trainer_run(&t);
+    trainer_free(&t);
+    comm->ops->destroy(comm);
+    backend->ops->destroy(backend);
+    data_splits_free(&data);
+    return 0;
+}

@@ -1,0 +1,406 @@
+/* model: see model.h. Building happens on the host (layer list, shapes, init values); the arenas
+ * then go to the backend once. */
+#include "model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+#define BN_EPS 1e-5f
+#define BN_MOMENTUM 0.1f
+
+typedef struct {
+    model_t *m;
+    int cap_layers, cap_tensors;
+    bool has_failed;
+    char *err;
+    size_t err_len;
+} builder_t;
+
+static int fail(builder_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(builder_t *b, const char *fmt, ...) {
+    if (!b->has_failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(b->err, b->err_len, fmt, ap);
+        va_end(ap);
+    }
+    b->has_failed = true;
+    return 0;
+}
+
+static int add_tensor(builder_t *b, int h, int w, int c) {
+    model_t *m = b->m;
+    if (b->has_failed) return 0;
+    if (h < 1 || w < 1) return fail(b, "model %s: the input is too small (a layer's output would be %dx%d)",
+                                    m->name, h, w);
+    if (m->n_tensors == b->cap_tensors) {
+        b->cap_tensors = b->cap_tensors ? 2 * b->cap_tensors : 16;
+        tensor_t *t = realloc(m->tensors, sizeof *t * (size_t)b->cap_tensors);
+        if (!t) return fail(b, "out of memory building model %s", m->name);
+        m->tensors = t;
+    }
+    tensor_t *t = &m->tensors[m->n_tensors];
+    *t = (tensor_t){.h = h, .w = w, .c = c, .offset = m->n_acts};
+    m->n_acts += (size_t)m->batch_max * h * w * c;
+    return m->n_tensors++;
+}
+
+static layer_t *add_layer(builder_t *b, layer_kind_t kind, int in) {
+    model_t *m = b->m;
+    if (b->has_failed) return NULL;
+    if (m->n_layers == b->cap_layers) {
+        b->cap_layers = b->cap_layers ? 2 * b->cap_layers : 16;
+        layer_t *l = realloc(m->layers, sizeof *l * (size_t)b->cap_layers);
+        if (!l) {
+            fail(b, "out of memory building model %s", m->name);
+            return NULL;
+        }
+        m->layers = l;
+    }
+    layer_t *l = &m->layers[m->n_layers++];
+    *l = (layer_t){.kind = kind, .in = in, .in2 = -1, .out = -1, .param_offset = m->n_params};
+    return l;
+}
+
+static int conv(builder_t *b, int in, int k, int size, int stride, int pad) {
+    layer_t *l = add_layer(b, LAYER_CONV, in);
+    if (!l) return 0;
+    const tensor_t *x = &b->m->tensors[in];
+    conv_shape_t *s = &l->conv;
+    *s = (conv_shape_t){.h = x->h, .w = x->w, .c = x->c, .k = k, .r = size, .s = size,
+                        .stride = stride, .pad = pad};
+    s->oh = (x->h + 2 * pad - size) / stride + 1;
+    s->ow = (x->w + 2 * pad - size) / stride + 1;
+    l->n_params = (size_t)k * size * size * x->c;
+    b->m->n_params += l->n_params;
+    l->out = add_tensor(b, s->oh, s->ow, k);
+    return l->out;
+}
+
+static int batchnorm(builder_t *b, int in) {
+    layer_t *l = add_layer(b, LAYER_BATCHNORM, in);
+    if (!l) return 0;
+    model_t *m = b->m;
+    const tensor_t x = m->tensors[in];
+    l->n_params = 2 * (size_t)x.c;
+    m->n_params += l->n_params;
+    l->buffer_offset = m->n_buffers;
+    m->n_buffers += 2 * (size_t)x.c;
+    l->scratch_offset = m->n_scratch;
+    m->n_scratch += 2 * (size_t)x.c;
+    l->out = add_tensor(b, x.h, x.w, x.c);
+    return l->out;
+}
+
+static int relu(builder_t *b, int in) {
+    layer_t *l = add_layer(b, LAYER_RELU, in);
+    if (!l) return 0;
+    const tensor_t x = b->m->tensors[in];
+    l->out = add_tensor(b, x.h, x.w, x.c);
+    return l->out;
+}
+
+static int add(builder_t *b, int in, int in2) {
+    layer_t *l = add_layer(b, LAYER_ADD, in);
+    if (!l) return 0;
+    l->in2 = in2;
+    const tensor_t x = b->m->tensors[in];
+    l->out = add_tensor(b, x.h, x.w, x.c);
+    return l->out;
+}
+
+static int maxpool(builder_t *b, int in, int size, int stride) {
+    layer_t *l = add_layer(b, LAYER_MAXPOOL, in);
+    if (!l) return 0;
+    model_t *m = b->m;
+    const tensor_t x = m->tensors[in];
+    pool_shape_t *s = &l->pool;
+    *s = (pool_shape_t){.h = x.h, .w = x.w, .c = x.c, .size = size, .stride = stride};
+    s->oh = x.h < size ? 0 : (x.h - size) / stride + 1;
+    s->ow = x.w < size ? 0 : (x.w - size) / stride + 1;
+    l->scratch_offset = m->n_scratch; /* argmax: int32, one per output, stored in float slots */
+    m->n_scratch += (size_t)m->batch_max * s->oh * s->ow * x.c;
+    l->out = add_tensor(b, s->oh, s->ow, x.c);
+    return l->out;
+}
+
+static int avgpool_global(builder_t *b, int in) {
+    layer_t *l = add_layer(b, LAYER_AVGPOOL_GLOBAL, in);
+    if (!l) return 0;
+    l->out = add_tensor(b, 1, 1, b->m->tensors[in].c);
+    return l->out;
+}
+
+static int linear(builder_t *b, int in, int out) {
+    layer_t *l = add_layer(b, LAYER_LINEAR, in);
+    if (!l) return 0;
+    const tensor_t x = b->m->tensors[in];
+    l->n_params = (size_t)out * x.h * x.w * x.c + (size_t)out;
+    b->m->n_params += l->n_params;
+    l->out = add_tensor(b, 1, 1, out);
+    return l->out;
+}
+
+static int conv_bn_relu(builder_t *b, int in, int k, int size, int stride) {
+    return relu(b, batchnorm(b, conv(b, in, k, size, stride, size / 2)));
+}
+
+/* torchvision's BasicBlock: conv3x3(stride)-bn-relu-conv3x3-bn, plus the input (projected by a
+ * 1x1 conv + bn when the shape changes), then relu. */
+static int basic_block(builder_t *b, int in, int k, int stride) {
+    int y = conv_bn_relu(b, in, k, 3, stride);
+    y = batchnorm(b, conv(b, y, k, 3, 1, 1));
+    int shortcut = in;
+    if (stride != 1 || b->m->tensors[in].c != k) shortcut = batchnorm(b, conv(b, in, k, 1, stride, 0));
+    return relu(b, add(b, y, shortcut));
+}
+
+static void build(builder_t *b, int width) {
+    model_t *m = b->m;
+    int x = add_tensor(b, m->h, m->w, m->c);
+    if (strcmp(m->name, "mlp") == 0) {
+        x = relu(b, linear(b, x, width));
+        x = relu(b, linear(b, x, width));
+        linear(b, x, m->classes);
+    } else if (strcmp(m->name, "cnn") == 0) {
+        x = maxpool(b, conv_bn_relu(b, x, width, 3, 1), 2, 2);
+        x = maxpool(b, conv_bn_relu(b, x, 2 * width, 3, 1), 2, 2);
+        linear(b, x, m->classes);
+    } else if (strcmp(m->name, "resnet18") == 0 || strcmp(m->name, "resnet34") == 0) {
+        static const int blocks18[4] = {2, 2, 2, 2}, blocks34[4] = {3, 4, 6, 3};
+        const int *blocks = m->name[6] == '1' ? blocks18 : blocks34;
+        x = conv_bn_relu(b, x, width, 3, 1);
+        for (int stage = 0; stage < 4; stage++)
+            for (int i = 0; i < blocks[stage]; i++)
+                x = basic_block(b, x, width << stage, stage > 0 && i == 0 ? 2 : 1);
+        linear(b, avgpool_global(b, x), m->classes);
+    } else {
+        fail(b, "unknown model '%s' (mlp, cnn, resnet18, resnet34)", m->name);
+    }
+}
+
+/* A standard normal sample from two uniform ones (Box-Muller). */
+static double normal(uint64_t *state) {
+    double u1 = ((double)(rng_next(state) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(rng_next(state) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static double uniform(uint64_t *state, double bound) {
+    return ((double)(rng_next(state) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * bound;
+}
+
+static void init_params(const model_t *m, uint64_t seed, float *params, float *buffers) {
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *l = &m->layers[i];
+        float *p = params + l->param_offset;
+        uint64_t state = rng_key(seed, 0x6d6f64656cull /* "model" */, (uint64_t)i);
+        if (l->kind == LAYER_CONV) {
+            double std = sqrt(2.0 / ((double)l->conv.k * l->conv.r * l->conv.s));
+            for (size_t j = 0; j < l->n_params; j++) p[j] = (float)(std * normal(&state));
+        } else if (l->kind == LAYER_LINEAR) {
+            const tensor_t *x = &m->tensors[l->in];
+            double bound = 1.0 / sqrt((double)x->h * x->w * x->c);
+            for (size_t j = 0; j < l->n_params; j++) p[j] = (float)uniform(&state, bound);
+        } else if (l->kind == LAYER_BATCHNORM) {
+            size_t c = l->n_params / 2;
+            for (size_t j = 0; j < c; j++) {
+                p[j] = 1.0f;
+                p[c + j] = 0.0f;
+                buffers[l->buffer_offset + j] = 0.0f;
+                buffers[l->buffer_offset + c + j] = 1.0f;
+            }
+        }
+    }
+}
+
+static size_t workspace_bytes(const model_t *m) {
+    size_t bytes = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *l = &m->layers[i];
+        size_t need = 0;
+        if (l->kind == LAYER_CONV)
+            need = sizeof(float) * (size_t)l->conv.oh * l->conv.ow * l->conv.r * l->conv.s * l->conv.c;
+        else if (l->kind == LAYER_BATCHNORM)
+            need = sizeof(double) * l->n_params;
+        if (need > bytes) bytes = need;
+    }
+    return bytes;
+}
+
+int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, int w, int c,
+               int classes, int batch_max, uint64_t seed, char *err, size_t err_len) {
+    memset(m, 0, sizeof *m);
+    m->backend = bk;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->batch_max = batch_max;
+    m->h = h;
+    m->w = w;
+    m->c = c;
+    m->classes = classes;
+    builder_t b = {.m = m, .err = err, .err_len = err_len};
+    build(&b, width);
+    if (b.has_failed) {
+        model_free(m);
+        return -1;
+    }
+    const backend_i *o = bk->ops;
+    float *host_params = calloc(m->n_params, sizeof(float));
+    float *host_buffers = calloc(m->n_buffers + 1, sizeof(float));
+    m->params = o->alloc(bk, m->n_params * sizeof(float));
+    m->grads = o->alloc(bk, m->n_params * sizeof(float));
+    m->momentum = o->alloc(bk, m->n_params * sizeof(float));
+    m->buffers = o->alloc(bk, m->n_buffers * sizeof(float));
+    m->acts = o->alloc(bk, m->n_acts * sizeof(float));
+    m->dacts = o->alloc(bk, m->n_acts * sizeof(float));
+    m->scratch = o->alloc(bk, m->n_scratch * sizeof(float));
+    m->labels = o->alloc(bk, (size_t)batch_max * sizeof(int32_t));
+    m->loss_sum = o->alloc(bk, sizeof(float));
+    if (!host_params || !host_buffers || !m->params || !m->grads || !m->momentum || !m->buffers ||
+        !m->acts || !m->dacts || !m->scratch || !m->labels || !m->loss_sum ||
+        o->reserve_workspace(bk, workspace_bytes(m)) < 0) {
+        snprintf(err, err_len, "model %s: out of memory for %zu parameters and %zu activations "
+                 "(batch %d); try a smaller train.batch_size", name, m->n_params, m->n_acts, batch_max);
+        free(host_params);
+        free(host_buffers);
+        model_free(m);
+        return -1;
+    }
+    init_params(m, seed, host_params, host_buffers);
+    o->to_device(bk, m->params, host_params, m->n_params * sizeof(float));
+    o->to_device(bk, m->buffers, host_buffers, m->n_buffers * sizeof(float));
+    free(host_params);
+    free(host_buffers);
+    return 0;
+}
+
+void model_free(model_t *m) {
+    if (m->backend) {
+        backend_t *bk = m->backend;
+        void *mem[] = {m->params, m->grads, m->momentum, m->buffers, m->acts,
+                       m->dacts, m->scratch, m->labels, m->loss_sum};
+        for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
+            if (mem[i]) bk->ops->release(bk, mem[i]);
+    }
+    free(m->layers);
+    free(m->tensors);
+    memset(m, 0, sizeof *m);
+}
+
+float *model_input(model_t *m) { return m->acts + m->tensors[0].offset; }
+
+const float *model_logits(const model_t *m) {
+    return m->acts + m->tensors[m->n_tensors - 1].offset;
+}
+
+static size_t tensor_elems(const model_t *m, int t, int n) {
+    const tensor_t *x = &m->tensors[t];
+    return (size_t)n * x->h * x->w * x->c;
+}
+
+void model_forward(model_t *m, int n, bool is_training) {
+    backend_t *bk = m->backend;
+    const backend_i *o = bk->ops;
+    for (int i = 0; i < m->n_layers; i++) {
+        layer_t *l = &m->layers[i];
+        const tensor_t *tx = &m->tensors[l->in];
+        const float *x = m->acts + tx->offset;
+        float *y = m->acts + m->tensors[l->out].offset;
+        float *p = m->params + l->param_offset;
+        switch (l->kind) {
+        case LAYER_CONV:
+            l->conv.n = n;
+            o->conv2d_forward(bk, &l->conv, x, p, y);
+            break;
+        case LAYER_BATCHNORM: {
+            int c = tx->c;
+            size_t rows = (size_t)n * tx->h * tx->w;
+            float *run = m->buffers + l->buffer_offset, *save = m->scratch + l->scratch_offset;
+            if (is_training)
+                o->batchnorm_forward_train(bk, rows, c, x, p, p + c, y, save, save + c, run,
+                                           run + c, BN_MOMENTUM, BN_EPS);
+            else
+                o->batchnorm_forward_eval(bk, rows, c, x, p, p + c, y, run, run + c, BN_EPS);
+            break;
+        }
+        case LAYER_RELU: o->relu_forward(bk, x, y, tensor_elems(m, l->in, n)); break;
+        case LAYER_ADD:
+            o->add_forward(bk, x, m->acts + m->tensors[l->in2].offset, y, tensor_elems(m, l->in, n));
+            break;
+        case LAYER_MAXPOOL:
+            l->pool.n = n;
+            o->maxpool_forward(bk, &l->pool, x, y, (int32_t *)(m->scratch + l->scratch_offset));
+            break;
+        case LAYER_AVGPOOL_GLOBAL: o->avgpool_global_forward(bk, n, tx->h * tx->w, tx->c, x, y); break;
+        case LAYER_LINEAR: {
+            int in = tx->h * tx->w * tx->c, out = m->tensors[l->out].c;
+            o->linear_forward(bk, n, in, out, x, p, p + (size_t)out * in, y);
+            break;
+        }
+        }
+    }
+}
+
+void model_loss(model_t *m, int n, float label_smoothing, float grad_scale) {
+    int last = m->n_tensors - 1;
+    m->backend->ops->softmax_xent(m->backend, n, m->classes, model_logits(m), m->labels,
+                                  label_smoothing, grad_scale, m->dacts + m->tensors[last].offset,
+                                  m->loss_sum);
+}
+
+void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
+    backend_t *bk = m->backend;
+    const backend_i *o = bk->ops;
+    o->fill(bk, m->grads, 0.0f, m->n_params);
+    /* every activation gradient but the logits' (model_loss set it) starts at zero */
+    o->fill(bk, m->dacts, 0.0f, m->tensors[m->n_tensors - 1].offset);
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        layer_t *l = &m->layers[i];
+        const tensor_t *tx = &m->tensors[l->in];
+        const float *x = m->acts + tx->offset, *y = m->acts + m->tensors[l->out].offset;
+        const float *dy = m->dacts + m->tensors[l->out].offset;
+        float *dx = l->in == 0 ? NULL : m->dacts + tx->offset; /* nothing needs the input's */
+        const float *p = m->params + l->param_offset;
+        float *dp = m->grads + l->param_offset;
+        switch (l->kind) {
+        case LAYER_CONV: o->conv2d_backward(bk, &l->conv, x, p, dy, dx, dp); break;
+        case LAYER_BATCHNORM: {
+            int c = tx->c;
+            const float *save = m->scratch + l->scratch_offset;
+            o->batchnorm_backward(bk, (size_t)n * tx->h * tx->w, c, x, p, save, save + c, dy, dx,
+                                  dp, dp + c);
+            break;
+        }
+        case LAYER_RELU: o->relu_backward(bk, y, dy, dx, tensor_elems(m, l->in, n)); break;
+        case LAYER_ADD:
+            o->accumulate(bk, dy, dx, tensor_elems(m, l->in, n));
+            o->accumulate(bk, dy, m->dacts + m->tensors[l->in2].offset, tensor_elems(m, l->in, n));
+            break;
+        case LAYER_MAXPOOL:
+            o->maxpool_backward(bk, &l->pool, (const int32_t *)(m->scratch + l->scratch_offset), dy,
+                                dx);
+            break;
+        case LAYER_AVGPOOL_GLOBAL:
+            o->avgpool_global_backward(bk, n, tx->h * tx->w, tx->c, dy, dx);
+            break;
+        case LAYER_LINEAR: {
+            int in = tx->h * tx->w * tx->c, out = m->tensors[l->out].c;
+            o->linear_backward(bk, n, in, out, x, p, dy, dx, dp, dp + (size_t)out * in);
+            break;
+        }
+        }
+        if (cb && l->n_params) cb(arg, l->param_offset);
+    }
+}
+
+double model_take_loss(model_t *m) {
+    float loss = 0.0f;
+    m->backend->ops->to_host(m->backend, &loss, m->loss_sum, sizeof loss);
+    m->backend->ops->fill(m->backend, m->loss_sum, 0.0f, 1);
+    return loss;
+}

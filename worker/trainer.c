@@ -1,0 +1,300 @@
+/* trainer: see trainer.h. The loop is llm.c-style: everything allocated in trainer_init, a step is
+ * assemble batch -> forward -> loss -> backward (buckets all-reduced as they complete) -> SGD. */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <errno.h>
+#include <time.h>
+#include "exit_codes.h"
+
+#define BUCKET_BYTES (4u << 20)
+#define TOPK 5
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int die_rank = -1;
+
+_Noreturn void trainer_die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ddpworker: rank %d: ", die_rank);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+static void *xcalloc(size_t n, size_t size, const char *what) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) trainer_die(DDP_EXIT_BUG, "out of memory for %s", what);
+    return p;
+}
+
+static void check_comm(trainer_t *t, int rc, const char *what) {
+    if (rc < 0)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
+                    t->comm->err[0] ? comm_error(t->comm) : "collective error");
+}
+
+static void open_metrics(trainer_t *t) {
+    if (t->rank != 0 || !t->conf->metrics_file[0]) return;
+    t->metrics = fopen(t->conf->metrics_file, "w");
+    if (!t->metrics)
+        trainer_die(DDP_EXIT_CONFIG, "train.metrics_file: cannot open %s: %s",
+                    t->conf->metrics_file, strerror(errno));
+}
+
+void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
+                  backend_t *backend, comm_t *comm) {
+    memset(t, 0, sizeof *t);
+    t->conf = conf;
+    t->data = data;
+    t->backend = backend;
+    t->comm = comm;
+    t->rank = comm->rank;
+    t->world = comm->world;
+    die_rank = t->rank;
+    const dataset_t *tr = &data->train;
+    char err[512];
+    if (model_init(&t->model, backend, conf->model, (int)conf->width, tr->h, tr->w, tr->c,
+                   tr->classes, (int)conf->batch_size, (uint64_t)conf->seed, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
+    if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
+        trainer_die(DDP_EXIT_DATA, "the training set is empty");
+    t->augment_train = (augment_t){.is_random = conf->is_augmented, .padding = (int)conf->crop_padding,
+                                   .seed = (uint64_t)conf->seed};
+    memcpy(t->augment_train.mean, data->mean, sizeof data->mean);
+    memcpy(t->augment_train.std, data->std, sizeof data->std);
+    t->augment_eval = t->augment_train;
+    t->augment_eval.is_random = false;
+
+    int64_t per_rank = sampler_rank_count(&t->sampler, 0);
+    t->steps_per_epoch = (per_rank + conf->batch_size - 1) / conf->batch_size;
+    int64_t by_epochs = conf->epochs * t->steps_per_epoch;
+    if (conf->epochs == 0 && conf->max_steps == 0 && conf->hours == 0)
+        trainer_die(DDP_EXIT_CONFIG, "train.epochs, train.max_steps and train.hours are all 0: "
+                                     "nothing to train");
+    if (conf->epochs == 0 && conf->max_steps == 0 &&
+        (conf->schedule == SCHEDULE_COSINE || conf->schedule == SCHEDULE_ONE_CYCLE))
+        trainer_die(DDP_EXIT_CONFIG, "optim.schedule: a cosine or one-cycle schedule needs the run's "
+                                     "length: set train.epochs or train.max_steps besides train.hours");
+    t->total_steps = conf->max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps
+                                                                                    : by_epochs;
+    lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
+
+    size_t sample = (size_t)tr->h * tr->w * tr->c;
+    t->host_batch = xcalloc((size_t)conf->batch_size * sample, sizeof(float), "the input batch");
+    t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the labels");
+    t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
+    if (t->world > 1) {
+        int rc = grad_sync_init(&t->sync, comm, t->model.grads, t->model.n_params, BUCKET_BYTES);
+        if (rc < 0) trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
+        t->has_sync = true;
+    }
+    /* DDP's construction: every rank starts from rank 0's parameters and buffers. */
+    check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
+               "broadcasting the initial parameters");
+    check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
+               "broadcasting the initial buffers");
+    open_metrics(t);
+}
+
+void trainer_free(trainer_t *t) {
+    if (t->has_sync) grad_sync_free(&t->sync);
+    model_free(&t->model);
+    sampler_free(&t->sampler);
+    free(t->host_batch);
+    free(t->host_labels);
+    free(t->indices);
+    free(t->host_logits);
+    if (t->metrics) fclose(t->metrics);
+    memset(t, 0, sizeof *t);
+}
+
+/* Samples [first, first + n) of `indices(i)` into the model's input and labels. */
+static void load_batch(trainer_t *t, const dataset_t *d, const augment_t *aug, int64_t epoch,
+                       const int64_t *indices, int n) {
+    size_t sample = (size_t)d->h * d->w * d->c;
+    for (int i = 0; i < n; i++) {
+        int64_t index = indices[i];
+        augment_sample(aug, epoch, index, d->images + sample * (size_t)index, d->h, d->w, d->c,
+                       t->host_batch + sample * (size_t)i);
+        t->host_labels[i] = d->labels[index];
+    }
+    const backend_i *o = t->backend->ops;
+    o->to_device(t->backend, model_input(&t->model), t->host_batch, sample * (size_t)n * sizeof(float));
+    o->to_device(t->backend, t->model.labels, t->host_labels, (size_t)n * sizeof(int32_t));
+}
+
+int trainer_step(trainer_t *t, int64_t batch_index) {
+    const train_conf_t *c = t->conf;
+    int64_t per_rank = sampler_rank_count(&t->sampler, 0);
+    int64_t first = batch_index * c->batch_size;
+    int n = (int)(per_rank - first < c->batch_size ? per_rank - first : c->batch_size);
+    for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, 0, first + i);
+    load_batch(t, &t->data->train, &t->augment_train, t->epoch, t->indices, n);
+
+    model_t *m = &t->model;
+    model_forward(m, n, true);
+    model_loss(m, n, (float)c->label_smoothing, 1.0f);
+    if (t->has_sync) {
+        grad_sync_begin(&t->sync);
+        model_backward(m, n, grad_sync_ready, &t->sync);
+        check_comm(t, grad_sync_finish(&t->sync), "the gradient all-reduce");
+    } else {
+        model_backward(m, n, NULL, NULL);
+    }
+    /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
+    t->backend->ops->sgd_step(t->backend, m->params, m->grads, m->momentum, m->n_params,
+                              (float)lr_at(&t->lr, t->step), (float)c->momentum,
+                              (float)c->weight_decay, c->is_nesterov, 1.0f / (float)t->world);
+    t->step++;
+    return n;
+}
+
+static void count_hits(const float *logits, int classes, int label, double *top1, double *top5) {
+    int above = 0; /* classes scoring higher than the label (ties count for the label) */
+    for (int j = 0; j < classes; j++)
+        if (logits[j] > logits[label]) above++;
+    if (above == 0) *top1 += 1;
+    if (above < TOPK) *top5 += 1;
+}
+
+eval_result_t trainer_evaluate(trainer_t *t) {
+    comm_t *comm = t->comm;
+    model_t *m = &t->model;
+    /* the running statistics are rank 0's, as DDP's buffer broadcast makes them */
+    check_comm(t, comm->ops->broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0),
+               "broadcasting the batch-norm statistics");
+    const dataset_t *d = &t->data->test;
+    int batch = (int)t->conf->batch_size, k = m->classes;
+    double sums[4] = {0}; /* loss, top1, top5, samples */
+    int64_t *indices = t->indices;
+    for (int64_t pos = t->rank; pos < d->n;) {
+        int n = 0;
+        for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
+        load_batch(t, d, &t->augment_eval, 0, indices, n);
+        model_forward(m, n, false);
+        t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
+                                 (size_t)n * k * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            const float *z = t->host_logits + (size_t)i * k;
+            int label = t->host_labels[i];
+            double zmax = z[0], sum_exp = 0;
+            for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+            for (int j = 0; j < k; j++) sum_exp += exp(z[j] - zmax);
+            sums[0] += log(sum_exp) + zmax - z[label];
+            count_hits(z, k, label, &sums[1], &sums[2]);
+        }
+        sums[3] += n;
+    }
+    check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
+    double n = sums[3] > 0 ? sums[3] : 1;
+    return (eval_result_t){.loss = sums[0] / n, .top1 = sums[1] / n, .top5 = sums[2] / n,
+                           .n = (int64_t)sums[3]};
+}
+
+static void format_duration(double s, char *buf, size_t len) {
+    long total = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+    if (total >= 3600) snprintf(buf, len, "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
+    else snprintf(buf, len, "%ld:%02ld", total / 60, total % 60);
+}
+
+static void report_eval(trainer_t *t, const eval_result_t *r, const char *event) {
+    if (t->rank != 0) return;
+    char line[512];
+    snprintf(line, sizeof line,
+             "{\"event\": \"%s\", \"top1\": %.4f, \"top5\": %.4f, \"loss\": %.4f, \"step\": %lld, "
+             "\"epoch\": %lld, \"samples\": %lld}",
+             event, r->top1, r->top5, r->loss, (long long)t->step, (long long)t->epoch,
+             (long long)r->n);
+    if (t->metrics) {
+        fprintf(t->metrics, "%s\n", line);
+        fflush(t->metrics);
+    }
+    if (strcmp(event, "final") == 0) printf("%s\n", line);
+    else printf("eval  step %lld  loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,
+                r->loss, 100 * r->top1, 100 * r->top5);
+    fflush(stdout);
+}
+
+/* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. */
+static bool is_out_of_time(trainer_t *t, double start_s) {
+    if (t->conf->hours <= 0) return false;
+    uint8_t is_over = now_s() - start_s > t->conf->hours * 3600.0;
+    check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0), "agreeing on the time budget");
+    return is_over;
+}
+
+eval_result_t trainer_run(trainer_t *t) {
+    const train_conf_t *c = t->conf;
+    double start_s = now_s(), window_s = start_s;
+    int64_t window_samples = 0, window_steps = 0;
+    eval_result_t last = {0};
+    int64_t last_eval_step = -1;
+    bool is_done = false;
+    if (t->rank == 0) {
+        printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
+               "batch %lld per rank\n", t->model.name, t->model.n_params, t->backend->ops->name,
+               t->world, (long long)t->data->train.n, (long long)t->steps_per_epoch,
+               (long long)c->batch_size);
+        fflush(stdout);
+    }
+    for (t->epoch = 0; !is_done; t->epoch++) {
+        sampler_set_epoch(&t->sampler, t->epoch);
+        for (int64_t b = 0; b < t->steps_per_epoch && !is_done; b++) {
+            window_samples += trainer_step(t, b);
+            window_steps++;
+            bool is_last_of_run = (c->max_steps && t->step >= c->max_steps) ||
+                                  (c->epochs && t->epoch + 1 >= c->epochs && b + 1 == t->steps_per_epoch);
+            if (t->step % c->log_interval == 0 || is_last_of_run) {
+                double loss = model_take_loss(&t->model) / (double)window_samples;
+                double seconds = now_s() - window_s;
+                double rate = seconds > 0 ? (double)window_samples * t->world / seconds : 0;
+                double steps_left = t->total_steps ? (double)(t->total_steps - t->step) : 0;
+                char eta[32];
+                format_duration(steps_left * seconds / (double)window_steps, eta, sizeof eta);
+                if (t->rank == 0) {
+                    printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s\n",
+                           (long long)t->epoch + 1, (long long)t->step, (long long)t->total_steps,
+                           loss, lr_at(&t->lr, t->step - 1), rate, eta);
+                    fflush(stdout);
+                    if (t->metrics) {
+                        fprintf(t->metrics, "{\"event\": \"train\", \"step\": %lld, \"epoch\": %lld, "
+                                "\"loss\": %.6f, \"lr\": %.6g, \"img_per_s\": %.1f}\n",
+                                (long long)t->step, (long long)t->epoch, loss,
+                                lr_at(&t->lr, t->step - 1), rate);
+                        fflush(t->metrics);
+                    }
+                }
+                window_s = now_s();
+                window_samples = window_steps = 0;
+                if (is_out_of_time(t, start_s)) is_done = true;
+            }
+            if (is_last_of_run) is_done = true;
+            if (c->eval_interval && t->step % c->eval_interval == 0 && !is_done) {
+                last = trainer_evaluate(t);
+                last_eval_step = t->step;
+                report_eval(t, &last, "eval");
+            }
+        }
+        if (!c->eval_interval && !is_done) {
+            last = trainer_evaluate(t);
+            last_eval_step = t->step;
+            report_eval(t, &last, "eval");
+        }
+        if (is_done) break;
+    }
+    if (last_eval_step != t->step) last = trainer_evaluate(t);
+    report_eval(t, &last, "final");
+    return last;
+}
