@@ -552,14 +552,40 @@ static int host_store(agent_t *a) {
     return 0;
 }
 
-int agent_main(ddprun_opts_t *o) {
-    const char *prog = o->program_argv[0];
-    size_t plen = strlen(prog);
-    if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0) {
-        fprintf(stderr, "ddprun: %s: the built-in trainer (ddpworker) is not in this build yet\n",
-                prog);
-        return DDP_EXIT_USAGE;
+/* The built-in trainer: $DDPWORKER, else next to ddprun (installed), else the build tree's
+ * worker/ddpworker (ddprun in build/launcher), else ddpworker on PATH. */
+static void find_ddpworker(const char *self_exe, char *out, size_t out_len) {
+    const char *env = getenv("DDPWORKER");
+    if (env && *env) {
+        snprintf(out, out_len, "%s", env);
+        return;
     }
+    const char *slash = strrchr(self_exe, '/');
+    int dir_len = slash ? (int)(slash - self_exe) : 0;
+    const char *candidates[] = {"/ddpworker", "/../worker/ddpworker"};
+    for (size_t i = 0; slash && i < sizeof candidates / sizeof candidates[0]; i++) {
+        int n = snprintf(out, out_len, "%.*s%s", dir_len, self_exe, candidates[i]);
+        if (n > 0 && (size_t)n < out_len && access(out, X_OK) == 0) return;
+    }
+    snprintf(out, out_len, "ddpworker");
+}
+
+/* `ddprun ... train.conf [key=value ...]` runs ddpworker train.conf [key=value ...]. */
+static int use_builtin_trainer(agent_t *a, ddprun_opts_t *o) {
+    static char worker_path[PATH_MAX];
+    find_ddpworker(a->self_exe, worker_path, sizeof worker_path);
+    char **argv = calloc((size_t)o->program_argc + 2, sizeof *argv);
+    if (!argv) return -ENOMEM;
+    argv[0] = worker_path;
+    for (int i = 0; i < o->program_argc; i++) argv[i + 1] = o->program_argv[i];
+    o->program_argv = argv; /* lives as long as the agent */
+    o->program_argc++;
+    o->is_no_python = true;
+    o->is_module = false;
+    return 0;
+}
+
+int agent_main(ddprun_opts_t *o) {
     static agent_t agent;
     agent_t *a = &agent;
     a->opts = o;
@@ -571,6 +597,12 @@ int agent_main(ddprun_opts_t *o) {
         return 1;
     }
     a->self_exe[n] = '\0';
+    const char *prog = o->program_argv[0];
+    size_t plen = strlen(prog);
+    if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0 && use_builtin_trainer(a, o) < 0) {
+        fprintf(stderr, "ddprun: out of memory\n");
+        return 1;
+    }
     int rc = prepare_run_dir(a);
     if (rc < 0) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));

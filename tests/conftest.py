@@ -39,6 +39,20 @@ def ddprun():
     return find_ddprun()
 
 
+@pytest.fixture(scope="session")
+def build_dir(ddprun):
+    """The build tree the ddprun binary came from (ddpworker and the test tools live there)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(ddprun)))
+
+
+@pytest.fixture(scope="session")
+def ddpworker(build_dir):
+    path = os.path.join(build_dir, "worker", "ddpworker")
+    if not os.access(path, os.X_OK):
+        pytest.exit(f"{path} is not built", returncode=2)
+    return path
+
+
 def clean_env(**extra):
     """This environment without a store secret (the store and its client would both pick one up
     from DDPRUN_STORE_SECRET*), plus extra."""
