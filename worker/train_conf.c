@@ -69,6 +69,8 @@ static const key_spec_t keys[] = {
      "compute threads per worker (0: the cores divided among the node's workers)"},
     {"train", "seed", KEY_INT, F(seed), 0, 9.007199254740992e15, NULL, "0", "of everything random"},
     {"train", "metrics_file", KEY_STRING, F(metrics_file), 0, 0, NULL, "", "JSON lines here"},
+    {"train", "params_file", KEY_STRING, F(params_file), 0, 0, NULL, "",
+     "rank 0 writes the final parameters here (empty: nowhere)"},
     {"train", "log_interval", KEY_INT, F(log_interval), 1, 1e12, NULL, "50", "progress line period"},
     {"snapshot", "dir", KEY_STRING, F(snapshot_dir), 0, 0, NULL, "", "snapshots here (empty: none)"},
     {"snapshot", "every", KEY_INT, F(snapshot_every), 0, 1e12, NULL, "0", "steps between snapshots"},

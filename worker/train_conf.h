@@ -46,6 +46,7 @@ typedef struct {
     double collective_timeout_s;
     int64_t threads;         /* 0: cores / workers on the node */
     char metrics_file[TRAIN_CONF_PATH_MAX];
+    char params_file[TRAIN_CONF_PATH_MAX]; /* final params + BN statistics, raw fp32 */
     int64_t log_interval;
     /* [snapshot] */
     char snapshot_dir[TRAIN_CONF_PATH_MAX];

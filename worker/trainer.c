@@ -215,7 +215,7 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event)
     snprintf(line, sizeof line,
              "{\"event\": \"%s\", \"top1\": %.4f, \"top5\": %.4f, \"loss\": %.4f, \"step\": %lld, "
              "\"epoch\": %lld, \"samples\": %lld}",
-             event, r->top1, r->top5, r->loss, (long long)t->step, (long long)t->epoch,
+             event, r->top1, r->top5, r->loss, (long long)t->step, (long long)t->epoch + 1,
              (long long)r->n);
     if (t->metrics) {
         fprintf(t->metrics, "%s\n", line);
@@ -233,6 +233,20 @@ static bool is_out_of_time(trainer_t *t, double start_s) {
     uint8_t is_over = now_s() - start_s > t->conf->hours * 3600.0;
     check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0), "agreeing on the time budget");
     return is_over;
+}
+
+static void write_params(trainer_t *t, const char *path) {
+    const model_t *m = &t->model;
+    size_t n = m->n_params + m->n_buffers;
+    float *host = xcalloc(n, sizeof(float), "the parameter export");
+    t->backend->ops->to_host(t->backend, host, m->params, m->n_params * sizeof(float));
+    t->backend->ops->to_host(t->backend, host + m->n_params, m->buffers, m->n_buffers * sizeof(float));
+    FILE *f = fopen(path, "wb");
+    bool is_ok = f && fwrite(host, sizeof(float), n, f) == n;
+    if (f && fclose(f) != 0) is_ok = false;
+    free(host);
+    if (!is_ok)
+        trainer_die(DDP_EXIT_CONFIG, "train.params_file: cannot write %s: %s", path, strerror(errno));
 }
 
 eval_result_t trainer_run(trainer_t *t) {
@@ -271,7 +285,7 @@ eval_result_t trainer_run(trainer_t *t) {
                     if (t->metrics) {
                         fprintf(t->metrics, "{\"event\": \"train\", \"step\": %lld, \"epoch\": %lld, "
                                 "\"loss\": %.6f, \"lr\": %.6g, \"img_per_s\": %.1f}\n",
-                                (long long)t->step, (long long)t->epoch, loss,
+                                (long long)t->step, (long long)t->epoch + 1, loss,
                                 lr_at(&t->lr, t->step - 1), rate);
                         fflush(t->metrics);
                     }
@@ -296,5 +310,6 @@ eval_result_t trainer_run(trainer_t *t) {
     }
     if (last_eval_step != t->step) last = trainer_evaluate(t);
     report_eval(t, &last, "final");
+    if (t->rank == 0 && c->params_file[0]) write_params(t, c->params_file);
     return last;
 }
