@@ -219,15 +219,24 @@ static void init_params(const model_t *m, uint64_t seed, float *params, float *b
     }
 }
 
+/* Im2col columns for as many images as fit in CONV_WORKSPACE_BYTES (at least one), or batch norm's
+ * per-channel sums, whichever is larger. */
+#define CONV_WORKSPACE_BYTES ((size_t)32 << 20)
 static size_t workspace_bytes(const model_t *m) {
     size_t bytes = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *l = &m->layers[i];
         size_t need = 0;
-        if (l->kind == LAYER_CONV)
-            need = sizeof(float) * (size_t)l->conv.oh * l->conv.ow * l->conv.r * l->conv.s * l->conv.c;
-        else if (l->kind == LAYER_BATCHNORM)
-            need = sizeof(double) * l->n_params;
+        if (l->kind == LAYER_CONV) {
+            size_t per_image = sizeof(float) * (size_t)l->conv.oh * l->conv.ow * l->conv.r *
+                               l->conv.s * l->conv.c;
+            size_t images = per_image ? CONV_WORKSPACE_BYTES / per_image : 1;
+            if (images < 1) images = 1;
+            if (images > (size_t)m->batch_max) images = (size_t)m->batch_max;
+            need = per_image * images;
+        } else if (l->kind == LAYER_BATCHNORM) {
+            need = 4 * sizeof(double) * l->n_params; /* 2 double and 3 float per channel */
+        }
         if (need > bytes) bytes = need;
     }
     return bytes;

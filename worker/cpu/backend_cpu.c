@@ -1,13 +1,14 @@
 /* backend_cpu: the reference backend. fp32, NHWC, host memory; convolutions are im2col + SGEMM
  * and linear layers SGEMM through OpenBLAS, everything else plain loops written to be read and
  * checked (tests hold every op against finite differences, and the CUDA backend against these).
- * Reductions accumulate in double so results barely depend on the order. Single-threaded apart
- * from OpenBLAS's own threads. */
+ * Reductions accumulate in double. Loops run on OpenMP threads, split so that no result depends
+ * on the thread count (a channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. */
 #include "backend.h"
 
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,11 +49,13 @@ static void cpu_copy(backend_t *b, void *dst, const void *src, size_t n_bytes) {
 
 static void cpu_fill(backend_t *b, float *x, float value, size_t n) {
     (void)b;
+    #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) x[i] = value;
 }
 
 static void cpu_scale(backend_t *b, float *x, float factor, size_t n) {
     (void)b;
+    #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) x[i] *= factor;
 }
 
@@ -102,19 +105,30 @@ static void col2im_add(const conv_shape_t *s, const float *col, float *dx) {
     }
 }
 
+/* Images per GEMM: as many as the workspace holds columns for (bigger GEMMs run faster). */
+static int conv_chunk(const cpu_t *c, const conv_shape_t *s) {
+    size_t per_image = sizeof(float) * (size_t)s->oh * s->ow * s->r * s->s * s->c;
+    size_t fit = per_image ? c->workspace_bytes / per_image : 1;
+    return fit < 1 ? 1 : fit > (size_t)s->n ? s->n : (int)fit;
+}
+
 static void cpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
                                float *y) {
     cpu_t *c = cpu_of(b);
     int rsc = s->r * s->s * s->c, p = s->oh * s->ow;
+    size_t in_image = (size_t)s->h * s->w * s->c, col_image = (size_t)p * rsc;
     if (conv_is_pointwise(s)) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->n * p, s->k, rsc, 1.0f, x, rsc, w,
                     rsc, 0.0f, y, s->k);
         return;
     }
-    for (int i = 0; i < s->n; i++) {
-        im2col(s, x + (size_t)i * s->h * s->w * s->c, c->workspace);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p, s->k, rsc, 1.0f, c->workspace, rsc,
-                    w, rsc, 0.0f, y + (size_t)i * p * s->k, s->k);
+    int chunk = conv_chunk(c, s);
+    for (int i = 0; i < s->n; i += chunk) {
+        int m = s->n - i < chunk ? s->n - i : chunk;
+#pragma omp parallel for schedule(static)
+        for (int j = 0; j < m; j++) im2col(s, x + (size_t)(i + j) * in_image, c->workspace + j * col_image);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m * p, s->k, rsc, 1.0f, c->workspace,
+                    rsc, w, rsc, 0.0f, y + (size_t)i * p * s->k, s->k);
     }
 }
 
@@ -122,6 +136,7 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
                                 const float *dy, float *dx, float *dw) {
     cpu_t *c = cpu_of(b);
     int rsc = s->r * s->s * s->c, p = s->oh * s->ow;
+    size_t in_image = (size_t)s->h * s->w * s->c, col_image = (size_t)p * rsc;
     if (conv_is_pointwise(s)) {
         int m = s->n * p;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, m, 1.0f, dy, s->k, x, rsc,
@@ -130,19 +145,28 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
                             s->k, w, rsc, 1.0f, dx, rsc);
         return;
     }
-    for (int i = 0; i < s->n; i++) {
+    int chunk = conv_chunk(c, s);
+    for (int i = 0; i < s->n; i += chunk) {
+        int m = s->n - i < chunk ? s->n - i : chunk;
         const float *dyi = dy + (size_t)i * p * s->k;
-        im2col(s, x + (size_t)i * s->h * s->w * s->c, c->workspace);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, p, 1.0f, dyi, s->k,
+#pragma omp parallel for schedule(static)
+        for (int j = 0; j < m; j++) im2col(s, x + (size_t)(i + j) * in_image, c->workspace + j * col_image);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, m * p, 1.0f, dyi, s->k,
                     c->workspace, rsc, 1.0f, dw, rsc);
         if (!dx) continue;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, p, rsc, s->k, 1.0f, dyi, s->k, w,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m * p, rsc, s->k, 1.0f, dyi, s->k, w,
                     rsc, 0.0f, c->workspace, rsc);
-        col2im_add(s, c->workspace, dx + (size_t)i * s->h * s->w * s->c);
+#pragma omp parallel for schedule(static)
+        for (int j = 0; j < m; j++) col2im_add(s, c->workspace + j * col_image, dx + (size_t)(i + j) * in_image);
     }
 }
 
 /* ---- batch norm over rows = N*H*W, channels innermost ---- */
+
+/* Each thread owns a block of channels and walks every row for them in order. */
+#define FOR_CHANNEL_BLOCK(c, j0, j1)                                                              \
+    int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                  \
+    int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
 
 static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x,
                                         const float *gamma, const float *beta, float *y,
@@ -150,17 +174,21 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
                                         float *running_var, float momentum, float eps) {
     cpu_t *cb = cpu_of(b);
     double *sum = (double *)cb->workspace, *sq = sum + c;
-    for (int j = 0; j < 2 * c; j++) sum[j] = 0;
-    for (size_t i = 0; i < rows; i++) {
-        const float *xi = x + i * (size_t)c;
-        for (int j = 0; j < c; j++) sum[j] += xi[j];
-    }
-    for (int j = 0; j < c; j++) sum[j] /= (double)rows;
-    for (size_t i = 0; i < rows; i++) {
-        const float *xi = x + i * (size_t)c;
-        for (int j = 0; j < c; j++) {
-            double d = xi[j] - sum[j];
-            sq[j] += d * d;
+#pragma omp parallel
+    {
+        FOR_CHANNEL_BLOCK(c, j0, j1)
+        for (int j = j0; j < j1; j++) sum[j] = sq[j] = 0;
+        for (size_t i = 0; i < rows; i++) {
+            const float *xi = x + i * (size_t)c;
+            for (int j = j0; j < j1; j++) sum[j] += xi[j];
+        }
+        for (int j = j0; j < j1; j++) sum[j] /= (double)rows;
+        for (size_t i = 0; i < rows; i++) {
+            const float *xi = x + i * (size_t)c;
+            for (int j = j0; j < j1; j++) {
+                double d = xi[j] - sum[j];
+                sq[j] += d * d;
+            }
         }
     }
     for (int j = 0; j < c; j++) {
@@ -171,11 +199,16 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
         running_mean[j] = (float)((1.0 - momentum) * running_mean[j] + momentum * sum[j]);
         running_var[j] = (float)((1.0 - momentum) * running_var[j] + momentum * unbiased);
     }
+    float *mul = (float *)(sq + c), *add = mul + c;
+    for (int j = 0; j < c; j++) {
+        mul[j] = save_invstd[j] * gamma[j];
+        add[j] = beta[j] - save_mean[j] * mul[j];
+    }
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++)
-            yi[j] = (xi[j] - save_mean[j]) * save_invstd[j] * gamma[j] + beta[j];
+        for (int j = 0; j < c; j++) yi[j] = xi[j] * mul[j] + add[j];
     }
 }
 
@@ -189,6 +222,7 @@ static void cpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const f
         mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
         add[j] = beta[j] - running_mean[j] * mul[j];
     }
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
@@ -202,28 +236,36 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
                                    float *dgamma, float *dbeta) {
     cpu_t *cb = cpu_of(b);
     double *sum_dy = (double *)cb->workspace, *sum_dy_xhat = sum_dy + c;
-    for (int j = 0; j < 2 * c; j++) sum_dy[j] = 0;
-    for (size_t i = 0; i < rows; i++) {
-        const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
-        for (int j = 0; j < c; j++) {
-            sum_dy[j] += dyi[j];
-            sum_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
+#pragma omp parallel
+    {
+        FOR_CHANNEL_BLOCK(c, j0, j1)
+        for (int j = j0; j < j1; j++) sum_dy[j] = sum_dy_xhat[j] = 0;
+        for (size_t i = 0; i < rows; i++) {
+            const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
+            for (int j = j0; j < j1; j++) {
+                sum_dy[j] += dyi[j];
+                sum_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
+            }
         }
     }
+    /* dx = gamma * invstd / M * (M dy - sum(dy) - xhat sum(dy xhat)), per channel:
+     * dx += k_dy * dy + k_x * x + k_0 */
+    float *k_dy = (float *)(sum_dy_xhat + c), *k_x = k_dy + c, *k_0 = k_x + c;
+    double m = (double)rows;
     for (int j = 0; j < c; j++) {
         dgamma[j] += (float)sum_dy_xhat[j];
         dbeta[j] += (float)sum_dy[j];
+        double scale = gamma[j] * save_invstd[j] / m;
+        double xhat_coef = -scale * sum_dy_xhat[j] * save_invstd[j]; /* times (x - mean) */
+        k_dy[j] = (float)(scale * m);
+        k_x[j] = (float)xhat_coef;
+        k_0[j] = (float)(-scale * sum_dy[j] - xhat_coef * save_mean[j]);
     }
-    /* dx = gamma * invstd / M * (M dy - sum(dy) - xhat sum(dy xhat)) */
-    double m = (double)rows;
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
         float *dxi = dx + i * (size_t)c;
-        for (int j = 0; j < c; j++) {
-            double xhat = (xi[j] - save_mean[j]) * save_invstd[j];
-            dxi[j] += (float)(gamma[j] * save_invstd[j] / m *
-                              (m * dyi[j] - sum_dy[j] - xhat * sum_dy_xhat[j]));
-        }
+        for (int j = 0; j < c; j++) dxi[j] += k_dy[j] * dyi[j] + k_x[j] * xi[j] + k_0[j];
     }
 }
 
@@ -231,22 +273,25 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
 
 static void cpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) {
     (void)b;
+    #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 static void cpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n) {
     (void)b;
-    for (size_t i = 0; i < n; i++)
-        if (y[i] > 0.0f) dx[i] += dy[i];
+    #pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
 static void cpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n) {
     (void)b;
+    #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) y[i] = x1[i] + x2[i];
 }
 
 static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
     (void)b;
+    #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) dx[i] += dy[i];
 }
 
@@ -255,6 +300,7 @@ static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
 static void cpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y,
                                 int32_t *argmax) {
     (void)b;
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < s->n; n++) {
         const float *xn = x + (size_t)n * s->h * s->w * s->c;
         for (int oy = 0; oy < s->oh; oy++) {
@@ -284,6 +330,7 @@ static void cpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int3
                                  const float *dy, float *dx) {
     (void)b;
     size_t per_out = (size_t)s->oh * s->ow * s->c, per_in = (size_t)s->h * s->w * s->c;
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < s->n; n++)
         for (size_t i = 0; i < per_out; i++)
             dx[n * per_in + argmax[n * per_out + i]] += dy[n * per_out + i];
@@ -374,6 +421,7 @@ static void cpu_sgd_step(backend_t *b, float *params, const float *grads, float 
                          size_t n, float lr, float momentum, float weight_decay, bool is_nesterov,
                          float grad_scale) {
     (void)b;
+    #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale + weight_decay * params[i];
         float m = momentum * momentum_buf[i] + g;
@@ -421,9 +469,11 @@ backend_t *backend_cpu_create(int threads) {
     cpu_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->base.ops = &cpu_ops;
-    if (threads > 0) openblas_set_num_threads(threads);
-    /* batch norm keeps 2 doubles per channel in the workspace */
-    if (cpu_reserve_workspace(&c->base, 4096 * 2 * sizeof(double)) < 0) {
+    if (threads > 0) {
+        openblas_set_num_threads(threads);
+        omp_set_num_threads(threads);
+    }
+    if (cpu_reserve_workspace(&c->base, 1 << 16) < 0) {
         free(c);
         return NULL;
     }

@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""Training throughput of ddpworker's CPU backend against PyTorch (Debian's torch 1.13, CPU), side
+by side in one run: the same model definition (tests/interop/torch_models.py mirrors
+worker/model.c), the same synthetic input shape, batch, optimizer (SGD momentum 0.9, Nesterov,
+weight decay 5e-4), fp32, and the same number of threads. Each side warms up for --steps steps,
+then times --steps more; img/s = samples / seconds of those. Prints img/s and ddpworker/PyTorch.
+
+ddpworker's figure is its own img/s over the timed window (from its metrics file); the PyTorch
+loop is the plain one from the tutorials (zero_grad, forward, cross-entropy, backward, step).
+
+Usage: /usr/bin/python3 tests/bench/bench_train.py [--models cnn,resnet18] [--batch 64]
+           [--steps 10] [--threads N] [--json FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "interop"))
+
+# model, width, (H, W, C), classes
+SHAPES = {
+    "mlp": ("mlp", 256, (28, 28, 1), 10),
+    "cnn": ("cnn", 32, (28, 28, 1), 10),
+    "resnet18": ("resnet18", 64, (32, 32, 3), 10),
+    "resnet18-w16": ("resnet18", 16, (32, 32, 3), 10),
+}
+
+
+def ddpworker_bin():
+    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
+        path = os.path.join(ROOT, build, "worker", "ddpworker")
+        if os.access(path, os.X_OK):
+            return path
+    sys.exit("bench_train: ddpworker not built (deploy/setup.sh)")
+
+
+def run_ddpworker(key, batch, steps, threads):
+    model, width, (h, w, c), classes = SHAPES[key]
+    with tempfile.TemporaryDirectory() as tmp:
+        conf, metrics = os.path.join(tmp, "bench.conf"), os.path.join(tmp, "metrics.jsonl")
+        with open(conf, "w") as f:
+            f.write(f"[model]\nname = {model}\nwidth = {width}\n"
+                    f"[data]\nkind = synthetic\nheight = {h}\nwidth = {w}\nchannels = {c}\n"
+                    f"classes = {classes}\ntrain_limit = {batch * 2 * steps}\ntest_limit = {batch}\n"
+                    f"[optim]\nlr = 0.01\nmomentum = 0.9\nnesterov = true\nweight_decay = 0.0005\n"
+                    f"schedule = constant\n"
+                    f"[train]\nbatch_size = {batch}\nmax_steps = {2 * steps}\nlog_interval = {steps}\n"
+                    f"threads = {threads}\nmetrics_file = {metrics}\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+        subprocess.run([ddpworker_bin(), conf], check=True, stdout=subprocess.DEVNULL, env=env)
+        windows = [json.loads(line) for line in open(metrics) if '"train"' in line]
+        return windows[-1]["img_per_s"]
+
+
+def run_torch(key, batch, steps, threads):
+    import torch
+    import torch_models
+    model_name, width, (h, w, c), classes = SHAPES[key]
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model, _ = torch_models.build(model_name, width, h, w, c, classes)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True,
+                          weight_decay=5e-4)
+    x = torch.randn(batch, c, h, w)
+    y = torch.randint(0, classes, (batch,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(steps):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="cnn,resnet18-w16")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+    print(f"ddpworker (cpu backend) vs PyTorch {torch.__version__} (CPU), batch {args.batch}, "
+          f"{args.threads} threads, {args.steps} timed steps after {args.steps} warm-up")
+    print(f"{'model':14} {'input':>9} {'ddpworker img/s':>16} {'torch img/s':>12} {'ratio':>6}")
+    results = []
+    for key in args.models.split(","):
+        ours = run_ddpworker(key, args.batch, args.steps, args.threads)
+        ref = run_torch(key, args.batch, args.steps, args.threads)
+        h, w, c = SHAPES[key][2]
+        print(f"{key:14} {f'{h}x{w}x{c}':>9} {ours:16.1f} {ref:12.1f} {ours / ref:6.2f}")
+        results.append({"model": key, "ddpworker_img_s": ours, "torch_img_s": ref,
+                        "ratio": ours / ref})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"batch": args.batch, "threads": args.threads, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
