@@ -212,3 +212,33 @@ def test_a_hung_peer_hits_the_collective_deadline(ddpworker, store, tmp_path):
             p.send_signal(signal.SIGCONT)
             p.kill()
             p.communicate()
+
+
+def run_example(ddprun, conf, tmp_path, timeout):
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", conf,
+                        f"train.metrics_file={metrics}"], capture_output=True, text=True,
+                       timeout=timeout, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    final = json.loads(metrics.read_text().splitlines()[-1])
+    assert final["event"] == "final" and final["samples"] == 10000, final
+    return final
+
+
+@needs_fashion
+def test_the_shipped_example_reaches_90_percent_on_two_ranks(ddprun, tmp_path):
+    """The README's main job: docs/examples/fashion-mnist.conf, 2 epochs on 2 ranks."""
+    conf = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "examples",
+                        "fashion-mnist.conf")
+    final = run_example(ddprun, conf, tmp_path, timeout=1200)
+    assert final["top1"] >= 0.90, final
+
+
+@needs_fashion
+@pytest.mark.skipif(os.environ.get("DDP_SLOW_TESTS") != "1",
+                    reason="hours on a CPU; opt in with DDP_SLOW_TESTS=1")
+def test_the_resnet18_example_reaches_93_percent(ddprun, tmp_path):
+    conf = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "examples",
+                        "fashion-mnist-resnet18.conf")
+    final = run_example(ddprun, conf, tmp_path, timeout=48 * 3600)
+    assert final["top1"] >= 0.93, final

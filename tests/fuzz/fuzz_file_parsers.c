@@ -1,12 +1,15 @@
 /* libFuzzer harness over the worker's parsers of files that come from outside: train.conf
- * (with overrides) and IDX datasets. The input goes to a memfd so the real file paths of the
- * parsers are exercised without touching the disk. The first byte picks the parser. */
+ * (with overrides), IDX datasets and CIFAR binary batches. The input goes to a memfd (CIFAR: a
+ * file in a scratch directory, the loader takes a directory) so the parsers' real file paths are
+ * exercised. The first byte picks the parser: odd train.conf, 2 CIFAR-10, other even IDX. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "data_cifar.h"
 #include "data_idx.h"
 #include "train_conf.h"
 
@@ -34,6 +37,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char *overrides[] = {"optim.lr=0.5", "train.epochs=2"};
         train_conf_load(path, overrides, 2, &c, err, sizeof err);
         close(fd);
+        return 0;
+    }
+    if (data[0] == 2) {
+        static char dir[64];
+        if (!dir[0]) {
+            snprintf(dir, sizeof dir, "/tmp/fuzz-cifar-%d", (int)getpid());
+            mkdir(dir, 0700);
+        }
+        char path[128];
+        snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+        FILE *f = fopen(path, "wb");
+        if (!f) return 0;
+        fwrite(data + 1, 1, size - 1, f);
+        fclose(f);
+        dataset_t d;
+        if (cifar_load_dir(dir, false, false, 0, &d, err, sizeof err) == 0) {
+            for (int64_t i = 0; i < d.n; i++)
+                if (d.labels[i] >= 10) __builtin_trap();
+            dataset_free(&d);
+        }
         return 0;
     }
     /* IDX: split the rest into an images file and a labels file at a position from byte 1. */
