@@ -23,7 +23,7 @@
 #include "comm.h"
 #include "ddp_error.h"
 
-#define RING_PIECE_BYTES (1u << 20)
+#define RING_PIECE_BYTES (1u << 18)
 #define RING_MAGIC 0x444450524e473031ull /* "DDPRNG01" */
 #define RING_SOCKET_BUFFER_BYTES (4 << 20)
 

@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""All-reduce of float32 buffers between processes on loopback: ddpworker's TCP ring (comm_ring)
+against gloo's allreduce (Debian's torch 1.13), side by side in one run, same sizes, same world.
+Each side: 2 warm-up rounds then --iters timed ones per size, a barrier before each; the figure
+is rank 0's median. Algorithm bandwidth = buffer bytes / time. Prints both and gloo/ring time.
+
+Usage: /usr/bin/python3 tests/bench/bench_allreduce.py [--world 2] [--sizes-mb 1,4,16,64]
+           [--iters 10] [--json FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+GLOO = r"""
+import json, os, sys, time, datetime
+import torch, torch.distributed as dist
+rank, world, port, sizes, iters = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                   [float(s) for s in sys.argv[4].split(",")], int(sys.argv[5]))
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=world, timeout=datetime.timedelta(seconds=60))
+for mb in sizes:
+    t = torch.zeros(int(mb * (1 << 20)) // 4)
+    times = []
+    for i in range(-2, iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        if i >= 0:
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    if rank == 0:
+        print(json.dumps({"mb": mb, "ms": times[iters // 2]}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def build_path(*parts):
+    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
+        path = os.path.join(ROOT, build, *parts)
+        if os.access(path, os.X_OK):
+            return path
+    sys.exit(f"bench_allreduce: {parts[-1]} not built")
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_ranks(cmds):
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, text=True) for c in cmds]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        sys.exit(f"bench_allreduce: a rank failed: {[p.returncode for p in procs]}")
+    return {r["mb"]: r["ms"] for r in map(json.loads, outs[0].split("\n")[:-1])}
+
+
+def run_ring(world, sizes, iters):
+    ddprun, bench = build_path("launcher", "ddprun"), build_path("tests", "bench", "allreduce_bench")
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        store = subprocess.Popen([ddprun, "store", "--host", "127.0.0.1", "--port", "0",
+                                  "--port-file", port_file], stderr=subprocess.DEVNULL)
+        try:
+            while not os.path.exists(port_file) or not open(port_file).read().strip():
+                time.sleep(0.02)
+            port = open(port_file).read().strip()
+            return run_ranks([[bench, str(r), str(world), port, f"/bench/{os.getpid()}/", sizes,
+                               str(iters)] for r in range(world)])
+        finally:
+            store.terminate()
+            store.wait()
+
+
+def run_gloo(world, sizes, iters):
+    port = free_port()
+    return run_ranks([[sys.executable, "-c", GLOO, str(r), str(world), str(port), sizes,
+                       str(iters)] for r in range(world)])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--sizes-mb", default="1,4,16,64")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    ring = run_ring(args.world, args.sizes_mb, args.iters)
+    gloo = run_gloo(args.world, args.sizes_mb, args.iters)
+    import torch
+    print(f"all-reduce, float32, {args.world} ranks on loopback, median of {args.iters}: "
+          f"ddpworker ring vs gloo (torch {torch.__version__})")
+    print(f"{'MB':>5} {'ring ms':>9} {'ring GB/s':>10} {'gloo ms':>9} {'gloo GB/s':>10} "
+          f"{'gloo/ring':>9}")
+    rows = []
+    for mb in ring:
+        r, g = ring[mb], gloo[mb]
+        gb = mb * (1 << 20) / 1e9
+        print(f"{mb:5g} {r:9.2f} {gb / (r / 1e3):10.2f} {g:9.2f} {gb / (g / 1e3):10.2f} "
+              f"{g / r:9.2f}")
+        rows.append({"mb": mb, "ring_ms": r, "gloo_ms": g, "ratio": g / r})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"world": args.world, "iters": args.iters, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+/* comm_ring (and comm_null): all-reduce sums in f32 and f64 for awkward sizes and world sizes,
+ * bit-identical results on every rank, broadcast from every root, barrier, and failures: a peer
+ * that exits or hangs makes the others fail within the deadline with a message naming a rank, never
+ * hang. Ranks are forked processes; the store they meet through is a forked `store_server`. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "comm.h"
+#include "store_server.h"
+
+#define MAX_WORLD 4
+
+typedef struct {
+    uint64_t result_hash[MAX_WORLD];
+    int64_t failed_after_ms[MAX_WORLD];
+    char err[MAX_WORLD][512];
+} shared_t;
+
+static shared_t *shared;
+static pid_t store_pid;
+static uint16_t store_port;
+
+static void start_store(void) {
+    signal(SIGPIPE, SIG_IGN);
+    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(shared, MAP_FAILED);
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    store_pid = fork();
+    if (store_pid == 0) {
+        uv_loop_t loop;
+        uv_loop_init(&loop);
+        store_server_opts_t o = {.host = "127.0.0.1", .port = 0};
+        store_limits_default(&o.limits);
+        store_server_t *srv;
+        char err[256];
+        if (store_server_start(&loop, &o, &srv, err, sizeof err) < 0) _exit(1);
+        uint16_t port = store_server_port(srv);
+        if (write(p[1], &port, sizeof port) != sizeof port) _exit(1);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        _exit(0);
+    }
+    cr_assert_eq(read(p[0], &store_port, sizeof store_port), (ssize_t)sizeof store_port);
+    close(p[0]);
+    close(p[1]);
+}
+
+static void stop_store(void) {
+    kill(store_pid, SIGKILL);
+    waitpid(store_pid, NULL, 0);
+    munmap(shared, sizeof *shared);
+}
+
+TestSuite(comm_ring, .init = start_store, .fini = stop_store, .timeout = 60);
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+typedef int (*rank_fn)(comm_t *c, int rank, int world);
+
+/* Runs fn on `world` forked ranks joined in a ring; returns how many ranks exited non-zero. */
+static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
+    static int round;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "/test/%d/%d/", (int)getpid(), round++);
+    pid_t pids[MAX_WORLD];
+    for (int rank = 0; rank < world; rank++) {
+        pids[rank] = fork();
+        if (pids[rank] != 0) continue;
+        store_client_opts_t so = {.host = "127.0.0.1", .port = store_port,
+                                  .connect_timeout_ms = 5000, .op_timeout_ms = 10000};
+        store_client_t *store = NULL;
+        if (store_client_connect(&so, &store) < 0) _exit(10);
+        comm_ring_opts_t ro = {.rank = rank, .world = world, .store = store, .key_prefix = prefix,
+                               .store_host = "127.0.0.1", .timeout_ms = timeout_ms};
+        comm_t *c = NULL;
+        char err[512];
+        if (comm_ring_create(&ro, &c, err, sizeof err) < 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, err);
+            _exit(11);
+        }
+        store_client_destroy(store);
+        int rc = fn(c, rank, world);
+        c->ops->destroy(c);
+        _exit(rc);
+    }
+    int failed = 0;
+    for (int rank = 0; rank < world; rank++) {
+        int status;
+        waitpid(pids[rank], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+    }
+    return failed;
+}
+
+static const size_t sizes[] = {0, 1, 3, 5, 1000, (1u << 20) + 7};
+#define N_SIZES (sizeof sizes / sizeof sizes[0])
+
+/* Small integers: every order of summation gives the exact sum. */
+static int allreduce_exact(comm_t *c, int rank, int world) {
+    for (size_t s = 0; s < N_SIZES; s++) {
+        size_t n = sizes[s];
+        float *f = malloc((n + 1) * sizeof *f);
+        double *d = malloc((n + 1) * sizeof *d);
+        for (size_t i = 0; i < n; i++) f[i] = d[i] = (float)((rank + 1) * (int)(i % 7));
+        if (c->ops->allreduce_sum_f32(c, f, n) < 0 || c->ops->allreduce_sum_f64(c, d, n) < 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, comm_error(c));
+            return 1;
+        }
+        for (size_t i = 0; i < n; i++) {
+            double want = (double)(world * (world + 1) / 2) * (double)(i % 7);
+            if (f[i] != want || d[i] != want) {
+                fprintf(stderr, "rank %d size %zu [%zu]: %g %g, want %g\n", rank, n, i, f[i], d[i], want);
+                return 1;
+            }
+        }
+        free(f);
+        free(d);
+    }
+    return 0;
+}
+
+Test(comm_ring, allreduce_sums_every_size_on_worlds_of_one_to_four) {
+    for (int world = 1; world <= MAX_WORLD; world++)
+        cr_assert_eq(run_ring(world, 10000, allreduce_exact), 0, "world %d", world);
+}
+
+/* Values whose sum depends on the order: every rank must still end with the same bits. */
+static int allreduce_bits(comm_t *c, int rank, int world) {
+    (void)world;
+    size_t n = 300001;
+    float *f = malloc(n * sizeof *f);
+    uint64_t state = 77 + (uint64_t)rank;
+    for (size_t i = 0; i < n; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        f[i] = (float)(state >> 40) / 1677.7216f - 5000.0f;
+    }
+    if (c->ops->allreduce_sum_f32(c, f, n) < 0) return 1;
+    shared->result_hash[rank] = hash_bytes(f, n * sizeof *f);
+    free(f);
+    return 0;
+}
+
+Test(comm_ring, every_rank_ends_with_the_same_bits_every_time) {
+    uint64_t first = 0;
+    for (int run = 0; run < 2; run++) {
+        cr_assert_eq(run_ring(3, 10000, allreduce_bits), 0);
+        for (int r = 1; r < 3; r++)
+            cr_assert_eq(shared->result_hash[r], shared->result_hash[0], "rank %d differs", r);
+        if (run == 0) first = shared->result_hash[0];
+        else cr_assert_eq(shared->result_hash[0], first, "a second run summed differently");
+    }
+}
+
+static int broadcast_every_root(comm_t *c, int rank, int world) {
+    size_t lens[] = {0, 5, (3u << 20) + 1};
+    for (int root = 0; root < world; root++) {
+        for (size_t k = 0; k < 3; k++) {
+            uint8_t *buf = malloc(lens[k] + 1);
+            for (size_t i = 0; i < lens[k]; i++) buf[i] = (uint8_t)(rank == root ? i * 31 + root : 0xEE);
+            if (c->ops->broadcast(c, buf, lens[k], root) < 0) return 1;
+            for (size_t i = 0; i < lens[k]; i++)
+                if (buf[i] != (uint8_t)(i * 31 + root)) return 2;
+            free(buf);
+        }
+    }
+    return c->ops->barrier(c) < 0 ? 3 : 0;
+}
+
+Test(comm_ring, broadcast_from_every_root_and_barrier) {
+    for (int world = 2; world <= MAX_WORLD; world++)
+        cr_assert_eq(run_ring(world, 10000, broadcast_every_root), 0, "world %d", world);
+}
+
+/* Rank world-1 leaves after joining; the others' all-reduce must fail, naming a rank. */
+static int last_rank_dies(comm_t *c, int rank, int world) {
+    if (rank == world - 1) _exit(0);
+    size_t n = 1u << 20;
+    float *f = calloc(n, sizeof *f);
+    int64_t start = now_ms();
+    int rc = c->ops->allreduce_sum_f32(c, f, n);
+    shared->failed_after_ms[rank] = now_ms() - start;
+    snprintf(shared->err[rank], sizeof shared->err[rank], "%s", comm_error(c));
+    free(f);
+    return rc < 0 ? 0 : 1; /* success here is the bug */
+}
+
+Test(comm_ring, a_peer_that_exits_fails_the_collective_with_its_rank_named) {
+    cr_assert_eq(run_ring(3, 3000, last_rank_dies), 0);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_lt(shared->failed_after_ms[r], 5000, "rank %d: %s", r, shared->err[r]);
+        cr_assert(strstr(shared->err[r], "rank "), "rank %d: '%s'", r, shared->err[r]);
+    }
+    cr_assert(strstr(shared->err[0], "rank 2 (127.0.0.1:") && strstr(shared->err[0], "closed"),
+              "rank 0's prev is the dead rank 2: '%s'", shared->err[0]);
+}
+
+/* Rank 1 never enters the collective: the others fail on the deadline, not on a hang. */
+static int middle_rank_hangs(comm_t *c, int rank, int world) {
+    (void)world;
+    if (rank == 1) {
+        sleep(4);
+        return 0;
+    }
+    double x = 1;
+    int64_t start = now_ms();
+    int rc = c->ops->allreduce_sum_f64(c, &x, 1);
+    shared->failed_after_ms[rank] = now_ms() - start;
+    snprintf(shared->err[rank], sizeof shared->err[rank], "%s", comm_error(c));
+    return rc < 0 ? 0 : 1;
+}
+
+Test(comm_ring, a_silent_peer_fails_the_collective_at_the_deadline) {
+    cr_assert_eq(run_ring(3, 1000, middle_rank_hangs), 0);
+    /* rank 2 waits on rank 1 and gives up at the deadline; rank 0 waits on rank 2 and sees it
+     * leave then (or its own deadline): a failure propagates around the ring, nobody hangs */
+    cr_assert(strstr(shared->err[2], "no progress from rank 1 (127.0.0.1:") &&
+              strstr(shared->err[2], "1000 ms"), "rank 2: '%s'", shared->err[2]);
+    for (int r = 0; r < 3; r += 2) {
+        cr_assert_geq(shared->failed_after_ms[r], 900, "rank %d", r);
+        cr_assert_lt(shared->failed_after_ms[r], 3500, "rank %d: %s", r, shared->err[r]);
+        cr_assert(strstr(shared->err[r], "rank "), "rank %d: '%s'", r, shared->err[r]);
+    }
+}
+
+Test(comm_ring, null_comm_is_a_world_of_one) {
+    comm_t *c = NULL;
+    cr_assert_eq(comm_null_create(&c), 0);
+    float f[2] = {1, 2};
+    cr_assert_eq(c->ops->allreduce_sum_f32(c, f, 2), 0);
+    cr_assert(f[0] == 1 && f[1] == 2 && c->world == 1 && c->rank == 0);
+    cr_assert_eq(c->ops->broadcast(c, f, sizeof f, 0), 0);
+    cr_assert_eq(c->ops->barrier(c), 0);
+    c->ops->destroy(c);
+}
+
+Test(comm_ring, a_rank_outside_the_world_is_refused) {
+    comm_ring_opts_t ro = {.rank = 3, .world = 2, .key_prefix = "/x/"};
+    comm_t *c = NULL;
+    char err[256];
+    cr_assert_lt(comm_ring_create(&ro, &c, err, sizeof err), 0);
+    cr_assert(strstr(err, "rank 3 is outside a world of 2"), "%s", err);
+}
