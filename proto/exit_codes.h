@@ -11,6 +11,7 @@ enum {
     DDP_EXIT_USAGE = 2,          /* bad command line: not restartable */
     DDP_EXIT_DATA = 65,          /* EX_DATAERR: a dataset or snapshot is unusable: not restartable */
     DDP_EXIT_BUG = 70,           /* EX_SOFTWARE: an internal invariant broke: restartable */
+    DDP_EXIT_IO = 74,            /* EX_IOERR: snapshots cannot be written: not restartable */
     DDP_EXIT_PEER_FAILURE = 75,  /* EX_TEMPFAIL: a peer died or hung: restart */
     DDP_EXIT_CONFIG = 78,        /* EX_CONFIG: train.conf is wrong: not restartable */
     DDP_EXIT_EXEC_FAILED = 127,  /* the program could not be started: not restartable */
@@ -18,8 +19,8 @@ enum {
 
 /* True when running the same workers again cannot change the outcome. */
 static inline bool ddp_exit_is_permanent(int status) {
-    return status == DDP_EXIT_USAGE || status == DDP_EXIT_DATA || status == DDP_EXIT_CONFIG ||
-           status == DDP_EXIT_EXEC_FAILED;
+    return status == DDP_EXIT_USAGE || status == DDP_EXIT_DATA || status == DDP_EXIT_IO ||
+           status == DDP_EXIT_CONFIG || status == DDP_EXIT_EXEC_FAILED;
 }
 
 #endif

@@ -13,12 +13,14 @@
 #include "backend.h"
 #include "comm.h"
 #include "dataset.h"
+#include "snapshot.h"
 #include "exit_codes.h"
 #include "trainer.h"
 
 static const char usage[] =
     "usage: ddpworker train.conf [section.key=value ...]\n"
     "       ddpworker --keys      every train.conf key with its default (see train.conf(5))\n"
+    "       ddpworker inspect FILE   a snapshot's header, checksums and state hash\n"
     "Run by `ddprun [options] train.conf`, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...;\n"
     "run directly it trains as a world of one.\n";
 
@@ -87,6 +89,13 @@ int main(int argc, char **argv) {
         train_conf_print_keys(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "inspect")) {
+        if (argc != 3) {
+            fputs(usage, stderr);
+            return DDP_EXIT_USAGE;
+        }
+        return snapshot_inspect(argv[2], stdout) == 0 ? 0 : DDP_EXIT_DATA;
+    }
     int world = (int)env_long("WORLD_SIZE", 1, 1, 1 << 20);
     int rank = (int)env_long("RANK", 0, 0, world - 1);
     int local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
@@ -99,9 +108,6 @@ int main(int argc, char **argv) {
     }
     if (conf.precision != PRECISION_FP32)
         trainer_die(DDP_EXIT_CONFIG, "precision.mode: the cpu backend computes in fp32 only");
-    if (conf.snapshot_dir[0])
-        trainer_die(DDP_EXIT_CONFIG, "snapshot.dir: snapshots are not in this build yet; leave it "
-                                     "empty");
     data_splits_t data;
     if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);

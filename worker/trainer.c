@@ -44,9 +44,10 @@ static void check_comm(trainer_t *t, int rc, const char *what) {
                     t->comm->err[0] ? comm_error(t->comm) : "collective error");
 }
 
-static void open_metrics(trainer_t *t) {
+/* A resumed run appends: its metrics continue the interrupted run's. */
+static void open_metrics(trainer_t *t, bool is_resumed) {
     if (t->rank != 0 || !t->conf->metrics_file[0]) return;
-    t->metrics = fopen(t->conf->metrics_file, "w");
+    t->metrics = fopen(t->conf->metrics_file, is_resumed ? "a" : "w");
     if (!t->metrics)
         trainer_die(DDP_EXIT_CONFIG, "train.metrics_file: cannot open %s: %s",
                     t->conf->metrics_file, strerror(errno));
@@ -105,10 +106,13 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                "broadcasting the initial parameters");
     check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
                "broadcasting the initial buffers");
-    open_metrics(t);
+    trainer__snapshot_init(t);
+    bool is_resumed = trainer__resume(t);
+    open_metrics(t, is_resumed);
 }
 
 void trainer_free(trainer_t *t) {
+    trainer__snapshot_free(t);
     if (t->has_sync) grad_sync_free(&t->sync);
     model_free(&t->model);
     sampler_free(&t->sampler);
@@ -135,12 +139,11 @@ static void load_batch(trainer_t *t, const dataset_t *d, const augment_t *aug, i
     o->to_device(t->backend, t->model.labels, t->host_labels, (size_t)n * sizeof(int32_t));
 }
 
-int trainer_step(trainer_t *t, int64_t batch_index) {
+int trainer_step(trainer_t *t) {
     const train_conf_t *c = t->conf;
-    int64_t per_rank = sampler_rank_count(&t->sampler, 0);
-    int64_t first = batch_index * c->batch_size;
-    int n = (int)(per_rank - first < c->batch_size ? per_rank - first : c->batch_size);
-    for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, 0, first + i);
+    int64_t left = sampler_rank_count(&t->sampler, t->cursor);
+    int n = (int)(left < c->batch_size ? left : c->batch_size);
+    for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
     load_batch(t, &t->data->train, &t->augment_train, t->epoch, t->indices, n);
 
     model_t *m = &t->model;
@@ -158,6 +161,7 @@ int trainer_step(trainer_t *t, int64_t batch_index) {
                               (float)lr_at(&t->lr, t->step), (float)c->momentum,
                               (float)c->weight_decay, c->is_nesterov, 1.0f / (float)t->world);
     t->step++;
+    t->cursor += (int64_t)n * t->world; /* every rank took n: the same count, by the sampler's padding */
     return n;
 }
 
@@ -249,67 +253,86 @@ static void write_params(trainer_t *t, const char *path) {
         trainer_die(DDP_EXIT_CONFIG, "train.params_file: cannot write %s: %s", path, strerror(errno));
 }
 
+static bool is_epoch_over(trainer_t *t) { return sampler_rank_count(&t->sampler, t->cursor) == 0; }
+
+/* Whether the run has nothing left: max_steps reached, or the last epoch's samples all used. */
+static bool is_run_over(trainer_t *t) {
+    const train_conf_t *c = t->conf;
+    return (c->max_steps && t->step >= c->max_steps) ||
+           (c->epochs && (t->epoch >= c->epochs || (t->epoch + 1 == c->epochs && is_epoch_over(t))));
+}
+
+static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seconds) {
+    double loss = model_take_loss(&t->model) / (double)samples;
+    double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
+    double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
+    char eta[32], snap[48] = "";
+    format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
+    if (t->snapshots && t->last_snapshot_s > 0)
+        snprintf(snap, sizeof snap, "  snapshot %.0fs ago", now_s() - t->last_snapshot_s);
+    if (t->rank != 0) return;
+    double lr = lr_at(&t->lr, t->step - 1);
+    printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s\n",
+           (long long)t->epoch + 1, (long long)t->step, (long long)t->total_steps, loss, lr, rate,
+           eta, snap);
+    fflush(stdout);
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"event\": \"train\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, "
+                "\"lr\": %.6g, \"img_per_s\": %.1f}\n", (long long)t->step, (long long)t->epoch + 1,
+                loss, lr, rate);
+        fflush(t->metrics);
+    }
+}
+
 eval_result_t trainer_run(trainer_t *t) {
     const train_conf_t *c = t->conf;
     double start_s = now_s(), window_s = start_s;
     int64_t window_samples = 0, window_steps = 0;
     eval_result_t last = {0};
     int64_t last_eval_step = -1;
-    bool is_done = false;
+    bool is_done = is_run_over(t), was_over_at_start = is_done;
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
-               "batch %lld per rank\n", t->model.name, t->model.n_params, t->backend->ops->name,
+               "batch %lld per rank%s\n", t->model.name, t->model.n_params, t->backend->ops->name,
                t->world, (long long)t->data->train.n, (long long)t->steps_per_epoch,
-               (long long)c->batch_size);
+               (long long)c->batch_size, t->step ? ", resumed" : "");
         fflush(stdout);
     }
-    for (t->epoch = 0; !is_done; t->epoch++) {
-        sampler_set_epoch(&t->sampler, t->epoch);
-        for (int64_t b = 0; b < t->steps_per_epoch && !is_done; b++) {
-            window_samples += trainer_step(t, b);
-            window_steps++;
-            bool is_last_of_run = (c->max_steps && t->step >= c->max_steps) ||
-                                  (c->epochs && t->epoch + 1 >= c->epochs && b + 1 == t->steps_per_epoch);
-            if (t->step % c->log_interval == 0 || is_last_of_run) {
-                double loss = model_take_loss(&t->model) / (double)window_samples;
-                double seconds = now_s() - window_s;
-                double rate = seconds > 0 ? (double)window_samples * t->world / seconds : 0;
-                double steps_left = t->total_steps ? (double)(t->total_steps - t->step) : 0;
-                char eta[32];
-                format_duration(steps_left * seconds / (double)window_steps, eta, sizeof eta);
-                if (t->rank == 0) {
-                    printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s\n",
-                           (long long)t->epoch + 1, (long long)t->step, (long long)t->total_steps,
-                           loss, lr_at(&t->lr, t->step - 1), rate, eta);
-                    fflush(stdout);
-                    if (t->metrics) {
-                        fprintf(t->metrics, "{\"event\": \"train\", \"step\": %lld, \"epoch\": %lld, "
-                                "\"loss\": %.6f, \"lr\": %.6g, \"img_per_s\": %.1f}\n",
-                                (long long)t->step, (long long)t->epoch + 1, loss,
-                                lr_at(&t->lr, t->step - 1), rate);
-                        fflush(t->metrics);
-                    }
-                }
-                window_s = now_s();
-                window_samples = window_steps = 0;
-                if (is_out_of_time(t, start_s)) is_done = true;
-            }
-            if (is_last_of_run) is_done = true;
-            if (c->eval_interval && t->step % c->eval_interval == 0 && !is_done) {
-                last = trainer_evaluate(t);
-                last_eval_step = t->step;
-                report_eval(t, &last, "eval");
-            }
+    sampler_set_epoch(&t->sampler, t->epoch);
+    while (!is_done) {
+        if (is_epoch_over(t)) {
+            t->epoch++;
+            t->cursor = 0;
+            sampler_set_epoch(&t->sampler, t->epoch);
         }
-        if (!c->eval_interval && !is_done) {
+        window_samples += trainer_step(t);
+        window_steps++;
+        is_done = is_run_over(t);
+        if (t->step % c->log_interval == 0 || is_done) {
+            log_window(t, window_samples, window_steps, now_s() - window_s);
+            window_s = now_s();
+            window_samples = window_steps = 0;
+            if (is_out_of_time(t, start_s)) is_done = true;
+        }
+        bool is_eval_due = c->eval_interval ? t->step % c->eval_interval == 0 : is_epoch_over(t);
+        if (is_eval_due && !is_done) {
             last = trainer_evaluate(t);
             last_eval_step = t->step;
             report_eval(t, &last, "eval");
         }
-        if (is_done) break;
+        int signum = 0;
+        if (trainer__stop_requested(t, &signum)) {
+            trainer__snapshot(t, true);
+            if (t->rank == 0) printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n",
+                                     signum, (long long)t->step);
+            fflush(stdout);
+            exit(128 + signum);
+        }
+        if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) trainer__snapshot(t, false);
     }
     if (last_eval_step != t->step) last = trainer_evaluate(t);
     report_eval(t, &last, "final");
+    if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
     if (t->rank == 0 && c->params_file[0]) write_params(t, c->params_file);
     return last;
 }

@@ -16,6 +16,7 @@
 #include "lr_schedule.h"
 #include "model.h"
 #include "sampler.h"
+#include "snapshot.h"
 #include "train_conf.h"
 
 typedef struct {
@@ -41,7 +42,11 @@ typedef struct {
     float *host_logits;      /* (batch, classes), evaluation */
     FILE *metrics;           /* rank 0, or NULL */
     int64_t steps_per_epoch, total_steps;
-    int64_t step, epoch;
+    int64_t step, epoch;     /* the next step to run, the epoch it belongs to */
+    int64_t cursor;          /* global sample positions of this epoch already trained on */
+    snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
+    int64_t last_snapshot_step;
+    double last_snapshot_s;
 } trainer_t;
 
 /* Everything a run needs, allocated here. Exits the process on failure (config, data, memory). */
@@ -52,9 +57,23 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
 eval_result_t trainer_run(trainer_t *t);
 /* Evaluate on this rank's shard of the test set, reduced over all ranks. */
 eval_result_t trainer_evaluate(trainer_t *t);
-/* One training step on the batch at this epoch's batch index. Returns the batch's sample count. */
-int trainer_step(trainer_t *t, int64_t batch_index);
+/* One training step on the next batch of this epoch (from the cursor), which it advances.
+ * Returns the batch's sample count on this rank. */
+int trainer_step(trainer_t *t);
 void trainer_free(trainer_t *t);
+
+/* trainer_snapshot.c, internal to the trainer: */
+/* Rank 0: the snapshot writer; every rank: SIGTERM/SIGUSR1 handlers. No-op without snapshot.dir. */
+void trainer__snapshot_init(trainer_t *t);
+/* Load the newest good snapshot (rank 0) and broadcast it; returns whether one was loaded. */
+bool trainer__resume(trainer_t *t);
+/* Take a snapshot of the state after the last step (rank 0 writes; asynchronously unless
+ * is_blocking). Returns the stall in seconds. */
+double trainer__snapshot(trainer_t *t, bool is_blocking);
+/* Whether any rank got SIGTERM/SIGUSR1 (a collective; every rank calls it at the same step).
+ * *signum: the signal this rank received, or SIGTERM when only another one did. */
+bool trainer__stop_requested(trainer_t *t, int *signum);
+void trainer__snapshot_free(trainer_t *t);
 
 /* Print "ddpworker: rank R: <message>" to stderr and exit with code. */
 _Noreturn void trainer_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

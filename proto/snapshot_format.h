@@ -1,0 +1,61 @@
+/* snapshot_format: the on-disk layout of a ddpworker snapshot (docs/snapshot.md), shared by the
+ * writer, the loader, `ddpworker inspect` and tests. Little-endian, fixed-size header followed by
+ * the sections at the offsets the header names; every section and the header itself carry an
+ * XXH3-64 checksum (seed 0), so a torn or flipped file is recognized before anything is used. */
+#ifndef DDP_PROTO_SNAPSHOT_FORMAT_H
+#define DDP_PROTO_SNAPSHOT_FORMAT_H
+
+#include <stdint.h>
+
+#define SNAPSHOT_MAGIC "DDPSNAP\x01"  /* 8 bytes */
+#define SNAPSHOT_VERSION 1u
+#define SNAPSHOT_MAX_SECTIONS 8
+#define SNAPSHOT_FILE_PREFIX "snapshot-"
+#define SNAPSHOT_FILE_SUFFIX ".ddps"
+#define SNAPSHOT_MANIFEST "latest"
+
+typedef enum {
+    SNAPSHOT_SECTION_PARAMS = 1,    /* fp32, the model's parameter arena */
+    SNAPSHOT_SECTION_MOMENTUM = 2,  /* fp32, SGD momentum, same layout as params */
+    SNAPSHOT_SECTION_BUFFERS = 3,   /* fp32, batch-norm running mean/var (rank 0's) */
+} snapshot_section_kind_t;
+
+typedef struct {
+    uint32_t kind;           /* snapshot_section_kind_t */
+    uint32_t reserved;       /* 0 */
+    uint64_t offset;         /* from the start of the file */
+    uint64_t n_bytes;
+    uint64_t checksum;       /* XXH3-64 of the section's bytes */
+} snapshot_section_t;
+
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_bytes;   /* sizeof(snapshot_header_t) */
+    /* where training stands: the next step to run is `step`; `cursor` global sample positions of
+     * epoch `epoch` are consumed. Augmentation and shuffling are functions of (seed, epoch,
+     * index), so these three numbers and the seed are the whole random state. */
+    uint64_t step, epoch, cursor;
+    uint64_t seed;
+    uint32_t world_size;     /* at save */
+    uint32_t reserved0;
+    uint64_t train_samples;  /* dataset size the cursor refers to */
+    /* the model */
+    char model[32];
+    uint32_t width, height, img_width, channels, classes, reserved1;
+    uint64_t n_params, n_buffers;
+    /* the optimizer (informational: train.conf may change it on resume) */
+    double lr, momentum, weight_decay;
+    uint32_t is_nesterov, precision;
+    /* the dynamic loss scaler (fp16): scale 1 and 0 steps when unused */
+    double loss_scale;
+    uint64_t loss_scale_good_steps;
+    uint64_t unix_time_ms;   /* when it was taken */
+    uint32_t n_sections, reserved2;
+    snapshot_section_t sections[SNAPSHOT_MAX_SECTIONS];
+    uint64_t header_checksum; /* XXH3-64 of every byte above */
+} snapshot_header_t;
+
+_Static_assert(sizeof(snapshot_header_t) % 8 == 0, "the header keeps sections 8-byte aligned");
+
+#endif

@@ -1,0 +1,68 @@
+/* snapshot: ddpworker's snapshots on disk (format: proto/snapshot_format.h, docs/snapshot.md).
+ * Writing is crash-safe: a temp file in the same directory, fsync, rename, fsync of the directory,
+ * then the `latest` manifest the same way; older snapshots are pruned only after the new one is in
+ * place, so a failed write (full disk, read-only directory) never damages what was there. Reading
+ * verifies every checksum before anything is used; snapshot_find_latest skips (and reports) torn or
+ * corrupt files and falls back to older ones.
+ *
+ * snapshot_writer_t does the writing on its own thread from host copies, so a training step only
+ * pays for the copy. One writer per run, driven from the trainer's thread. */
+#ifndef DDP_WORKER_SNAPSHOT_H
+#define DDP_WORKER_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "snapshot_format.h"
+
+typedef struct {
+    snapshot_header_t header;
+    float *params, *momentum, *buffers; /* host memory, sizes from the header */
+} snapshot_data_t;
+
+typedef struct {
+    int64_t keep;        /* newest snapshots kept */
+    int64_t keep_every;  /* also keep steps that are multiples of this forever (0: none) */
+} snapshot_retention_t;
+
+/* Write one snapshot into dir (which must exist) as snapshot-<step>.ddps; fills in the header's
+ * magic, version, sections and checksums; then rewrites the manifest and prunes. Returns 0, or -1
+ * with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
+int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
+                   char *err, size_t err_len);
+/* Read and verify path. On success d's arrays are malloc'd (snapshot_data_free). Returns 0, or -1
+ * with the first problem found (bad magic, truncated, a checksum that does not match, ...). */
+int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len);
+void snapshot_data_free(snapshot_data_t *d);
+/* The newest snapshot in dir that verifies, into d and its path into path_out. Every file skipped
+ * on the way is reported on `report` (may be NULL) with its path and reason. Returns 1 when one was
+ * found, 0 when there is none (or no dir), -1 with err when dir cannot be read. */
+int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char *path_out,
+                         size_t path_len, char *err, size_t err_len);
+/* XXH3-64 over params, momentum and buffers: one number to compare two runs' final state. */
+uint64_t snapshot_state_hash(const snapshot_data_t *d);
+/* `ddpworker inspect`: header, per-section verification, state hash. Returns 0 if it verifies. */
+int snapshot_inspect(const char *path, FILE *out);
+
+typedef struct snapshot_writer snapshot_writer_t;
+
+/* A writer for dir with host buffers for n_params / n_buffers floats. Creates dir if missing.
+ * Returns 0 or -1 with err (cannot create or write into dir, out of memory). */
+int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
+                           const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
+                           size_t err_len);
+/* Wait until the previous snapshot is written; then its buffers are free to fill. Returns 0, or
+ * -1 with the previous write's failure in err (reported once). */
+int snapshot_writer_acquire(snapshot_writer_t *w, snapshot_data_t **buffers, char *err,
+                            size_t err_len);
+/* Hand the filled buffers (and header) to the writer thread; returns at once. */
+void snapshot_writer_submit(snapshot_writer_t *w);
+/* Wait for the write in flight (if any); 0 or -1 with its failure in err. */
+int snapshot_writer_flush(snapshot_writer_t *w, char *err, size_t err_len);
+/* The path of the last snapshot written successfully ("" if none yet). */
+const char *snapshot_writer_last_path(const snapshot_writer_t *w);
+void snapshot_writer_destroy(snapshot_writer_t *w);
+
+#endif

@@ -1,0 +1,174 @@
+/* trainer_snapshot: the trainer's side of snapshots: taking them (rank 0 copies the arenas into
+ * the writer's host buffers; the writer thread does the disk work), resuming (rank 0 loads the
+ * newest snapshot that verifies and broadcasts it), and SIGTERM/SIGUSR1 (agreed on by all ranks at
+ * a step boundary, then a blocking snapshot and exit). Runs on the trainer's thread. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "exit_codes.h"
+#include "trainer.h"
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int signum) { stop_signal = signum; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void check(trainer_t *t, int rc, const char *what) {
+    if (rc < 0)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
+                    t->comm->err[0] ? comm_error(t->comm) : "collective error");
+}
+
+void trainer__snapshot_init(trainer_t *t) {
+    const train_conf_t *c = t->conf;
+    if (!c->snapshot_dir[0]) return;
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    if (t->rank != 0) return;
+    snapshot_retention_t keep = {.keep = c->snapshot_keep, .keep_every = c->snapshot_keep_every};
+    char err[1024];
+    if (snapshot_writer_create(c->snapshot_dir, t->model.n_params, t->model.n_buffers, &keep,
+                               &t->snapshots, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_IO, "%s", err);
+}
+
+void trainer__snapshot_free(trainer_t *t) {
+    snapshot_writer_destroy(t->snapshots);
+    t->snapshots = NULL;
+}
+
+static void describe(const trainer_t *t, snapshot_header_t *h) {
+    const train_conf_t *c = t->conf;
+    const model_t *m = &t->model;
+    h->step = (uint64_t)t->step;
+    h->epoch = (uint64_t)t->epoch;
+    h->cursor = (uint64_t)t->cursor;
+    h->seed = (uint64_t)c->seed;
+    h->world_size = (uint32_t)t->world;
+    h->train_samples = (uint64_t)t->data->train.n;
+    snprintf(h->model, sizeof h->model, "%s", m->name);
+    h->width = (uint32_t)c->width;
+    h->height = (uint32_t)m->h;
+    h->img_width = (uint32_t)m->w;
+    h->channels = (uint32_t)m->c;
+    h->classes = (uint32_t)m->classes;
+    h->n_params = m->n_params;
+    h->n_buffers = m->n_buffers;
+    h->lr = c->lr;
+    h->momentum = c->momentum;
+    h->weight_decay = c->weight_decay;
+    h->is_nesterov = c->is_nesterov;
+    h->precision = (uint32_t)c->precision;
+    h->loss_scale = 1.0;
+}
+
+double trainer__snapshot(trainer_t *t, bool is_blocking) {
+    t->last_snapshot_step = t->step;
+    t->last_snapshot_s = now_s();
+    if (!t->snapshots) return 0;
+    double start = now_s();
+    snapshot_data_t *d;
+    char err[1024];
+    /* a failed earlier write is reported, not fatal: training goes on with the older snapshots */
+    if (snapshot_writer_acquire(t->snapshots, &d, err, sizeof err) < 0)
+        fprintf(stderr, "ddpworker: warning: snapshot failed: %s\n", err);
+    memset(&d->header, 0, sizeof d->header);
+    describe(t, &d->header);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    d->header.unix_time_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
+    const model_t *m = &t->model;
+    const backend_i *o = t->backend->ops;
+    o->to_host(t->backend, d->params, m->params, m->n_params * sizeof(float));
+    o->to_host(t->backend, d->momentum, m->momentum, m->n_params * sizeof(float));
+    o->to_host(t->backend, d->buffers, m->buffers, m->n_buffers * sizeof(float));
+    snapshot_writer_submit(t->snapshots);
+    double stall = now_s() - start;
+    if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s", (long long)t->step, err);
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"event\": \"snapshot\", \"step\": %lld, \"stall_ms\": %.3f%s}\n",
+                (long long)t->step, stall * 1e3, is_blocking ? ", \"blocking\": true" : "");
+        fflush(t->metrics);
+    }
+    return stall;
+}
+
+bool trainer__stop_requested(trainer_t *t, int *signum) {
+    if (!t->conf->snapshot_dir[0]) return false;
+    double flag = stop_signal ? 1 : 0;
+    check(t, t->comm->ops->allreduce_sum_f64(t->comm, &flag, 1), "agreeing on a stop signal");
+    *signum = stop_signal ? stop_signal : SIGTERM;
+    return flag > 0;
+}
+
+/* A snapshot from another configuration cannot continue this run: say which key differs. */
+static void check_compatible(const trainer_t *t, const snapshot_header_t *h, const char *path) {
+    const model_t *m = &t->model;
+    if (strncmp(h->model, m->name, sizeof h->model) != 0 || h->width != (uint32_t)t->conf->width ||
+        h->n_params != m->n_params || h->n_buffers != m->n_buffers)
+        trainer_die(DDP_EXIT_CONFIG, "snapshot %s holds model %.32s width %u (%" PRIu64
+                    " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
+                    path, h->model, h->width, h->n_params, m->name, (long long)t->conf->width,
+                    m->n_params);
+    if (h->train_samples != (uint64_t)t->data->train.n || h->seed != (uint64_t)t->conf->seed)
+        trainer_die(DDP_EXIT_CONFIG, "snapshot %s was taken with %" PRIu64 " training samples and "
+                    "seed %" PRIu64 "; this run has %lld and %lld (data.train_limit, train.seed), "
+                    "so its position in the data would be meaningless", path, h->train_samples,
+                    h->seed, (long long)t->data->train.n, (long long)t->conf->seed);
+}
+
+bool trainer__resume(trainer_t *t) {
+    if (!t->conf->snapshot_dir[0]) return false;
+    int64_t where[4] = {0}; /* found, step, epoch, cursor */
+    snapshot_data_t d = {0};
+    char path[4096];
+    if (t->rank == 0) {
+        char err[1024];
+        int found = snapshot_find_latest(t->conf->snapshot_dir, stderr, &d, path, sizeof path, err,
+                                         sizeof err);
+        if (found < 0) trainer_die(DDP_EXIT_IO, "%s", err);
+        if (found) {
+            check_compatible(t, &d.header, path);
+            where[0] = 1;
+            where[1] = (int64_t)d.header.step;
+            where[2] = (int64_t)d.header.epoch;
+            where[3] = (int64_t)d.header.cursor;
+        }
+    }
+    check(t, t->comm->ops->broadcast(t->comm, where, sizeof where, 0), "broadcasting the resume point");
+    if (!where[0]) return false;
+    model_t *m = &t->model;
+    const backend_i *o = t->backend->ops;
+    if (t->rank == 0) {
+        o->to_device(t->backend, m->params, d.params, m->n_params * sizeof(float));
+        o->to_device(t->backend, m->momentum, d.momentum, m->n_params * sizeof(float));
+        o->to_device(t->backend, m->buffers, d.buffers, m->n_buffers * sizeof(float));
+        printf("ddpworker: resuming from %s: step %lld, epoch %lld, %lld samples into it (saved by "
+               "%u ranks, now %d)\n", path, (long long)where[1], (long long)where[2] + 1,
+               (long long)where[3], d.header.world_size, t->world);
+        fflush(stdout);
+        snapshot_data_free(&d);
+    }
+    check(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
+          "broadcasting the snapshot's parameters");
+    check(t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), 0),
+          "broadcasting the snapshot's momentum");
+    check(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
+          "broadcasting the snapshot's statistics");
+    t->step = t->last_snapshot_step = where[1];
+    t->epoch = where[2];
+    t->cursor = where[3];
+    return true;
+}
