@@ -1,0 +1,254 @@
+"""Fault injection: crashes, hangs, lost nodes, corrupt snapshots and full disks, each against
+ddprun + ddpworker (CPU backend) with snapshots on. Every test asserts on the final state (the
+weights' hash from `ddpworker inspect`, the step reached, the files on disk), and the bar is exact:
+a run that is killed and resumed ends with the same weights, bit for bit, as one that never failed."""
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import clean_env, free_port
+
+EXIT_IO = 74
+
+CONF = """[model]
+name = cnn
+width = 16
+[data]
+kind = synthetic
+height = 28
+width = 28
+channels = 1
+classes = 10
+train_limit = 4096
+test_limit = 256
+augment = true
+[optim]
+lr = 0.05
+[train]
+batch_size = 16
+epochs = 2
+log_interval = 8
+collective_timeout = 30
+[snapshot]
+every = 4
+keep = 3
+"""
+
+
+@pytest.fixture
+def conf(tmp_path):
+    path = tmp_path / "faults.conf"
+    path.write_text(CONF)
+    return str(path)
+
+
+def inspect(ddpworker, path):
+    r = subprocess.run([ddpworker, "inspect", str(path)], capture_output=True, text=True, timeout=30)
+    fields = dict(re.findall(r"^([a-z ]+):\s+(.*)$", r.stdout, re.M))
+    return r.returncode, fields
+
+
+def final_state(ddpworker, snap_dir):
+    """(state hash, step, world size) of the snapshot `latest` names; asserts it verifies."""
+    latest = (snap_dir / "latest").read_text().strip()
+    rc, f = inspect(ddpworker, snap_dir / latest)
+    assert rc == 0, f
+    return f["state hash"], int(f["step"].split()[0]), int(f["world size"])
+
+
+def snapshot_steps(snap_dir):
+    return sorted(int(m.group(1)) for name in os.listdir(snap_dir)
+                  if (m := re.match(r"snapshot-(\d+)\.ddps$", name)))
+
+
+def start_job(ddprun, conf, snap_dir, *extra, nproc=2, nnodes=None, port=None, rdzv_conf=None):
+    cmd = [ddprun, "--nproc-per-node", str(nproc), "--max-restarts", "10"]
+    if nnodes:
+        cmd += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{port}", "--rdzv-id", "faults"]
+        if rdzv_conf:
+            cmd += ["--rdzv-conf", rdzv_conf]
+    else:
+        cmd += ["--standalone"]
+    cmd += [conf, f"snapshot.dir={snap_dir}", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=clean_env(), start_new_session=True)
+
+
+def run_job(ddprun, conf, snap_dir, *extra, timeout=300, **kw):
+    p = start_job(ddprun, conf, snap_dir, *extra, **kw)
+    out, _ = p.communicate(timeout=timeout)
+    return p.returncode, out
+
+
+def reference(ddprun, ddpworker, conf, tmp_path, nproc=2, nnodes=1):
+    """The uninterrupted run's final state, same world size."""
+    snap = tmp_path / "reference"
+    if nnodes == 1:
+        rc, out = run_job(ddprun, conf, snap, nproc=nproc)
+        assert rc == 0, out
+    else:
+        port = free_port()
+        jobs = [start_job(ddprun, conf, snap, nproc=nproc, nnodes=str(nnodes), port=port)
+                for _ in range(nnodes)]
+        outs = [j.communicate(timeout=300)[0] for j in jobs]
+        assert [j.returncode for j in jobs] == [0] * nnodes, outs
+    return final_state(ddpworker, snap)
+
+
+def workers_of(conf):
+    """pids of the ddpworker processes running conf (not their shims)."""
+    r = subprocess.run(["pgrep", "-f", f"worker/ddpworker {conf}"], capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+def wait_for_snapshot_after(snap_dir, step, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = snapshot_steps(snap_dir) if snap_dir.exists() else []
+        if steps and steps[-1] > step:
+            return steps[-1]
+        time.sleep(0.01)
+    pytest.fail(f"no snapshot after step {step} within {timeout} s")
+
+
+def test_kill_9_of_random_workers_ends_with_the_uninterrupted_weights(ddprun, ddpworker, conf,
+                                                                       tmp_path):
+    """2 nodes x 2 workers on loopback; three times, a random worker is SIGKILLed at a random
+    moment after the job has made progress."""
+    want = reference(ddprun, ddpworker, conf, tmp_path, nnodes=2)
+    snap = tmp_path / "faulty"
+    port = free_port()
+    jobs = [start_job(ddprun, conf, snap, nnodes="2", port=port) for _ in range(2)]
+    rng = random.Random(os.getpid())
+    seen = 0
+    for _ in range(3):
+        seen = wait_for_snapshot_after(snap, seen)
+        time.sleep(rng.uniform(0, 0.05))
+        pids = workers_of(conf)
+        assert pids, "no worker to kill"
+        os.kill(rng.choice(pids), signal.SIGKILL)
+    outs = [j.communicate(timeout=300)[0] for j in jobs]
+    assert [j.returncode for j in jobs] == [0, 0], outs
+    assert sum(o.count("resuming from") for o in outs) >= 3, outs
+    assert final_state(ddpworker, snap) == want
+
+
+def test_a_stopped_worker_fails_the_collective_deadline_and_the_job_recovers(ddprun, ddpworker,
+                                                                            conf, tmp_path):
+    want = reference(ddprun, ddpworker, conf, tmp_path)
+    snap = tmp_path / "faulty"
+    job = start_job(ddprun, conf, snap, "train.collective_timeout=2")
+    wait_for_snapshot_after(snap, 8)
+    stopped = workers_of(conf)[-1]
+    os.kill(stopped, signal.SIGSTOP)
+    t0 = time.monotonic()
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert "no progress" in out and "resuming from" in out, out
+    assert time.monotonic() - t0 < 60
+    assert final_state(ddpworker, snap) == want
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_newest_snapshot_is_skipped_with_a_warning(ddprun, ddpworker, conf, tmp_path,
+                                                            damage):
+    """Crash the whole job (SIGKILL to the agent: its workers die with it), damage the newest
+    snapshot, start the job again: it resumes from the one before and still ends exact."""
+    want = reference(ddprun, ddpworker, conf, tmp_path)
+    snap = tmp_path / "faulty"
+    job = start_job(ddprun, conf, snap)
+    wait_for_snapshot_after(snap, 40)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.communicate()
+    steps = snapshot_steps(snap)
+    assert len(steps) >= 2
+    newest = snap / f"snapshot-{steps[-1]:012d}.ddps"
+    data = bytearray(newest.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x40
+    else:
+        data = data[: len(data) - 100]
+    newest.write_bytes(bytes(data))
+    assert inspect(ddpworker, newest)[0] != 0
+    rc, out = run_job(ddprun, conf, snap)
+    assert rc == 0, out
+    assert f"warning: skipping snapshot {newest}" in out, out
+    assert f"resuming from {snap}/snapshot-{steps[-2]:012d}.ddps" in out, out
+    assert final_state(ddpworker, snap) == want
+
+
+def test_a_lost_node_scales_the_job_down_and_it_resumes_with_fewer_ranks(ddprun, ddpworker, conf,
+                                                                         tmp_path):
+    snap = tmp_path / "elastic"
+    port = free_port()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    jobs = [start_job(ddprun, conf, snap, nnodes="1:2", port=port, rdzv_conf=rdzv)]
+    time.sleep(0.05)
+    jobs.append(start_job(ddprun, conf, snap, nnodes="1:2", port=port, rdzv_conf=rdzv))
+    wait_for_snapshot_after(snap, 8)
+    os.killpg(jobs[1].pid, signal.SIGKILL)           # node 1: its agent and its workers
+    jobs[1].communicate()
+    out, _ = jobs[0].communicate(timeout=300)
+    assert jobs[0].returncode == 0, out
+    assert re.search(r"saved by 4 ranks, now 2", out), out
+    _, step, world = final_state(ddpworker, snap)
+    assert world == 2
+    rc, f = inspect(ddpworker, snap / (snap / "latest").read_text().strip())
+    assert int(f["epoch"]) == 1 and f["cursor"].startswith("4096 of 4096"), f
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mounted = []
+
+    def mount(size, options=""):
+        d = tmp_path / f"tmpfs{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)])
+
+
+@needs_root
+def test_a_full_disk_is_reported_and_older_snapshots_stay_intact(ddpworker, conf, small_tmpfs,
+                                                                  tmp_path):
+    sizing = tmp_path / "sizing"
+    r = subprocess.run([ddpworker, conf, f"snapshot.dir={sizing}", "train.max_steps=1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    one = max(p.stat().st_size for p in sizing.iterdir())
+    disk = small_tmpfs(f"{2 * one + 3 * 4096}")   # room for two snapshots and the manifest
+    r = subprocess.run([ddpworker, conf, f"snapshot.dir={disk}", "snapshot.keep=10",
+                        "snapshot.every=2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == EXIT_IO, r.stderr
+    assert "No space left on device" in r.stderr and "warning: snapshot failed" in r.stderr
+    steps = snapshot_steps(disk)
+    assert steps, "the first snapshots fit"
+    for step in steps:
+        assert inspect(ddpworker, disk / f"snapshot-{step:012d}.ddps")[0] == 0
+    assert not [n for n in os.listdir(disk) if n.endswith(".tmp")], os.listdir(disk)
+
+
+@needs_root
+def test_a_read_only_snapshot_dir_is_a_clear_error(ddpworker, conf, small_tmpfs):
+    disk = small_tmpfs("1m", ",ro")
+    r = subprocess.run([ddpworker, conf, f"snapshot.dir={disk}"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == EXIT_IO, r.stderr
+    assert f"snapshot.dir: cannot write into {disk}" in r.stderr, r.stderr
