@@ -1,7 +1,7 @@
 /* libFuzzer harness over the worker's parsers of files that come from outside: train.conf
- * (with overrides), IDX datasets and CIFAR binary batches. The input goes to a memfd (CIFAR: a
+ * (with overrides), IDX datasets, CIFAR binary batches and snapshots. The input goes to a memfd (CIFAR: a
  * file in a scratch directory, the loader takes a directory) so the parsers' real file paths are
- * exercised. The first byte picks the parser: odd train.conf, 2 CIFAR-10, other even IDX. */
+ * exercised. The first byte picks the parser: odd train.conf, 2 CIFAR-10, 4 a snapshot, other even IDX. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 
 #include "data_cifar.h"
 #include "data_idx.h"
+#include "snapshot.h"
 #include "train_conf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -36,6 +37,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         train_conf_t c;
         char *overrides[] = {"optim.lr=0.5", "train.epochs=2"};
         train_conf_load(path, overrides, 2, &c, err, sizeof err);
+        close(fd);
+        return 0;
+    }
+    if (data[0] == 4) {
+        char path[64];
+        int fd = to_memfd(data + 1, size - 1, path, sizeof path);
+        if (fd < 0) return 0;
+        snapshot_data_t d;
+        if (snapshot_read(path, &d, err, sizeof err) == 0) {
+            if (!d.params || !d.momentum || !d.buffers) __builtin_trap();
+            (void)snapshot_state_hash(&d);
+            snapshot_data_free(&d);
+        }
         close(fd);
         return 0;
     }

@@ -1,0 +1,214 @@
+/* snapshot: round trip, verification of every kind of damage (magic, header, sections, torn
+ * files), newest-good selection with reports, retention (keep N, keep every Mth), the manifest,
+ * and the writer thread (including a failed write reported on the next acquire). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "snapshot.h"
+
+static char dir[256];
+
+static void make_dir(void) {
+    snprintf(dir, sizeof dir, "/tmp/test_snapshot.XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void remove_dir(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(snapshot, .init = make_dir, .fini = remove_dir, .timeout = 30);
+
+#define N_PARAMS 1000
+#define N_BUFFERS 10
+
+static float params[N_PARAMS], momentum[N_PARAMS], buffers[N_BUFFERS];
+
+static snapshot_data_t sample(uint64_t step) {
+    for (int i = 0; i < N_PARAMS; i++) {
+        params[i] = (float)i * 0.5f + (float)step;
+        momentum[i] = -(float)i;
+    }
+    for (int i = 0; i < N_BUFFERS; i++) buffers[i] = (float)i;
+    snapshot_data_t d = {.params = params, .momentum = momentum, .buffers = buffers};
+    d.header.step = step;
+    d.header.epoch = 2;
+    d.header.cursor = 640;
+    d.header.world_size = 4;
+    d.header.n_params = N_PARAMS;
+    d.header.n_buffers = N_BUFFERS;
+    snprintf(d.header.model, sizeof d.header.model, "cnn");
+    return d;
+}
+
+static void write_step(uint64_t step, const snapshot_retention_t *keep) {
+    snapshot_data_t d = sample(step);
+    char err[1024];
+    cr_assert_eq(snapshot_write(dir, &d, keep, err, sizeof err), 0, "%s", err);
+}
+
+static const snapshot_retention_t keep_all = {.keep = 100};
+
+static void path_of(uint64_t step, char *out, size_t len) {
+    snprintf(out, len, "%s/snapshot-%012llu.ddps", dir, (unsigned long long)step);
+}
+
+static void damage(const char *path, long offset, int mode /* 0 flip, 1 truncate */) {
+    if (mode == 1) {
+        cr_assert_eq(truncate(path, offset), 0);
+        return;
+    }
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f);
+    fseek(f, offset, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, offset, SEEK_SET);
+    fputc(c ^ 1, f);
+    fclose(f);
+}
+
+Test(snapshot, round_trip_keeps_every_field_and_value) {
+    write_step(7, &keep_all);
+    char path[512], err[1024];
+    path_of(7, path, sizeof path);
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_read(path, &d, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(d.header.step, 7);
+    cr_assert_eq(d.header.epoch, 2);
+    cr_assert_eq(d.header.cursor, 640);
+    cr_assert_eq(d.header.world_size, 4);
+    cr_assert_str_eq(d.header.model, "cnn");
+    snapshot_data_t want = sample(7);
+    cr_assert_eq(memcmp(d.params, params, sizeof params), 0);
+    cr_assert_eq(memcmp(d.momentum, momentum, sizeof momentum), 0);
+    cr_assert_eq(memcmp(d.buffers, buffers, sizeof buffers), 0);
+    want.header = d.header;
+    cr_assert_eq(snapshot_state_hash(&d), snapshot_state_hash(&want));
+    snapshot_data_free(&d);
+    char manifest[512];
+    snprintf(manifest, sizeof manifest, "%s/latest", dir);
+    FILE *f = fopen(manifest, "r");
+    cr_assert_not_null(f);
+    char line[128] = "";
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    fclose(f);
+    cr_assert_str_eq(line, "snapshot-000000000007.ddps\n");
+}
+
+static void expect_damaged(long offset, int mode, const char *needle) {
+    write_step(3, &keep_all);
+    char path[512], err[1024];
+    path_of(3, path, sizeof path);
+    damage(path, offset, mode);
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_read(path, &d, err, sizeof err), -1, "damage at %ld not found", offset);
+    cr_assert(strstr(err, path) && strstr(err, needle), "'%s' should name the file and '%s'", err,
+              needle);
+}
+
+Test(snapshot, bad_magic_is_not_a_snapshot) { expect_damaged(0, 0, "not a ddpworker snapshot"); }
+Test(snapshot, a_flipped_header_byte_fails_its_checksum) { expect_damaged(40, 0, "header checksum"); }
+Test(snapshot, a_flipped_param_fails_the_section_checksum) {
+    expect_damaged((long)sizeof(snapshot_header_t) + 100, 0, "section params checksum mismatch");
+}
+Test(snapshot, a_flipped_buffer_fails_the_section_checksum) {
+    expect_damaged((long)sizeof(snapshot_header_t) + 2 * N_PARAMS * 4 + 3, 0, "section buffers");
+}
+Test(snapshot, a_torn_file_is_truncated) {
+    expect_damaged((long)sizeof(snapshot_header_t) + 10, 1, "truncated");
+}
+Test(snapshot, a_file_shorter_than_the_header_is_torn) { expect_damaged(10, 1, "shorter than"); }
+
+Test(snapshot, the_newest_good_snapshot_wins_and_damaged_ones_are_reported) {
+    for (uint64_t s = 10; s <= 30; s += 10) write_step(s, &keep_all);
+    char p30[512], p20[512];
+    path_of(30, p30, sizeof p30);
+    path_of(20, p20, sizeof p20);
+    damage(p30, (long)sizeof(snapshot_header_t) + 5, 0);
+    damage(p20, 100, 1);
+    char report_buf[4096] = "", found[512], err[1024];
+    FILE *report = fmemopen(report_buf, sizeof report_buf, "w");
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_find_latest(dir, report, &d, found, sizeof found, err, sizeof err), 1);
+    fclose(report);
+    cr_assert_eq(d.header.step, 10);
+    cr_assert(strstr(found, "snapshot-000000000010.ddps"), "%s", found);
+    cr_assert(strstr(report_buf, p30) && strstr(report_buf, p20), "report: %s", report_buf);
+    snapshot_data_free(&d);
+}
+
+Test(snapshot, no_directory_and_no_snapshot_mean_a_fresh_start) {
+    char missing[300], found[512], err[1024];
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_find_latest(missing, NULL, &d, found, sizeof found, err, sizeof err), 0);
+    cr_assert_eq(snapshot_find_latest(dir, NULL, &d, found, sizeof found, err, sizeof err), 0);
+}
+
+Test(snapshot, retention_keeps_the_newest_and_every_mth) {
+    snapshot_retention_t keep = {.keep = 2, .keep_every = 10};
+    for (uint64_t s = 5; s <= 35; s += 5) write_step(s, &keep);
+    /* newest two: 35, 30; multiples of 10: 10, 20, 30 */
+    uint64_t expect_present[] = {10, 20, 30, 35}, expect_gone[] = {5, 15, 25};
+    char path[512];
+    for (size_t i = 0; i < 4; i++) {
+        path_of(expect_present[i], path, sizeof path);
+        cr_assert_eq(access(path, F_OK), 0, "step %llu was pruned", (unsigned long long)expect_present[i]);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        path_of(expect_gone[i], path, sizeof path);
+        cr_assert_neq(access(path, F_OK), 0, "step %llu was kept", (unsigned long long)expect_gone[i]);
+    }
+}
+
+Test(snapshot, the_writer_thread_writes_and_reports_a_failure_once) {
+    snapshot_writer_t *w;
+    char err[1024], sub[300];
+    snprintf(sub, sizeof sub, "%s/a/b", dir);
+    snapshot_retention_t keep = {.keep = 3};
+    cr_assert_eq(snapshot_writer_create(sub, N_PARAMS, N_BUFFERS, &keep, &w, err, sizeof err), 0,
+                 "%s", err);
+    snapshot_data_t *buf;
+    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
+    snapshot_data_t s = sample(4);
+    buf->header = s.header;
+    memcpy(buf->params, params, sizeof params);
+    memcpy(buf->momentum, momentum, sizeof momentum);
+    memcpy(buf->buffers, buffers, sizeof buffers);
+    snapshot_writer_submit(w);
+    cr_assert_eq(snapshot_writer_flush(w, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(snapshot_writer_last_path(w), "snapshot-000000000004.ddps"));
+    /* the directory disappears: the next write fails, and the failure comes back once */
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", sub);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
+    buf->header.step = 8;
+    snapshot_writer_submit(w);
+    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), -1);
+    cr_assert(strstr(err, "cannot create") && strstr(err, sub), "%s", err);
+    cr_assert_eq(snapshot_writer_flush(w, err, sizeof err), 0, "reported once");
+    snapshot_writer_destroy(w);
+}
+
+Test(snapshot, inspect_prints_the_header_and_the_state_hash) {
+    write_step(12, &keep_all);
+    char path[512], out[4096] = "";
+    path_of(12, path, sizeof path);
+    FILE *f = fmemopen(out, sizeof out, "w");
+    cr_assert_eq(snapshot_inspect(path, f), 0);
+    fclose(f);
+    cr_assert(strstr(out, "step:        12 (next to run)") && strstr(out, "checksums:   ok") &&
+              strstr(out, "state hash:  "), "%s", out);
+    damage(path, (long)sizeof(snapshot_header_t) + 1, 0);
+    f = fmemopen(out, sizeof out, "w");
+    cr_assert_eq(snapshot_inspect(path, f), -1);
+    fclose(f);
+    cr_assert(strstr(out, "does not verify"), "%s", out);
+}
