@@ -289,6 +289,12 @@ static int set_shutdown_timeout(ddprun_opts_t *o, const char *v, char *err, size
     return 0;
 }
 
+static int set_hang_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (parse_seconds(v, &o->hang_timeout_s) < 0)
+        return errf(err, el, "--hang-timeout: '%s' is not a number of seconds", v);
+    return 0;
+}
+
 static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     (void)v, (void)err, (void)el;
     o->is_dry_run = true;
@@ -324,6 +330,9 @@ static const opt_spec_t opt_table[] = {
                                         "(SIGTERM,SIGINT,SIGHUP,SIGQUIT)", set_signals},
     {"shutdown-timeout", 0, "SECONDS", "grace after forwarding a signal, then SIGKILL (30)",
      set_shutdown_timeout},
+    {"hang-timeout", 0, "SECONDS", "restart the job when a worker that reports progress "
+                                   "(ddpworker does) makes none for this long (0: off)",
+     set_hang_timeout},
     {"dry-run", 0, NULL, "print the resolved configuration and exit", set_dry_run},
 };
 #define N_OPTS (sizeof opt_table / sizeof opt_table[0])
@@ -526,7 +535,8 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "\nmaster: %s:%u\nlocal_addr: %s\nno_python: %d\nmodule: %d\nsignals:",
             o->master_addr, o->master_port, o->local_addr, o->is_no_python, o->is_module);
     for (int s = 0; s < o->n_signals; s++) fprintf(f, " %d", o->signals[s]);
-    fprintf(f, "\nshutdown_timeout: %g\nprogram:", o->shutdown_timeout_s);
+    fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nprogram:", o->shutdown_timeout_s,
+            o->hang_timeout_s);
     for (int a = 0; a < o->program_argc; a++) fprintf(f, " %s", o->program_argv[a]);
     fputc('\n', f);
 }

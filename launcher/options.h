@@ -39,6 +39,7 @@ typedef struct {
     int signals[DDP_MAX_SIGNALS];
     int n_signals;
     double shutdown_timeout_s;
+    double hang_timeout_s;   /* 0: no hang detection */
     bool is_dry_run;
     char **program_argv; /* points into argv: the program and its arguments */
     int program_argc;

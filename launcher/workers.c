@@ -45,6 +45,10 @@ struct worker {
     char tail[TAIL_BYTES];
     size_t tail_len;
     char prefix[32];
+    /* --hang-timeout: the worker's progress counter (DDPRUN_PROGRESS_FILE), once it wrote one */
+    char progress_path[1600];
+    uint64_t last_beat, last_change_ms;
+    bool has_beat, is_hang_killed;
 };
 
 struct workers {
@@ -58,7 +62,7 @@ struct workers {
     int n_open_handles; /* of all workers; the set is freed only once this is 0 */
     bool is_destroyed;
     int n_open_timers;
-    uv_timer_t kill_timer, drain_timer;
+    uv_timer_t kill_timer, drain_timer, hang_timer;
     bool is_stopping, is_done, is_timer_open;
     int lifeline[2];
     worker_t w[];
@@ -92,6 +96,7 @@ static void check_done(workers_t *s) {
     if (s->is_timer_open) {
         uv_timer_stop(&s->kill_timer);
         uv_timer_stop(&s->drain_timer);
+        uv_timer_stop(&s->hang_timer);
     }
     s->on_done(s, s->arg);
 }
@@ -296,6 +301,7 @@ static int build_env(const workers_spec_t *sp, int local_rank, env_t *e) {
     rc |= env_set(e, "TORCHELASTIC_RUN_ID", "%s", sp->run_id);
     rc |= env_set(e, "TORCHELASTIC_ERROR_FILE", "%s/%d/error.json", sp->attempt_dir, local_rank);
     rc |= env_set(e, "DDPRUN_ATTEMPT", "%d", sp->attempt);
+    rc |= env_set(e, "DDPRUN_PROGRESS_FILE", "%s/%d/progress", sp->attempt_dir, local_rank);
     if (!getenv("OMP_NUM_THREADS")) rc |= env_set(e, "OMP_NUM_THREADS", "1");
     if (!getenv("PYTHONUNBUFFERED")) rc |= env_set(e, "PYTHONUNBUFFERED", "1");
     return rc;
@@ -343,6 +349,7 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
     snprintf(w->prefix, sizeof w->prefix, "[%d/%d]: ", sp->group_rank, w->result.rank);
     char dir[1536];
     snprintf(dir, sizeof dir, "%s/%d", sp->attempt_dir, local_rank);
+    snprintf(w->progress_path, sizeof w->progress_path, "%s/progress", dir);
     int rc = mkdir_p(dir);
     if (rc < 0) {
         snprintf(err, err_len, "cannot create %s: %s", dir, strerror(-rc));
@@ -402,6 +409,33 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
     return 0;
 }
 
+/* A worker that has reported progress and then stops for --hang-timeout is killed; its exit then
+ * restarts the job like any failure. Workers that never report are never judged. */
+static void on_hang_timer(uv_timer_t *t) {
+    workers_t *s = t->data;
+    uint64_t now = uv_now(s->loop), limit_ms = (uint64_t)(s->spec.opts->hang_timeout_s * 1000);
+    for (int i = 0; i < s->n; i++) {
+        worker_t *w = &s->w[i];
+        if (w->result.pid <= 0 || w->result.has_exited || w->is_hang_killed) continue;
+        uint64_t beat;
+        int fd = open(w->progress_path, O_RDONLY | O_CLOEXEC);
+        bool is_read = fd >= 0 && pread(fd, &beat, sizeof beat, 0) == (ssize_t)sizeof beat;
+        if (fd >= 0) close(fd);
+        if (!is_read) continue;
+        if (!w->has_beat || beat != w->last_beat) {
+            w->has_beat = true;
+            w->last_beat = beat;
+            w->last_change_ms = now;
+        } else if (now - w->last_change_ms > limit_ms) {
+            LOG_ERROR("worker rank %d (pid %d) made no progress for %.0f s (--hang-timeout): "
+                      "killing it so the job restarts", w->result.rank, w->result.pid,
+                      (double)(now - w->last_change_ms) / 1000);
+            w->is_hang_killed = true;
+            kill(-w->result.pid, SIGKILL);
+        }
+    }
+}
+
 int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb on_exit_cb,
                   workers_done_cb on_done, void *arg, workers_t **out, char *err,
                   size_t err_len) {
@@ -424,6 +458,14 @@ int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb o
     s->kill_timer.data = s;
     uv_timer_init(loop, &s->drain_timer);
     s->drain_timer.data = s;
+    uv_timer_init(loop, &s->hang_timer);
+    s->hang_timer.data = s;
+    double hang_s = spec->opts->hang_timeout_s;
+    if (hang_s > 0) {
+        uint64_t period_ms = (uint64_t)(hang_s * 1000 / 4);
+        period_ms = period_ms < 50 ? 50 : period_ms > 1000 ? 1000 : period_ms;
+        uv_timer_start(&s->hang_timer, on_hang_timer, period_ms, period_ms);
+    }
     s->is_timer_open = true;
     *out = s;
     for (int i = 0; i < n; i++) {
@@ -490,7 +532,8 @@ void workers_destroy(workers_t *s) {
     close(s->lifeline[0]);
     close(s->lifeline[1]);
     s->is_timer_open = false;
-    s->n_open_timers = 2;
+    s->n_open_timers = 3;
     uv_close((uv_handle_t *)&s->kill_timer, on_timer_closed);
     uv_close((uv_handle_t *)&s->drain_timer, on_timer_closed);
+    uv_close((uv_handle_t *)&s->hang_timer, on_timer_closed);
 }

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <time.h>
 #include "exit_codes.h"
 
@@ -21,6 +23,18 @@ static double now_s(void) {
 }
 
 static int die_rank = -1;
+static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
+static uint64_t progress_beats;
+
+/* One more unit of progress (a training step, an evaluation batch) for ddprun --hang-timeout. */
+static void progress_beat(void) {
+    if (progress_fd < 0) return;
+    progress_beats++;
+    if (pwrite(progress_fd, &progress_beats, sizeof progress_beats, 0) < 0) {
+        close(progress_fd); /* the agent's run directory went away: stop reporting */
+        progress_fd = -1;
+    }
+}
 
 _Noreturn void trainer_die(int code, const char *fmt, ...) {
     va_list ap;
@@ -63,6 +77,8 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     t->rank = comm->rank;
     t->world = comm->world;
     die_rank = t->rank;
+    const char *progress = getenv("DDPRUN_PROGRESS_FILE");
+    if (progress && *progress) progress_fd = open(progress, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     const dataset_t *tr = &data->train;
     char err[512];
     if (model_init(&t->model, backend, conf->model, (int)conf->width, tr->h, tr->w, tr->c,
@@ -161,6 +177,7 @@ int trainer_step(trainer_t *t) {
                               (float)lr_at(&t->lr, t->step), (float)c->momentum,
                               (float)c->weight_decay, c->is_nesterov, 1.0f / (float)t->world);
     t->step++;
+    progress_beat();
     t->cursor += (int64_t)n * t->world; /* every rank took n: the same count, by the sampler's padding */
     return n;
 }
@@ -188,6 +205,7 @@ eval_result_t trainer_evaluate(trainer_t *t) {
         for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
         load_batch(t, d, &t->augment_eval, 0, indices, n);
         model_forward(m, n, false);
+        progress_beat();
         t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
                                  (size_t)n * k * sizeof(float));
         for (int i = 0; i < n; i++) {

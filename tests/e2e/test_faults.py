@@ -66,8 +66,9 @@ def snapshot_steps(snap_dir):
                   if (m := re.match(r"snapshot-(\d+)\.ddps$", name)))
 
 
-def start_job(ddprun, conf, snap_dir, *extra, nproc=2, nnodes=None, port=None, rdzv_conf=None):
-    cmd = [ddprun, "--nproc-per-node", str(nproc), "--max-restarts", "10"]
+def start_job(ddprun, conf, snap_dir, *extra, nproc=2, nnodes=None, port=None, rdzv_conf=None,
+              extra_flags=()):
+    cmd = [ddprun, "--nproc-per-node", str(nproc), "--max-restarts", "10", *extra_flags]
     if nnodes:
         cmd += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", "faults"]
@@ -152,6 +153,23 @@ def test_a_stopped_worker_fails_the_collective_deadline_and_the_job_recovers(ddp
     assert job.returncode == 0, out
     assert "no progress" in out and "resuming from" in out, out
     assert time.monotonic() - t0 < 60
+    assert final_state(ddpworker, snap) == want
+
+
+def test_the_agent_detects_a_hung_worker_from_its_progress(ddprun, ddpworker, conf, tmp_path):
+    """The collective deadline is 300 s here: the agent's own detector (--hang-timeout) must act
+    long before it, from the progress counter ddpworker keeps in DDPRUN_PROGRESS_FILE."""
+    want = reference(ddprun, ddpworker, conf, tmp_path)
+    snap = tmp_path / "faulty"
+    job = start_job(ddprun, conf, snap, "train.collective_timeout=300", extra_flags=["--hang-timeout", "1"])
+    wait_for_snapshot_after(snap, 8)
+    os.kill(workers_of(conf)[0], signal.SIGSTOP)
+    t0 = time.monotonic()
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    assert "made no progress for" in out and "--hang-timeout" in out, out
+    assert "resuming from" in out
+    assert time.monotonic() - t0 < 30, "detected by the agent, not by the 300 s collective deadline"
     assert final_state(ddpworker, snap) == want
 
 
