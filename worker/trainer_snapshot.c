@@ -98,8 +98,10 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s", (long long)t->step, err);
     if (t->metrics) {
+        char written[64] = "";
+        if (is_blocking) snprintf(written, sizeof written, ", \"written_ms\": %.3f", (now_s() - start) * 1e3);
         fprintf(t->metrics, "{\"event\": \"snapshot\", \"step\": %lld, \"stall_ms\": %.3f%s}\n",
-                (long long)t->step, stall * 1e3, is_blocking ? ", \"blocking\": true" : "");
+                (long long)t->step, stall * 1e3, written);
         fflush(t->metrics);
     }
     return stall;
