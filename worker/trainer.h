@@ -71,7 +71,7 @@ bool trainer__resume(trainer_t *t);
  * is_blocking). Returns the stall in seconds. */
 double trainer__snapshot(trainer_t *t, bool is_blocking);
 /* Whether any rank got SIGTERM/SIGUSR1 (a collective; every rank calls it at the same step).
- * *signum: the signal this rank received, or SIGTERM when only another one did. */
+ * *signum: SIGTERM if any rank received it, else SIGUSR1. */
 bool trainer__stop_requested(trainer_t *t, int *signum);
 void trainer__snapshot_free(trainer_t *t);
 

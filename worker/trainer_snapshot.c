@@ -109,10 +109,10 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
 
 bool trainer__stop_requested(trainer_t *t, int *signum) {
     if (!t->conf->snapshot_dir[0]) return false;
-    double flag = stop_signal ? 1 : 0;
-    check(t, t->comm->ops->allreduce_sum_f64(t->comm, &flag, 1), "agreeing on a stop signal");
-    *signum = stop_signal ? stop_signal : SIGTERM;
-    return flag > 0;
+    double got[2] = {stop_signal == SIGTERM, stop_signal == SIGUSR1}; /* ranks that received each */
+    check(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 2), "agreeing on a stop signal");
+    *signum = got[0] > 0 ? SIGTERM : SIGUSR1; /* termination wins over a checkpoint request */
+    return got[0] + got[1] > 0;
 }
 
 /* A snapshot from another configuration cannot continue this run: say which key differs. */

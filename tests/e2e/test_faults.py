@@ -173,6 +173,50 @@ def test_the_agent_detects_a_hung_worker_from_its_progress(ddprun, ddpworker, co
     assert final_state(ddpworker, snap) == want
 
 
+def test_sigterm_takes_a_snapshot_at_the_next_step_and_the_rerun_continues_exactly(
+        ddprun, ddpworker, conf, tmp_path):
+    """A preemption: SIGTERM to ddprun reaches the workers, which agree at the next step boundary,
+    write a snapshot there (not only at the periodic ones) and exit; the job started again ends
+    with the uninterrupted run's weights."""
+    want = reference(ddprun, ddpworker, conf, tmp_path)
+    snap = tmp_path / "preempted"
+    job = start_job(ddprun, conf, snap, "snapshot.every=1000")  # only the signal's snapshot
+    deadline = time.monotonic() + 60
+    while len(workers_of(conf)) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)                                       # some steps in
+    job.send_signal(signal.SIGTERM)
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == 128 + signal.SIGTERM, out
+    assert re.search(r"signal 15: snapshot at step \d+ taken", out), out
+    steps = snapshot_steps(snap)
+    assert len(steps) == 1 and steps[0] > 0, steps
+    rc, out = run_job(ddprun, conf, snap)
+    assert rc == 0, out
+    assert f"resuming from {snap}/snapshot-{steps[0]:012d}.ddps" in out, out
+    assert final_state(ddpworker, snap) == want
+
+
+def test_sigusr1_to_one_worker_snapshots_and_the_job_resumes_from_there(ddprun, ddpworker, conf,
+                                                                        tmp_path):
+    want = reference(ddprun, ddpworker, conf, tmp_path)
+    snap = tmp_path / "checkpointed"
+    job = start_job(ddprun, conf, snap, "snapshot.every=1000")
+    deadline = time.monotonic() + 60
+    while len(workers_of(conf)) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.kill(workers_of(conf)[-1], signal.SIGUSR1)
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, out
+    match = re.search(r"signal 10: snapshot at step (\d+) taken", out)
+    assert match, out
+    assert f"snapshot-{int(match.group(1)):012d}.ddps: step {match.group(1)}" in out, out
+    assert final_state(ddpworker, snap) == want
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_a_damaged_newest_snapshot_is_skipped_with_a_warning(ddprun, ddpworker, conf, tmp_path,
                                                             damage):
