@@ -56,10 +56,12 @@ int64_t sampler_total(const sampler_t *s) {
     return (s->n + s->world - 1) / s->world * s->world;
 }
 
+/* The same count on every rank, also when a resume with another world size left the cursor
+ * unaligned: ranks that step past the end take wrapped (padding) samples, so no rank runs a step
+ * the others do not. */
 int64_t sampler_rank_count(const sampler_t *s, int64_t cursor) {
     int64_t left = sampler_total(s) - cursor;
-    if (left <= s->rank) return 0;
-    return (left - s->rank + s->world - 1) / s->world;
+    return left <= 0 ? 0 : (left + s->world - 1) / s->world;
 }
 
 int64_t sampler_index(const sampler_t *s, int64_t cursor, int64_t i) {

@@ -25,7 +25,8 @@ void sampler_free(sampler_t *s);
 void sampler_set_epoch(sampler_t *s, int64_t epoch);
 /* Global positions per epoch: n rounded up to a multiple of world. */
 int64_t sampler_total(const sampler_t *s);
-/* Samples this rank sees in an epoch that starts at global position `cursor`. */
+/* Samples this rank sees in an epoch that starts at global position `cursor`: the same on every
+ * rank (positions past the end wrap around), so all ranks run the same number of steps. */
 int64_t sampler_rank_count(const sampler_t *s, int64_t cursor);
 /* The dataset index of this rank's i-th sample of an epoch resumed at `cursor`. */
 int64_t sampler_index(const sampler_t *s, int64_t cursor, int64_t i);
