@@ -140,7 +140,7 @@ void trainer_free(trainer_t *t) {
     memset(t, 0, sizeof *t);
 }
 
-/* Samples [first, first + n) of `indices(i)` into the model's input and labels. */
+/* The samples at indices[0..n) of dataset d, augmented, into the model's input and labels. */
 static void load_batch(trainer_t *t, const dataset_t *d, const augment_t *aug, int64_t epoch,
                        const int64_t *indices, int n) {
     size_t sample = (size_t)d->h * d->w * d->c;

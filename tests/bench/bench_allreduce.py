@@ -16,7 +16,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from build_paths import build_path  # noqa: E402
 
 GLOO = r"""
 import json, os, sys, time, datetime
@@ -40,14 +41,6 @@ for mb in sizes:
         print(json.dumps({"mb": mb, "ms": times[iters // 2]}), flush=True)
 dist.destroy_process_group()
 """
-
-
-def build_path(*parts):
-    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
-        path = os.path.join(ROOT, build, *parts)
-        if os.access(path, os.X_OK):
-            return path
-    sys.exit(f"bench_allreduce: {parts[-1]} not built")
 
 
 def free_port():

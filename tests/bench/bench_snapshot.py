@@ -24,6 +24,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from build_paths import build_path  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 CONF = """[model]
@@ -83,14 +85,6 @@ while step < int(os.environ["STEPS"]):
             os.replace(ckpt + ".tmp", ckpt)
 dist.destroy_process_group()
 """
-
-
-def build_path(*parts):
-    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
-        path = os.path.join(ROOT, build, *parts)
-        if os.access(path, os.X_OK):
-            return path
-    sys.exit(f"bench_snapshot: {parts[-1]} not built")
 
 
 def read_events(path):

@@ -20,6 +20,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from build_paths import build_path  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "interop"))
 
@@ -30,14 +32,6 @@ SHAPES = {
     "resnet18": ("resnet18", 64, (32, 32, 3), 10),
     "resnet18-w16": ("resnet18", 16, (32, 32, 3), 10),
 }
-
-
-def ddpworker_bin():
-    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
-        path = os.path.join(ROOT, build, "worker", "ddpworker")
-        if os.access(path, os.X_OK):
-            return path
-    sys.exit("bench_train: ddpworker not built (deploy/setup.sh)")
 
 
 def run_ddpworker(key, batch, steps, threads):
@@ -53,7 +47,7 @@ def run_ddpworker(key, batch, steps, threads):
                     f"[train]\nbatch_size = {batch}\nmax_steps = {2 * steps}\nlog_interval = {steps}\n"
                     f"threads = {threads}\nmetrics_file = {metrics}\n")
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-        subprocess.run([ddpworker_bin(), conf], check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run([build_path("worker", "ddpworker"), conf], check=True, stdout=subprocess.DEVNULL, env=env)
         windows = [json.loads(line) for line in open(metrics) if '"train"' in line]
         return windows[-1]["img_per_s"]
 
