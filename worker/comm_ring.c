@@ -3,8 +3,11 @@
  * addresses go through the job's store. All-reduce is reduce-scatter then all-gather (2 (W-1)/W
  * of the data per rank on the wire), in pieces so a bounded scratch buffer suffices; each step
  * sends and receives at once through poll(2) on non-blocking sockets, so no ordering deadlocks.
- * Every wait is bounded: no progress for timeout_ms is a failure naming the silent peer.
- * Runs on whichever single thread calls it. */
+ * Every wait is bounded: no progress for timeout_ms (per wait, not per collective: a 1 GB
+ * all-reduce may take longer, a stalled peer may not) is a failure naming the silent peer. Each
+ * collective opens with a small frame (op, sequence number, size, root) checked against prev's, so
+ * ranks that disagree on what they are doing fail with a message instead of mixing bytes. After a
+ * failure every call returns the same error. Runs on whichever single thread calls it. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,11 +29,21 @@
 #define RING_PIECE_BYTES (1u << 18)
 #define RING_MAGIC 0x444450524e473031ull /* "DDPRNG01" */
 #define RING_SOCKET_BUFFER_BYTES (4 << 20)
+#define RING_FRAME_MAGIC 0x52444444u /* "DDDR" */
+
+enum { RING_OP_ALLREDUCE_F32 = 1, RING_OP_ALLREDUCE_F64, RING_OP_BROADCAST, RING_OP_BARRIER };
 
 typedef struct {
     uint64_t magic, job_hash;
     uint32_t rank, world;
 } ring_hello_t;
+
+/* Opens every collective on the wire, rank -> next; equal on every rank when all is well. */
+typedef struct {
+    uint32_t magic, op;
+    uint64_t seq, n_bytes;
+    int64_t root; /* broadcast's; -1 otherwise */
+} ring_frame_t;
 
 typedef struct {
     comm_t base;
@@ -39,6 +52,8 @@ typedef struct {
     int64_t timeout_ms;
     uint8_t *scratch; /* RING_PIECE_BYTES */
     const char *doing; /* the collective in progress, for messages */
+    uint64_t seq;      /* collectives begun so far */
+    int failed_rc;     /* 0, or the code of the failure that made this ring unusable */
 } ring_t;
 
 typedef void (*add_fn)(void *dst, const void *src, size_t n_elems);
@@ -63,6 +78,7 @@ static int64_t now_ms(void) {
 
 static int ring_fail(ring_t *r, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int ring_fail(ring_t *r, int rc, const char *fmt, ...) {
+    r->failed_rc = rc;
     va_list ap;
     va_start(ap, fmt);
     int n = snprintf(r->base.err, sizeof r->base.err, "ring: ");
@@ -131,12 +147,50 @@ static int exchange(ring_t *r, const void *send_buf, size_t send_len, void *recv
     return 0;
 }
 
+static const char *op_name(uint32_t op) {
+    switch (op) {
+    case RING_OP_ALLREDUCE_F32: return "allreduce(f32)";
+    case RING_OP_ALLREDUCE_F64: return "allreduce(f64)";
+    case RING_OP_BROADCAST: return "broadcast";
+    case RING_OP_BARRIER: return "barrier";
+    default: return "an unknown op";
+    }
+}
+
+/* Start a collective: refuse on a broken ring, then check that prev entered the same one. */
+static int begin(ring_t *r, uint32_t op, size_t n_bytes, int root) {
+    if (r->failed_rc < 0) return r->failed_rc; /* err still says why */
+    r->doing = op == RING_OP_BARRIER ? "barrier" : op == RING_OP_BROADCAST ? "broadcast" : "allreduce";
+    ring_frame_t mine = {.magic = RING_FRAME_MAGIC, .op = op, .seq = r->seq++,
+                         .n_bytes = n_bytes, .root = root},
+                 theirs;
+    int rc = exchange(r, &mine, sizeof mine, &theirs, sizeof theirs);
+    if (rc < 0) return rc;
+    if (theirs.magic != RING_FRAME_MAGIC)
+        return ring_fail(r, DDP_EPROTO, "rank %d (%s, prev) sent a malformed frame during %s",
+                         prev_rank(r), r->prev_addr, r->doing);
+    if (theirs.op != mine.op || theirs.seq != mine.seq || theirs.n_bytes != mine.n_bytes ||
+        theirs.root != mine.root)
+        return ring_fail(r, DDP_EPROTO,
+                         "rank %d (%s, prev) entered %s of %llu bytes (root %lld) as collective "
+                         "#%llu while rank %d entered %s of %llu bytes (root %lld) as #%llu; every "
+                         "rank must call the same collectives with the same sizes in the same order",
+                         prev_rank(r), r->prev_addr, op_name(theirs.op),
+                         (unsigned long long)theirs.n_bytes, (long long)theirs.root,
+                         (unsigned long long)theirs.seq, r->base.rank, op_name(mine.op),
+                         (unsigned long long)mine.n_bytes, (long long)mine.root,
+                         (unsigned long long)mine.seq);
+    return 0;
+}
+
 /* Chunk i of n elements split among world ranks: [chunk_start(i), chunk_start(i + 1)). */
 static size_t chunk_start(size_t n, int world, int i) { return n * (size_t)i / (size_t)world; }
 
-static int allreduce(ring_t *r, void *data, size_t n, size_t elem, add_fn add) {
+static int allreduce(ring_t *r, uint32_t op, void *data, size_t n, size_t elem, add_fn add) {
     int world = r->base.world, rank = r->base.rank;
-    if (world == 1 || n == 0) return 0;
+    if (world == 1) return 0;
+    int rc = begin(r, op, n * elem, -1);
+    if (rc < 0 || n == 0) return rc;
     uint8_t *base = data;
     size_t piece = RING_PIECE_BYTES / elem;
     /* reduce-scatter: after world - 1 steps rank r holds the full sum of chunk r + 1 */
@@ -153,8 +207,8 @@ static int allreduce(ring_t *r, void *data, size_t n, size_t elem, add_fn add) {
             if (ns > piece) ns = piece;
             if (nr > piece) nr = piece;
             uint8_t *dst = base + (recv_lo + off) * elem;
-            int rc = exchange(r, base + (send_lo + off) * elem, ns * elem,
-                              is_gather ? dst : r->scratch, nr * elem);
+            rc = exchange(r, base + (send_lo + off) * elem, ns * elem, is_gather ? dst : r->scratch,
+                          nr * elem);
             if (rc < 0) return rc;
             if (!is_gather) add(dst, r->scratch, nr);
         }
@@ -163,28 +217,27 @@ static int allreduce(ring_t *r, void *data, size_t n, size_t elem, add_fn add) {
 }
 
 static int ring_allreduce_f32(comm_t *c, float *data, size_t n) {
-    ring_t *r = (ring_t *)c;
-    r->doing = "allreduce";
-    return allreduce(r, data, n, sizeof(float), add_f32);
+    return allreduce((ring_t *)c, RING_OP_ALLREDUCE_F32, data, n, sizeof(float), add_f32);
 }
 
 static int ring_allreduce_f64(comm_t *c, double *data, size_t n) {
-    ring_t *r = (ring_t *)c;
-    r->doing = "allreduce";
-    return allreduce(r, data, n, sizeof(double), add_f64);
+    return allreduce((ring_t *)c, RING_OP_ALLREDUCE_F64, data, n, sizeof(double), add_f64);
 }
 
 /* Passed along the ring from root, piece by piece, so the ranks work as a pipeline. */
 static int ring_broadcast(comm_t *c, void *data, size_t n_bytes, int root) {
     ring_t *r = (ring_t *)c;
-    r->doing = "broadcast";
     if (c->world == 1) return 0;
-    if (root < 0 || root >= c->world) return ring_fail(r, -EINVAL, "broadcast from rank %d of %d", root, c->world);
+    if (root < 0 || root >= c->world)
+        return ring_fail(r, -EINVAL, "broadcast from rank %d, outside the world of %d", root,
+                         c->world);
+    int rc = begin(r, RING_OP_BROADCAST, n_bytes, root);
+    if (rc < 0) return rc;
     bool is_root = c->rank == root, is_last = next_rank(r) == root;
     uint8_t *p = data;
     for (size_t off = 0; off < n_bytes; off += RING_PIECE_BYTES) {
         size_t len = n_bytes - off < RING_PIECE_BYTES ? n_bytes - off : RING_PIECE_BYTES;
-        int rc = is_root ? 0 : exchange(r, NULL, 0, p + off, len);
+        rc = is_root ? 0 : exchange(r, NULL, 0, p + off, len);
         if (rc == 0 && !is_last) rc = exchange(r, p + off, len, NULL, 0);
         if (rc < 0) return rc;
     }
@@ -194,8 +247,7 @@ static int ring_broadcast(comm_t *c, void *data, size_t n_bytes, int root) {
 static int ring_barrier(comm_t *c) {
     ring_t *r = (ring_t *)c;
     double token = 1;
-    r->doing = "barrier";
-    return allreduce(r, &token, 1, sizeof token, add_f64);
+    return allreduce(r, RING_OP_BARRIER, &token, 1, sizeof token, add_f64);
 }
 
 static void ring_destroy(comm_t *c) {
@@ -329,20 +381,44 @@ static int connect_next(ring_t *r, const char *host, const char *port, const rin
     return 0;
 }
 
-/* Accept until the connection from prev arrives with a hello for this job; strays are dropped. */
+/* Accept until the connection from prev arrives with a hello for this job. Strays (a port reused
+ * by another job, a scanner, a rank of an older round) are dropped, and the last one is named if
+ * prev never comes; a hello of this job with the wrong rank or world fails at once. */
 static int accept_prev(ring_t *r, int listen_fd, uint64_t job_hash, int64_t deadline_ms) {
+    char stray[160] = "";
     for (;;) {
         int rc = wait_fd(listen_fd, POLLIN, deadline_ms);
-        if (rc < 0) return ring_fail(r, rc, "rank %d (%s) did not connect within %lld ms",
-                                     prev_rank(r), r->prev_addr, (long long)r->timeout_ms);
-        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (rc < 0)
+            return ring_fail(r, rc, "rank %d (%s) did not connect within %lld ms%s%s",
+                             prev_rank(r), r->prev_addr, (long long)r->timeout_ms,
+                             stray[0] ? "; refused meanwhile: " : "", stray);
+        struct sockaddr_storage from;
+        socklen_t from_len = sizeof from;
+        int fd = accept4(listen_fd, (struct sockaddr *)&from, &from_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) continue;
+        char from_host[64] = "?";
+        if (from.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, from_host, sizeof from_host);
+        else if (from.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, from_host,
+                      sizeof from_host);
         tune_socket(fd);
         ring_hello_t h;
         int64_t hello_deadline = now_ms() + 5000 < deadline_ms ? now_ms() + 5000 : deadline_ms;
-        if (io_all(fd, &h, sizeof h, false, hello_deadline) == 0 && h.magic == RING_MAGIC &&
-            h.job_hash == job_hash && h.world == (uint32_t)r->base.world &&
-            h.rank == (uint32_t)prev_rank(r)) {
+        rc = io_all(fd, &h, sizeof h, false, hello_deadline);
+        if (rc < 0) {
+            snprintf(stray, sizeof stray, "a connection from %s sent no hello (%s)", from_host,
+                     ddp_strerror(rc));
+        } else if (h.magic != RING_MAGIC || h.job_hash != job_hash) {
+            snprintf(stray, sizeof stray, "a connection from %s was not from this job's ring",
+                     from_host);
+        } else if (h.world != (uint32_t)r->base.world || h.rank != (uint32_t)prev_rank(r)) {
+            close(fd);
+            return ring_fail(r, DDP_EPROTO,
+                             "a peer at %s joined this job's ring as rank %u of %u, but this is "
+                             "rank %d of %d and expects rank %d: are two rounds sharing the prefix?",
+                             from_host, h.rank, h.world, r->base.rank, r->base.world, prev_rank(r));
+        } else {
             r->prev_fd = fd;
             return 0;
         }

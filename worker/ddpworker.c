@@ -3,6 +3,7 @@
  * MASTER_PORT, TORCHELASTIC_RUN_ID, DDPRUN_ATTEMPT; without them it is a world of one), loads
  * train.conf and the data, builds the collective and the CPU backend, and trains. Exit codes
  * (proto/exit_codes.h) tell the agent whether a restart can help. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -79,6 +80,41 @@ static void ensure_passive_openmp(char **argv) {
     /* exec failed: train anyway, only slower */
 }
 
+static backend_t *make_backend(const train_conf_t *conf, int threads) {
+    if (conf->backend == BACKEND_CPU) {
+        backend_t *b = backend_cpu_create(threads);
+        if (!b) trainer_die(DDP_EXIT_BUG, "out of memory for the cpu backend");
+        return b;
+    }
+    /* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable */
+    char path[PATH_MAX];
+    const char *env = getenv("DDPWORKER_CUDA_LIB");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+    } else {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        path[n > 0 ? n : 0] = '\0';
+        char *slash = strrchr(path, '/');
+        snprintf(slash ? slash + 1 : path, sizeof path - (size_t)(slash ? slash + 1 - path : 0),
+                 "libddpworker_cuda.so");
+    }
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
+                                     "cuDNN): %s", path, dlerror());
+    int (*device_count)(void) = (int (*)(void))dlsym(lib, "backend_cuda_device_count");
+    backend_t *(*create)(int, char *, size_t) =
+        (backend_t * (*)(int, char *, size_t)) dlsym(lib, "backend_cuda_create");
+    if (!device_count || !create) trainer_die(DDP_EXIT_BUG, "%s: not a ddpworker backend", path);
+    int devices = device_count();
+    if (devices == 0) trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
+    char err[512];
+    int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
+    backend_t *b = create(device, err, sizeof err);
+    if (!b) trainer_die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
+    return b;
+}
+
 int main(int argc, char **argv) {
     ensure_passive_openmp(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -107,7 +143,10 @@ int main(int argc, char **argv) {
         return DDP_EXIT_CONFIG;
     }
     if (conf.precision != PRECISION_FP32)
-        trainer_die(DDP_EXIT_CONFIG, "precision.mode: the cpu backend computes in fp32 only");
+        trainer_die(DDP_EXIT_CONFIG, "precision.mode: only fp32 is implemented so far");
+    if (conf.backend == BACKEND_CUDA && world > 1)
+        trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda runs one rank per job until its collective "
+                                     "(nccl, or the ring with device staging) lands");
     data_splits_t data;
     if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);
@@ -116,8 +155,7 @@ int main(int argc, char **argv) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
-    backend_t *backend = backend_cpu_create(threads);
-    if (!backend) trainer_die(DDP_EXIT_BUG, "out of memory for the cpu backend");
+    backend_t *backend = make_backend(&conf, threads);
     comm_t *comm = make_comm(rank, world, &conf);
 
     trainer_t t;

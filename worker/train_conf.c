@@ -65,6 +65,8 @@ static const key_spec_t keys[] = {
      "evaluate every N steps (0: after every epoch)"},
     {"train", "collective_timeout", KEY_DOUBLE, F(collective_timeout_s), 1, 1e5, NULL, "300",
      "seconds a collective may wait for a peer before the worker exits with \"peer failure\""},
+    {"train", "backend", KEY_ENUM, F(backend), 0, 0, "cpu|cuda", "cpu",
+     "compute backend: the CPU reference or one GPU per rank (LOCAL_RANK picks it)"},
     {"train", "threads", KEY_INT, F(threads), 0, 1024, NULL, "0",
      "compute threads per worker (0: the cores divided among the node's workers)"},
     {"train", "seed", KEY_INT, F(seed), 0, 9.007199254740992e15, NULL, "0", "of everything random"},

@@ -39,7 +39,8 @@ static void progress_beat(void) {
 _Noreturn void trainer_die(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "ddpworker: rank %d: ", die_rank);
+    if (die_rank >= 0) fprintf(stderr, "ddpworker: rank %d: ", die_rank);
+    else fputs("ddpworker: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);

@@ -1,0 +1,200 @@
+/* The CUDA backend held against the CPU reference, op by op and for one whole training step of a
+ * ResNet: the same inputs through backend_i on both, outputs compared within a per-op tolerance.
+ * Every test skips where no GPU is visible (CI); they run for real on a GPU machine. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda.h"
+#include "model.h"
+#include "rng.h"
+
+static backend_t *cpu, *gpu;
+
+static void setup(void) {
+    if (backend_cuda_device_count() == 0) return;
+    char err[256];
+    cpu = backend_cpu_create(1);
+    gpu = backend_cuda_create(0, err, sizeof err);
+    cr_assert_not_null(gpu, "%s", err);
+    cr_assert_eq(cpu->ops->reserve_workspace(cpu, 64 << 20), 0);
+}
+
+static void teardown(void) {
+    if (gpu) gpu->ops->destroy(gpu);
+    if (cpu) cpu->ops->destroy(cpu);
+}
+
+TestSuite(backend_cuda, .init = setup, .fini = teardown, .timeout = 120);
+
+#define SKIP_WITHOUT_GPU() \
+    do { \
+        if (!gpu) cr_skip_test("no GPU visible"); \
+    } while (0)
+
+static uint64_t seed = 99;
+
+static float *random_host(size_t n, float scale) {
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * ((float)(rng_next(&seed) >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+    return p;
+}
+
+/* Backend copies of host arrays; `on` returns them back to the host. */
+static float *up(backend_t *b, const float *host, size_t n) {
+    float *d = b->ops->alloc(b, n * sizeof(float));
+    b->ops->to_device(b, d, host, n * sizeof(float));
+    return d;
+}
+
+static float *down(backend_t *b, const float *dev, size_t n) {
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    b->ops->to_host(b, h, dev, n * sizeof(float));
+    return h;
+}
+
+static void expect_close(const float *want, const float *got, size_t n, double rtol, const char *what) {
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(want[i]));
+        err = fmax(err, fabs((double)want[i] - got[i]));
+    }
+    cr_assert(err <= rtol * fmax(scale, 1e-6), "%s: max |cpu - cuda| = %g, scale %g", what, err, scale);
+}
+
+/* conv forward and backward (dx and dw accumulate onto a non-zero start) */
+static void conv_case(int n, int h, int w, int c, int k, int size, int stride, int pad) {
+    conv_shape_t s = {.n = n, .h = h, .w = w, .c = c, .k = k, .r = size, .s = size, .stride = stride,
+                      .pad = pad, .oh = (h + 2 * pad - size) / stride + 1, .ow = (w + 2 * pad - size) / stride + 1};
+    size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c, ny = (size_t)n * s.oh * s.ow * k;
+    float *x = random_host(nx, 1), *wt = random_host(nw, 0.5f), *dy = random_host(ny, 1);
+    float *dx0 = random_host(nx, 1), *dw0 = random_host(nw, 1);
+    float *out[2][3];
+    backend_t *bs[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        float *dx_ = up(b, x, nx), *dw_ = up(b, wt, nw), *dy_ = up(b, dy, ny), *y_ = up(b, dy, ny);
+        float *gx = up(b, dx0, nx), *gw = up(b, dw0, nw);
+        b->ops->conv2d_forward(b, &s, dx_, dw_, y_);
+        b->ops->conv2d_backward(b, &s, dx_, dw_, dy_, gx, gw);
+        out[i][0] = down(b, y_, ny);
+        out[i][1] = down(b, gx, nx);
+        out[i][2] = down(b, gw, nw);
+    }
+    expect_close(out[0][0], out[1][0], ny, 1e-4, "conv forward");
+    expect_close(out[0][1], out[1][1], nx, 1e-4, "conv backward data");
+    expect_close(out[0][2], out[1][2], nw, 1e-4, "conv backward filter");
+}
+
+Test(backend_cuda, conv2d_matches_cpu) {
+    SKIP_WITHOUT_GPU();
+    conv_case(4, 9, 7, 3, 8, 3, 1, 1);
+    conv_case(4, 9, 8, 16, 32, 3, 2, 1);
+    conv_case(2, 8, 8, 16, 32, 1, 2, 0);
+    conv_case(2, 8, 8, 16, 16, 1, 1, 0);
+}
+
+Test(backend_cuda, batchnorm_matches_cpu) {
+    SKIP_WITHOUT_GPU();
+    size_t rows = 300;
+    int c = 24;
+    size_t nx = rows * (size_t)c;
+    float *x = random_host(nx, 3), *g = random_host((size_t)c, 1), *be = random_host((size_t)c, 1);
+    float *dy = random_host(nx, 1), *dx0 = random_host(nx, 1);
+    float *run = random_host(2 * (size_t)c, 1);
+    for (int j = 0; j < c; j++) run[c + j] = fabsf(run[c + j]) + 0.5f;
+    float *out[2][6];
+    backend_t *bs[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        float *x_ = up(b, x, nx), *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c), *y_ = up(b, x, nx);
+        float *save = up(b, run, 2 * (size_t)c), *run_ = up(b, run, 2 * (size_t)c), *dy_ = up(b, dy, nx);
+        float *dx_ = up(b, dx0, nx), *dg = up(b, g, (size_t)c), *db = up(b, be, (size_t)c);
+        b->ops->batchnorm_forward_train(b, rows, c, x_, g_, b_, y_, save, save + c, run_, run_ + c, 0.1f, 1e-5f);
+        out[i][0] = down(b, y_, nx);
+        out[i][1] = down(b, run_, 2 * (size_t)c);
+        b->ops->batchnorm_backward(b, rows, c, x_, g_, save, save + c, dy_, dx_, dg, db);
+        out[i][2] = down(b, dx_, nx);
+        out[i][3] = down(b, dg, (size_t)c);
+        out[i][4] = down(b, db, (size_t)c);
+        b->ops->batchnorm_forward_eval(b, rows, c, x_, g_, b_, y_, run_, run_ + c, 1e-5f);
+        out[i][5] = down(b, y_, nx);
+    }
+    const char *what[6] = {"bn train forward", "running stats", "bn dx", "bn dgamma", "bn dbeta", "bn eval"};
+    size_t sizes[6] = {nx, 2 * (size_t)c, nx, (size_t)c, (size_t)c, nx};
+    for (int k = 0; k < 6; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-4, what[k]);
+}
+
+Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    pool_shape_t ps = {.n = 3, .h = 8, .w = 6, .c = 5, .size = 2, .stride = 2, .oh = 4, .ow = 3};
+    size_t nx = 3 * 8 * 6 * 5, ny = 3 * 4 * 3 * 5, nl = 6 * 20, nw = 7 * 20, no = 6 * 7;
+    float *x = random_host(nx, 1), *dy = random_host(ny, 1), *dx0 = random_host(nx, 1);
+    float *lx = random_host(nl, 1), *lw = random_host(nw, 1), *lb = random_host(7, 1), *ldy = random_host(no, 1);
+    float *p = random_host(1000, 1), *gr = random_host(1000, 1), *m = random_host(1000, 1);
+    int32_t labels[6] = {0, 6, 3, 2, 5, 1};
+    float *out[2][9];
+    backend_t *bs[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        float *x_ = up(b, x, nx), *y_ = up(b, dy, ny), *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx);
+        int32_t *am = b->ops->alloc(b, ny * sizeof(int32_t));
+        b->ops->maxpool_forward(b, &ps, x_, y_, am);
+        b->ops->maxpool_backward(b, &ps, am, dy_, dx_);
+        out[i][0] = down(b, y_, ny);
+        out[i][1] = down(b, dx_, nx);
+        float *gap = up(b, dy, 15);
+        b->ops->avgpool_global_forward(b, 3, 48, 5, x_, gap);
+        b->ops->avgpool_global_backward(b, 3, 48, 5, gap, dx_);
+        out[i][2] = down(b, dx_, nx);
+        float *lx_ = up(b, lx, nl), *lw_ = up(b, lw, nw), *lb_ = up(b, lb, 7), *ly = up(b, ldy, no);
+        float *ldy_ = up(b, ldy, no), *ldx = up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
+        b->ops->linear_forward(b, 6, 20, 7, lx_, lw_, lb_, ly);
+        out[i][3] = down(b, ly, no);
+        b->ops->linear_backward(b, 6, 20, 7, lx_, lw_, ldy_, ldx, ldw, ldb);
+        out[i][4] = down(b, ldx, nl);
+        out[i][5] = down(b, ldw, nw);
+        int32_t *lab = b->ops->alloc(b, sizeof labels);
+        b->ops->to_device(b, lab, labels, sizeof labels);
+        float *loss = up(b, lb, 1), *dlog = up(b, ldy, no);
+        b->ops->softmax_xent(b, 6, 7, ly, lab, 0.1f, 2.0f, dlog, loss);
+        out[i][6] = down(b, dlog, no);
+        out[i][7] = down(b, loss, 1);
+        float *p_ = up(b, p, 1000), *g_ = up(b, gr, 1000), *m_ = up(b, m, 1000);
+        b->ops->sgd_step(b, p_, g_, m_, 1000, 0.1f, 0.9f, 5e-4f, true, 0.5f);
+        out[i][8] = down(b, p_, 1000);
+    }
+    const char *what[9] = {"maxpool", "maxpool backward", "avgpool backward", "linear", "linear dx",
+                           "linear dw", "softmax-xent gradient", "softmax-xent loss", "sgd"};
+    size_t sizes[9] = {ny, nx, nx, no, nl, nw, no, 1, 1000};
+    for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-4, what[k]);
+}
+
+Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
+    SKIP_WITHOUT_GPU();
+    model_t m[2];
+    backend_t *bs[2] = {cpu, gpu};
+    char err[256];
+    int n = 8;
+    float *x = random_host((size_t)n * 16 * 16 * 3, 2);
+    int32_t labels[8] = {1, 2, 3, 4, 5, 6, 7, 0};
+    float *params[2], loss[2];
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, 5, err, sizeof err), 0, "%s", err);
+        b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
+        b->ops->to_device(b, m[i].labels, labels, sizeof labels);
+        model_forward(&m[i], n, true);
+        model_loss(&m[i], n, 0.1f, 1.0f);
+        loss[i] = (float)model_take_loss(&m[i]);
+        model_backward(&m[i], n, NULL, NULL);
+        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f);
+        params[i] = down(b, m[i].params, m[i].n_params);
+    }
+    cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "loss: cpu %g cuda %g", loss[0], loss[1]);
+    expect_close(params[0], params[1], m[0].n_params, 1e-3, "parameters after one step");
+    model_free(&m[0]);
+    model_free(&m[1]);
+}
