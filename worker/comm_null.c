@@ -24,7 +24,9 @@ static int null_barrier(comm_t *c) {
     return 0;
 }
 
-static void null_destroy(comm_t *c) { free(c); }
+static void null_destroy(comm_t *c) {
+    free(c);
+}
 
 static const comm_i null_ops = {
     .name = "null",

@@ -26,10 +26,10 @@
 #include "comm.h"
 #include "ddp_error.h"
 
-#define RING_PIECE_BYTES (1u << 18)
-#define RING_MAGIC 0x444450524e473031ull /* "DDPRNG01" */
+#define RING_PIECE_BYTES         (1u << 18)
+#define RING_MAGIC               0x444450524e473031ull /* "DDPRNG01" */
 #define RING_SOCKET_BUFFER_BYTES (4 << 20)
-#define RING_FRAME_MAGIC 0x52444444u /* "DDDR" */
+#define RING_FRAME_MAGIC         0x52444444u /* "DDDR" */
 
 enum { RING_OP_ALLREDUCE_F32 = 1, RING_OP_ALLREDUCE_F64, RING_OP_BROADCAST, RING_OP_BARRIER };
 
@@ -50,7 +50,7 @@ typedef struct {
     int next_fd, prev_fd;
     char next_addr[80], prev_addr[80];
     int64_t timeout_ms;
-    uint8_t *scratch; /* RING_PIECE_BYTES */
+    uint8_t *scratch;  /* RING_PIECE_BYTES */
     const char *doing; /* the collective in progress, for messages */
     uint64_t seq;      /* collectives begun so far */
     int failed_rc;     /* 0, or the code of the failure that made this ring unusable */
@@ -61,13 +61,15 @@ typedef void (*add_fn)(void *dst, const void *src, size_t n_elems);
 static void add_f32(void *dst, const void *src, size_t n) {
     float *d = dst;
     const float *s = src;
-    for (size_t i = 0; i < n; i++) d[i] += s[i];
+    for (size_t i = 0; i < n; i++)
+        d[i] += s[i];
 }
 
 static void add_f64(void *dst, const void *src, size_t n) {
     double *d = dst;
     const double *s = src;
-    for (size_t i = 0; i < n; i++) d[i] += s[i];
+    for (size_t i = 0; i < n; i++)
+        d[i] += s[i];
 }
 
 static int64_t now_ms(void) {
@@ -87,15 +89,21 @@ static int ring_fail(ring_t *r, int rc, const char *fmt, ...) {
     return rc;
 }
 
-static int prev_rank(const ring_t *r) { return (r->base.rank + r->base.world - 1) % r->base.world; }
-static int next_rank(const ring_t *r) { return (r->base.rank + 1) % r->base.world; }
+static int prev_rank(const ring_t *r) {
+    return (r->base.rank + r->base.world - 1) % r->base.world;
+}
+static int next_rank(const ring_t *r) {
+    return (r->base.rank + 1) % r->base.world;
+}
 
-/* Send send_len bytes to next while receiving recv_len bytes from prev (either may be 0). */
-static int exchange(ring_t *r, const void *send_buf, size_t send_len, void *recv_buf,
-                    size_t recv_len) {
+/* Send send_len bytes to next while receiving recv_len bytes from prev (either may be 0). With
+ * add, what arrives is added into recv_buf (elements of elem bytes) instead of copied: it lands in
+ * scratch one piece at a time, so the sender streams its whole chunk ahead of the additions. */
+static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *recv_buf,
+                        size_t recv_len, add_fn add, size_t elem) {
     const uint8_t *s = send_buf;
     uint8_t *d = recv_buf;
-    size_t sent = 0, got = 0;
+    size_t sent = 0, got = 0, fill = 0; /* fill: bytes of the current piece in scratch */
     int64_t last_progress = now_ms();
     while (sent < send_len || got < recv_len) {
         struct pollfd p[2];
@@ -111,14 +119,15 @@ static int exchange(ring_t *r, const void *send_buf, size_t send_len, void *recv
         int64_t left = r->timeout_ms - (now_ms() - last_progress);
         int ready = left > 0 ? poll(p, (nfds_t)n, (int)(left > 1000000000 ? 1000000000 : left)) : 0;
         if (ready < 0 && errno == EINTR) continue;
-        if (ready < 0) return ring_fail(r, -errno, "poll failed during %s: %s", r->doing, strerror(errno));
+        if (ready < 0)
+            return ring_fail(r, -errno, "poll failed during %s: %s", r->doing, strerror(errno));
         if (ready == 0) {
             bool is_recv_stuck = got < recv_len;
-            return ring_fail(r, DDP_ETIMEOUT,
-                             "no progress %s rank %d (%s) for %lld ms during %s; is it alive?",
-                             is_recv_stuck ? "from" : "to", is_recv_stuck ? prev_rank(r) : next_rank(r),
-                             is_recv_stuck ? r->prev_addr : r->next_addr, (long long)r->timeout_ms,
-                             r->doing);
+            return ring_fail(
+                r, DDP_ETIMEOUT, "no data %s rank %d (%s, %s) for %lld ms during %s; is it alive?",
+                is_recv_stuck ? "from" : "to", is_recv_stuck ? prev_rank(r) : next_rank(r),
+                is_recv_stuck ? r->prev_addr : r->next_addr, is_recv_stuck ? "prev" : "next",
+                (long long)r->timeout_ms, r->doing);
         }
         if (send_at >= 0 && p[send_at].revents) {
             ssize_t k = send(r->next_fd, s + sent, send_len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -126,20 +135,31 @@ static int exchange(ring_t *r, const void *send_buf, size_t send_len, void *recv
                 sent += (size_t)k;
                 last_progress = now_ms();
             } else if (k < 0 && errno != EAGAIN && errno != EINTR) {
-                return ring_fail(r, DDP_ECLOSED, "sending to rank %d (%s) failed during %s: %s",
-                                 next_rank(r), r->next_addr, r->doing, strerror(errno));
+                return ring_fail(r, DDP_ECLOSED,
+                                 "sending to rank %d (%s, next) failed during %s: %s", next_rank(r),
+                                 r->next_addr, r->doing, strerror(errno));
             }
         }
         if (recv_at >= 0 && p[recv_at].revents) {
-            ssize_t k = recv(r->prev_fd, d + got, recv_len - got, MSG_DONTWAIT);
+            size_t piece_len = recv_len - got + fill;
+            if (piece_len > RING_PIECE_BYTES) piece_len = RING_PIECE_BYTES;
+            ssize_t k = add ? recv(r->prev_fd, r->scratch + fill, piece_len - fill, MSG_DONTWAIT)
+                            : recv(r->prev_fd, d + got, recv_len - got, MSG_DONTWAIT);
             if (k > 0) {
                 got += (size_t)k;
                 last_progress = now_ms();
+                fill += (size_t)k;
+                if (add && fill == piece_len) { /* piece_len is whole elements */
+                    add(d + got - fill, r->scratch, piece_len / elem);
+                    fill = 0;
+                }
             } else if (k == 0) {
-                return ring_fail(r, DDP_ECLOSED, "rank %d (%s) closed the connection during %s",
-                                 prev_rank(r), r->prev_addr, r->doing);
+                return ring_fail(r, DDP_ECLOSED,
+                                 "rank %d (%s, prev) closed the connection during %s", prev_rank(r),
+                                 r->prev_addr, r->doing);
             } else if (errno != EAGAIN && errno != EINTR) {
-                return ring_fail(r, DDP_ECLOSED, "receiving from rank %d (%s) failed during %s: %s",
+                return ring_fail(r, DDP_ECLOSED,
+                                 "receiving from rank %d (%s, prev) failed during %s: %s",
                                  prev_rank(r), r->prev_addr, r->doing, strerror(errno));
             }
         }
@@ -147,22 +167,46 @@ static int exchange(ring_t *r, const void *send_buf, size_t send_len, void *recv
     return 0;
 }
 
+static int exchange(ring_t *r, const void *send_buf, size_t send_len, void *recv_buf,
+                    size_t recv_len) {
+    return exchange_add(r, send_buf, send_len, recv_buf, recv_len, NULL, 0);
+}
+
 static const char *op_name(uint32_t op) {
     switch (op) {
-    case RING_OP_ALLREDUCE_F32: return "allreduce(f32)";
-    case RING_OP_ALLREDUCE_F64: return "allreduce(f64)";
-    case RING_OP_BROADCAST: return "broadcast";
-    case RING_OP_BARRIER: return "barrier";
-    default: return "an unknown op";
+    case RING_OP_ALLREDUCE_F32:
+        return "allreduce(f32)";
+    case RING_OP_ALLREDUCE_F64:
+        return "allreduce(f64)";
+    case RING_OP_BROADCAST:
+        return "broadcast";
+    case RING_OP_BARRIER:
+        return "barrier";
+    default:
+        return "an unknown op";
     }
+}
+
+static void describe(const ring_frame_t *f, char *out, size_t out_len) {
+    int n =
+        snprintf(out, out_len, "%s of %llu bytes", op_name(f->op), (unsigned long long)f->n_bytes);
+    if (f->op == RING_OP_BROADCAST && n > 0 && (size_t)n < out_len)
+        snprintf(out + n, out_len - (size_t)n, " from rank %lld", (long long)f->root);
+    snprintf(out + strlen(out), out_len - strlen(out), " as collective #%llu",
+             (unsigned long long)f->seq);
 }
 
 /* Start a collective: refuse on a broken ring, then check that prev entered the same one. */
 static int begin(ring_t *r, uint32_t op, size_t n_bytes, int root) {
     if (r->failed_rc < 0) return r->failed_rc; /* err still says why */
-    r->doing = op == RING_OP_BARRIER ? "barrier" : op == RING_OP_BROADCAST ? "broadcast" : "allreduce";
-    ring_frame_t mine = {.magic = RING_FRAME_MAGIC, .op = op, .seq = r->seq++,
-                         .n_bytes = n_bytes, .root = root},
+    r->doing = op == RING_OP_BARRIER     ? "barrier"
+               : op == RING_OP_BROADCAST ? "broadcast"
+                                         : "allreduce";
+    ring_frame_t mine = {.magic = RING_FRAME_MAGIC,
+                         .op = op,
+                         .seq = r->seq++,
+                         .n_bytes = n_bytes,
+                         .root = root},
                  theirs;
     int rc = exchange(r, &mine, sizeof mine, &theirs, sizeof theirs);
     if (rc < 0) return rc;
@@ -170,21 +214,22 @@ static int begin(ring_t *r, uint32_t op, size_t n_bytes, int root) {
         return ring_fail(r, DDP_EPROTO, "rank %d (%s, prev) sent a malformed frame during %s",
                          prev_rank(r), r->prev_addr, r->doing);
     if (theirs.op != mine.op || theirs.seq != mine.seq || theirs.n_bytes != mine.n_bytes ||
-        theirs.root != mine.root)
+        theirs.root != mine.root) {
+        char want[96], got[96];
+        describe(&mine, want, sizeof want);
+        describe(&theirs, got, sizeof got);
         return ring_fail(r, DDP_EPROTO,
-                         "rank %d (%s, prev) entered %s of %llu bytes (root %lld) as collective "
-                         "#%llu while rank %d entered %s of %llu bytes (root %lld) as #%llu; every "
-                         "rank must call the same collectives with the same sizes in the same order",
-                         prev_rank(r), r->prev_addr, op_name(theirs.op),
-                         (unsigned long long)theirs.n_bytes, (long long)theirs.root,
-                         (unsigned long long)theirs.seq, r->base.rank, op_name(mine.op),
-                         (unsigned long long)mine.n_bytes, (long long)mine.root,
-                         (unsigned long long)mine.seq);
+                         "rank %d (%s, prev) entered %s while rank %d entered %s; every rank must "
+                         "call the same collectives with the same sizes in the same order",
+                         prev_rank(r), r->prev_addr, got, r->base.rank, want);
+    }
     return 0;
 }
 
 /* Chunk i of n elements split among world ranks: [chunk_start(i), chunk_start(i + 1)). */
-static size_t chunk_start(size_t n, int world, int i) { return n * (size_t)i / (size_t)world; }
+static size_t chunk_start(size_t n, int world, int i) {
+    return n * (size_t)i / (size_t)world;
+}
 
 static int allreduce(ring_t *r, uint32_t op, void *data, size_t n, size_t elem, add_fn add) {
     int world = r->base.world, rank = r->base.rank;
@@ -192,26 +237,21 @@ static int allreduce(ring_t *r, uint32_t op, void *data, size_t n, size_t elem, 
     int rc = begin(r, op, n * elem, -1);
     if (rc < 0 || n == 0) return rc;
     uint8_t *base = data;
-    size_t piece = RING_PIECE_BYTES / elem;
     /* reduce-scatter: after world - 1 steps rank r holds the full sum of chunk r + 1 */
     for (int step = 0; step < 2 * (world - 1); step++) {
         bool is_gather = step >= world - 1;
         int s = is_gather ? step - (world - 1) : step;
         int send_chunk = ((rank - s + (is_gather ? 1 : 0)) % world + world) % world;
         int recv_chunk = ((rank - s - (is_gather ? 0 : 1)) % world + world) % world;
-        size_t send_lo = chunk_start(n, world, send_chunk), send_hi = chunk_start(n, world, send_chunk + 1);
-        size_t recv_lo = chunk_start(n, world, recv_chunk), recv_hi = chunk_start(n, world, recv_chunk + 1);
-        for (size_t off = 0; send_lo + off < send_hi || recv_lo + off < recv_hi; off += piece) {
-            size_t ns = send_lo + off < send_hi ? send_hi - send_lo - off : 0;
-            size_t nr = recv_lo + off < recv_hi ? recv_hi - recv_lo - off : 0;
-            if (ns > piece) ns = piece;
-            if (nr > piece) nr = piece;
-            uint8_t *dst = base + (recv_lo + off) * elem;
-            rc = exchange(r, base + (send_lo + off) * elem, ns * elem, is_gather ? dst : r->scratch,
-                          nr * elem);
-            if (rc < 0) return rc;
-            if (!is_gather) add(dst, r->scratch, nr);
-        }
+        size_t send_lo = chunk_start(n, world, send_chunk),
+               send_hi = chunk_start(n, world, send_chunk + 1);
+        size_t recv_lo = chunk_start(n, world, recv_chunk),
+               recv_hi = chunk_start(n, world, recv_chunk + 1);
+        /* the chunk sent in this step was completed in the previous one: it streams whole */
+        rc = exchange_add(r, base + send_lo * elem, (send_hi - send_lo) * elem,
+                          base + recv_lo * elem, (recv_hi - recv_lo) * elem, is_gather ? NULL : add,
+                          elem);
+        if (rc < 0) return rc;
     }
     return 0;
 }
@@ -271,7 +311,8 @@ static const comm_i ring_ops = {
 
 static uint64_t hash_text(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
     return h;
 }
 
@@ -316,7 +357,8 @@ static int io_all(int fd, void *buf, size_t len, bool is_write, int64_t deadline
     while (len) {
         int rc = wait_fd(fd, is_write ? POLLOUT : POLLIN, deadline_ms);
         if (rc < 0) return rc;
-        ssize_t k = is_write ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, len, MSG_DONTWAIT);
+        ssize_t k = is_write ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+                             : recv(fd, p, len, MSG_DONTWAIT);
         if (k == 0) return DDP_ECLOSED;
         if (k < 0) {
             if (errno == EAGAIN || errno == EINTR) continue;
@@ -331,8 +373,9 @@ static int io_all(int fd, void *buf, size_t len, bool is_write, int64_t deadline
 static int split_address(const char *text, size_t len, char *host, size_t host_len, char *port,
                          size_t port_len) {
     const char *colon = memrchr(text, ':', len);
-    if (!colon || (size_t)(colon - text) >= host_len || len - (size_t)(colon - text) - 1 >= port_len ||
-        colon == text || (size_t)(colon - text) + 1 == len)
+    if (!colon || (size_t)(colon - text) >= host_len ||
+        len - (size_t)(colon - text) - 1 >= port_len || colon == text ||
+        (size_t)(colon - text) + 1 == len)
         return -EINVAL;
     memcpy(host, text, (size_t)(colon - text));
     host[colon - text] = '\0';
@@ -346,8 +389,9 @@ static int connect_next(ring_t *r, const char *host, const char *port, const rin
                         int64_t deadline_ms) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     int rc = getaddrinfo(host, port, &hints, &ai);
-    if (rc != 0) return ring_fail(r, -EHOSTUNREACH, "rank %d's address %s: %s", next_rank(r),
-                                  r->next_addr, gai_strerror(rc));
+    if (rc != 0)
+        return ring_fail(r, -EHOSTUNREACH, "rank %d's address %s: %s", next_rank(r), r->next_addr,
+                         gai_strerror(rc));
     int delay_ms = 10;
     for (;;) {
         int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -376,8 +420,9 @@ static int connect_next(ring_t *r, const char *host, const char *port, const rin
         delay_ms = delay_ms < 500 ? delay_ms * 2 : 1000;
     }
     freeaddrinfo(ai);
-    if (rc < 0) return ring_fail(r, rc, "cannot connect to rank %d at %s: %s", next_rank(r),
-                                 r->next_addr, ddp_strerror(rc));
+    if (rc < 0)
+        return ring_fail(r, rc, "cannot connect to rank %d at %s: %s", next_rank(r), r->next_addr,
+                         ddp_strerror(rc));
     return 0;
 }
 
@@ -389,16 +434,18 @@ static int accept_prev(ring_t *r, int listen_fd, uint64_t job_hash, int64_t dead
     for (;;) {
         int rc = wait_fd(listen_fd, POLLIN, deadline_ms);
         if (rc < 0)
-            return ring_fail(r, rc, "rank %d (%s) did not connect within %lld ms%s%s",
-                             prev_rank(r), r->prev_addr, (long long)r->timeout_ms,
+            return ring_fail(r, rc, "rank %d (%s) did not connect within %lld ms%s%s", prev_rank(r),
+                             r->prev_addr, (long long)r->timeout_ms,
                              stray[0] ? "; refused meanwhile: " : "", stray);
         struct sockaddr_storage from;
         socklen_t from_len = sizeof from;
-        int fd = accept4(listen_fd, (struct sockaddr *)&from, &from_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd =
+            accept4(listen_fd, (struct sockaddr *)&from, &from_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) continue;
         char from_host[64] = "?";
         if (from.ss_family == AF_INET)
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, from_host, sizeof from_host);
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, from_host,
+                      sizeof from_host);
         else if (from.ss_family == AF_INET6)
             inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, from_host,
                       sizeof from_host);
@@ -414,10 +461,11 @@ static int accept_prev(ring_t *r, int listen_fd, uint64_t job_hash, int64_t dead
                      from_host);
         } else if (h.world != (uint32_t)r->base.world || h.rank != (uint32_t)prev_rank(r)) {
             close(fd);
-            return ring_fail(r, DDP_EPROTO,
-                             "a peer at %s joined this job's ring as rank %u of %u, but this is "
-                             "rank %d of %d and expects rank %d: are two rounds sharing the prefix?",
-                             from_host, h.rank, h.world, r->base.rank, r->base.world, prev_rank(r));
+            return ring_fail(
+                r, DDP_EPROTO,
+                "a peer at %s joined this job's ring as rank %u of %u, but this is "
+                "rank %d of %d and expects rank %d: are two rounds sharing the prefix?",
+                from_host, h.rank, h.world, r->base.rank, r->base.world, prev_rank(r));
         } else {
             r->prev_fd = fd;
             return 0;
@@ -468,7 +516,8 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t 
     int64_t deadline_ms = now_ms() + r->timeout_ms;
     int listen_fd = -1, rc = 0;
     char host[64] = "127.0.0.1";
-    if (o->advertise_host) snprintf(host, sizeof host, "%s", o->advertise_host);
+    if (o->advertise_host)
+        snprintf(host, sizeof host, "%s", o->advertise_host);
     else if (o->store_host && route_address(o->store_host, host, sizeof host) < 0)
         snprintf(host, sizeof host, "127.0.0.1");
     if (o->world > 1) {
@@ -476,22 +525,26 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t 
         socklen_t len = sizeof addr;
         listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
-            listen(listen_fd, 16) < 0 || getsockname(listen_fd, (struct sockaddr *)&addr, &len) < 0) {
-            rc = ring_fail(r, -errno, "cannot listen for rank %d: %s", prev_rank(r), strerror(errno));
+            listen(listen_fd, 16) < 0 ||
+            getsockname(listen_fd, (struct sockaddr *)&addr, &len) < 0) {
+            rc = ring_fail(r, -errno, "cannot listen for rank %d: %s", prev_rank(r),
+                           strerror(errno));
             goto done;
         }
         char self_addr[96], peer_host[64], peer_port[16];
         snprintf(self_addr, sizeof self_addr, "%s:%u", host, ntohs(addr.sin_port));
         rc = publish_and_lookup(r, o, self_addr);
         if (rc < 0) goto done;
-        if (split_address(r->next_addr, strlen(r->next_addr), peer_host, sizeof peer_host, peer_port,
-                          sizeof peer_port) < 0) {
+        if (split_address(r->next_addr, strlen(r->next_addr), peer_host, sizeof peer_host,
+                          peer_port, sizeof peer_port) < 0) {
             rc = ring_fail(r, DDP_EPROTO, "rank %d published a malformed address '%s'",
                            next_rank(r), r->next_addr);
             goto done;
         }
         uint64_t job_hash = hash_text(o->key_prefix);
-        ring_hello_t hello = {.magic = RING_MAGIC, .job_hash = job_hash, .rank = (uint32_t)o->rank,
+        ring_hello_t hello = {.magic = RING_MAGIC,
+                              .job_hash = job_hash,
+                              .rank = (uint32_t)o->rank,
                               .world = (uint32_t)o->world};
         rc = connect_next(r, peer_host, peer_port, &hello, deadline_ms);
         if (rc == 0) rc = accept_prev(r, listen_fd, job_hash, deadline_ms);

@@ -1,8 +1,10 @@
 /* comm_ring (and comm_null): all-reduce sums in f32 and f64 for awkward sizes and world sizes,
  * bit-identical results on every rank, broadcast from every root, barrier, and failures: a peer
  * that exits or hangs makes the others fail within the deadline with a message naming a rank, never
- * hang. Ranks are forked processes; the store they meet through is a forked `store_server`. */
+ * hang; ranks that disagree on a collective fail on its opening frame. Ranks are forked processes;
+ * the store they meet through is a forked `store_server` (a libuv loop in a child process). */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include <uv.h>
 
 #include "comm.h"
+#include "ddp_error.h"
 #include "store_server.h"
 
 #define MAX_WORLD 4
@@ -21,6 +24,9 @@
 typedef struct {
     uint64_t result_hash[MAX_WORLD];
     int64_t failed_after_ms[MAX_WORLD];
+    int64_t failed_at_ms[MAX_WORLD],
+        killed_at_ms; /* CLOCK_MONOTONIC, comparable across processes */
+    int rc[MAX_WORLD];
     char err[MAX_WORLD][512];
 } shared_t;
 
@@ -70,7 +76,8 @@ static int64_t now_ms(void) {
 static uint64_t hash_bytes(const void *p, size_t n) {
     const uint8_t *b = p;
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
 
@@ -85,12 +92,18 @@ static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
     for (int rank = 0; rank < world; rank++) {
         pids[rank] = fork();
         if (pids[rank] != 0) continue;
-        store_client_opts_t so = {.host = "127.0.0.1", .port = store_port,
-                                  .connect_timeout_ms = 5000, .op_timeout_ms = 10000};
+        store_client_opts_t so = {.host = "127.0.0.1",
+                                  .port = store_port,
+                                  .connect_timeout_ms = 5000,
+                                  .op_timeout_ms = 10000};
         store_client_t *store = NULL;
         if (store_client_connect(&so, &store) < 0) _exit(10);
-        comm_ring_opts_t ro = {.rank = rank, .world = world, .store = store, .key_prefix = prefix,
-                               .store_host = "127.0.0.1", .timeout_ms = timeout_ms};
+        comm_ring_opts_t ro = {.rank = rank,
+                               .world = world,
+                               .store = store,
+                               .key_prefix = prefix,
+                               .store_host = "127.0.0.1",
+                               .timeout_ms = timeout_ms};
         comm_t *c = NULL;
         char err[512];
         if (comm_ring_create(&ro, &c, err, sizeof err) < 0) {
@@ -111,7 +124,8 @@ static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
     return failed;
 }
 
-static const size_t sizes[] = {0, 1, 3, 5, 1000, (1u << 20) + 7};
+/* n < world (0 to world - 1 covers every world here), a prime, odd large sizes */
+static const size_t sizes[] = {0, 1, 2, 3, 5, 1000, (1u << 20) + 7};
 #define N_SIZES (sizeof sizes / sizeof sizes[0])
 
 /* Small integers: every order of summation gives the exact sum. */
@@ -120,7 +134,8 @@ static int allreduce_exact(comm_t *c, int rank, int world) {
         size_t n = sizes[s];
         float *f = malloc((n + 1) * sizeof *f);
         double *d = malloc((n + 1) * sizeof *d);
-        for (size_t i = 0; i < n; i++) f[i] = d[i] = (float)((rank + 1) * (int)(i % 7));
+        for (size_t i = 0; i < n; i++)
+            f[i] = d[i] = (float)((rank + 1) * (int)(i % 7));
         if (c->ops->allreduce_sum_f32(c, f, n) < 0 || c->ops->allreduce_sum_f64(c, d, n) < 0) {
             fprintf(stderr, "rank %d: %s\n", rank, comm_error(c));
             return 1;
@@ -128,7 +143,8 @@ static int allreduce_exact(comm_t *c, int rank, int world) {
         for (size_t i = 0; i < n; i++) {
             double want = (double)(world * (world + 1) / 2) * (double)(i % 7);
             if (f[i] != want || d[i] != want) {
-                fprintf(stderr, "rank %d size %zu [%zu]: %g %g, want %g\n", rank, n, i, f[i], d[i], want);
+                fprintf(stderr, "rank %d size %zu [%zu]: %g %g, want %g\n", rank, n, i, f[i], d[i],
+                        want);
                 return 1;
             }
         }
@@ -165,8 +181,10 @@ Test(comm_ring, every_rank_ends_with_the_same_bits_every_time) {
         cr_assert_eq(run_ring(3, 10000, allreduce_bits), 0);
         for (int r = 1; r < 3; r++)
             cr_assert_eq(shared->result_hash[r], shared->result_hash[0], "rank %d differs", r);
-        if (run == 0) first = shared->result_hash[0];
-        else cr_assert_eq(shared->result_hash[0], first, "a second run summed differently");
+        if (run == 0)
+            first = shared->result_hash[0];
+        else
+            cr_assert_eq(shared->result_hash[0], first, "a second run summed differently");
     }
 }
 
@@ -175,7 +193,8 @@ static int broadcast_every_root(comm_t *c, int rank, int world) {
     for (int root = 0; root < world; root++) {
         for (size_t k = 0; k < 3; k++) {
             uint8_t *buf = malloc(lens[k] + 1);
-            for (size_t i = 0; i < lens[k]; i++) buf[i] = (uint8_t)(rank == root ? i * 31 + root : 0xEE);
+            for (size_t i = 0; i < lens[k]; i++)
+                buf[i] = (uint8_t)(rank == root ? i * 31 + root : 0xEE);
             if (c->ops->broadcast(c, buf, lens[k], root) < 0) return 1;
             for (size_t i = 0; i < lens[k]; i++)
                 if (buf[i] != (uint8_t)(i * 31 + root)) return 2;
@@ -232,13 +251,89 @@ Test(comm_ring, a_silent_peer_fails_the_collective_at_the_deadline) {
     cr_assert_eq(run_ring(3, 1000, middle_rank_hangs), 0);
     /* rank 2 waits on rank 1 and gives up at the deadline; rank 0 waits on rank 2 and sees it
      * leave then (or its own deadline): a failure propagates around the ring, nobody hangs */
-    cr_assert(strstr(shared->err[2], "no progress from rank 1 (127.0.0.1:") &&
-              strstr(shared->err[2], "1000 ms"), "rank 2: '%s'", shared->err[2]);
+    cr_assert(strstr(shared->err[2], "no data from rank 1 (127.0.0.1:") &&
+                  strstr(shared->err[2], "1000 ms"),
+              "rank 2: '%s'", shared->err[2]);
     for (int r = 0; r < 3; r += 2) {
         cr_assert_geq(shared->failed_after_ms[r], 900, "rank %d", r);
         cr_assert_lt(shared->failed_after_ms[r], 3500, "rank %d: %s", r, shared->err[r]);
         cr_assert(strstr(shared->err[r], "rank "), "rank %d: '%s'", r, shared->err[r]);
     }
+}
+
+static void *kill_self_soon(void *arg) {
+    (void)arg;
+    usleep(30 * 1000);
+    shared->killed_at_ms = now_ms();
+    raise(SIGKILL);
+    return NULL;
+}
+
+/* Rank 2 is killed (-9) while the ranks are in the middle of all-reducing 4 MB buffers. */
+static int killed_mid_collective(comm_t *c, int rank, int world) {
+    (void)world;
+    pthread_t t;
+    if (rank == 2 && pthread_create(&t, NULL, kill_self_soon, NULL) != 0) return 1;
+    size_t n = 1u << 20;
+    float *f = calloc(n, sizeof *f);
+    int rc = 0;
+    for (int i = 0; i < 2000 && rc == 0; i++)
+        rc = c->ops->allreduce_sum_f32(c, f, n);
+    shared->failed_at_ms[rank] = now_ms();
+    shared->rc[rank] = rc;
+    snprintf(shared->err[rank], sizeof shared->err[rank], "%s", comm_error(c));
+    /* the ring is unusable now: the next call fails at once with the same error */
+    int64_t start = now_ms();
+    int again = c->ops->barrier(c);
+    int is_sticky =
+        again == rc && now_ms() - start < 100 && strcmp(comm_error(c), shared->err[rank]) == 0;
+    free(f);
+    return rc < 0 && is_sticky ? 0 : 1;
+}
+
+Test(comm_ring, a_peer_killed_mid_collective_fails_the_others_naming_it) {
+    /* rank 2 dies by signal: one abnormal exit; ranks 0 and 1 must have failed (status 0) */
+    cr_assert_eq(run_ring(3, 3000, killed_mid_collective), 1);
+    cr_assert_gt(shared->killed_at_ms, 0, "rank 2 finished 2000 all-reduces before its kill");
+    for (int r = 0; r < 2; r++) {
+        cr_assert_lt(shared->rc[r], 0, "rank %d", r);
+        cr_assert_lt(shared->failed_at_ms[r] - shared->killed_at_ms, 3000, "rank %d hung: %s", r,
+                     shared->err[r]);
+        cr_assert(strstr(shared->err[r], "ring: ") && strstr(shared->err[r], "rank "),
+                  "rank %d: '%s'", r, shared->err[r]);
+    }
+    cr_log_info("rank 0: %s\nrank 1: %s", shared->err[0], shared->err[1]);
+    /* whichever of 0 and 1 failed first did so because of rank 2; the other may name the first */
+    cr_assert(strstr(shared->err[0], "rank 2 (127.0.0.1:") ||
+                  strstr(shared->err[1], "rank 2 (127.0.0.1:"),
+              "nobody named the dead rank 2: '%s' / '%s'", shared->err[0], shared->err[1]);
+}
+
+/* Rank 1 all-reduces one element fewer than the others: caught by the opening frame, not the
+ * deadline, and not by summing misaligned bytes. */
+static int rank_one_disagrees(comm_t *c, int rank, int world) {
+    (void)world;
+    float f[11] = {0};
+    int64_t start = now_ms();
+    int rc = c->ops->allreduce_sum_f32(c, f, rank == 1 ? 10 : 11);
+    shared->failed_after_ms[rank] = now_ms() - start;
+    shared->rc[rank] = rc;
+    snprintf(shared->err[rank], sizeof shared->err[rank], "%s", comm_error(c));
+    return rc < 0 ? 0 : 1;
+}
+
+Test(comm_ring, ranks_that_disagree_on_the_size_fail_at_once) {
+    cr_assert_eq(run_ring(3, 5000, rank_one_disagrees), 0);
+    for (int r = 0; r < 3; r++)
+        cr_assert_lt(shared->failed_after_ms[r], 2000, "rank %d waited for the deadline: %s", r,
+                     shared->err[r]);
+    cr_log_info("rank 2: %s", shared->err[2]);
+    cr_assert_eq(shared->rc[2], DDP_EPROTO, "rank 2: %s", shared->err[2]);
+    cr_assert(strstr(shared->err[2], "rank 1 (127.0.0.1:") &&
+                  strstr(shared->err[2], "allreduce(f32) of 40 bytes") &&
+                  strstr(shared->err[2], "rank 2 entered allreduce(f32) of 44 bytes"),
+              "rank 2: '%s'", shared->err[2]);
+    cr_assert_eq(shared->rc[1], DDP_EPROTO, "rank 1: %s", shared->err[1]);
 }
 
 Test(comm_ring, null_comm_is_a_world_of_one) {
