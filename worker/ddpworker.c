@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -80,6 +81,30 @@ static void ensure_passive_openmp(char **argv) {
     /* exec failed: train anyway, only slower */
 }
 
+/* Where the cuda backend keeps the convolution algorithms it searched for: $DDPWORKER_ALGO_CACHE,
+ * else beside the snapshots, else ${XDG_CACHE_HOME:-~/.cache}/ddpworker/ ("" when none of these
+ * can be had: every start then searches). */
+static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
+    const char *env = getenv("DDPWORKER_ALGO_CACHE");
+    path[0] = '\0';
+    if (env) {
+        snprintf(path, len, "%s", env);
+    } else if (conf->snapshot_dir[0]) {
+        snprintf(path, len, "%s/cudnn_algos.txt", conf->snapshot_dir);
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        char dir[PATH_MAX];
+        if (xdg && *xdg) snprintf(dir, sizeof dir, "%s", xdg);
+        else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache", home);
+        else return;
+        mkdir(dir, 0755);
+        size_t at = strlen(dir);
+        snprintf(dir + at, sizeof dir - at, "/ddpworker");
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST) return;
+        snprintf(path, len, "%s/cudnn_algos.txt", dir);
+    }
+}
+
 static backend_t *make_backend(const train_conf_t *conf, int threads) {
     if (conf->backend == BACKEND_CPU) {
         backend_t *b = backend_cpu_create(threads);
@@ -103,14 +128,17 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
                                      "cuDNN): %s", path, dlerror());
     int (*device_count)(void) = (int (*)(void))dlsym(lib, "backend_cuda_device_count");
-    backend_t *(*create)(int, char *, size_t) =
-        (backend_t * (*)(int, char *, size_t)) dlsym(lib, "backend_cuda_create");
+    backend_t *(*create)(int, unsigned, const char *, char *, size_t) =
+        (backend_t * (*)(int, unsigned, const char *, char *, size_t)) dlsym(lib, "backend_cuda_create");
     if (!device_count || !create) trainer_die(DDP_EXIT_BUG, "%s: not a ddpworker backend", path);
     int devices = device_count();
     if (devices == 0) trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
     char err[512];
     int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
-    backend_t *b = create(device, err, sizeof err);
+    char cache[PATH_MAX];
+    algo_cache_path(conf, cache, sizeof cache);
+    backend_t *b = create(device, conf->precision == PRECISION_TF32 ? 1u /* BACKEND_CUDA_TF32 */ : 0u,
+                          cache[0] ? cache : NULL, err, sizeof err);
     if (!b) trainer_die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
     return b;
 }
@@ -142,8 +170,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ddpworker: %s\n", err);
         return DDP_EXIT_CONFIG;
     }
-    if (conf.precision != PRECISION_FP32)
-        trainer_die(DDP_EXIT_CONFIG, "precision.mode: only fp32 is implemented so far");
+    if (conf.precision == PRECISION_TF32 && conf.backend != BACKEND_CUDA)
+        trainer_die(DDP_EXIT_CONFIG, "precision.mode: tf32 needs train.backend=cuda");
+    if (conf.precision == PRECISION_FP16 || conf.precision == PRECISION_BF16)
+        trainer_die(DDP_EXIT_CONFIG, "precision.mode: fp16 and bf16 are not implemented yet "
+                                     "(fp32 and, on cuda, tf32 are)");
     if (conf.backend == BACKEND_CUDA && world > 1)
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda runs one rank per job until its collective "
                                      "(nccl, or the ring with device staging) lands");

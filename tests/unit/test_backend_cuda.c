@@ -16,7 +16,7 @@ static void setup(void) {
     if (backend_cuda_device_count() == 0) return;
     char err[256];
     cpu = backend_cpu_create(1);
-    gpu = backend_cuda_create(0, err, sizeof err);
+    gpu = backend_cuda_create(0, 0, NULL, err, sizeof err);
     cr_assert_not_null(gpu, "%s", err);
     cr_assert_eq(cpu->ops->reserve_workspace(cpu, 64 << 20), 0);
 }

@@ -1,8 +1,8 @@
 /* backend_cuda: see backend_cuda.h. One stream per backend; cuDNN and cuBLAS run on it, and so do
- * the kernels here; only to_host waits. Convolution algorithms come from cuDNN's heuristics (no
- * timing search at start-up) and are cached per shape for the life of the backend. Every CUDA,
+ * the kernels here (batch norm included); only to_host waits. Convolution algorithms come from cuDNN's timed search,
+ * once per shape, kept in a cache file across runs. Every CUDA,
  * cuDNN and cuBLAS call is checked: a failure prints file:line and the library's message and ends
- * the worker (exit 70), as llm.c does. fp32 math throughout (FMA, no TF32). */
+ * the worker (exit 70), as llm.c does. fp32 math (FMA), or TF32 tensor cores when asked. */
 #include "backend_cuda.h"
 
 #include <cublas_v2.h>
@@ -40,6 +40,7 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    bool is_sized; /* the workspace has room for these */
 } conv_algos_t;
 
 typedef struct {
@@ -50,12 +51,21 @@ typedef struct {
     cublasHandle_t cublas;
     void *workspace;
     size_t workspace_bytes;
-    cudnnTensorDescriptor_t x_desc, y_desc, bn_desc;
+    cudnnTensorDescriptor_t x_desc, y_desc;
     cudnnFilterDescriptor_t w_desc;
     cudnnConvolutionDescriptor_t conv_desc;
     conv_algos_t algos[CONV_CACHE];
     int n_algos;
+    float *bn_partials; /* batch-norm reductions: chunks x C partial sums, twice */
+    size_t bn_partials_len;
+    float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
+    bool is_tf32;
+    char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
+    char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
 } gpu_t;
+
+#define BN_PARTIALS_FLOATS ((size_t)2 << 20)
+#define BN_MAX_CHANNELS 65536
 
 static gpu_t *gpu_of(backend_t *b) { return (gpu_t *)b; }
 
@@ -144,35 +154,114 @@ static void describe_conv(gpu_t *g, const conv_shape_t *s) {
     CHECK_CUDNN(cudnnSetFilter4dDescriptor(g->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, s->k, s->c, s->r, s->s));
     CHECK_CUDNN(cudnnSetConvolution2dDescriptor(g->conv_desc, s->pad, s->pad, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CHECK_CUDNN(cudnnSetConvolutionMathType(g->conv_desc, CUDNN_FMA_MATH));
+    CHECK_CUDNN(cudnnSetConvolutionMathType(g->conv_desc, g->is_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 }
 
-/* cuDNN's best heuristic choice that fits the workspace, once per shape. */
+/* The convolution algorithms: cuDNN's timed search (cudnnFind*, which runs each candidate on
+ * scratch memory of its own) the first time a shape is seen, remembered in memory and, when the
+ * backend has a cache file, there too, so later starts skip the search. cuDNN's heuristics alone
+ * picked a direct NHWC kernel 20x slower than the best for ResNet-18's backward data pass. */
+
+static const char *cache_tag(gpu_t *g) {
+    if (!g->tag[0]) {
+        cudaDeviceProp prop;
+        CHECK_CUDA(cudaGetDeviceProperties(&prop, g->device));
+        snprintf(g->tag, sizeof g->tag, "cudnn%zu:sm%d%d:", cudnnGetVersion(), prop.major, prop.minor);
+        size_t at = strlen(g->tag);
+        for (const char *c = prop.name; *c && at + 1 < sizeof g->tag; c++) g->tag[at++] = *c == ' ' ? '_' : *c;
+        g->tag[at] = '\0';
+    }
+    return g->tag;
+}
+
+static void algo_cache_load(gpu_t *g) {
+    FILE *f = g->cache_path[0] ? fopen(g->cache_path, "r") : NULL;
+    if (!f) return;
+    char line[512], tag[160];
+    while (fgets(line, sizeof line, f) && g->n_algos < CONV_CACHE) {
+        conv_algos_t a;
+        memset(&a, 0, sizeof a);
+        conv_shape_t *s = &a.shape;
+        int tf32, fwd, bd, bf;
+        if (sscanf(line, "%159s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", tag, &s->n, &s->h, &s->w, &s->c,
+                   &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->oh, &s->ow, &tf32, &fwd, &bd, &bf) != 16 ||
+            strcmp(tag, cache_tag(g)) != 0 || tf32 != (int)g->is_tf32)
+            continue; /* another GPU, cuDNN or math mode: not ours to use */
+        a.fwd = (cudnnConvolutionFwdAlgo_t)fwd;
+        a.bwd_data = (cudnnConvolutionBwdDataAlgo_t)bd;
+        a.bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)bf;
+        g->algos[g->n_algos++] = a;
+    }
+    fclose(f);
+}
+
+static void algo_cache_append(gpu_t *g, const conv_algos_t *a) {
+    FILE *f = g->cache_path[0] ? fopen(g->cache_path, "a") : NULL;
+    if (!f) return; /* a cache is an optimisation: without one the next start searches again */
+    const conv_shape_t *s = &a->shape;
+    fprintf(f, "%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", cache_tag(g), s->n, s->h, s->w, s->c, s->k,
+            s->r, s->s, s->stride, s->pad, s->oh, s->ow, (int)g->is_tf32, (int)a->fwd, (int)a->bwd_data,
+            (int)a->bwd_filter);
+    fclose(f);
+}
+
+#define CONV_WORKSPACE_MAX ((size_t)512 << 20)
+
+/* The first (fastest) result that succeeded within the workspace limit. */
+#define FASTEST(perf, n, fallback) \
+    ({ \
+        int pick_ = -1; \
+        for (int i_ = 0; i_ < (n) && pick_ < 0; i_++) \
+            if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= CONV_WORKSPACE_MAX) pick_ = i_; \
+        pick_ >= 0 ? (perf)[pick_].algo : (fallback); \
+    })
+
+static void ensure_workspace(gpu_t *g, size_t n_bytes) {
+    if (n_bytes > g->workspace_bytes && gpu_reserve_workspace(&g->base, n_bytes) < 0)
+        fail_at("convolution workspace", "out of GPU memory", __FILE__, __LINE__);
+}
+
 static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
-    for (int i = 0; i < g->n_algos; i++)
-        if (memcmp(&g->algos[i].shape, s, sizeof *s) == 0) return &g->algos[i];
-    conv_algos_t a;
-    memset(&a, 0, sizeof a);
-    a.shape = *s;
-    int n = 0;
-    cudnnConvolutionFwdAlgoPerf_t fwd[8];
-    CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(g->cudnn, g->x_desc, g->w_desc, g->conv_desc, g->y_desc, 8, &n, fwd));
-    a.fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    for (int i = n - 1; i >= 0; i--)
-        if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd[i].memory <= g->workspace_bytes) a.fwd = fwd[i].algo;
-    cudnnConvolutionBwdDataAlgoPerf_t bd[8];
-    CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(g->cudnn, g->w_desc, g->y_desc, g->conv_desc, g->x_desc, 8, &n, bd));
-    a.bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    for (int i = n - 1; i >= 0; i--)
-        if (bd[i].status == CUDNN_STATUS_SUCCESS && bd[i].memory <= g->workspace_bytes) a.bwd_data = bd[i].algo;
-    cudnnConvolutionBwdFilterAlgoPerf_t bf[8];
-    CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(g->cudnn, g->x_desc, g->y_desc, g->conv_desc, g->w_desc, 8, &n, bf));
-    a.bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    for (int i = n - 1; i >= 0; i--)
-        if (bf[i].status == CUDNN_STATUS_SUCCESS && bf[i].memory <= g->workspace_bytes) a.bwd_filter = bf[i].algo;
-    if (g->n_algos == CONV_CACHE) g->n_algos = 0; /* more shapes than any model here has: start over */
-    g->algos[g->n_algos] = a;
-    return &g->algos[g->n_algos++];
+    conv_algos_t *a = NULL;
+    for (int i = 0; i < g->n_algos && !a; i++)
+        if (memcmp(&g->algos[i].shape, s, sizeof *s) == 0) a = &g->algos[i];
+    if (!a) {
+        if (g->n_algos == CONV_CACHE) g->n_algos = 0; /* more shapes than any model here has */
+        a = &g->algos[g->n_algos++];
+        memset(a, 0, sizeof *a);
+        a->shape = *s;
+        int n = 0;
+        cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(g->cudnn, g->x_desc, g->w_desc, g->conv_desc, g->y_desc,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, fwd));
+        a->fwd = FASTEST(fwd, n, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+        cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(g->cudnn, g->w_desc, g->y_desc, g->conv_desc,
+                                                              g->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                              &n, bd));
+        a->bwd_data = FASTEST(bd, n, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+        cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+        CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(g->cudnn, g->x_desc, g->y_desc, g->conv_desc,
+                                                                g->w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                                &n, bf));
+        a->bwd_filter = FASTEST(bf, n, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+        algo_cache_append(g, a);
+    }
+    if (!a->is_sized) { /* found now or read from the cache file: make room for its workspace */
+        size_t need = 0, bytes = 0;
+        CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(g->cudnn, g->x_desc, g->w_desc, g->conv_desc,
+                                                            g->y_desc, a->fwd, &bytes));
+        need = bytes > need ? bytes : need;
+        CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(g->cudnn, g->w_desc, g->y_desc, g->conv_desc,
+                                                                 g->x_desc, a->bwd_data, &bytes));
+        need = bytes > need ? bytes : need;
+        CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(g->cudnn, g->x_desc, g->y_desc, g->conv_desc,
+                                                                   g->w_desc, a->bwd_filter, &bytes));
+        need = bytes > need ? bytes : need;
+        ensure_workspace(g, need);
+        a->is_sized = true;
+    }
+    return a;
 }
 
 static void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
@@ -199,45 +288,158 @@ static void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
                                                  g->x_desc, dx));
 }
 
-/* ---- batch norm (cuDNN spatial mode over rows = N*H*W) ---- */
+/* ---- batch norm: own kernels over rows = N*H*W of C channels (NHWC) ----
+ * cuDNN's spatial batch norm sees such a tensor as (rows, C, 1, 1) and is slow there, and its
+ * inference call refuses large row counts. Statistics are two-pass (mean, then the squared
+ * deviations) for accuracy, reduced deterministically: each block of BN_TILE channels x a chunk of
+ * rows writes one partial per channel, a second kernel sums the partials in order, in double. */
 
-static void describe_bn(gpu_t *g, size_t rows, int c) {
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->x_desc, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, (int)rows, c, 1, 1));
-    CHECK_CUDNN(cudnnDeriveBNTensorDescriptor(g->bn_desc, g->x_desc, CUDNN_BATCHNORM_SPATIAL));
+#define BN_TILE 32
+#define BN_ROWS_PER_BLOCK 8 /* blockDim.y */
+
+/* The row chunks a reduction uses: enough blocks to fill the GPU, within the partials buffer. */
+static int bn_chunks(const gpu_t *g, size_t rows, int c) {
+    size_t by_size = (rows + 1023) / 1024, by_room = g->bn_partials_len / (2 * (size_t)c);
+    size_t n = by_size < by_room ? by_size : by_room;
+    return (int)(n < 1 ? 1 : n > 4096 ? 4096 : n);
+}
+
+/* partial[chunk][ch] (and partial2) = sums over the chunk's rows of f(x, dy) per channel. mode 0:
+ * x; mode 1: (x - mean)^2; mode 2: dy and dy * (x - mean) * invstd. */
+__global__ void bn_partials_kernel(int mode, size_t rows, int c, const float *x, const float *dy,
+                                   const float *mean, const float *invstd, float *partial,
+                                   float *partial2) {
+    __shared__ float s1[BN_ROWS_PER_BLOCK][BN_TILE], s2[BN_ROWS_PER_BLOCK][BN_TILE];
+    int ch = blockIdx.x * BN_TILE + threadIdx.x;
+    size_t per_chunk = (rows + gridDim.y - 1) / gridDim.y;
+    size_t begin = blockIdx.y * per_chunk, end = begin + per_chunk < rows ? begin + per_chunk : rows;
+    float a = 0.0f, b = 0.0f;
+    if (ch < c) {
+        float mu = mode ? mean[ch] : 0.0f, is = mode == 2 ? invstd[ch] : 0.0f;
+        for (size_t r = begin + threadIdx.y; r < end; r += BN_ROWS_PER_BLOCK) {
+            float v = x[r * c + ch];
+            if (mode == 0) {
+                a += v;
+            } else if (mode == 1) {
+                a += (v - mu) * (v - mu);
+            } else {
+                float d = dy[r * c + ch];
+                a += d;
+                b += d * (v - mu) * is;
+            }
+        }
+    }
+    s1[threadIdx.y][threadIdx.x] = a;
+    s2[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < c) {
+        for (int i = 1; i < BN_ROWS_PER_BLOCK; i++) {
+            a += s1[i][threadIdx.x];
+            b += s2[i][threadIdx.x];
+        }
+        partial[(size_t)blockIdx.y * c + ch] = a;
+        if (partial2) partial2[(size_t)blockIdx.y * c + ch] = b;
+    }
+}
+
+static void bn_reduce(gpu_t *g, int mode, size_t rows, int c, int chunks, const float *x, const float *dy,
+                      const float *mean, const float *invstd) {
+    dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
+    bn_partials_kernel<<<grid, block, 0, g->stream>>>(mode, rows, c, x, dy, mean, invstd, g->bn_partials,
+                                                      mode == 2 ? g->bn_partials + (size_t)chunks * c : NULL);
+    CHECK_CUDA(cudaGetLastError());
+}
+
+__global__ void bn_mean_kernel(int c, int chunks, size_t rows, const float *partial, float *mean) {
+    GRID_STRIDE(ch, (size_t)c) {
+        double sum = 0;
+        for (int i = 0; i < chunks; i++) sum += partial[(size_t)i * c + ch];
+        mean[ch] = (float)(sum / (double)rows);
+    }
+}
+
+__global__ void bn_var_kernel(int c, int chunks, size_t rows, const float *partial, float *invstd,
+                              float *running_mean, float *running_var, const float *mean, float momentum,
+                              float eps) {
+    GRID_STRIDE(ch, (size_t)c) {
+        double sq = 0;
+        for (int i = 0; i < chunks; i++) sq += partial[(size_t)i * c + ch];
+        double var = sq / (double)rows, unbiased = rows > 1 ? sq / (double)(rows - 1) : var;
+        invstd[ch] = (float)(1.0 / sqrt(var + eps));
+        running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * mean[ch];
+        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+    }
+}
+
+/* y = (x - mean) * invstd * gamma + beta; eval passes the running variance as var (invstd NULL). */
+__global__ void bn_apply_kernel(size_t n, int c, const float *x, const float *mean, const float *invstd,
+                                const float *var, float eps, const float *gamma, const float *beta, float *y) {
+    GRID_STRIDE(i, n) {
+        int ch = (int)(i % c);
+        float is = invstd ? invstd[ch] : rsqrtf(var[ch] + eps);
+        y[i] = (x[i] - mean[ch]) * is * gamma[ch] + beta[ch];
+    }
 }
 
 static void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
                                         const float *beta, float *y, float *save_mean, float *save_invstd,
                                         float *running_mean, float *running_var, float momentum, float eps) {
     gpu_t *g = gpu_of(b);
-    describe_bn(g, rows, c);
-    const float one = 1.0f, zero = 0.0f;
-    /* cuDNN keeps the unbiased variance in the running estimate, as PyTorch does */
-    CHECK_CUDNN(cudnnBatchNormalizationForwardTraining(g->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, g->x_desc, x,
-                                                       g->x_desc, y, g->bn_desc, gamma, beta, momentum,
-                                                       running_mean, running_var, eps, save_mean, save_invstd));
+    if (!rows || !c) return;
+    int chunks = bn_chunks(g, rows, c);
+    bn_reduce(g, 0, rows, c, chunks, x, NULL, NULL, NULL);
+    LAUNCH(bn_mean_kernel, (size_t)c, c, chunks, rows, g->bn_partials, save_mean);
+    bn_reduce(g, 1, rows, c, chunks, x, NULL, save_mean, NULL);
+    LAUNCH(bn_var_kernel, (size_t)c, c, chunks, rows, g->bn_partials, save_invstd, running_mean, running_var,
+           save_mean, momentum, eps);
+    LAUNCH(bn_apply_kernel, rows * c, rows * c, c, x, save_mean, save_invstd, NULL, eps, gamma, beta, y);
 }
 
 static void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
                                        const float *beta, float *y, const float *running_mean,
                                        const float *running_var, float eps) {
-    gpu_t *g = gpu_of(b);
-    describe_bn(g, rows, c);
-    const float one = 1.0f, zero = 0.0f;
-    CHECK_CUDNN(cudnnBatchNormalizationForwardInference(g->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, g->x_desc,
-                                                        x, g->x_desc, y, g->bn_desc, gamma, beta, running_mean,
-                                                        running_var, eps));
+    if (rows && c)
+        LAUNCH(bn_apply_kernel, rows * c, rows * c, c, x, running_mean, NULL, running_var, eps, gamma, beta, y);
+}
+
+__global__ void bn_grad_params_kernel(int c, int chunks, const float *partial, const float *partial2,
+                                      float *dgamma, float *dbeta, float *sums) {
+    GRID_STRIDE(ch, (size_t)c) {
+        double sum_dy = 0, sum_dy_xhat = 0;
+        for (int i = 0; i < chunks; i++) {
+            sum_dy += partial[(size_t)i * c + ch];
+            sum_dy_xhat += partial2[(size_t)i * c + ch];
+        }
+        dbeta[ch] += (float)sum_dy;
+        dgamma[ch] += (float)sum_dy_xhat;
+        sums[ch] = (float)sum_dy;
+        sums[c + ch] = (float)sum_dy_xhat;
+    }
+}
+
+/* dx += gamma * invstd / rows * (rows * dy - sum(dy) - xhat * sum(dy * xhat)) */
+__global__ void bn_backward_dx_kernel(size_t n, size_t rows, int c, const float *x, const float *dy,
+                                      const float *gamma, const float *mean, const float *invstd,
+                                      const float *sums, float *dx) {
+    GRID_STRIDE(i, n) {
+        int ch = (int)(i % c);
+        float xhat = (x[i] - mean[ch]) * invstd[ch];
+        float k = gamma[ch] * invstd[ch] / (float)rows;
+        dx[i] += k * ((float)rows * dy[i] - sums[ch] - xhat * sums[c + ch]);
+    }
 }
 
 static void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
                                    const float *save_mean, const float *save_invstd, const float *dy, float *dx,
                                    float *dgamma, float *dbeta) {
     gpu_t *g = gpu_of(b);
-    describe_bn(g, rows, c);
-    const float one = 1.0f;
-    CHECK_CUDNN(cudnnBatchNormalizationBackward(g->cudnn, CUDNN_BATCHNORM_SPATIAL, &one, &one, &one, &one,
-                                                g->x_desc, x, g->x_desc, dy, g->x_desc, dx, g->bn_desc, gamma,
-                                                dgamma, dbeta, 1e-5, save_mean, save_invstd));
+    if (!rows || !c) return;
+    int chunks = bn_chunks(g, rows, c);
+    bn_reduce(g, 2, rows, c, chunks, x, dy, save_mean, save_invstd);
+    float *sums = g->bn_sums;
+    LAUNCH(bn_grad_params_kernel, (size_t)c, c, chunks, g->bn_partials, g->bn_partials + (size_t)chunks * c,
+           dgamma, dbeta, sums);
+    LAUNCH(bn_backward_dx_kernel, rows * c, rows * c, rows, c, x, dy, gamma, save_mean, save_invstd, sums, dx);
 }
 
 /* ---- pooling ---- */
@@ -390,7 +592,8 @@ static void gpu_destroy(backend_t *b) {
     if (g->workspace) cudaFree(g->workspace);
     cudnnDestroyTensorDescriptor(g->x_desc);
     cudnnDestroyTensorDescriptor(g->y_desc);
-    cudnnDestroyTensorDescriptor(g->bn_desc);
+    if (g->bn_partials) cudaFree(g->bn_partials);
+    if (g->bn_sums) cudaFree(g->bn_sums);
     cudnnDestroyFilterDescriptor(g->w_desc);
     cudnnDestroyConvolutionDescriptor(g->conv_desc);
     cudnnDestroy(g->cudnn);
@@ -438,7 +641,8 @@ extern "C" int backend_cuda_device_count(void) {
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-extern "C" backend_t *backend_cuda_create(int device, char *err, size_t err_len) {
+extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path, char *err,
+                                          size_t err_len) {
     int count = backend_cuda_device_count();
     if (device < 0 || device >= count) {
         snprintf(err, err_len, "GPU %d requested, %d present", device, count);
@@ -461,16 +665,22 @@ extern "C" backend_t *backend_cuda_create(int device, char *err, size_t err_len)
     CHECK_CUDNN(cudnnSetStream(g->cudnn, g->stream));
     CHECK_CUBLAS(cublasCreate(&g->cublas));
     CHECK_CUBLAS(cublasSetStream(g->cublas, g->stream));
-    CHECK_CUBLAS(cublasSetMathMode(g->cublas, CUBLAS_PEDANTIC_MATH)); /* fp32 means fp32: no TF32 */
+    g->is_tf32 = flags & BACKEND_CUDA_TF32;
+    /* fp32 means fp32 unless TF32 was asked for */
+    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->x_desc));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->y_desc));
-    CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->bn_desc));
     CHECK_CUDNN(cudnnCreateFilterDescriptor(&g->w_desc));
     CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&g->conv_desc));
-    if (gpu_reserve_workspace(&g->base, (size_t)64 << 20) < 0) {
-        snprintf(err, err_len, "GPU %d: cannot allocate the 64 MiB workspace", device);
+    if (gpu_reserve_workspace(&g->base, (size_t)64 << 20) < 0 ||
+        cudaMalloc(&g->bn_partials, BN_PARTIALS_FLOATS * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&g->bn_sums, 2 * BN_MAX_CHANNELS * sizeof(float)) != cudaSuccess) {
+        snprintf(err, err_len, "GPU %d: cannot allocate the workspace", device);
         gpu_destroy(&g->base);
         return NULL;
     }
+    g->bn_partials_len = BN_PARTIALS_FLOATS / 2;
+    if (algo_cache_path) snprintf(g->cache_path, sizeof g->cache_path, "%s", algo_cache_path);
+    algo_cache_load(g);
     return &g->base;
 }

@@ -1,4 +1,4 @@
-/* backend_cuda: backend_i on one NVIDIA GPU: cuDNN convolutions and batch norm (NHWC), cuBLAS for
+/* backend_cuda: backend_i on one NVIDIA GPU: cuDNN convolutions (NHWC), cuBLAS for
  * linear layers, own kernels for the rest, all on one stream. Built when CMake finds CUDA and cuDNN
  * (DDP_HAVE_CUDA_BACKEND); held op by op against the CPU reference by tests/unit/test_backend_cuda.c
  * (skipped without a GPU). fp32 for now; fp16/bf16 come with the precision work. */
@@ -15,8 +15,12 @@ extern "C" {
 
 /* The number of GPUs this process can use (0 when there is no driver or device). */
 int backend_cuda_device_count(void);
-/* A backend on GPU `device`. Returns NULL with the CUDA/cuDNN/cuBLAS error, file:line, in err. */
-backend_t *backend_cuda_create(int device, char *err, size_t err_len);
+enum { BACKEND_CUDA_TF32 = 1 }; /* flags: let fp32 convolutions and GEMMs use TF32 tensor cores */
+/* A backend on GPU `device`. algo_cache_path: a text file of the convolution algorithms cuDNN's
+ * timed search chose (per GPU, cuDNN version, shape and math mode), read at start and appended to
+ * when a new shape is searched; NULL for none. Returns NULL with the error in err. */
+backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path, char *err,
+                               size_t err_len);
 
 #ifdef __cplusplus
 }
