@@ -40,6 +40,8 @@ typedef struct {
     /* Zeroed memory for the whole run, or NULL when out of memory. */
     void *(*alloc)(backend_t *b, size_t n_bytes);
     void (*release)(backend_t *b, void *p);
+    /* Whether p is memory only the device can address (false on the cpu backend). */
+    bool (*is_device)(backend_t *b, const void *p);
     /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM. */
     int (*reserve_workspace)(backend_t *b, size_t n_bytes);
     void (*to_device)(backend_t *b, void *dst, const void *src, size_t n_bytes);

@@ -17,6 +17,7 @@
 #include "store_client.h"
 
 typedef struct comm comm_t;
+typedef struct backend backend_t;
 
 typedef struct {
     const char *name;
@@ -53,6 +54,10 @@ int comm_null_create(comm_t **out);
  * rank - 1 (both checked with a hello naming the job and rank). Returns 0, or a negative code with
  * the reason in err. Blocks at most timeout_ms (plus the store's own bounds). */
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t err_len);
+
+/* Collectives over a backend's device memory through `inner` (a host-memory transport), staged
+ * chunk by chunk; host memory passes straight through. Takes ownership of inner. */
+int comm_staged_create(comm_t *inner, backend_t *backend, comm_t **out);
 
 static inline const char *comm_error(const comm_t *c) { return c->err; }
 

@@ -39,7 +39,7 @@ static long env_long(const char *name, long def, long min, long max) {
     return x;
 }
 
-static comm_t *make_comm(int rank, int world, const train_conf_t *conf) {
+static comm_t *make_comm(int rank, int world, const train_conf_t *conf, backend_t *backend) {
     comm_t *comm = NULL;
     if (world == 1) {
         if (comm_null_create(&comm) < 0) trainer_die(DDP_EXIT_BUG, "out of memory");
@@ -68,6 +68,11 @@ static comm_t *make_comm(int rank, int world, const train_conf_t *conf) {
     if (comm_ring_create(&ro, &comm, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the ring of %d workers: %s", world, err);
     store_client_destroy(store);
+    if (conf->backend == BACKEND_CUDA) { /* gradients live on the GPU: through host memory */
+        comm_t *staged = NULL;
+        if (comm_staged_create(comm, backend, &staged) < 0) trainer_die(DDP_EXIT_BUG, "out of memory");
+        comm = staged;
+    }
     return comm;
 }
 
@@ -175,9 +180,6 @@ int main(int argc, char **argv) {
     if (conf.precision == PRECISION_FP16 || conf.precision == PRECISION_BF16)
         trainer_die(DDP_EXIT_CONFIG, "precision.mode: fp16 and bf16 are not implemented yet "
                                      "(fp32 and, on cuda, tf32 are)");
-    if (conf.backend == BACKEND_CUDA && world > 1)
-        trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda runs one rank per job until its collective "
-                                     "(nccl, or the ring with device staging) lands");
     data_splits_t data;
     if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);
@@ -187,7 +189,7 @@ int main(int argc, char **argv) {
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
     backend_t *backend = make_backend(&conf, threads);
-    comm_t *comm = make_comm(rank, world, &conf);
+    comm_t *comm = make_comm(rank, world, &conf, backend);
 
     trainer_t t;
     trainer_init(&t, &conf, &data, backend, comm);

@@ -52,7 +52,7 @@ def main():
     # The step boundary: the SGD kernel ends each training step; keep the launches of step 2.
     ends = [i for i, r in enumerate(rows) if "sgd" in r["Kernel Name"]]
     step = rows[ends[-2] + 1:ends[-1] + 1] if len(ends) >= 2 else rows
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
     total = collections.Counter()
     count = collections.Counter()
     for r in step:
@@ -63,7 +63,7 @@ def main():
     print(f"{args.model} w{args.width} batch {args.batch} {args.precision}: {len(step)} kernels, "
           f"{step_us / 1e3:.2f} ms of GPU time in one step -> {args.batch / step_us * 1e6:.0f} img/s bound")
     for name, us in total.most_common(args.top):
-        print(f"{us / 1e3:9.3f} ms {100 * us / step_us:5.1f}% x{count[name]:<4} {name}")
+        print(f"{us:9.1f} us {100 * us / step_us:5.1f}% x{count[name]:<4} {name}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ static void cpu_release(backend_t *b, void *p) {
     free(p);
 }
 
+static bool cpu_is_device(backend_t *b, const void *p) {
+    (void)b, (void)p;
+    return false;
+}
+
 static int cpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     cpu_t *c = cpu_of(b);
     if (n_bytes <= c->workspace_bytes) return 0;
@@ -440,6 +445,7 @@ static const backend_i cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .release = cpu_release,
+    .is_device = cpu_is_device,
     .reserve_workspace = cpu_reserve_workspace,
     .to_device = cpu_copy,
     .to_host = cpu_copy,

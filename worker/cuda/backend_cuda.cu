@@ -89,6 +89,16 @@ static void gpu_release(backend_t *b, void *p) {
     CHECK_CUDA(cudaFree(p));
 }
 
+static bool gpu_is_device(backend_t *b, const void *p) {
+    (void)b;
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError(); /* not a pointer CUDA knows: host memory */
+        return false;
+    }
+    return attr.type == cudaMemoryTypeDevice;
+}
+
 static int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
     if (n_bytes <= g->workspace_bytes) return 0;
@@ -608,6 +618,7 @@ static backend_i make_ops(void) {
     o.name = "cuda";
     o.alloc = gpu_alloc;
     o.release = gpu_release;
+    o.is_device = gpu_is_device;
     o.reserve_workspace = gpu_reserve_workspace;
     o.to_device = gpu_to_device;
     o.to_host = gpu_to_host;

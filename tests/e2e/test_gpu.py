@@ -1,0 +1,123 @@
+"""ddpworker's cuda backend end to end, on a GPU machine (every test skips where there is none):
+convergence on Fashion-MNIST, several ranks sharing one GPU through the ring (equal to one rank with
+their whole batch), and kill -9 with a resume from the newest snapshot. tests/gpu/run.sh runs
+them there; the per-op checks against the CPU backend are tests/unit/test_backend_cuda.c."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from conftest import clean_env, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FASHION = os.environ.get("DDP_DATA_DIR", "/usr/share/datasets/fashion-mnist")
+
+
+def has_gpu():
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+pytestmark = [pytest.mark.skipif(not has_gpu(), reason="no GPU"),
+              pytest.mark.skipif(not os.path.isdir(FASHION), reason="no Fashion-MNIST")]
+
+
+@pytest.fixture(scope="module")
+def cuda_lib(build_dir):
+    path = os.path.join(build_dir, "worker", "libddpworker_cuda.so")
+    if not os.path.exists(path):
+        pytest.skip("the cuda backend is not built (CUDA or cuDNN missing at configure time)")
+    return path
+
+
+def one_rank_env():
+    return {k: v for k, v in clean_env().items() if k not in ("RANK", "WORLD_SIZE")}
+
+
+def final_of(metrics):
+    return [json.loads(line) for line in open(metrics) if '"final"' in line][-1]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_shipped_example_converges_on_the_gpu(ddpworker, cuda_lib, tmp_path, precision):
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddpworker, os.path.join(ROOT, "docs/examples/fashion-mnist.conf"),
+                        "train.backend=cuda", f"precision.mode={precision}", f"data.dir={FASHION}",
+                        f"train.metrics_file={metrics}"], capture_output=True, text=True,
+                       timeout=600, env=one_rank_env())
+    assert r.returncode == 0, r.stderr
+    assert "on cuda" in r.stdout
+    assert final_of(metrics)["top1"] >= 0.90, final_of(metrics)
+
+
+def test_resnet18_reaches_93_percent_on_fashion_mnist(ddpworker, cuda_lib, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddpworker, os.path.join(ROOT, "docs/examples/fashion-mnist-resnet18.conf"),
+                        "train.backend=cuda", "precision.mode=tf32", "model.width=64",
+                        f"data.dir={FASHION}", f"train.metrics_file={metrics}"],
+                       capture_output=True, text=True, timeout=900, env=one_rank_env())
+    assert r.returncode == 0, r.stderr
+    final = final_of(metrics)
+    print(json.dumps(final))
+    assert final["top1"] >= 0.93, final
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_sharing_one_gpu_equal_one_rank_with_their_batch(ddprun, ddpworker, cuda_lib,
+                                                               tmp_path, ranks):
+    """NCCL refuses two ranks on one GPU; the ring, staged through host memory, takes them. DDP's
+    promise holds (the mlp has no batch norm, whose statistics are per rank)."""
+    conf = tmp_path / "mlp.conf"
+    conf.write_text(f"[model]\nname = mlp\nwidth = 64\n[data]\nkind = fashion-mnist\ndir = {FASHION}\n"
+                    "train_limit = 2048\ntest_limit = 512\n[optim]\nlr = 0.05\nnesterov = true\n"
+                    "label_smoothing = 0.1\n[train]\nbackend = cuda\nmax_steps = 6\nlog_interval = 2\n")
+    many, one = tmp_path / "many.f32", tmp_path / "one.f32"
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", str(ranks), str(conf),
+                        "train.batch_size=16", f"train.params_file={many}"], capture_output=True,
+                       text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([ddpworker, str(conf), f"train.batch_size={16 * ranks}",
+                        f"train.params_file={one}"], capture_output=True, text=True, timeout=300,
+                       env=one_rank_env())
+    assert r.returncode == 0, r.stderr
+    a, b = np.fromfile(many, dtype=np.float32), np.fromfile(one, dtype=np.float32)
+    assert a.shape == b.shape and a.size > 50000
+    assert np.abs(a - b).max() <= 1e-5 + 1e-4 * np.abs(b).max(), np.abs(a - b).max()
+
+
+def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, cuda_lib, tmp_path):
+    snaps = tmp_path / "snaps"
+    conf = tmp_path / "kill.conf"
+    conf.write_text(f"[model]\nname = resnet18\nwidth = 32\n[data]\nkind = fashion-mnist\n"
+                    f"dir = {FASHION}\ntrain_limit = 25600\ntest_limit = 1000\n[optim]\nlr = 0.05\n"
+                    f"[train]\nbackend = cuda\nbatch_size = 128\nepochs = 1\nlog_interval = 10\n"
+                    f"[snapshot]\ndir = {snaps}\nevery = 20\nkeep = 2\n")
+    metrics = tmp_path / "metrics.jsonl"
+    job = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "2",
+                            str(conf), f"train.metrics_file={metrics}"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        def steps():
+            if not metrics.exists():
+                return []
+            return [json.loads(line)["step"] for line in open(metrics) if '"snapshot"' in line]
+        assert wait_until(lambda: len(steps()) >= 2, timeout=120), "no snapshots appeared"
+        pids = subprocess.run(["pgrep", "-f", f"worker/ddpworker {conf}"], capture_output=True,
+                              text=True).stdout.split()
+        assert pids
+        killed_at = time.monotonic()
+        os.kill(int(pids[0]), signal.SIGKILL)
+        out, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err
+    assert "resuming from" in out, out
+    finals = [json.loads(line) for line in open(metrics) if '"final"' in line]
+    assert finals and finals[-1]["step"] == 200 and finals[-1]["top1"] > 0.7, finals
+    print(f"killed, then finished {time.monotonic() - killed_at:.1f} s later")
