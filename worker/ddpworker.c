@@ -39,9 +39,62 @@ static long env_long(const char *name, long def, long min, long max) {
     return x;
 }
 
-static comm_t *make_comm(int rank, int world, const train_conf_t *conf, backend_t *backend) {
+static void *cuda_lib; /* libddpworker_cuda.so, when train.backend=cuda */
+static int cuda_devices;
+
+/* NCCL needs a GPU per rank: auto takes it when this node's ranks each have one. */
+static bool is_nccl_chosen(const train_conf_t *conf, int world, int local_world) {
+    if (conf->collective == COLLECTIVE_NCCL) return true;
+    return conf->collective == COLLECTIVE_AUTO && conf->backend == BACKEND_CUDA && world > 1 &&
+           local_world <= cuda_devices;
+}
+
+/* Rank 0's fresh ncclUniqueId reaches the others through the store, under this round's prefix. */
+static comm_t *make_nccl(int rank, int world, store_client_t *store, const char *prefix,
+                         int64_t timeout_ms, backend_t *backend) {
+    size_t (*id_bytes)(void) = (size_t (*)(void))dlsym(cuda_lib, "comm_nccl_id_bytes");
+    int (*unique_id)(void *, char *, size_t) =
+        (int (*)(void *, char *, size_t))dlsym(cuda_lib, "comm_nccl_unique_id");
+    int (*create)(backend_t *, const void *, int, int, int64_t, comm_t **, char *, size_t) =
+        (int (*)(backend_t *, const void *, int, int, int64_t, comm_t **, char *, size_t))dlsym(
+            cuda_lib, "comm_nccl_create");
+    if (!id_bytes || !unique_id || !create)
+        trainer_die(DDP_EXIT_CONFIG, "train.collective: nccl, but this libddpworker_cuda.so was built "
+                                     "without NCCL (CMake did not find nccl.h and libnccl)");
+    unsigned char id[1024];
+    size_t n = id_bytes();
+    char err[512], key[600];
+    if (n > sizeof id) trainer_die(DDP_EXIT_BUG, "an ncclUniqueId of %zu bytes", n);
+    snprintf(key, sizeof key, "%snccl_id", prefix);
+    if (rank == 0) {
+        if (unique_id(id, err, sizeof err) < 0) trainer_die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
+        if (store && store_client_set(store, key, id, n) < 0)
+            trainer_die(DDP_EXIT_PEER_FAILURE, "publishing the NCCL id: %s", store_client_error(store));
+    } else {
+        uint8_t *val = NULL;
+        size_t len = 0;
+        if (store_client_get(store, key, &val, &len) < 0)
+            trainer_die(DDP_EXIT_PEER_FAILURE, "waiting for rank 0's NCCL id: %s",
+                        store_client_error(store));
+        if (len != n) trainer_die(DDP_EXIT_PEER_FAILURE, "%s: %zu bytes, not an NCCL id", key, len);
+        memcpy(id, val, n);
+        free(val);
+    }
     comm_t *comm = NULL;
+    if (create(backend, id, rank, world, timeout_ms, &comm, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the NCCL communicator: %s", err);
+    return comm;
+}
+
+static comm_t *make_comm(int rank, int world, int local_world, const train_conf_t *conf,
+                         backend_t *backend) {
+    comm_t *comm = NULL;
+    bool is_nccl = is_nccl_chosen(conf, world, local_world);
+    if (is_nccl && conf->backend != BACKEND_CUDA)
+        trainer_die(DDP_EXIT_CONFIG, "train.collective: nccl needs train.backend=cuda");
+    int64_t timeout_ms = (int64_t)(conf->collective_timeout_s * 1000);
     if (world == 1) {
+        if (is_nccl) return make_nccl(0, 1, NULL, "", timeout_ms, backend);
         if (comm_null_create(&comm) < 0) trainer_die(DDP_EXIT_BUG, "out of memory");
         return comm;
     }
@@ -50,7 +103,6 @@ static comm_t *make_comm(int rank, int world, const train_conf_t *conf, backend_
     if (!host || !*host || port == 0)
         trainer_die(DDP_EXIT_USAGE, "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
                                     "(run it with ddprun)", world);
-    int64_t timeout_ms = (int64_t)(conf->collective_timeout_s * 1000);
     store_client_opts_t so = {.host = host, .port = (uint16_t)port, .connect_timeout_ms = 60000,
                               .op_timeout_ms = timeout_ms};
     store_client_t *store = NULL;
@@ -62,6 +114,11 @@ static comm_t *make_comm(int rank, int world, const train_conf_t *conf, backend_
     snprintf(prefix, sizeof prefix, "/ddpworker/%s/%ld/", run_id && *run_id ? run_id : "none",
              env_long("DDPRUN_ATTEMPT", env_long("TORCHELASTIC_RESTART_COUNT", 0, 0, INT_MAX), 0,
                       INT_MAX));
+    if (is_nccl) {
+        comm = make_nccl(rank, world, store, prefix, timeout_ms, backend);
+        store_client_destroy(store);
+        return comm;
+    }
     comm_ring_opts_t ro = {.rank = rank, .world = world, .store = store, .key_prefix = prefix,
                            .store_host = host, .timeout_ms = timeout_ms};
     char err[512];
@@ -136,7 +193,8 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     backend_t *(*create)(int, unsigned, const char *, char *, size_t) =
         (backend_t * (*)(int, unsigned, const char *, char *, size_t)) dlsym(lib, "backend_cuda_create");
     if (!device_count || !create) trainer_die(DDP_EXIT_BUG, "%s: not a ddpworker backend", path);
-    int devices = device_count();
+    cuda_lib = lib;
+    int devices = cuda_devices = device_count();
     if (devices == 0) trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
     char err[512];
     int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
@@ -189,7 +247,7 @@ int main(int argc, char **argv) {
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
     backend_t *backend = make_backend(&conf, threads);
-    comm_t *comm = make_comm(rank, world, &conf, backend);
+    comm_t *comm = make_comm(rank, world, local_world, &conf, backend);
 
     trainer_t t;
     trainer_init(&t, &conf, &data, backend, comm);

@@ -67,6 +67,9 @@ static const key_spec_t keys[] = {
      "seconds a collective may wait for a peer before the worker exits with \"peer failure\""},
     {"train", "backend", KEY_ENUM, F(backend), 0, 0, "cpu|cuda", "cpu",
      "compute backend: the CPU reference or one GPU per rank (LOCAL_RANK picks it)"},
+    {"train", "collective", KEY_ENUM, F(collective), 0, 0, "auto|ring|nccl", "auto",
+     "gradient all-reduce: auto picks nccl when each rank of a cuda run has a GPU of its own, "
+     "else the ring (over host memory); a world of one needs none unless nccl is named"},
     {"train", "threads", KEY_INT, F(threads), 0, 1024, NULL, "0",
      "compute threads per worker (0: the cores divided among the node's workers)"},
     {"train", "seed", KEY_INT, F(seed), 0, 9.007199254740992e15, NULL, "0", "of everything random"},

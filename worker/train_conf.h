@@ -17,6 +17,7 @@ typedef enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_ONE_C
 typedef enum { LR_SCALING_NONE, LR_SCALING_LINEAR, LR_SCALING_SQRT } lr_scaling_t;
 typedef enum { DATA_FASHION_MNIST, DATA_MNIST, DATA_CIFAR10, DATA_CIFAR100, DATA_SYNTHETIC } data_kind_t;
 typedef enum { BACKEND_CPU, BACKEND_CUDA } backend_kind_t;
+typedef enum { COLLECTIVE_AUTO, COLLECTIVE_RING, COLLECTIVE_NCCL } collective_kind_t;
 typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_FP16, PRECISION_BF16 } precision_t;
 
 typedef struct {
@@ -46,6 +47,7 @@ typedef struct {
     int64_t seed;
     double collective_timeout_s;
     backend_kind_t backend;
+    collective_kind_t collective;
     int64_t threads;         /* 0: cores / workers on the node */
     char metrics_file[TRAIN_CONF_PATH_MAX];
     char params_file[TRAIN_CONF_PATH_MAX]; /* final params + BN statistics, raw fp32 */

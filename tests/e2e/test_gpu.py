@@ -121,3 +121,41 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
     finals = [json.loads(line) for line in open(metrics) if '"final"' in line]
     assert finals and finals[-1]["step"] == 200 and finals[-1]["top1"] > 0.7, finals
     print(f"killed, then finished {time.monotonic() - killed_at:.1f} s later")
+
+
+def mlp_conf(tmp_path, extra=""):
+    conf = tmp_path / "mlp.conf"
+    conf.write_text(f"[model]\nname = mlp\nwidth = 64\n[data]\nkind = fashion-mnist\ndir = {FASHION}\n"
+                    "train_limit = 2048\ntest_limit = 512\n[optim]\nlr = 0.05\n[train]\n"
+                    f"backend = cuda\nbatch_size = 64\nmax_steps = 8\nlog_interval = 4\n{extra}")
+    return conf
+
+
+def test_nccl_at_world_one_gives_the_same_bits_as_no_collective(ddprun, ddpworker, cuda_lib, tmp_path):
+    """NCCL through its whole path (the id, the communicator, the initial broadcast, the bucketed
+    all-reduce on its own stream, the evaluation sums staged from host memory), at the one world
+    size a single GPU allows it."""
+    conf = mlp_conf(tmp_path)
+    nccl, none = tmp_path / "nccl.f32", tmp_path / "none.f32"
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "1", str(conf), "train.collective=nccl",
+                        f"train.params_file={nccl}", f"train.metrics_file={metrics}"],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([ddpworker, str(conf), f"train.params_file={none}"], capture_output=True,
+                       text=True, timeout=300, env=one_rank_env())
+    assert r.returncode == 0, r.stderr
+    a, b = np.fromfile(nccl, dtype=np.float32), np.fromfile(none, dtype=np.float32)
+    assert a.size > 50000 and np.array_equal(a, b)
+    assert final_of(metrics)["samples"] == 512
+
+
+def test_nccl_with_two_ranks_on_one_gpu_fails_fast_and_clearly(ddprun, cuda_lib, tmp_path):
+    conf = mlp_conf(tmp_path, "collective_timeout = 20\n")
+    t0 = time.monotonic()
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0",
+                        str(conf), "train.collective=nccl"], capture_output=True, text=True,
+                       timeout=240, env=clean_env())
+    assert r.returncode != 0
+    assert "NCCL" in r.stderr, r.stderr[-2000:]
+    assert time.monotonic() - t0 < 120

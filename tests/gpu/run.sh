@@ -75,7 +75,7 @@ fi
 
 if has startup; then
     PYTHONUNBUFFERED=1 DDP_BUILD_DIR=build python3 tests/bench/bench_gpu_startup.py \
-        --json "$out/bench_startup.json" >"$out/startup.log" 2>&1
+        --repeats ${STARTUP_REPEATS:-3} --json "$out/bench_startup.json" >"$out/startup.log" 2>&1
     note "startup: rc $?"
     tail -8 "$out/startup.log"
 fi

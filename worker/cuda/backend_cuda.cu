@@ -4,6 +4,7 @@
  * cuDNN and cuBLAS call is checked: a failure prints file:line and the library's message and ends
  * the worker (exit 70), as llm.c does. fp32 math (FMA), or TF32 tensor cores when asked. */
 #include "backend_cuda.h"
+#include "backend_cuda_internal.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -60,6 +61,7 @@ typedef struct {
     size_t bn_partials_len;
     float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
     bool is_tf32;
+    int sm_count;
     char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
     char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
 } gpu_t;
@@ -300,42 +302,43 @@ static void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
 
 /* ---- batch norm: own kernels over rows = N*H*W of C channels (NHWC) ----
  * cuDNN's spatial batch norm sees such a tensor as (rows, C, 1, 1) and is slow there, and its
- * inference call refuses large row counts. Statistics are two-pass (mean, then the squared
- * deviations) for accuracy, reduced deterministically: each block of BN_TILE channels x a chunk of
- * rows writes one partial per channel, a second kernel sums the partials in order, in double. */
+ * inference call refuses large row counts. One pass gathers per-channel sums of (x - shift) and
+ * (x - shift)^2, shift being the channel's first value (close to the mean, so no cancellation),
+ * reduced deterministically: each block of BN_TILE channels x a chunk of rows writes one partial
+ * per channel, then a warp per channel sums the partials in a fixed order, in double. */
 
 #define BN_TILE 32
 #define BN_ROWS_PER_BLOCK 8 /* blockDim.y */
 
-/* The row chunks a reduction uses: enough blocks to fill the GPU, within the partials buffer. */
+/* Row chunks: about four blocks per multiprocessor in all, at least 64 rows each. */
 static int bn_chunks(const gpu_t *g, size_t rows, int c) {
-    size_t by_size = (rows + 1023) / 1024, by_room = g->bn_partials_len / (2 * (size_t)c);
-    size_t n = by_size < by_room ? by_size : by_room;
-    return (int)(n < 1 ? 1 : n > 4096 ? 4096 : n);
+    size_t tiles = (size_t)(c + BN_TILE - 1) / BN_TILE, want = (4 * (size_t)g->sm_count + tiles - 1) / tiles;
+    size_t most = rows / 64, room = g->bn_partials_len / (2 * (size_t)c);
+    size_t n = want < most ? want : most;
+    n = n < room ? n : room;
+    return (int)(n < 1 ? 1 : n);
 }
 
-/* partial[chunk][ch] (and partial2) = sums over the chunk's rows of f(x, dy) per channel. mode 0:
- * x; mode 1: (x - mean)^2; mode 2: dy and dy * (x - mean) * invstd. */
+/* partial[chunk][ch], partial2[chunk][ch]: mode 0: sums of (x - x[0]) and (x - x[0])^2;
+ * mode 1 (backward): sums of dy and dy * (x - mean) * invstd. */
 __global__ void bn_partials_kernel(int mode, size_t rows, int c, const float *x, const float *dy,
-                                   const float *mean, const float *invstd, float *partial,
-                                   float *partial2) {
+                                   const float *mean, const float *invstd, float *partial, float *partial2) {
     __shared__ float s1[BN_ROWS_PER_BLOCK][BN_TILE], s2[BN_ROWS_PER_BLOCK][BN_TILE];
     int ch = blockIdx.x * BN_TILE + threadIdx.x;
     size_t per_chunk = (rows + gridDim.y - 1) / gridDim.y;
     size_t begin = blockIdx.y * per_chunk, end = begin + per_chunk < rows ? begin + per_chunk : rows;
     float a = 0.0f, b = 0.0f;
     if (ch < c) {
-        float mu = mode ? mean[ch] : 0.0f, is = mode == 2 ? invstd[ch] : 0.0f;
+        float shift = mode == 0 ? x[ch] : mean[ch], is = mode == 1 ? invstd[ch] : 0.0f;
         for (size_t r = begin + threadIdx.y; r < end; r += BN_ROWS_PER_BLOCK) {
-            float v = x[r * c + ch];
+            float v = x[r * c + ch] - shift;
             if (mode == 0) {
                 a += v;
-            } else if (mode == 1) {
-                a += (v - mu) * (v - mu);
+                b += v * v;
             } else {
                 float d = dy[r * c + ch];
                 a += d;
-                b += d * (v - mu) * is;
+                b += d * v * is;
             }
         }
     }
@@ -348,7 +351,7 @@ __global__ void bn_partials_kernel(int mode, size_t rows, int c, const float *x,
             b += s2[i][threadIdx.x];
         }
         partial[(size_t)blockIdx.y * c + ch] = a;
-        if (partial2) partial2[(size_t)blockIdx.y * c + ch] = b;
+        partial2[(size_t)blockIdx.y * c + ch] = b;
     }
 }
 
@@ -356,29 +359,39 @@ static void bn_reduce(gpu_t *g, int mode, size_t rows, int c, int chunks, const 
                       const float *mean, const float *invstd) {
     dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
     bn_partials_kernel<<<grid, block, 0, g->stream>>>(mode, rows, c, x, dy, mean, invstd, g->bn_partials,
-                                                      mode == 2 ? g->bn_partials + (size_t)chunks * c : NULL);
+                                                      g->bn_partials + (size_t)chunks * c);
     CHECK_CUDA(cudaGetLastError());
 }
 
-__global__ void bn_mean_kernel(int c, int chunks, size_t rows, const float *partial, float *mean) {
-    GRID_STRIDE(ch, (size_t)c) {
-        double sum = 0;
-        for (int i = 0; i < chunks; i++) sum += partial[(size_t)i * c + ch];
-        mean[ch] = (float)(sum / (double)rows);
+/* The two partial sums of channel blockIdx.x over every chunk, by one warp, in a fixed order. */
+__device__ void bn_sum_chunks(int c, int chunks, const float *partial, double *s1, double *s2) {
+    int ch = blockIdx.x;
+    double a = 0, b = 0;
+    for (int i = threadIdx.x; i < chunks; i += 32) {
+        a += partial[(size_t)i * c + ch];
+        b += partial[(size_t)(chunks + i) * c + ch];
     }
+    for (int off = 16; off > 0; off /= 2) {
+        a += __shfl_xor_sync(0xffffffffu, a, off);
+        b += __shfl_xor_sync(0xffffffffu, b, off);
+    }
+    *s1 = a;
+    *s2 = b;
 }
 
-__global__ void bn_var_kernel(int c, int chunks, size_t rows, const float *partial, float *invstd,
-                              float *running_mean, float *running_var, const float *mean, float momentum,
-                              float eps) {
-    GRID_STRIDE(ch, (size_t)c) {
-        double sq = 0;
-        for (int i = 0; i < chunks; i++) sq += partial[(size_t)i * c + ch];
-        double var = sq / (double)rows, unbiased = rows > 1 ? sq / (double)(rows - 1) : var;
-        invstd[ch] = (float)(1.0 / sqrt(var + eps));
-        running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * mean[ch];
-        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
-    }
+__global__ void bn_stats_kernel(int c, int chunks, size_t rows, const float *x, const float *partial, float *mean,
+                                float *invstd, float *running_mean, float *running_var, float momentum, float eps) {
+    double sum, sq;
+    bn_sum_chunks(c, chunks, partial, &sum, &sq);
+    if (threadIdx.x != 0) return;
+    int ch = blockIdx.x;
+    double n = (double)rows, shifted_mean = sum / n, var = sq / n - shifted_mean * shifted_mean;
+    var = var > 0 ? var : 0;
+    double mu = x[ch] + shifted_mean, unbiased = rows > 1 ? var * n / (n - 1) : var;
+    mean[ch] = (float)mu;
+    invstd[ch] = (float)(1.0 / sqrt(var + eps));
+    running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
+    running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
 }
 
 /* y = (x - mean) * invstd * gamma + beta; eval passes the running variance as var (invstd NULL). */
@@ -396,12 +409,12 @@ static void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
                                         float *running_mean, float *running_var, float momentum, float eps) {
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
+    if (c > BN_MAX_CHANNELS) fail_at("batch norm", "more than 65536 channels", __FILE__, __LINE__);
     int chunks = bn_chunks(g, rows, c);
     bn_reduce(g, 0, rows, c, chunks, x, NULL, NULL, NULL);
-    LAUNCH(bn_mean_kernel, (size_t)c, c, chunks, rows, g->bn_partials, save_mean);
-    bn_reduce(g, 1, rows, c, chunks, x, NULL, save_mean, NULL);
-    LAUNCH(bn_var_kernel, (size_t)c, c, chunks, rows, g->bn_partials, save_invstd, running_mean, running_var,
-           save_mean, momentum, eps);
+    bn_stats_kernel<<<c, 32, 0, g->stream>>>(c, chunks, rows, x, g->bn_partials, save_mean, save_invstd,
+                                             running_mean, running_var, momentum, eps);
+    CHECK_CUDA(cudaGetLastError());
     LAUNCH(bn_apply_kernel, rows * c, rows * c, c, x, save_mean, save_invstd, NULL, eps, gamma, beta, y);
 }
 
@@ -412,19 +425,16 @@ static void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const f
         LAUNCH(bn_apply_kernel, rows * c, rows * c, c, x, running_mean, NULL, running_var, eps, gamma, beta, y);
 }
 
-__global__ void bn_grad_params_kernel(int c, int chunks, const float *partial, const float *partial2,
-                                      float *dgamma, float *dbeta, float *sums) {
-    GRID_STRIDE(ch, (size_t)c) {
-        double sum_dy = 0, sum_dy_xhat = 0;
-        for (int i = 0; i < chunks; i++) {
-            sum_dy += partial[(size_t)i * c + ch];
-            sum_dy_xhat += partial2[(size_t)i * c + ch];
-        }
-        dbeta[ch] += (float)sum_dy;
-        dgamma[ch] += (float)sum_dy_xhat;
-        sums[ch] = (float)sum_dy;
-        sums[c + ch] = (float)sum_dy_xhat;
-    }
+__global__ void bn_grad_params_kernel(int c, int chunks, const float *partial, float *dgamma, float *dbeta,
+                                      float *sums) {
+    double sum_dy, sum_dy_xhat;
+    bn_sum_chunks(c, chunks, partial, &sum_dy, &sum_dy_xhat);
+    if (threadIdx.x != 0) return;
+    int ch = blockIdx.x;
+    dbeta[ch] += (float)sum_dy;
+    dgamma[ch] += (float)sum_dy_xhat;
+    sums[ch] = (float)sum_dy;
+    sums[c + ch] = (float)sum_dy_xhat;
 }
 
 /* dx += gamma * invstd / rows * (rows * dy - sum(dy) - xhat * sum(dy * xhat)) */
@@ -444,11 +454,12 @@ static void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
                                    float *dgamma, float *dbeta) {
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
+    if (c > BN_MAX_CHANNELS) fail_at("batch norm", "more than 65536 channels", __FILE__, __LINE__);
     int chunks = bn_chunks(g, rows, c);
-    bn_reduce(g, 2, rows, c, chunks, x, dy, save_mean, save_invstd);
+    bn_reduce(g, 1, rows, c, chunks, x, dy, save_mean, save_invstd);
     float *sums = g->bn_sums;
-    LAUNCH(bn_grad_params_kernel, (size_t)c, c, chunks, g->bn_partials, g->bn_partials + (size_t)chunks * c,
-           dgamma, dbeta, sums);
+    bn_grad_params_kernel<<<c, 32, 0, g->stream>>>(c, chunks, g->bn_partials, dgamma, dbeta, sums);
+    CHECK_CUDA(cudaGetLastError());
     LAUNCH(bn_backward_dx_kernel, rows * c, rows * c, rows, c, x, dy, gamma, save_mean, save_invstd, sums, dx);
 }
 
@@ -647,6 +658,8 @@ static backend_i make_ops(void) {
 
 static const backend_i gpu_ops = make_ops();
 
+cudaStream_t backend_cuda_stream(backend_t *b) { return gpu_of(b)->stream; }
+
 extern "C" int backend_cuda_device_count(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -691,6 +704,7 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
         return NULL;
     }
     g->bn_partials_len = BN_PARTIALS_FLOATS / 2;
+    CHECK_CUDA(cudaDeviceGetAttribute(&g->sm_count, cudaDevAttrMultiProcessorCount, device));
     if (algo_cache_path) snprintf(g->cache_path, sizeof g->cache_path, "%s", algo_cache_path);
     algo_cache_load(g);
     return &g->base;
