@@ -4,6 +4,9 @@
  *
  * Conventions every backend keeps:
  * - Tensors are fp32 NHWC in memory the backend allocated ("device" memory; host memory on cpu).
+ *   A backend may keep activations and their gradients in a narrower type (cuda's bf16): it knows
+ *   them by address (mark_arenas), each keeps its slot of n floats, and to_device / to_host convert
+ *   so that the host always sees fp32.
  *   Conv filters are (K, R, S, C) (cuDNN's NHWC filter layout), linear weights (out, in) as
  *   PyTorch stores them.
  * - Every backward op ACCUMULATES (+=) into its input gradients and parameter gradients; the
@@ -40,6 +43,12 @@ typedef struct {
     /* Zeroed memory for the whole run, or NULL when out of memory. */
     void *(*alloc)(backend_t *b, size_t n_bytes);
     void (*release)(backend_t *b, void *p);
+    /* Optional (NULL: nothing to do). The model's arenas, once, after allocating them: parameters,
+     * activations and activation gradients (n_acts floats each). Returns 0 or -ENOMEM. */
+    int (*mark_arenas)(backend_t *b, float *params, size_t n_params, float *acts, float *dacts,
+                       size_t n_acts);
+    /* Optional: before each forward pass, since the parameters may have changed. */
+    void (*prepare_forward)(backend_t *b);
     /* Whether p is memory only the device can address (false on the cpu backend). */
     bool (*is_device)(backend_t *b, const void *p);
     /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM. */

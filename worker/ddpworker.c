@@ -200,8 +200,10 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
     char cache[PATH_MAX];
     algo_cache_path(conf, cache, sizeof cache);
-    backend_t *b = create(device, conf->precision == PRECISION_TF32 ? 1u /* BACKEND_CUDA_TF32 */ : 0u,
-                          cache[0] ? cache : NULL, err, sizeof err);
+    unsigned flags = conf->precision == PRECISION_TF32   ? 1u /* BACKEND_CUDA_TF32 */
+                     : conf->precision == PRECISION_BF16 ? 2u /* BACKEND_CUDA_BF16 */
+                                                         : 0u;
+    backend_t *b = create(device, flags, cache[0] ? cache : NULL, err, sizeof err);
     if (!b) trainer_die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
     return b;
 }
@@ -233,11 +235,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ddpworker: %s\n", err);
         return DDP_EXIT_CONFIG;
     }
-    if (conf.precision == PRECISION_TF32 && conf.backend != BACKEND_CUDA)
-        trainer_die(DDP_EXIT_CONFIG, "precision.mode: tf32 needs train.backend=cuda");
-    if (conf.precision == PRECISION_FP16 || conf.precision == PRECISION_BF16)
-        trainer_die(DDP_EXIT_CONFIG, "precision.mode: fp16 and bf16 are not implemented yet "
-                                     "(fp32 and, on cuda, tf32 are)");
+    if (conf.precision != PRECISION_FP32 && conf.backend != BACKEND_CUDA)
+        trainer_die(DDP_EXIT_CONFIG, "precision.mode: %s needs train.backend=cuda (the cpu backend "
+                    "is the fp32 reference)", conf.precision == PRECISION_TF32 ? "tf32"
+                    : conf.precision == PRECISION_BF16 ? "bf16" : "fp16");
+    if (conf.precision == PRECISION_FP16)
+        trainer_die(DDP_EXIT_CONFIG, "precision.mode: fp16 (with loss scaling) is not implemented "
+                                     "yet; fp32, tf32 and bf16 are");
     data_splits_t data;
     if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);

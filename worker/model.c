@@ -280,6 +280,14 @@ int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, in
         model_free(m);
         return -1;
     }
+    if (o->mark_arenas && o->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
+        snprintf(err, err_len, "model %s: out of memory for the backend's copies of %zu parameters",
+                 name, m->n_params);
+        free(host_params);
+        free(host_buffers);
+        model_free(m);
+        return -1;
+    }
     init_params(m, seed, host_params, host_buffers);
     o->to_device(bk, m->params, host_params, m->n_params * sizeof(float));
     o->to_device(bk, m->buffers, host_buffers, m->n_buffers * sizeof(float));
@@ -315,6 +323,7 @@ static size_t tensor_elems(const model_t *m, int t, int n) {
 void model_forward(model_t *m, int n, bool is_training) {
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
+    if (o->prepare_forward) o->prepare_forward(bk);
     for (int i = 0; i < m->n_layers; i++) {
         layer_t *l = &m->layers[i];
         const tensor_t *tx = &m->tensors[l->in];

@@ -198,3 +198,36 @@ Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
     model_free(&m[0]);
     model_free(&m[1]);
 }
+
+/* bf16 activations (parameters, gradients and statistics fp32): one step's loss and parameter
+ * gradients against the fp32 CPU reference, within bf16's precision. */
+Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
+    SKIP_WITHOUT_GPU();
+    char err[256];
+    backend_t *gpu16 = backend_cuda_create(0, BACKEND_CUDA_BF16, NULL, err, sizeof err);
+    cr_assert_not_null(gpu16, "%s", err);
+    model_t m[2];
+    backend_t *bs[2] = {cpu, gpu16};
+    int n = 8;
+    float *x = random_host((size_t)n * 16 * 16 * 3, 2);
+    int32_t labels[8] = {1, 2, 3, 4, 5, 6, 7, 0};
+    float *grads[2], *logits[2], loss[2];
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, 5, err, sizeof err), 0, "%s", err);
+        b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
+        b->ops->to_device(b, m[i].labels, labels, sizeof labels);
+        model_forward(&m[i], n, true);
+        logits[i] = down(b, model_logits(&m[i]), (size_t)n * 10);
+        model_loss(&m[i], n, 0.1f, 1.0f);
+        loss[i] = (float)model_take_loss(&m[i]);
+        model_backward(&m[i], n, NULL, NULL);
+        grads[i] = down(b, m[i].grads, m[i].n_params);
+    }
+    cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda bf16 %g", loss[0], loss[1]);
+    expect_close(logits[0], logits[1], (size_t)n * 10, 5e-2, "bf16 logits");
+    expect_close(grads[0], grads[1], m[0].n_params, 8e-2, "bf16 parameter gradients");
+    model_free(&m[0]);
+    model_free(&m[1]);
+    gpu16->ops->destroy(gpu16);
+}

@@ -2,11 +2,13 @@
  * the kernels here (batch norm included); only to_host waits. Convolution algorithms come from cuDNN's timed search,
  * once per shape, kept in a cache file across runs. Every CUDA,
  * cuDNN and cuBLAS call is checked: a failure prints file:line and the library's message and ends
- * the worker (exit 70), as llm.c does. fp32 math (FMA), or TF32 tensor cores when asked. */
+ * the worker (exit 70), as llm.c does. fp32 math (FMA), TF32 tensor cores, or bf16
+ * activations with fp32 parameters, gradients, optimizer and batch-norm statistics. */
 #include "backend_cuda.h"
 #include "backend_cuda_internal.h"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <math.h>
@@ -36,6 +38,8 @@ static void check_cublas(cublasStatus_t rc, const char *what, const char *file, 
 
 #define CONV_CACHE 128
 
+typedef __nv_bfloat16 bf16;
+
 typedef struct {
     conv_shape_t shape;
     cudnnConvolutionFwdAlgo_t fwd;
@@ -61,7 +65,19 @@ typedef struct {
     size_t bn_partials_len;
     float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
     bool is_tf32;
+    bool is_bf16;          /* activations and their gradients stored in bf16 (BACKEND_CUDA_BF16) */
     int sm_count;
+    /* the model's arenas (mark_arenas): activations are recognised by address */
+    const float *params;
+    size_t n_params;
+    const char *acts, *dacts;
+    size_t act_bytes;
+    bf16 *shadow;          /* bf16: the parameters in bf16, refreshed before each forward */
+    bf16 *dw_scratch;      /* bf16: a convolution's filter gradient before it joins the fp32 arena */
+    float *stage;          /* bf16: fp32 staging for uploads and read-backs of activations */
+    size_t stage_bytes;
+    float *wide[3];        /* bf16: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
+    size_t wide_bytes[3];
     char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
     char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
 } gpu_t;
@@ -70,6 +86,22 @@ typedef struct {
 #define BN_MAX_CHANNELS 65536
 
 static gpu_t *gpu_of(backend_t *b) { return (gpu_t *)b; }
+
+static bool in_range(const void *p, const char *base, size_t n_bytes) {
+    return base && (const char *)p >= base && (const char *)p < base + n_bytes;
+}
+
+/* Whether p is an activation (or its gradient) stored in bf16. Every activation tensor keeps the
+ * slot of n floats the model gave it; in bf16 its n values fill the first half. */
+static bool is_low(const gpu_t *g, const void *p) {
+    return g->is_bf16 && (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
+}
+
+#define LOW(p) ((bf16 *)(p))
+#define CLOW(p) ((const bf16 *)(p))
+
+/* The bf16 copy of parameters at w (inside the parameter arena). */
+static const bf16 *shadow_of(const gpu_t *g, const float *w) { return g->shadow + (w - g->params); }
 
 static unsigned blocks_for(size_t n) {
     size_t blocks = (n + 255) / 256;
@@ -113,31 +145,42 @@ static int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     return 0;
 }
 
-static void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
-    /* from pageable memory the copy has read src before it returns, so src may be reused */
-    if (n_bytes)
-        CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, gpu_of(b)->stream));
-}
 
-static void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
-    gpu_t *g = gpu_of(b);
-    if (n_bytes) CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->stream));
-    CHECK_CUDA(cudaStreamSynchronize(g->stream));
-}
-
-/* ---- elementwise kernels ---- */
+/* ---- elementwise kernels (templates over the activation type: float or bf16; math in float) ---- */
 
 #define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
                                i += (size_t)gridDim.x * blockDim.x)
 
-__global__ void fill_kernel(float *x, float v, size_t n) { GRID_STRIDE(i, n) x[i] = v; }
+__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+__device__ __forceinline__ void add_at(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void add_at(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
+
+template <typename T> __global__ void fill_kernel(T *x, float v, size_t n) { GRID_STRIDE(i, n) st(x, i, v); }
 __global__ void scale_kernel(float *x, float f, size_t n) { GRID_STRIDE(i, n) x[i] *= f; }
-__global__ void relu_kernel(const float *x, float *y, size_t n) { GRID_STRIDE(i, n) y[i] = fmaxf(x[i], 0.0f); }
-__global__ void relu_backward_kernel(const float *y, const float *dy, float *dx, size_t n) {
-    GRID_STRIDE(i, n) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+template <typename T> __global__ void relu_kernel(const T *x, T *y, size_t n) {
+    GRID_STRIDE(i, n) st(y, i, fmaxf(ld(x, i), 0.0f));
 }
-__global__ void add_kernel(const float *a, const float *b, float *y, size_t n) { GRID_STRIDE(i, n) y[i] = a[i] + b[i]; }
-__global__ void accumulate_kernel(const float *dy, float *dx, size_t n) { GRID_STRIDE(i, n) dx[i] += dy[i]; }
+template <typename T> __global__ void relu_backward_kernel(const T *y, const T *dy, T *dx, size_t n) {
+    GRID_STRIDE(i, n) if (ld(y, i) > 0.0f) st(dx, i, ld(dx, i) + ld(dy, i));
+}
+template <typename T> __global__ void add_kernel(const T *a, const T *b, T *y, size_t n) {
+    GRID_STRIDE(i, n) st(y, i, ld(a, i) + ld(b, i));
+}
+template <typename T> __global__ void accumulate_kernel(const T *dy, T *dx, size_t n) {
+    GRID_STRIDE(i, n) st(dx, i, ld(dx, i) + ld(dy, i));
+}
+template <typename S, typename D> __global__ void convert_kernel(const S *x, D *y, size_t n) {
+    GRID_STRIDE(i, n) st(y, i, ld(x, i));
+}
+/* an fp32 gradient joins a bf16 one */
+__global__ void add_wide_kernel(const float *x, bf16 *y, size_t n) {
+    GRID_STRIDE(i, n) y[i] = __float2bfloat16(__bfloat162float(y[i]) + x[i]);
+}
+/* a bf16 filter gradient joins the fp32 gradient arena */
+__global__ void add_low_kernel(const bf16 *x, float *y, size_t n) { GRID_STRIDE(i, n) y[i] += __bfloat162float(x[i]); }
 
 #define LAUNCH(kernel, n, ...) \
     do { \
@@ -145,29 +188,98 @@ __global__ void accumulate_kernel(const float *dy, float *dx, size_t n) { GRID_S
         CHECK_CUDA(cudaGetLastError()); \
     } while (0)
 
-static void gpu_fill(backend_t *b, float *x, float v, size_t n) { if (n) LAUNCH(fill_kernel, n, x, v, n); }
+static void gpu_fill(backend_t *b, float *x, float v, size_t n) {
+    gpu_t *g = gpu_of(b);
+    if (!n) return;
+    if (v == 0.0f) /* zero is zero in every type, and an activation's slot is n floats wide */
+        CHECK_CUDA(cudaMemsetAsync(x, 0, n * sizeof(float), g->stream));
+    else if (is_low(g, x))
+        LAUNCH(fill_kernel<bf16>, n, LOW(x), v, n);
+    else
+        LAUNCH(fill_kernel<float>, n, x, v, n);
+}
 static void gpu_scale(backend_t *b, float *x, float f, size_t n) { if (n) LAUNCH(scale_kernel, n, x, f, n); }
-static void gpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) { if (n) LAUNCH(relu_kernel, n, x, y, n); }
+static void gpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) {
+    if (!n) return;
+    if (is_low(gpu_of(b), x)) LAUNCH(relu_kernel<bf16>, n, CLOW(x), LOW(y), n);
+    else LAUNCH(relu_kernel<float>, n, x, y, n);
+}
 static void gpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n) {
-    if (n) LAUNCH(relu_backward_kernel, n, y, dy, dx, n);
+    if (!n) return;
+    if (is_low(gpu_of(b), y)) LAUNCH(relu_backward_kernel<bf16>, n, CLOW(y), CLOW(dy), LOW(dx), n);
+    else LAUNCH(relu_backward_kernel<float>, n, y, dy, dx, n);
 }
 static void gpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n) {
-    if (n) LAUNCH(add_kernel, n, x1, x2, y, n);
+    if (!n) return;
+    if (is_low(gpu_of(b), x1)) LAUNCH(add_kernel<bf16>, n, CLOW(x1), CLOW(x2), LOW(y), n);
+    else LAUNCH(add_kernel<float>, n, x1, x2, y, n);
 }
 static void gpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
-    if (n) LAUNCH(accumulate_kernel, n, dy, dx, n);
+    if (!n) return;
+    if (is_low(gpu_of(b), dy)) LAUNCH(accumulate_kernel<bf16>, n, CLOW(dy), LOW(dx), n);
+    else LAUNCH(accumulate_kernel<float>, n, dy, dx, n);
+}
+
+/* ---- copies: fp32 on the host side always; bf16 activations are converted on the device ---- */
+
+/* Device scratch grown on first use (the first step) and kept. */
+static float *grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
+    if (n_bytes > *have) {
+        CHECK_CUDA(cudaStreamSynchronize(g->stream));
+        if (*buf) CHECK_CUDA(cudaFree(*buf));
+        *buf = NULL;
+        *have = 0;
+        CHECK_CUDA(cudaMalloc(buf, n_bytes));
+        *have = n_bytes;
+    }
+    return *buf;
+}
+
+/* fp32 staging for converting copies. */
+static float *stage(gpu_t *g, size_t n_bytes) { return grown(g, &g->stage, &g->stage_bytes, n_bytes); }
+
+static void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (!n_bytes) return;
+    /* from pageable memory the copy has read src before it returns, so src may be reused */
+    if (!is_low(g, dst)) {
+        CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
+        return;
+    }
+    float *s = stage(g, n_bytes);
+    CHECK_CUDA(cudaMemcpyAsync(s, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
+    size_t n = n_bytes / sizeof(float);
+    LAUNCH((convert_kernel<float, bf16>), n, s, LOW(dst), n);
+}
+
+static void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (n_bytes && is_low(g, src)) {
+        float *s = stage(g, n_bytes);
+        size_t n = n_bytes / sizeof(float);
+        LAUNCH((convert_kernel<bf16, float>), n, CLOW(src), s, n);
+        src = s;
+    }
+    if (n_bytes) CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->stream));
 }
 
 /* ---- convolution (cuDNN, NHWC, KRSC filters) ---- */
 
-static void describe_conv(gpu_t *g, const conv_shape_t *s) {
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->x_desc, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, s->n, s->c, s->h, s->w));
-    CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->y_desc, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, s->n, s->k, s->oh, s->ow));
-    CHECK_CUDNN(cudnnSetFilter4dDescriptor(g->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, s->k, s->c, s->r, s->s));
+/* is_low: bf16 tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32. */
+static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
+    cudnnDataType_t t = is_low ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->x_desc, CUDNN_TENSOR_NHWC, t, s->n, s->c, s->h, s->w));
+    CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->y_desc, CUDNN_TENSOR_NHWC, t, s->n, s->k, s->oh, s->ow));
+    CHECK_CUDNN(cudnnSetFilter4dDescriptor(g->w_desc, t, CUDNN_TENSOR_NHWC, s->k, s->c, s->r, s->s));
     CHECK_CUDNN(cudnnSetConvolution2dDescriptor(g->conv_desc, s->pad, s->pad, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CHECK_CUDNN(cudnnSetConvolutionMathType(g->conv_desc, g->is_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    CHECK_CUDNN(cudnnSetConvolutionMathType(g->conv_desc,
+                                            is_low || g->is_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 }
+
+/* The arithmetic the algorithm cache is keyed by: 0 fp32, 1 tf32, 2 bf16. */
+static int math_mode(const gpu_t *g) { return g->is_bf16 ? 2 : g->is_tf32 ? 1 : 0; }
 
 /* The convolution algorithms: cuDNN's timed search (cudnnFind*, which runs each candidate on
  * scratch memory of its own) the first time a shape is seen, remembered in memory and, when the
@@ -194,10 +306,10 @@ static void algo_cache_load(gpu_t *g) {
         conv_algos_t a;
         memset(&a, 0, sizeof a);
         conv_shape_t *s = &a.shape;
-        int tf32, fwd, bd, bf;
+        int mode, fwd, bd, bf;
         if (sscanf(line, "%159s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", tag, &s->n, &s->h, &s->w, &s->c,
-                   &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->oh, &s->ow, &tf32, &fwd, &bd, &bf) != 16 ||
-            strcmp(tag, cache_tag(g)) != 0 || tf32 != (int)g->is_tf32)
+                   &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->oh, &s->ow, &mode, &fwd, &bd, &bf) != 16 ||
+            strcmp(tag, cache_tag(g)) != 0 || mode != math_mode(g))
             continue; /* another GPU, cuDNN or math mode: not ours to use */
         a.fwd = (cudnnConvolutionFwdAlgo_t)fwd;
         a.bwd_data = (cudnnConvolutionBwdDataAlgo_t)bd;
@@ -212,7 +324,7 @@ static void algo_cache_append(gpu_t *g, const conv_algos_t *a) {
     if (!f) return; /* a cache is an optimisation: without one the next start searches again */
     const conv_shape_t *s = &a->shape;
     fprintf(f, "%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", cache_tag(g), s->n, s->h, s->w, s->c, s->k,
-            s->r, s->s, s->stride, s->pad, s->oh, s->ow, (int)g->is_tf32, (int)a->fwd, (int)a->bwd_data,
+            s->r, s->s, s->stride, s->pad, s->oh, s->ow, math_mode(g), (int)a->fwd, (int)a->bwd_data,
             (int)a->bwd_filter);
     fclose(f);
 }
@@ -276,26 +388,90 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
     return a;
 }
 
-static void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
+/* bf16 mode, input channels not a multiple of 8 (a network's first convolution, on 1 or 3
+ * channels): cuDNN's bf16 kernels want channel counts in multiples of 8, so such a convolution runs
+ * in fp32 on converted copies; it is a small part of the network's work. */
+static bool is_narrow(const conv_shape_t *s) { return s->c % 8 != 0; }
+
+static float *widened(backend_t *b, int slot, const float *low_src, size_t n) {
     gpu_t *g = gpu_of(b);
-    describe_conv(g, s);
+    float *w = grown(g, &g->wide[slot], &g->wide_bytes[slot], n * sizeof(float));
+    if (low_src) LAUNCH((convert_kernel<bf16, float>), n, CLOW(low_src), w, n);
+    return w;
+}
+
+static void narrow_conv_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
+    gpu_t *g = gpu_of(b);
+    size_t nx = (size_t)s->n * s->h * s->w * s->c, ny = (size_t)s->n * s->oh * s->ow * s->k;
+    float *x32 = widened(b, 0, x, nx), *y32 = widened(b, 1, NULL, ny);
+    describe_conv(g, s, false);
     const conv_algos_t *a = conv_algos(g, s);
     const float one = 1.0f, zero = 0.0f;
-    CHECK_CUDNN(cudnnConvolutionForward(g->cudnn, &one, g->x_desc, x, g->w_desc, w, g->conv_desc, a->fwd,
+    CHECK_CUDNN(cudnnConvolutionForward(g->cudnn, &one, g->x_desc, x32, g->w_desc, w, g->conv_desc, a->fwd,
+                                        g->workspace, g->workspace_bytes, &zero, g->y_desc, y32));
+    LAUNCH((convert_kernel<float, bf16>), ny, y32, LOW(y), ny);
+}
+
+static void narrow_conv_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
+                                 const float *dy, float *dx, float *dw) {
+    gpu_t *g = gpu_of(b);
+    size_t nx = (size_t)s->n * s->h * s->w * s->c, ny = (size_t)s->n * s->oh * s->ow * s->k;
+    float *x32 = widened(b, 0, x, nx), *dy32 = widened(b, 1, dy, ny);
+    describe_conv(g, s, false);
+    const conv_algos_t *a = conv_algos(g, s);
+    const float one = 1.0f, zero = 0.0f;
+    CHECK_CUDNN(cudnnConvolutionBackwardFilter(g->cudnn, &one, g->x_desc, x32, g->y_desc, dy32, g->conv_desc,
+                                               a->bwd_filter, g->workspace, g->workspace_bytes, &one, g->w_desc,
+                                               dw));
+    if (!dx) return;
+    float *dx32 = widened(b, 2, NULL, nx);
+    CHECK_CUDNN(cudnnConvolutionBackwardData(g->cudnn, &one, g->w_desc, w, g->y_desc, dy32, g->conv_desc,
+                                             a->bwd_data, g->workspace, g->workspace_bytes, &zero, g->x_desc,
+                                             dx32));
+    LAUNCH(add_wide_kernel, nx, dx32, LOW(dx), nx);
+}
+
+static void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
+    gpu_t *g = gpu_of(b);
+    bool low = is_low(g, x);
+    if (low && is_narrow(s)) {
+        narrow_conv_forward(b, s, x, w, y);
+        return;
+    }
+    describe_conv(g, s, low);
+    const conv_algos_t *a = conv_algos(g, s);
+    const float one = 1.0f, zero = 0.0f;
+    const void *filter = low ? (const void *)shadow_of(g, w) : (const void *)w;
+    CHECK_CUDNN(cudnnConvolutionForward(g->cudnn, &one, g->x_desc, x, g->w_desc, filter, g->conv_desc, a->fwd,
                                         g->workspace, g->workspace_bytes, &zero, g->y_desc, y));
 }
 
 static void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
                                 const float *dy, float *dx, float *dw) {
     gpu_t *g = gpu_of(b);
-    describe_conv(g, s);
+    bool low = is_low(g, x);
+    if (low && is_narrow(s)) {
+        narrow_conv_backward(b, s, x, w, dy, dx, dw);
+        return;
+    }
+    describe_conv(g, s, low);
     const conv_algos_t *a = conv_algos(g, s);
-    const float one = 1.0f; /* beta 1: accumulate, as backend_i asks */
-    CHECK_CUDNN(cudnnConvolutionBackwardFilter(g->cudnn, &one, g->x_desc, x, g->y_desc, dy, g->conv_desc,
-                                               a->bwd_filter, g->workspace, g->workspace_bytes, &one,
-                                               g->w_desc, dw));
+    const float one = 1.0f, zero = 0.0f; /* beta 1: accumulate, as backend_i asks */
+    if (low) { /* cuDNN's filter gradient has the filter's type: bf16 first, then into the fp32 arena */
+        bf16 *dw_low = g->dw_scratch + (w - g->params);
+        size_t n_w = (size_t)s->k * s->r * s->s * s->c;
+        CHECK_CUDNN(cudnnConvolutionBackwardFilter(g->cudnn, &one, g->x_desc, x, g->y_desc, dy, g->conv_desc,
+                                                   a->bwd_filter, g->workspace, g->workspace_bytes, &zero,
+                                                   g->w_desc, dw_low));
+        LAUNCH(add_low_kernel, n_w, dw_low, dw, n_w);
+    } else {
+        CHECK_CUDNN(cudnnConvolutionBackwardFilter(g->cudnn, &one, g->x_desc, x, g->y_desc, dy, g->conv_desc,
+                                                   a->bwd_filter, g->workspace, g->workspace_bytes, &one,
+                                                   g->w_desc, dw));
+    }
+    const void *filter = low ? (const void *)shadow_of(g, w) : (const void *)w;
     if (dx)
-        CHECK_CUDNN(cudnnConvolutionBackwardData(g->cudnn, &one, g->w_desc, w, g->y_desc, dy, g->conv_desc,
+        CHECK_CUDNN(cudnnConvolutionBackwardData(g->cudnn, &one, g->w_desc, filter, g->y_desc, dy, g->conv_desc,
                                                  a->bwd_data, g->workspace, g->workspace_bytes, &one,
                                                  g->x_desc, dx));
 }
@@ -321,7 +497,8 @@ static int bn_chunks(const gpu_t *g, size_t rows, int c) {
 
 /* partial[chunk][ch], partial2[chunk][ch]: mode 0: sums of (x - x[0]) and (x - x[0])^2;
  * mode 1 (backward): sums of dy and dy * (x - mean) * invstd. */
-__global__ void bn_partials_kernel(int mode, size_t rows, int c, const float *x, const float *dy,
+template <typename T>
+__global__ void bn_partials_kernel(int mode, size_t rows, int c, const T *x, const T *dy,
                                    const float *mean, const float *invstd, float *partial, float *partial2) {
     __shared__ float s1[BN_ROWS_PER_BLOCK][BN_TILE], s2[BN_ROWS_PER_BLOCK][BN_TILE];
     int ch = blockIdx.x * BN_TILE + threadIdx.x;
@@ -329,14 +506,14 @@ __global__ void bn_partials_kernel(int mode, size_t rows, int c, const float *x,
     size_t begin = blockIdx.y * per_chunk, end = begin + per_chunk < rows ? begin + per_chunk : rows;
     float a = 0.0f, b = 0.0f;
     if (ch < c) {
-        float shift = mode == 0 ? x[ch] : mean[ch], is = mode == 1 ? invstd[ch] : 0.0f;
+        float shift = mode == 0 ? ld(x, ch) : mean[ch], is = mode == 1 ? invstd[ch] : 0.0f;
         for (size_t r = begin + threadIdx.y; r < end; r += BN_ROWS_PER_BLOCK) {
-            float v = x[r * c + ch] - shift;
+            float v = ld(x, r * c + ch) - shift;
             if (mode == 0) {
                 a += v;
                 b += v * v;
             } else {
-                float d = dy[r * c + ch];
+                float d = ld(dy, r * c + ch);
                 a += d;
                 b += d * v * is;
             }
@@ -358,8 +535,11 @@ __global__ void bn_partials_kernel(int mode, size_t rows, int c, const float *x,
 static void bn_reduce(gpu_t *g, int mode, size_t rows, int c, int chunks, const float *x, const float *dy,
                       const float *mean, const float *invstd) {
     dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
-    bn_partials_kernel<<<grid, block, 0, g->stream>>>(mode, rows, c, x, dy, mean, invstd, g->bn_partials,
-                                                      g->bn_partials + (size_t)chunks * c);
+    float *p1 = g->bn_partials, *p2 = g->bn_partials + (size_t)chunks * c;
+    if (is_low(g, x))
+        bn_partials_kernel<bf16><<<grid, block, 0, g->stream>>>(mode, rows, c, CLOW(x), CLOW(dy), mean, invstd, p1, p2);
+    else
+        bn_partials_kernel<float><<<grid, block, 0, g->stream>>>(mode, rows, c, x, dy, mean, invstd, p1, p2);
     CHECK_CUDA(cudaGetLastError());
 }
 
@@ -379,7 +559,8 @@ __device__ void bn_sum_chunks(int c, int chunks, const float *partial, double *s
     *s2 = b;
 }
 
-__global__ void bn_stats_kernel(int c, int chunks, size_t rows, const float *x, const float *partial, float *mean,
+template <typename T>
+__global__ void bn_stats_kernel(int c, int chunks, size_t rows, const T *x, const float *partial, float *mean,
                                 float *invstd, float *running_mean, float *running_var, float momentum, float eps) {
     double sum, sq;
     bn_sum_chunks(c, chunks, partial, &sum, &sq);
@@ -387,7 +568,7 @@ __global__ void bn_stats_kernel(int c, int chunks, size_t rows, const float *x, 
     int ch = blockIdx.x;
     double n = (double)rows, shifted_mean = sum / n, var = sq / n - shifted_mean * shifted_mean;
     var = var > 0 ? var : 0;
-    double mu = x[ch] + shifted_mean, unbiased = rows > 1 ? var * n / (n - 1) : var;
+    double mu = ld(x, ch) + shifted_mean, unbiased = rows > 1 ? var * n / (n - 1) : var;
     mean[ch] = (float)mu;
     invstd[ch] = (float)(1.0 / sqrt(var + eps));
     running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
@@ -395,13 +576,23 @@ __global__ void bn_stats_kernel(int c, int chunks, size_t rows, const float *x, 
 }
 
 /* y = (x - mean) * invstd * gamma + beta; eval passes the running variance as var (invstd NULL). */
-__global__ void bn_apply_kernel(size_t n, int c, const float *x, const float *mean, const float *invstd,
-                                const float *var, float eps, const float *gamma, const float *beta, float *y) {
+template <typename T>
+__global__ void bn_apply_kernel(size_t n, int c, const T *x, const float *mean, const float *invstd,
+                                const float *var, float eps, const float *gamma, const float *beta, T *y) {
     GRID_STRIDE(i, n) {
         int ch = (int)(i % c);
         float is = invstd ? invstd[ch] : rsqrtf(var[ch] + eps);
-        y[i] = (x[i] - mean[ch]) * is * gamma[ch] + beta[ch];
+        st(y, i, (ld(x, i) - mean[ch]) * is * gamma[ch] + beta[ch]);
     }
+}
+
+static void bn_apply(backend_t *b, size_t rows, int c, const float *x, const float *mean, const float *invstd,
+                     const float *var, float eps, const float *gamma, const float *beta, float *y) {
+    size_t n = rows * c;
+    if (is_low(gpu_of(b), x))
+        LAUNCH(bn_apply_kernel<bf16>, n, n, c, CLOW(x), mean, invstd, var, eps, gamma, beta, LOW(y));
+    else
+        LAUNCH(bn_apply_kernel<float>, n, n, c, x, mean, invstd, var, eps, gamma, beta, y);
 }
 
 static void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
@@ -412,17 +603,20 @@ static void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
     if (c > BN_MAX_CHANNELS) fail_at("batch norm", "more than 65536 channels", __FILE__, __LINE__);
     int chunks = bn_chunks(g, rows, c);
     bn_reduce(g, 0, rows, c, chunks, x, NULL, NULL, NULL);
-    bn_stats_kernel<<<c, 32, 0, g->stream>>>(c, chunks, rows, x, g->bn_partials, save_mean, save_invstd,
-                                             running_mean, running_var, momentum, eps);
+    if (is_low(g, x))
+        bn_stats_kernel<bf16><<<c, 32, 0, g->stream>>>(c, chunks, rows, CLOW(x), g->bn_partials, save_mean,
+                                                       save_invstd, running_mean, running_var, momentum, eps);
+    else
+        bn_stats_kernel<float><<<c, 32, 0, g->stream>>>(c, chunks, rows, x, g->bn_partials, save_mean,
+                                                        save_invstd, running_mean, running_var, momentum, eps);
     CHECK_CUDA(cudaGetLastError());
-    LAUNCH(bn_apply_kernel, rows * c, rows * c, c, x, save_mean, save_invstd, NULL, eps, gamma, beta, y);
+    bn_apply(b, rows, c, x, save_mean, save_invstd, NULL, eps, gamma, beta, y);
 }
 
 static void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
                                        const float *beta, float *y, const float *running_mean,
                                        const float *running_var, float eps) {
-    if (rows && c)
-        LAUNCH(bn_apply_kernel, rows * c, rows * c, c, x, running_mean, NULL, running_var, eps, gamma, beta, y);
+    if (rows && c) bn_apply(b, rows, c, x, running_mean, NULL, running_var, eps, gamma, beta, y);
 }
 
 __global__ void bn_grad_params_kernel(int c, int chunks, const float *partial, float *dgamma, float *dbeta,
@@ -438,14 +632,15 @@ __global__ void bn_grad_params_kernel(int c, int chunks, const float *partial, f
 }
 
 /* dx += gamma * invstd / rows * (rows * dy - sum(dy) - xhat * sum(dy * xhat)) */
-__global__ void bn_backward_dx_kernel(size_t n, size_t rows, int c, const float *x, const float *dy,
+template <typename T>
+__global__ void bn_backward_dx_kernel(size_t n, size_t rows, int c, const T *x, const T *dy,
                                       const float *gamma, const float *mean, const float *invstd,
-                                      const float *sums, float *dx) {
+                                      const float *sums, T *dx) {
     GRID_STRIDE(i, n) {
         int ch = (int)(i % c);
-        float xhat = (x[i] - mean[ch]) * invstd[ch];
+        float xhat = (ld(x, i) - mean[ch]) * invstd[ch];
         float k = gamma[ch] * invstd[ch] / (float)rows;
-        dx[i] += k * ((float)rows * dy[i] - sums[ch] - xhat * sums[c + ch]);
+        st(dx, i, ld(dx, i) + k * ((float)rows * ld(dy, i) - sums[ch] - xhat * sums[c + ch]));
     }
 }
 
@@ -460,134 +655,173 @@ static void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
     float *sums = g->bn_sums;
     bn_grad_params_kernel<<<c, 32, 0, g->stream>>>(c, chunks, g->bn_partials, dgamma, dbeta, sums);
     CHECK_CUDA(cudaGetLastError());
-    LAUNCH(bn_backward_dx_kernel, rows * c, rows * c, rows, c, x, dy, gamma, save_mean, save_invstd, sums, dx);
+    size_t n = rows * c;
+    if (is_low(g, x))
+        LAUNCH(bn_backward_dx_kernel<bf16>, n, n, rows, c, CLOW(x), CLOW(dy), gamma, save_mean, save_invstd, sums,
+               LOW(dx));
+    else
+        LAUNCH(bn_backward_dx_kernel<float>, n, n, rows, c, x, dy, gamma, save_mean, save_invstd, sums, dx);
 }
 
 /* ---- pooling ---- */
 
-__global__ void maxpool_kernel(pool_shape_t s, const float *x, float *y, int32_t *argmax) {
+template <typename T> __global__ void maxpool_kernel(pool_shape_t s, const T *x, T *y, int32_t *argmax) {
     size_t n_out = (size_t)s.n * s.oh * s.ow * s.c;
     GRID_STRIDE(o, n_out) {
         int ch = (int)(o % s.c);
         size_t pix = o / s.c;
         int ox = (int)(pix % s.ow), oy = (int)(pix / s.ow % s.oh), n = (int)(pix / ((size_t)s.ow * s.oh));
-        const float *xn = x + (size_t)n * s.h * s.w * s.c;
+        const T *xn = x + (size_t)n * s.h * s.w * s.c;
         float best = -INFINITY;
         int32_t best_at = 0;
         for (int ky = 0; ky < s.size; ky++)
             for (int kx = 0; kx < s.size; kx++) {
                 int at = ((oy * s.stride + ky) * s.w + ox * s.stride + kx) * s.c + ch;
-                if (xn[at] > best) {
-                    best = xn[at];
+                float v = ld(xn, at);
+                if (v > best) {
+                    best = v;
                     best_at = at;
                 }
             }
-        y[o] = best;
+        st(y, o, best);
         argmax[o] = best_at;
     }
 }
 
-__global__ void maxpool_backward_kernel(pool_shape_t s, const int32_t *argmax, const float *dy, float *dx) {
+template <typename T>
+__global__ void maxpool_backward_kernel(pool_shape_t s, const int32_t *argmax, const T *dy, T *dx) {
     size_t per_out = (size_t)s.oh * s.ow * s.c, per_in = (size_t)s.h * s.w * s.c;
-    GRID_STRIDE(o, per_out * s.n) atomicAdd(&dx[o / per_out * per_in + argmax[o]], dy[o]);
+    GRID_STRIDE(o, per_out * s.n) add_at(&dx[o / per_out * per_in + argmax[o]], ld(dy, o));
 }
 
 static void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax) {
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
-    if (n) LAUNCH(maxpool_kernel, n, *s, x, y, argmax);
+    if (!n) return;
+    if (is_low(gpu_of(b), x)) LAUNCH(maxpool_kernel<bf16>, n, *s, CLOW(x), LOW(y), argmax);
+    else LAUNCH(maxpool_kernel<float>, n, *s, x, y, argmax);
 }
 
 static void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,
                                  float *dx) {
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
-    if (n) LAUNCH(maxpool_backward_kernel, n, *s, argmax, dy, dx);
+    if (!n) return;
+    if (is_low(gpu_of(b), dy)) LAUNCH(maxpool_backward_kernel<bf16>, n, *s, argmax, CLOW(dy), LOW(dx));
+    else LAUNCH(maxpool_backward_kernel<float>, n, *s, argmax, dy, dx);
 }
 
-__global__ void avgpool_kernel(int n, int hw, int c, const float *x, float *y) {
+template <typename T> __global__ void avgpool_kernel(int n, int hw, int c, const T *x, T *y) {
     GRID_STRIDE(o, (size_t)n * c) {
         size_t i = o / c, ch = o % c;
         float sum = 0.0f;
-        for (int p = 0; p < hw; p++) sum += x[(i * hw + p) * c + ch];
-        y[o] = sum / (float)hw;
+        for (int p = 0; p < hw; p++) sum += ld(x, (i * hw + p) * c + ch);
+        st(y, o, sum / (float)hw);
     }
 }
 
-__global__ void avgpool_backward_kernel(int n, int hw, int c, const float *dy, float *dx) {
+template <typename T> __global__ void avgpool_backward_kernel(int n, int hw, int c, const T *dy, T *dx) {
     GRID_STRIDE(o, (size_t)n * hw * c) {
         size_t ch = o % c, i = o / ((size_t)hw * c);
-        dx[o] += dy[i * c + ch] / (float)hw;
+        st(dx, o, ld(dx, o) + ld(dy, i * c + ch) / (float)hw);
     }
 }
 
 static void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y) {
-    if (n && c) LAUNCH(avgpool_kernel, (size_t)n * c, n, hw, c, x, y);
+    if (!n || !c) return;
+    if (is_low(gpu_of(b), x)) LAUNCH(avgpool_kernel<bf16>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y));
+    else LAUNCH(avgpool_kernel<float>, (size_t)n * c, n, hw, c, x, y);
 }
 
 static void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx) {
-    if (n && c) LAUNCH(avgpool_backward_kernel, (size_t)n * hw * c, n, hw, c, dy, dx);
+    if (!n || !c) return;
+    if (is_low(gpu_of(b), dy)) LAUNCH(avgpool_backward_kernel<bf16>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx));
+    else LAUNCH(avgpool_backward_kernel<float>, (size_t)n * hw * c, n, hw, c, dy, dx);
 }
 
-/* ---- linear (cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose) ---- */
+/* ---- linear (cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose) ----
+ * bf16: activations and the weights' bf16 copy in, float accumulation; the weight gradient is
+ * written straight into the fp32 arena (cuBLAS mixes bf16 inputs with an fp32 output). */
 
-__global__ void broadcast_rows_kernel(const float *bias, float *y, int n, int out) {
-    GRID_STRIDE(i, (size_t)n * out) y[i] = bias[i % out];
+template <typename T> __global__ void broadcast_rows_kernel(const float *bias, T *y, int n, int out) {
+    GRID_STRIDE(i, (size_t)n * out) st(y, i, bias[i % out]);
 }
 
-__global__ void column_sums_kernel(const float *dy, float *dbias, int n, int out) {
+template <typename T> __global__ void column_sums_kernel(const T *dy, float *dbias, int n, int out) {
     GRID_STRIDE(o, (size_t)out) {
         float sum = 0.0f;
-        for (int i = 0; i < n; i++) sum += dy[(size_t)i * out + o];
+        for (int i = 0; i < n; i++) sum += ld(dy, (size_t)i * out + o);
         dbias[o] += sum;
     }
+}
+
+static void gemm(gpu_t *g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *a,
+                 cudaDataType_t at, int lda, const void *b, cudaDataType_t bt, int ldb, void *c,
+                 cudaDataType_t ct, int ldc) {
+    const float one = 1.0f;
+    cublasComputeType_t compute = at == CUDA_R_32F ? (g->is_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)
+                                                   : CUBLAS_COMPUTE_32F;
+    CHECK_CUBLAS(cublasGemmEx(g->cublas, ta, tb, m, n, k, &one, a, at, lda, b, bt, ldb, &one, c, ct, ldc, compute,
+                              CUBLAS_GEMM_DEFAULT));
 }
 
 static void gpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
                                const float *bias, float *y) {
     gpu_t *g = gpu_of(b);
-    LAUNCH(broadcast_rows_kernel, (size_t)n * out, bias, y, n, out);
-    const float one = 1.0f;
-    /* y^T (out, n) = W (out, in) . x^T (in, n) */
-    CHECK_CUBLAS(cublasSgemm(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, in, x, in, &one, y, out));
+    bool low = is_low(g, x);
+    cudaDataType_t t = low ? CUDA_R_16BF : CUDA_R_32F;
+    const void *weights = low ? (const void *)shadow_of(g, w) : (const void *)w;
+    if (low) LAUNCH(broadcast_rows_kernel<bf16>, (size_t)n * out, bias, LOW(y), n, out);
+    else LAUNCH(broadcast_rows_kernel<float>, (size_t)n * out, bias, y, n, out);
+    /* y^T (out, n) += W (out, in) . x^T (in, n) */
+    gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, weights, t, in, x, t, in, y, t, out);
 }
 
 static void gpu_linear_backward(backend_t *b, int n, int in, int out, const float *x, const float *w,
                                 const float *dy, float *dx, float *dw, float *dbias) {
     gpu_t *g = gpu_of(b);
-    const float one = 1.0f;
+    bool low = is_low(g, x);
+    cudaDataType_t t = low ? CUDA_R_16BF : CUDA_R_32F;
     /* dW^T (in, out) += x^T (in, n) . dy (n, out) */
-    CHECK_CUBLAS(cublasSgemm(g->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x, in, dy, out, &one, dw, in));
-    LAUNCH(column_sums_kernel, (size_t)out, dy, dbias, n, out);
+    gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, t, in, dy, t, out, dw, CUDA_R_32F, in);
+    if (low) LAUNCH(column_sums_kernel<bf16>, (size_t)out, CLOW(dy), dbias, n, out);
+    else LAUNCH(column_sums_kernel<float>, (size_t)out, dy, dbias, n, out);
     /* dx^T (in, n) += W^T (in, out) . dy^T (out, n) */
-    if (dx) CHECK_CUBLAS(cublasSgemm(g->cublas, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, w, in, dy, out, &one, dx, in));
+    const void *weights = low ? (const void *)shadow_of(g, w) : (const void *)w;
+    if (dx) gemm(g, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, weights, t, in, dy, t, out, dx, t, in);
 }
 
 /* ---- loss: one thread per sample (class counts here are small) ---- */
 
-__global__ void softmax_xent_kernel(int n, int k, const float *logits, const int32_t *labels, float smoothing,
-                                    float grad_scale, float *dlogits, float *loss_sum) {
+template <typename T>
+__global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t *labels, float smoothing,
+                                    float grad_scale, T *dlogits, float *loss_sum) {
     GRID_STRIDE(i, (size_t)n) {
-        const float *z = logits + i * k;
-        float zmax = z[0];
-        for (int j = 1; j < k; j++) zmax = fmaxf(zmax, z[j]);
+        const T *z = logits + i * k;
+        float zmax = ld(z, 0);
+        for (int j = 1; j < k; j++) zmax = fmaxf(zmax, ld(z, j));
         double sum_exp = 0, sum_z = 0;
         for (int j = 0; j < k; j++) {
-            sum_exp += exp((double)z[j] - zmax);
-            sum_z += z[j];
+            sum_exp += exp((double)ld(z, j) - zmax);
+            sum_z += ld(z, j);
         }
         double log_sum = log(sum_exp) + zmax, off = (double)smoothing / k;
         int label = labels[i];
-        atomicAdd(loss_sum, (float)((1.0 - smoothing) * (log_sum - z[label]) + off * (k * log_sum - sum_z)));
+        atomicAdd(loss_sum, (float)((1.0 - smoothing) * (log_sum - ld(z, label)) + off * (k * log_sum - sum_z)));
         if (!dlogits) continue;
         for (int j = 0; j < k; j++) {
             double q = j == label ? 1.0 - smoothing + off : off;
-            dlogits[i * k + j] = (float)((exp((double)z[j] - log_sum) - q) * grad_scale / n);
+            st(dlogits, i * k + j, (float)((exp((double)ld(z, j) - log_sum) - q) * grad_scale / n));
         }
     }
 }
 
 static void gpu_softmax_xent(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
                              float smoothing, float grad_scale, float *dlogits, float *loss_sum) {
-    if (n) LAUNCH(softmax_xent_kernel, (size_t)n, n, k, logits, labels, smoothing, grad_scale, dlogits, loss_sum);
+    if (!n) return;
+    if (is_low(gpu_of(b), logits))
+        LAUNCH(softmax_xent_kernel<bf16>, (size_t)n, n, k, CLOW(logits), labels, smoothing, grad_scale, LOW(dlogits),
+               loss_sum);
+    else
+        LAUNCH(softmax_xent_kernel<float>, (size_t)n, n, k, logits, labels, smoothing, grad_scale, dlogits, loss_sum);
 }
 
 /* ---- optimizer: one fused pass over the arenas ---- */
@@ -607,10 +841,39 @@ static void gpu_sgd_step(backend_t *b, float *params, const float *grads, float 
     if (n) LAUNCH(sgd_kernel, n, params, grads, momentum_buf, n, lr, momentum, weight_decay, is_nesterov, grad_scale);
 }
 
+/* ---- the model's arenas (bf16 mode) ---- */
+
+static int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts) {
+    gpu_t *g = gpu_of(b);
+    g->params = params;
+    g->n_params = n_params;
+    g->acts = (const char *)acts;
+    g->dacts = (const char *)dacts;
+    g->act_bytes = n_acts * sizeof(float);
+    if (!g->is_bf16) return 0;
+    size_t bytes = (n_params ? n_params : 1) * sizeof(bf16);
+    if (cudaMalloc(&g->shadow, bytes) != cudaSuccess || cudaMalloc(&g->dw_scratch, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return -12; /* -ENOMEM */
+    }
+    return 0;
+}
+
+/* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
+static void gpu_prepare_forward(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (g->is_bf16 && g->n_params) LAUNCH((convert_kernel<float, bf16>), g->n_params, g->params, g->shadow, g->n_params);
+}
+
 static void gpu_destroy(backend_t *b) {
     gpu_t *g = gpu_of(b);
     cudaStreamSynchronize(g->stream);
     if (g->workspace) cudaFree(g->workspace);
+    if (g->shadow) cudaFree(g->shadow);
+    if (g->dw_scratch) cudaFree(g->dw_scratch);
+    if (g->stage) cudaFree(g->stage);
+    for (int i = 0; i < 3; i++)
+        if (g->wide[i]) cudaFree(g->wide[i]);
     cudnnDestroyTensorDescriptor(g->x_desc);
     cudnnDestroyTensorDescriptor(g->y_desc);
     if (g->bn_partials) cudaFree(g->bn_partials);
@@ -630,6 +893,8 @@ static backend_i make_ops(void) {
     o.alloc = gpu_alloc;
     o.release = gpu_release;
     o.is_device = gpu_is_device;
+    o.mark_arenas = gpu_mark_arenas;
+    o.prepare_forward = gpu_prepare_forward;
     o.reserve_workspace = gpu_reserve_workspace;
     o.to_device = gpu_to_device;
     o.to_host = gpu_to_host;
@@ -690,8 +955,11 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     CHECK_CUBLAS(cublasCreate(&g->cublas));
     CHECK_CUBLAS(cublasSetStream(g->cublas, g->stream));
     g->is_tf32 = flags & BACKEND_CUDA_TF32;
+    g->is_bf16 = flags & BACKEND_CUDA_BF16;
     /* fp32 means fp32 unless TF32 was asked for */
-    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                              : g->is_bf16 ? CUBLAS_DEFAULT_MATH
+                                                           : CUBLAS_PEDANTIC_MATH));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->x_desc));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->y_desc));
     CHECK_CUDNN(cudnnCreateFilterDescriptor(&g->w_desc));

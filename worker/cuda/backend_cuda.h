@@ -1,7 +1,7 @@
 /* backend_cuda: backend_i on one NVIDIA GPU: cuDNN convolutions (NHWC), cuBLAS for
  * linear layers, own kernels for the rest, all on one stream. Built when CMake finds CUDA and cuDNN
  * (DDP_HAVE_CUDA_BACKEND); held op by op against the CPU reference by tests/unit/test_backend_cuda.c
- * (skipped without a GPU). fp32 for now; fp16/bf16 come with the precision work. */
+ * (skipped without a GPU). fp32, tf32 and bf16; fp16 is still to come. */
 #ifndef DDP_WORKER_BACKEND_CUDA_H
 #define DDP_WORKER_BACKEND_CUDA_H
 
@@ -15,7 +15,10 @@ extern "C" {
 
 /* The number of GPUs this process can use (0 when there is no driver or device). */
 int backend_cuda_device_count(void);
-enum { BACKEND_CUDA_TF32 = 1 }; /* flags: let fp32 convolutions and GEMMs use TF32 tensor cores */
+/* flags. TF32: fp32 convolutions and GEMMs may use TF32 tensor cores. BF16: activations and their
+ * gradients in bf16 (the model's arenas, see backend_i.mark_arenas); parameters, their gradients,
+ * momentum and batch-norm statistics stay fp32, as under PyTorch's autocast. */
+enum { BACKEND_CUDA_TF32 = 1, BACKEND_CUDA_BF16 = 2 };
 /* A backend on GPU `device`. algo_cache_path: a text file of the convolution algorithms cuDNN's
  * timed search chose (per GPU, cuDNN version, shape and math mode), read at start and appended to
  * when a new shape is searched; NULL for none. Returns NULL with the error in err. */
