@@ -33,9 +33,9 @@ if has build; then
 fi
 
 if has unit; then
-    (cd build && ctest -R 'backend_cuda|comm_nccl' --output-on-failure) >"$out/unit.log" 2>&1
+    (cd build && ctest -R 'backend_cuda|comm_nccl' --output-on-failure -V) >"$out/unit.log" 2>&1
     note "unit: rc $? — $(grep -E 'tests passed|Synthesis' "$out/unit.log" | tr '\n' ' ')"
-    grep -E 'FAIL|rel err|assert' "$out/unit.log" | head -20
+    grep -E 'FAIL|relative error|Assertion|max \|' "$out/unit.log" | head -20
 fi
 
 if has smoke; then
