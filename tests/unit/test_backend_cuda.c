@@ -3,6 +3,7 @@
  * Every test skips where no GPU is visible (CI); they run for real on a GPU machine. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -247,7 +248,7 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
         }
     }
     double overall = sqrt(diff2 / ref2);
-    cr_log_info("bf16 gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f", overall,
+    fprintf(stderr, "bf16 gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f\n", overall,
                 worst_layer, worst_layer >= 0 ? (int)m[0].layers[worst_layer].kind : -1, worst);
     cr_assert(overall <= 3e-2, "bf16 parameter gradients: relative error %g overall (worst layer %d: %g)",
               overall, worst_layer, worst);
