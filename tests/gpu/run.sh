@@ -68,7 +68,7 @@ fi
 
 if has bench-compile; then
     PYTHONUNBUFFERED=1 DDP_BUILD_DIR=build python3 tests/bench/bench_gpu_train.py --compile \
-        --shapes cifar --precisions bf16,fp16 --json "$out/bench_compile.json" >"$out/bench_compile.log" 2>&1
+        ${BENCH_COMPILE_ARGS:---shapes cifar --precisions tf32,bf16} --json "$out/bench_compile.json" >"$out/bench_compile.log" 2>&1
     note "bench-compile: rc $?"
     tail -6 "$out/bench_compile.log"
 fi
