@@ -244,3 +244,17 @@ def test_the_resnet18_example_reaches_93_percent(ddprun, tmp_path):
                         "fashion-mnist-resnet18.conf")
     final = run_example(ddprun, conf, tmp_path, timeout=48 * 3600)
     assert final["top1"] >= 0.93, final
+
+
+@pytest.mark.parametrize("override, message", [
+    ("precision.mode=bf16", "precision.mode: bf16 needs train.backend=cuda"),
+    ("precision.mode=tf32", "precision.mode: tf32 needs train.backend=cuda"),
+    ("train.collective=nccl", "train.collective: nccl needs train.backend=cuda"),
+    ("train.collective=gloo", "train.collective: 'gloo' is not one of auto|ring|nccl"),
+])
+def test_gpu_only_settings_on_the_cpu_backend_are_config_errors(ddpworker, tmp_path, override, message):
+    conf = write_conf(tmp_path / "cpu.conf", "[data]\nkind = synthetic\ntrain_limit = 64\n[train]\nmax_steps = 1\n")
+    env = {k: v for k, v in clean_env().items() if k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([ddpworker, conf, override], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == EXIT_CONFIG, r.stderr
+    assert message in r.stderr, r.stderr

@@ -1,9 +1,9 @@
-/* backend_cuda: see backend_cuda.h. One stream per backend; cuDNN and cuBLAS run on it, and so do
- * the kernels here (batch norm included); only to_host waits. Convolution algorithms come from cuDNN's timed search,
- * once per shape, kept in a cache file across runs. Every CUDA,
- * cuDNN and cuBLAS call is checked: a failure prints file:line and the library's message and ends
- * the worker (exit 70), as llm.c does. fp32 math (FMA), TF32 tensor cores, or bf16
- * activations with fp32 parameters, gradients, optimizer and batch-norm statistics. */
+/* backend_cuda: see backend_cuda.h. One stream per backend; cuDNN, cuBLAS and the kernels here
+ * (batch norm included) run on it; only to_host waits. Convolution algorithms come from cuDNN's
+ * timed search, once per shape, kept in a cache file across runs. Every CUDA, cuDNN and cuBLAS
+ * call is checked: a failure prints file:line and the library's message and ends the worker
+ * (exit 70), as llm.c does. Arithmetic: fp32 (FMA), TF32 tensor cores, or bf16 activations with
+ * fp32 parameters, gradients, optimizer and batch-norm statistics. */
 #include "backend_cuda.h"
 #include "backend_cuda_internal.h"
 
