@@ -133,12 +133,15 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
     return comm;
 }
 
-/* The CPU backend's OpenMP loops and OpenBLAS's own threads take turns on the same cores: OpenMP
- * threads spinning after each loop starve the GEMMs (2.7x slower on ResNet-18 here). libgomp reads
- * OMP_WAIT_POLICY once, when it is loaded, so set it and exec again (same pid, a few ms). */
-static void ensure_passive_openmp(char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "passive", 1);
+/* The CPU backend's OpenMP loops and OpenBLAS's own threads take turns on the same cores, and
+ * idle threads of either that spin starve the other: OpenMP threads spinning after each loop made
+ * ResNet-18 2.7x slower, OpenBLAS's threads yielding for 2^28 cycles after each GEMM 1.2-1.4x
+ * (2 cores, 2026-11-23). Both libraries read their setting once, when loaded, so set what the
+ * user did not and exec again (same pid, a few ms). */
+static void ensure_passive_threads(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") && getenv("OPENBLAS_THREAD_TIMEOUT")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0); /* 2^4 cycles, OpenBLAS's shortest: sleep at once */
     execv("/proc/self/exe", argv);
     /* exec failed: train anyway, only slower */
 }
@@ -209,7 +212,7 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
 }
 
 int main(int argc, char **argv) {
-    ensure_passive_openmp(argv);
+    ensure_passive_threads(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? DDP_EXIT_USAGE : 0;
