@@ -135,8 +135,8 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
 
 /* The CPU backend's OpenMP loops and OpenBLAS's own threads take turns on the same cores, and
  * idle threads of either that spin starve the other: OpenMP threads spinning after each loop made
- * ResNet-18 2.7x slower, OpenBLAS's threads yielding for 2^28 cycles after each GEMM 1.2-1.4x
- * (2 cores, 2026-11-23). Both libraries read their setting once, when loaded, so set what the
+ * ResNet-18 2.7x slower; OpenBLAS's threads yielding for 2^28 cycles after each GEMM took 17% of
+ * the CPU time and 5-12% of the speed (2 cores, 2026-11-23). Both libraries read their setting once, when loaded, so set what the
  * user did not and exec again (same pid, a few ms). */
 static void ensure_passive_threads(char **argv) {
     if (getenv("OMP_WAIT_POLICY") && getenv("OPENBLAS_THREAD_TIMEOUT")) return;

@@ -230,9 +230,9 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
     /* Gradients by relative norm error, overall. bf16 storage alone moves this network's gradients
      * a lot at initialisation: PyTorch, with every activation and activation gradient rounded to
      * bf16 and fp32 math (what this backend does), differs from fp32 by 0.27-0.32 in relative norm
-     * on this network at batch 8 to 64 (an emulation run on the CPU with torch 1.13, 2026-11-23);
-     * batch norm's backward cancels most of each gradient, so its rounding error stays. The bound
-     * catches a wrong or missing term (errors near 1), the op tests below catch the rest. */
+     * on this network at batch 8 to 64 (tests/interop/bf16_storage_emulation.py); batch norm's
+     * backward cancels most of each gradient, so its rounding error stays. The bound catches a
+     * wrong or missing term (errors near 1); the op tests below catch the rest. */
     double diff2 = 0, ref2 = 0, worst = 0;
     int worst_layer = -1;
     for (int l = 0; l < m[0].n_layers; l++) {
