@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call of a GPU machine (a fresh Ubuntu with CUDA, cuDNN, NCCL
 # and PyTorch; the rest carried by deploy/gpu_deps.sh --with-data as .deps/root):
-#   tests/gpu/run.sh [build] [unit] [e2e] [smoke] [profile] [bench] [bench-compile] [startup]
-#   (default: all but bench-compile)
-# Logs and JSON results go to $OUT (else gpu-out/); a summary is printed last.
+#   tests/gpu/run.sh [build] [unit] [smoke] [e2e] [profile] [bench] [bench-compile] [startup]
+#   (default: build unit smoke e2e bench startup; stages run in this order)
+# Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (extra bench_gpu_train.py arguments), PROFILE_PRECISIONS
+# ("fp32 bf16"), PROFILE_TOP (lines shown), STARTUP_REPEATS. The carried folder: run it with
+# carry [".deps/root"]. Logs and JSON results go to $OUT (else gpu-out/); a summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-gpu-out}"
