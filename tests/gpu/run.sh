@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call of a GPU machine (a fresh Ubuntu with CUDA, cuDNN, NCCL
 # and PyTorch; the rest carried by deploy/gpu_deps.sh --with-data as .deps/root):
-#   tests/gpu/run.sh [build] [unit] [smoke] [e2e] [profile] [bench] [bench-compile] [startup]
+#   tests/gpu/run.sh [build] [unit] [smoke] [e2e] [bench] [profile] [bench-compile] [startup]
 #   (default: build unit smoke e2e bench startup; stages run in this order)
 # Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (extra bench_gpu_train.py arguments), PROFILE_PRECISIONS
 # ("fp32 bf16"), PROFILE_TOP (lines shown), STARTUP_REPEATS. The carried folder: run it with
