@@ -11,6 +11,7 @@
 #ifndef DDP_WORKER_COMM_H
 #define DDP_WORKER_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,12 @@ int comm_null_create(comm_t **out);
  * rank - 1 (both checked with a hello naming the job and rank). Returns 0, or a negative code with
  * the reason in err. Blocks at most timeout_ms (plus the store's own bounds). */
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t err_len);
+
+/* Every rank publishes is_yes under key_prefix + question + "/<rank>", waits for all the others
+ * (bounded by the store's op timeout) and gets whether all said yes: the same answer on every
+ * rank. Returns 0, or a negative code with err (store failure, a value that is not 0 or 1). */
+int comm_agree_all(store_client_t *store, const char *key_prefix, const char *question, int rank,
+                   int world, bool is_yes, bool *all_yes, char *err, size_t err_len);
 
 /* Collectives over a backend's device memory through `inner` (a host-memory transport), staged
  * chunk by chunk; host memory passes straight through. Takes ownership of inner. */

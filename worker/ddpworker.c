@@ -42,13 +42,6 @@ static long env_long(const char *name, long def, long min, long max) {
 static void *cuda_lib; /* libddpworker_cuda.so, when train.backend=cuda */
 static int cuda_devices;
 
-/* NCCL needs a GPU per rank: auto takes it when this node's ranks each have one. */
-static bool is_nccl_chosen(const train_conf_t *conf, int world, int local_world) {
-    if (conf->collective == COLLECTIVE_NCCL) return true;
-    return conf->collective == COLLECTIVE_AUTO && conf->backend == BACKEND_CUDA && world > 1 &&
-           local_world <= cuda_devices;
-}
-
 /* Rank 0's fresh ncclUniqueId reaches the others through the store, under this round's prefix. */
 static comm_t *make_nccl(int rank, int world, store_client_t *store, const char *prefix,
                          int64_t timeout_ms, backend_t *backend) {
@@ -89,7 +82,7 @@ static comm_t *make_nccl(int rank, int world, store_client_t *store, const char 
 static comm_t *make_comm(int rank, int world, int local_world, const train_conf_t *conf,
                          backend_t *backend) {
     comm_t *comm = NULL;
-    bool is_nccl = is_nccl_chosen(conf, world, local_world);
+    bool is_nccl = conf->collective == COLLECTIVE_NCCL;
     if (is_nccl && conf->backend != BACKEND_CUDA)
         trainer_die(DDP_EXIT_CONFIG, "train.collective: nccl needs train.backend=cuda");
     int64_t timeout_ms = (int64_t)(conf->collective_timeout_s * 1000);
@@ -114,6 +107,14 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
     snprintf(prefix, sizeof prefix, "/ddpworker/%s/%ld/", run_id && *run_id ? run_id : "none",
              env_long("DDPRUN_ATTEMPT", env_long("TORCHELASTIC_RESTART_COUNT", 0, 0, INT_MAX), 0,
                       INT_MAX));
+    if (conf->collective == COLLECTIVE_AUTO && conf->backend == BACKEND_CUDA) {
+        /* NCCL needs a GPU per rank, and nodes may differ: every rank says whether its node has
+         * enough, and all take NCCL only if all can */
+        char err[512];
+        if (comm_agree_all(store, prefix, "nccl_possible", rank, world, local_world <= cuda_devices,
+                           &is_nccl, err, sizeof err) < 0)
+            trainer_die(DDP_EXIT_PEER_FAILURE, "agreeing on the collective: %s", err);
+    }
     if (is_nccl) {
         comm = make_nccl(rank, world, store, prefix, timeout_ms, backend);
         store_client_destroy(store);

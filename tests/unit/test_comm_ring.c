@@ -1,4 +1,5 @@
-/* comm_ring (and comm_null, and comm_staged over it): all-reduce sums in f32 and f64 for awkward sizes and world sizes,
+/* comm_ring (and comm_null, comm_staged over it, comm_agree_all through the store): all-reduce sums
+ * in f32 and f64 for awkward sizes and world sizes,
  * bit-identical results on every rank, broadcast from every root, barrier, and failures: a peer
  * that exits or hangs makes the others fail within the deadline with a message naming a rank, never
  * hang; ranks that disagree on a collective fail on its opening frame. Ranks are forked processes;
@@ -428,4 +429,71 @@ static int run_staged(comm_t *c, int rank, int world) {
 Test(comm_ring, staged_collectives_over_device_memory_match_the_ring) {
     for (int world = 2; world <= 3; world++)
         cr_assert_eq(run_ring(world, 10000, run_staged), 0, "world %d", world);
+}
+
+/* ---- comm_agree_all: every rank gets the same answer, "no" from any rank wins ---- */
+
+static int agree_as(int rank, int world, const char *prefix, unsigned yes_mask) {
+    store_client_opts_t so = {.host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000,
+                              .op_timeout_ms = 5000};
+    store_client_t *store = NULL;
+    if (store_client_connect(&so, &store) < 0) return 10;
+    bool all_yes = true;
+    char err[256];
+    if (comm_agree_all(store, prefix, "q", rank, world, (yes_mask >> rank) & 1, &all_yes, err, sizeof err) < 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return 11;
+    }
+    store_client_destroy(store);
+    bool want = yes_mask == (1u << world) - 1;
+    return all_yes == want ? 0 : 12;
+}
+
+static int run_agree(int world, unsigned yes_mask) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "/agree/%d/%u/%d/", (int)getpid(), yes_mask, world);
+    pid_t pids[MAX_WORLD];
+    for (int rank = 0; rank < world; rank++)
+        if ((pids[rank] = fork()) == 0) _exit(agree_as(rank, world, prefix, yes_mask));
+    int failed = 0;
+    for (int rank = 0; rank < world; rank++) {
+        int status;
+        waitpid(pids[rank], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+    }
+    return failed;
+}
+
+Test(comm_ring, every_rank_gets_the_same_agreement_and_one_no_wins) {
+    for (int world = 1; world <= MAX_WORLD; world++)
+        for (unsigned mask = 0; mask < (1u << world); mask++)
+            cr_assert_eq(run_agree(world, mask), 0, "world %d, yes from ranks %#x", world, mask);
+}
+
+Test(comm_ring, agreement_refuses_a_value_that_is_not_a_vote) {
+    store_client_opts_t so = {.host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000,
+                              .op_timeout_ms = 5000};
+    store_client_t *store = NULL;
+    cr_assert_eq(store_client_connect(&so, &store), 0);
+    cr_assert_eq(store_client_set(store, "/bad/q/1", "maybe", 5), 0);
+    bool all_yes = true;
+    char err[256] = "";
+    cr_assert_lt(comm_agree_all(store, "/bad/", "q", 0, 2, true, &all_yes, err, sizeof err), 0);
+    cr_assert(!all_yes);
+    cr_assert(strstr(err, "/bad/q/1") && strstr(err, "not 0 or 1"), "%s", err);
+    store_client_destroy(store);
+}
+
+Test(comm_ring, agreement_with_a_missing_rank_ends_at_the_store_timeout) {
+    store_client_opts_t so = {.host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000,
+                              .op_timeout_ms = 500};
+    store_client_t *store = NULL;
+    cr_assert_eq(store_client_connect(&so, &store), 0);
+    bool all_yes = true;
+    char err[256] = "";
+    int64_t start = now_ms();
+    cr_assert_lt(comm_agree_all(store, "/lonely/", "q", 0, 2, true, &all_yes, err, sizeof err), 0);
+    cr_assert(!all_yes && now_ms() - start < 5000, "%s", err);
+    cr_assert(strstr(err, "q") != NULL, "%s", err);
+    store_client_destroy(store);
 }
