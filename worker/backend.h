@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loss_scale.h"
+
 typedef struct backend backend_t;
 
 typedef struct {
@@ -98,14 +100,22 @@ typedef struct {
     void (*linear_backward)(backend_t *b, int n, int in, int out, const float *x, const float *w,
                             const float *dy, float *dx, float *dw, float *dbias);
     /* logits: (N, K), labels: (N) int32 in [0, K). loss_sum: one float, += the summed loss of
-     * the batch; dlogits = d(mean loss)/dlogits * grad_scale (mean over N). */
+     * the batch; dlogits = d(mean loss)/dlogits * grad_scale (mean over N), times ls->scale too
+     * when ls (device memory) is not NULL: scaled before a narrow type stores it. */
     void (*softmax_xent)(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
-                         float smoothing, float grad_scale, float *dlogits, float *loss_sum);
+                         float smoothing, float grad_scale, const loss_scale_t *ls, float *dlogits,
+                         float *loss_sum);
     /* One SGD step over a flat arena, as torch.optim.SGD (dampening 0):
-     * g = grad * grad_scale + wd * p; m = momentum * m + g; p -= lr * (nesterov ? g + momentum * m : m) */
+     * g = grad * grad_scale + wd * p; m = momentum * m + g; p -= lr * (nesterov ? g + momentum * m : m)
+     * With ls (device memory, NULL: none), grad_scale is divided by ls->scale and nothing at all
+     * changes when ls->found_inf is set: GradScaler's unscale and skipped step. */
     void (*sgd_step)(backend_t *b, float *params, const float *grads, float *momentum_buf,
                      size_t n_elems, float lr, float momentum, float weight_decay,
-                     bool is_nesterov, float grad_scale);
+                     bool is_nesterov, float grad_scale, const loss_scale_t *ls);
+    /* ls->found_inf = 1 if any of x[0..n) is an inf or a NaN (left as it was otherwise). */
+    void (*loss_scale_check)(backend_t *b, const float *x, size_t n_elems, loss_scale_t *ls);
+    /* loss_scale_next on the device's copy, after the step's sgd_step. */
+    void (*loss_scale_update)(backend_t *b, loss_scale_t *ls, uint32_t growth_interval);
     void (*destroy)(backend_t *b);
 } backend_i;
 

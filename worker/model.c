@@ -364,10 +364,10 @@ void model_forward(model_t *m, int n, bool is_training) {
     }
 }
 
-void model_loss(model_t *m, int n, float label_smoothing, float grad_scale) {
+void model_loss(model_t *m, int n, float label_smoothing, float grad_scale, const loss_scale_t *ls) {
     int last = m->n_tensors - 1;
     m->backend->ops->softmax_xent(m->backend, n, m->classes, model_logits(m), m->labels,
-                                  label_smoothing, grad_scale, m->dacts + m->tensors[last].offset,
+                                  label_smoothing, grad_scale, ls, m->dacts + m->tensors[last].offset,
                                   m->loss_sum);
 }
 

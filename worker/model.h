@@ -77,8 +77,8 @@ const float *model_logits(const model_t *m);
  * ones; evaluation mode uses the running ones. */
 void model_forward(model_t *m, int n, bool is_training);
 /* Softmax cross-entropy of the logits against m->labels: adds the summed loss to *m->loss_sum and
- * sets the logits' gradient (of the batch mean, times grad_scale). */
-void model_loss(model_t *m, int n, float label_smoothing, float grad_scale);
+ * sets the logits' gradient (of the batch mean, times grad_scale and, with ls, the loss scale). */
+void model_loss(model_t *m, int n, float label_smoothing, float grad_scale, const loss_scale_t *ls);
 /* Zero every gradient, then backward through all layers; cb (may be NULL) as buckets complete. */
 void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg);
 /* The summed loss since the last call (reads one float back from the backend), then resets it. */

@@ -227,6 +227,10 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
             return failf(err, err_len, "%s: section %u lies outside the file's %" PRIu64
                          " bytes (truncated)", path, i, file_bytes);
     }
+    /* 0 is "no loss scaling"; a scale the run cannot multiply by is damage, not state */
+    if (!(h->loss_scale >= 0 && h->loss_scale <= 3.0e38) || h->loss_scale_good_steps > UINT32_MAX)
+        return failf(err, err_len, "%s: loss scale %g (%" PRIu64 " good steps) is out of range "
+                     "(corrupt)", path, h->loss_scale, h->loss_scale_good_steps);
     return 0;
 }
 

@@ -84,10 +84,12 @@ static const key_spec_t keys[] = {
      "also keep every Nth step's snapshot forever (0: none)"},
     {"precision", "mode", KEY_ENUM, F(precision), 0, 0, "fp32|tf32|fp16|bf16", "fp32",
      "arithmetic of the compute backend"},
-    {"precision", "loss_scale", KEY_DOUBLE, F(loss_scale_init), 1, 1e10, NULL, "65536",
-     "fp16: initial dynamic loss scale"},
+    {"precision", "loss_scaling", KEY_ENUM, F(loss_scaling), 0, 0, "auto|dynamic|off", "auto",
+     "dynamic loss scaling as GradScaler (auto: for fp16 only)"},
+    {"precision", "loss_scale", KEY_DOUBLE, F(loss_scale_init), 1, 3.4e38, NULL, "65536",
+     "initial dynamic loss scale"},
     {"precision", "growth_interval", KEY_INT, F(loss_scale_growth_interval), 1, 1e9, NULL, "2000",
-     "fp16: steps without overflow before the scale doubles"},
+     "steps without overflow before the loss scale doubles"},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 

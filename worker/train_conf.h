@@ -19,6 +19,7 @@ typedef enum { DATA_FASHION_MNIST, DATA_MNIST, DATA_CIFAR10, DATA_CIFAR100, DATA
 typedef enum { BACKEND_CPU, BACKEND_CUDA } backend_kind_t;
 typedef enum { COLLECTIVE_AUTO, COLLECTIVE_RING, COLLECTIVE_NCCL } collective_kind_t;
 typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_FP16, PRECISION_BF16 } precision_t;
+typedef enum { LOSS_SCALING_AUTO, LOSS_SCALING_DYNAMIC, LOSS_SCALING_OFF } loss_scaling_t;
 
 typedef struct {
     /* [model] */
@@ -57,6 +58,7 @@ typedef struct {
     int64_t snapshot_every, snapshot_keep, snapshot_keep_every;
     /* [precision] */
     precision_t precision;
+    loss_scaling_t loss_scaling; /* auto: dynamic for fp16, off otherwise */
     double loss_scale_init;
     int64_t loss_scale_growth_interval;
 } train_conf_t;

@@ -68,6 +68,23 @@ static void open_metrics(trainer_t *t, bool is_resumed) {
                     t->conf->metrics_file, strerror(errno));
 }
 
+static void init_loss_scale(trainer_t *t) {
+    const train_conf_t *c = t->conf;
+    if (c->loss_scaling == LOSS_SCALING_OFF ||
+        (c->loss_scaling == LOSS_SCALING_AUTO && c->precision != PRECISION_FP16))
+        return;
+    t->loss_scale = t->backend->ops->alloc(t->backend, sizeof *t->loss_scale);
+    if (!t->loss_scale) trainer_die(DDP_EXIT_BUG, "out of memory for the loss scale");
+    loss_scale_t start = {.scale = (float)c->loss_scale_init};
+    t->backend->ops->to_device(t->backend, t->loss_scale, &start, sizeof start);
+}
+
+loss_scale_t trainer__loss_scale(trainer_t *t) {
+    loss_scale_t s = {0};
+    if (t->loss_scale) t->backend->ops->to_host(t->backend, &s, t->loss_scale, sizeof s);
+    return s;
+}
+
 void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
                   backend_t *backend, comm_t *comm) {
     memset(t, 0, sizeof *t);
@@ -113,6 +130,7 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
     t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the labels");
     t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
+    init_loss_scale(t);
     if (t->world > 1) {
         int rc = grad_sync_init(&t->sync, comm, t->model.grads, t->model.n_params, BUCKET_BYTES);
         if (rc < 0) trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
@@ -131,6 +149,7 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
 void trainer_free(trainer_t *t) {
     trainer__snapshot_free(t);
     if (t->has_sync) grad_sync_free(&t->sync);
+    if (t->loss_scale) t->backend->ops->release(t->backend, t->loss_scale);
     model_free(&t->model);
     sampler_free(&t->sampler);
     free(t->host_batch);
@@ -165,7 +184,8 @@ int trainer_step(trainer_t *t) {
 
     model_t *m = &t->model;
     model_forward(m, n, true);
-    model_loss(m, n, (float)c->label_smoothing, 1.0f);
+    const backend_i *o = t->backend->ops;
+    model_loss(m, n, (float)c->label_smoothing, 1.0f, t->loss_scale);
     if (t->has_sync) {
         grad_sync_begin(&t->sync);
         model_backward(m, n, grad_sync_ready, &t->sync);
@@ -173,10 +193,14 @@ int trainer_step(trainer_t *t) {
     } else {
         model_backward(m, n, NULL, NULL);
     }
+    /* the summed gradients: every rank finds the same inf or NaN */
+    if (t->loss_scale) o->loss_scale_check(t->backend, m->grads, m->n_params, t->loss_scale);
     /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
-    t->backend->ops->sgd_step(t->backend, m->params, m->grads, m->momentum, m->n_params,
-                              (float)lr_at(&t->lr, t->step), (float)c->momentum,
-                              (float)c->weight_decay, c->is_nesterov, 1.0f / (float)t->world);
+    o->sgd_step(t->backend, m->params, m->grads, m->momentum, m->n_params,
+                (float)lr_at(&t->lr, t->step), (float)c->momentum, (float)c->weight_decay,
+                c->is_nesterov, 1.0f / (float)t->world, t->loss_scale);
+    if (t->loss_scale)
+        o->loss_scale_update(t->backend, t->loss_scale, (uint32_t)c->loss_scale_growth_interval);
     t->step++;
     progress_beat();
     t->cursor += (int64_t)n * t->world; /* every rank took n: the same count, by the sampler's padding */
@@ -285,20 +309,26 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
     double loss = model_take_loss(&t->model) / (double)samples;
     double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
     double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
-    char eta[32], snap[48] = "";
+    char eta[32], snap[48] = "", scaling[64] = "", scaling_json[96] = "";
     format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
     if (t->snapshots && t->last_snapshot_s > 0)
         snprintf(snap, sizeof snap, "  snapshot %.0fs ago", now_s() - t->last_snapshot_s);
     if (t->rank != 0) return;
+    if (t->loss_scale) {
+        loss_scale_t ls = trainer__loss_scale(t);
+        snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale, ls.skipped_steps);
+        snprintf(scaling_json, sizeof scaling_json, ", \"loss_scale\": %.17g, \"skipped_steps\": %u",
+                 (double)ls.scale, ls.skipped_steps);
+    }
     double lr = lr_at(&t->lr, t->step - 1);
-    printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s\n",
+    printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n",
            (long long)t->epoch + 1, (long long)t->step, (long long)t->total_steps, loss, lr, rate,
-           eta, snap);
+           eta, scaling, snap);
     fflush(stdout);
     if (t->metrics) {
         fprintf(t->metrics, "{\"event\": \"train\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, "
-                "\"lr\": %.6g, \"img_per_s\": %.1f}\n", (long long)t->step, (long long)t->epoch + 1,
-                loss, lr, rate);
+                "\"lr\": %.6g, \"img_per_s\": %.1f%s}\n", (long long)t->step, (long long)t->epoch + 1,
+                loss, lr, rate, scaling_json);
         fflush(t->metrics);
     }
 }

@@ -36,6 +36,7 @@ typedef struct {
     lr_schedule_t lr;
     grad_sync_t sync;
     bool has_sync;
+    loss_scale_t *loss_scale; /* the backend's copy of the dynamic loss scale; NULL: no scaling */
     float *host_batch;       /* (batch, H, W, C) fp32, assembled here then copied to the backend */
     int32_t *host_labels;
     int64_t *indices;        /* (batch) dataset indices of the batch being assembled */
@@ -74,6 +75,8 @@ double trainer__snapshot(trainer_t *t, bool is_blocking);
  * *signum: SIGTERM if any rank received it, else SIGUSR1. */
 bool trainer__stop_requested(trainer_t *t, int *signum);
 void trainer__snapshot_free(trainer_t *t);
+/* The loss scaler's state, read from the backend (a synchronization); zeros without scaling. */
+loss_scale_t trainer__loss_scale(trainer_t *t);
 
 /* Print "ddpworker: rank R: <message>" to stderr and exit with code. */
 _Noreturn void trainer_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

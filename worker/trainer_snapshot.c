@@ -70,7 +70,6 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
     h->weight_decay = c->weight_decay;
     h->is_nesterov = c->is_nesterov;
     h->precision = (uint32_t)c->precision;
-    h->loss_scale = 1.0;
 }
 
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
@@ -85,6 +84,9 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
         fprintf(stderr, "ddpworker: warning: snapshot failed: %s\n", err);
     memset(&d->header, 0, sizeof d->header);
     describe(t, &d->header);
+    loss_scale_t ls = trainer__loss_scale(t); /* zeros without loss scaling: the format's "none" */
+    d->header.loss_scale = ls.scale;
+    d->header.loss_scale_good_steps = ls.good_steps;
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     d->header.unix_time_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
@@ -134,6 +136,7 @@ static void check_compatible(const trainer_t *t, const snapshot_header_t *h, con
 bool trainer__resume(trainer_t *t) {
     if (!t->conf->snapshot_dir[0]) return false;
     int64_t where[4] = {0}; /* found, step, epoch, cursor */
+    loss_scale_t ls = {0};
     snapshot_data_t d = {0};
     char path[4096];
     if (t->rank == 0) {
@@ -147,6 +150,8 @@ bool trainer__resume(trainer_t *t) {
             where[1] = (int64_t)d.header.step;
             where[2] = (int64_t)d.header.epoch;
             where[3] = (int64_t)d.header.cursor;
+            ls.scale = (float)d.header.loss_scale;
+            ls.good_steps = (uint32_t)d.header.loss_scale_good_steps;
         }
     }
     check(t, t->comm->ops->broadcast(t->comm, where, sizeof where, 0), "broadcasting the resume point");
@@ -169,6 +174,9 @@ bool trainer__resume(trainer_t *t) {
           "broadcasting the snapshot's momentum");
     check(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
           "broadcasting the snapshot's statistics");
+    /* a snapshot without a scaler's state (0) leaves this run's initial scale */
+    check(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, 0), "broadcasting the loss scale");
+    if (t->loss_scale && ls.scale > 0) o->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
     t->step = t->last_snapshot_step = where[1];
     t->epoch = where[2];
     t->cursor = where[3];

@@ -104,8 +104,26 @@ def reference(ddprun, ddpworker, conf, tmp_path, nproc=2, nnodes=1):
 
 def workers_of(conf):
     """pids of the ddpworker processes running conf (not their shims)."""
-    r = subprocess.run(["pgrep", "-f", f"worker/ddpworker {conf}"], capture_output=True, text=True)
+    # anchored: a shim's command line ("ddprun __shim PID -- .../ddpworker conf") holds it too
+    r = subprocess.run(["pgrep", "-f", f"^[^ ]*worker/ddpworker {re.escape(conf)}"],
+                       capture_output=True, text=True)
     return [int(p) for p in r.stdout.split()]
+
+
+def wait_for_new_round(conf, gone, n_workers=4, timeout=60):
+    """pids of a full set of workers, none of them in gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = workers_of(conf)
+        if len(live) == n_workers and not gone & set(live):
+            return live
+        time.sleep(0.01)
+    pytest.fail(f"no new round of {n_workers} workers within {timeout} s")
+
+
+def latest_step(snap_dir):
+    steps = snapshot_steps(snap_dir) if snap_dir.exists() else []
+    return steps[-1] if steps else 0
 
 
 def wait_for_snapshot_after(snap_dir, step, timeout=60):
@@ -127,15 +145,19 @@ def test_kill_9_of_random_workers_ends_with_the_uninterrupted_weights(ddprun, dd
     port = free_port()
     jobs = [start_job(ddprun, conf, snap, nnodes="2", port=port) for _ in range(2)]
     rng = random.Random(os.getpid())
-    seen = 0
+    gone = set()
     for _ in range(3):
-        seen = wait_for_snapshot_after(snap, seen)
+        # kill in a round that has made progress of its own: all four workers new (the killed
+        # round's are gone, and with them any snapshot write they had in flight), and a snapshot
+        # newer than any from before it
+        current = wait_for_new_round(conf, gone)
+        wait_for_snapshot_after(snap, latest_step(snap))
         time.sleep(rng.uniform(0, 0.05))
-        pids = workers_of(conf)
-        assert pids, "no worker to kill"
-        os.kill(rng.choice(pids), signal.SIGKILL)
+        os.kill(rng.choice(current), signal.SIGKILL)
+        gone |= set(current)
     outs = [j.communicate(timeout=300)[0] for j in jobs]
     assert [j.returncode for j in jobs] == [0, 0], outs
+    assert all("restarting every worker (restart 3 of" in o for o in outs), outs
     assert sum(o.count("resuming from") for o in outs) >= 3, outs
     assert final_state(ddpworker, snap) == want
 

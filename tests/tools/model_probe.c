@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
     write_file(dir, "labels.i32", m.labels, (size_t)n * sizeof(int32_t));
     for (int step = 0; step < 2; step++) {
         model_forward(&m, n, true);
-        model_loss(&m, n, smoothing, 1.0f);
+        model_loss(&m, n, smoothing, 1.0f, NULL);
         double loss = model_take_loss(&m) / n;
         model_backward(&m, n, NULL, NULL);
         if (step == 0) {
@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
             int len = snprintf(text, sizeof text, "%.9g\n", loss);
             write_file(dir, "loss.txt", text, (size_t)len);
         }
-        b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f);
+        b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f, NULL);
     }
     write_file(dir, "params2.f32", m.params, m.n_params * sizeof(float));
     model_free(&m);

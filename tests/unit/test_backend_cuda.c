@@ -160,11 +160,11 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
         int32_t *lab = b->ops->alloc(b, sizeof labels);
         b->ops->to_device(b, lab, labels, sizeof labels);
         float *loss = up(b, lb, 1), *dlog = up(b, ldy, no);
-        b->ops->softmax_xent(b, 6, 7, ly, lab, 0.1f, 2.0f, dlog, loss);
+        b->ops->softmax_xent(b, 6, 7, ly, lab, 0.1f, 2.0f, NULL, dlog, loss);
         out[i][6] = down(b, dlog, no);
         out[i][7] = down(b, loss, 1);
         float *p_ = up(b, p, 1000), *g_ = up(b, gr, 1000), *m_ = up(b, m, 1000);
-        b->ops->sgd_step(b, p_, g_, m_, 1000, 0.1f, 0.9f, 5e-4f, true, 0.5f);
+        b->ops->sgd_step(b, p_, g_, m_, 1000, 0.1f, 0.9f, 5e-4f, true, 0.5f, NULL);
         out[i][8] = down(b, p_, 1000);
     }
     const char *what[9] = {"maxpool", "maxpool backward", "avgpool backward", "linear", "linear dx",
@@ -188,10 +188,10 @@ Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
         b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
         b->ops->to_device(b, m[i].labels, labels, sizeof labels);
         model_forward(&m[i], n, true);
-        model_loss(&m[i], n, 0.1f, 1.0f);
+        model_loss(&m[i], n, 0.1f, 1.0f, NULL);
         loss[i] = (float)model_take_loss(&m[i]);
         model_backward(&m[i], n, NULL, NULL);
-        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f);
+        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f, NULL);
         params[i] = down(b, m[i].params, m[i].n_params);
     }
     cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "loss: cpu %g cuda %g", loss[0], loss[1]);
@@ -220,7 +220,7 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
         b->ops->to_device(b, m[i].labels, labels, sizeof labels);
         model_forward(&m[i], n, true);
         logits[i] = down(b, model_logits(&m[i]), (size_t)n * 10);
-        model_loss(&m[i], n, 0.1f, 1.0f);
+        model_loss(&m[i], n, 0.1f, 1.0f, NULL);
         loss[i] = (float)model_take_loss(&m[i]);
         model_backward(&m[i], n, NULL, NULL);
         grads[i] = down(b, m[i].grads, m[i].n_params);
@@ -391,4 +391,65 @@ Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
     double tol[9] = {1e-2, 1e-4, 2e-2, 1e-3, 1e-3, 1e-2, 1e-2, 1e-3, 1e-3};
     for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], tol[k], what[k]);
     l.b->ops->destroy(l.b);
+}
+
+/* The loss scaler's ops on the GPU: the same flags, skips and scale sequence as the cpu backend,
+ * and a softmax gradient scaled before it is stored. */
+Test(backend_cuda, loss_scaling_ops_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    size_t n = 300000; /* several blocks: the flag is set by whichever thread sees the inf */
+    float *g = random_host(n, 1), *p = random_host(n, 1), *m = random_host(n, 1);
+    backend_t *bs[2] = {cpu, gpu};
+    loss_scale_t got[2][4];
+    float *out[2][2];
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        loss_scale_t start = {.scale = 1024.0f};
+        loss_scale_t *ls = b->ops->alloc(b, sizeof *ls);
+        b->ops->to_device(b, ls, &start, sizeof start);
+        float *g_ = up(b, g, n), *p_ = up(b, p, n), *m_ = up(b, m, n);
+        b->ops->loss_scale_check(b, g_, n, ls); /* clean: a step with 1/1024 of the gradient */
+        b->ops->to_host(b, &got[i][0], ls, sizeof *ls);
+        b->ops->sgd_step(b, p_, g_, m_, n, 0.1f, 0.9f, 5e-4f, true, 0.5f, ls);
+        b->ops->loss_scale_update(b, ls, 1); /* interval 1: doubles */
+        b->ops->to_host(b, &got[i][1], ls, sizeof *ls);
+        float bad = NAN;
+        b->ops->to_device(b, g_ + n - 7, &bad, sizeof bad);
+        b->ops->loss_scale_check(b, g_, n, ls);
+        b->ops->to_host(b, &got[i][2], ls, sizeof *ls);
+        b->ops->sgd_step(b, p_, g_, m_, n, 0.1f, 0.9f, 5e-4f, true, 0.5f, ls); /* skipped */
+        b->ops->loss_scale_update(b, ls, 1);
+        b->ops->to_host(b, &got[i][3], ls, sizeof *ls);
+        out[i][0] = down(b, p_, n);
+        out[i][1] = down(b, m_, n);
+    }
+    for (int k = 0; k < 4; k++)
+        cr_assert(memcmp(&got[0][k], &got[1][k], sizeof got[0][k]) == 0,
+                  "state %d: cpu scale %g flag %u good %u skipped %u, cuda %g %u %u %u", k,
+                  got[0][k].scale, got[0][k].found_inf, got[0][k].good_steps, got[0][k].skipped_steps,
+                  got[1][k].scale, got[1][k].found_inf, got[1][k].good_steps, got[1][k].skipped_steps);
+    cr_assert_eq(got[1][2].found_inf, 1);
+    cr_assert_eq(got[1][3].scale, 1024.0f);
+    expect_close(out[0][0], out[1][0], n, 1e-5, "unscaled sgd (then a skipped one)");
+    expect_close(out[0][1], out[1][1], n, 1e-5, "momentum");
+    /* the logits' gradient of a mean over 4096 samples is ~1e-5: here it comes out scaled */
+    int rows = 4096, k = 10;
+    float *logits = random_host((size_t)rows * k, 2);
+    int32_t *labels = malloc(rows * sizeof *labels);
+    for (int r = 0; r < rows; r++) labels[r] = r % k;
+    float *dl[2];
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        loss_scale_t start = {.scale = 65536.0f};
+        loss_scale_t *ls = b->ops->alloc(b, sizeof *ls);
+        b->ops->to_device(b, ls, &start, sizeof start);
+        int32_t *lab = b->ops->alloc(b, rows * sizeof *lab);
+        b->ops->to_device(b, lab, labels, rows * sizeof *lab);
+        float *z = up(b, logits, (size_t)rows * k), *d = up(b, logits, (size_t)rows * k);
+        float *loss = up(b, logits, 1);
+        b->ops->softmax_xent(b, rows, k, z, lab, 0.0f, 1.0f, ls, d, loss);
+        dl[i] = down(b, d, (size_t)rows * k);
+    }
+    expect_close(dl[0], dl[1], (size_t)rows * k, 1e-5, "scaled softmax-xent gradient");
+    cr_assert_gt(fabsf(dl[1][0]), 1.0f, "the scale was applied");
 }

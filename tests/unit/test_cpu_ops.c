@@ -2,6 +2,7 @@
  * small shapes (through L = sum(y * r) for a fixed random r), the accumulate (+=) contract of
  * every backward, and the optimizer against torch.optim.SGD's update rule written out. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,12 +305,12 @@ Test(cpu_ops, linear_gradients) {
 
 static void xent_fwd(op_check_t *c) {
     c->y[0] = 0;
-    c->b->ops->softmax_xent(c->b, c->n, c->classes, c->in[0], c->labels, c->smoothing, 1.0f, NULL,
+    c->b->ops->softmax_xent(c->b, c->n, c->classes, c->in[0], c->labels, c->smoothing, 1.0f, NULL, NULL,
                             c->y);
 }
 static void xent_bwd(op_check_t *c) {
     float *d = calloc(c->n_in[0], sizeof(float)), loss = 0;
-    c->b->ops->softmax_xent(c->b, c->n, c->classes, c->in[0], c->labels, c->smoothing, 1.0f, d,
+    c->b->ops->softmax_xent(c->b, c->n, c->classes, c->in[0], c->labels, c->smoothing, 1.0f, NULL, d,
                             &loss);
     for (size_t i = 0; i < c->n_in[0]; i++) c->grad[0][i] += d[i];
     free(d);
@@ -337,11 +338,11 @@ Test(cpu_ops, softmax_cross_entropy_value) {
     backend_t *b = backend_cpu_create(1);
     float logits[3] = {1.0f, 2.0f, 0.5f}, loss = 0;
     int32_t label = 1;
-    b->ops->softmax_xent(b, 1, 3, logits, &label, 0.0f, 1.0f, NULL, &loss);
+    b->ops->softmax_xent(b, 1, 3, logits, &label, 0.0f, 1.0f, NULL, NULL, &loss);
     double lse = log(exp(1.0) + exp(2.0) + exp(0.5));
     cr_assert_float_eq(loss, lse - 2.0, 1e-6);
     loss = 0;
-    b->ops->softmax_xent(b, 1, 3, logits, &label, 0.3f, 1.0f, NULL, &loss);
+    b->ops->softmax_xent(b, 1, 3, logits, &label, 0.3f, 1.0f, NULL, NULL, &loss);
     /* torch: (1 - eps) * nll + eps * mean_j(-log p_j) */
     double smooth = 0.7 * (lse - 2.0) + 0.3 * ((lse - 1.0) + (lse - 2.0) + (lse - 0.5)) / 3;
     cr_assert_float_eq(loss, smooth, 1e-6);
@@ -354,12 +355,68 @@ Test(cpu_ops, sgd_step_follows_torch_optim_sgd) {
         float p = 1.0f, m = 0.0f, g = 0.5f;
         double rp = 1.0, rm = 0.0;
         for (int step = 0; step < 3; step++) {
-            b->ops->sgd_step(b, &p, &g, &m, 1, 0.1f, 0.9f, 0.01f, nesterov, 0.5f);
+            b->ops->sgd_step(b, &p, &g, &m, 1, 0.1f, 0.9f, 0.01f, nesterov, 0.5f, NULL);
             double d = 0.5 * 0.5 + 0.01 * rp;
             rm = 0.9 * rm + d; /* torch starts the buffer at d: the same as 0.9 * 0 + d */
             rp -= 0.1 * (nesterov ? d + 0.9 * rm : rm);
             cr_assert_float_eq(p, rp, 1e-6, "nesterov %d step %d", nesterov, step);
         }
     }
+    b->ops->destroy(b);
+}
+
+Test(cpu_ops, loss_scale_check_finds_an_inf_or_a_nan_anywhere) {
+    backend_t *b = backend_cpu_create(2);
+    size_t n = 100000; /* over the size the loop goes parallel at */
+    float *x = calloc(n, sizeof *x);
+    loss_scale_t ls = {.scale = 8.0f};
+    b->ops->loss_scale_check(b, x, n, &ls);
+    cr_assert_eq(ls.found_inf, 0);
+    float bad[] = {INFINITY, -INFINITY, NAN};
+    size_t where[] = {0, n / 2 + 3, n - 1};
+    for (int i = 0; i < 3; i++) {
+        x[where[i]] = bad[i];
+        ls.found_inf = 0;
+        b->ops->loss_scale_check(b, x, n, &ls);
+        cr_assert_eq(ls.found_inf, 1, "value %d at %zu", i, where[i]);
+        x[where[i]] = FLT_MAX; /* large but finite */
+    }
+    ls.found_inf = 1; /* the check only ever sets the flag: a later clean arena keeps it */
+    b->ops->loss_scale_check(b, x, n, &ls);
+    cr_assert_eq(ls.found_inf, 1);
+    free(x);
+    b->ops->destroy(b);
+}
+
+Test(cpu_ops, sgd_step_unscales_and_skips_an_overflowed_step) {
+    backend_t *b = backend_cpu_create(1);
+    float p[2] = {1.0f, -2.0f}, m[2] = {0.25f, 0.5f}, g[2] = {0.5f, 3.0f};
+    float rp[2] = {1.0f, -2.0f}, rm[2] = {0.25f, 0.5f}, scaled[2] = {0.5f * 1024, 3.0f * 1024};
+    loss_scale_t ls = {.scale = 1024.0f};
+    b->ops->sgd_step(b, rp, g, rm, 2, 0.1f, 0.9f, 5e-4f, true, 0.5f, NULL);
+    b->ops->sgd_step(b, p, scaled, m, 2, 0.1f, 0.9f, 5e-4f, true, 0.5f, &ls);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(p[i], rp[i], "a power-of-two scale unscales exactly");
+        cr_assert_eq(m[i], rm[i]);
+    }
+    ls.found_inf = 1;
+    scaled[0] = INFINITY;
+    b->ops->sgd_step(b, p, scaled, m, 2, 0.1f, 0.9f, 5e-4f, true, 0.5f, &ls);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(p[i], rp[i], "a skipped step changes no parameter");
+        cr_assert_eq(m[i], rm[i], "nor the momentum");
+    }
+    b->ops->destroy(b);
+}
+
+Test(cpu_ops, softmax_xent_multiplies_the_gradient_by_the_loss_scale) {
+    backend_t *b = backend_cpu_create(1);
+    float logits[6] = {0.5f, -1.0f, 2.0f, 0.0f, 0.25f, -0.5f}, d[6], ds[6], loss = 0, loss_s = 0;
+    int32_t labels[2] = {2, 0};
+    loss_scale_t ls = {.scale = 65536.0f};
+    b->ops->softmax_xent(b, 2, 3, logits, labels, 0.1f, 1.0f, NULL, d, &loss);
+    b->ops->softmax_xent(b, 2, 3, logits, labels, 0.1f, 1.0f, &ls, ds, &loss_s);
+    cr_assert_eq(loss, loss_s, "the loss itself is not scaled");
+    for (int i = 0; i < 6; i++) cr_assert_eq(ds[i], d[i] * 65536.0f);
     b->ops->destroy(b);
 }

@@ -30,7 +30,7 @@ static void fill_batch(model_t *m, int n, uint64_t seed) {
 
 static double loss_of(model_t *m, int n) {
     model_forward(m, n, true);
-    model_loss(m, n, 0.1f, 1.0f);
+    model_loss(m, n, 0.1f, 1.0f, NULL);
     return model_take_loss(m) / n;
 }
 

@@ -2,6 +2,7 @@
  * files), newest-good selection with reports, retention (keep N, keep every Mth), the manifest,
  * and the writer thread (including a failed write reported on the next acquire). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,32 @@ Test(snapshot, a_torn_file_is_truncated) {
     expect_damaged((long)sizeof(snapshot_header_t) + 10, 1, "truncated");
 }
 Test(snapshot, a_file_shorter_than_the_header_is_torn) { expect_damaged(10, 1, "shorter than"); }
+
+/* A header whose checksum holds but whose loss scale no run could have written. */
+Test(snapshot, an_impossible_loss_scale_is_refused_as_corrupt) {
+    double bad[] = {INFINITY, NAN, -1.0, 1e39};
+    for (int i = 0; i < 4; i++) {
+        snapshot_data_t d = sample(5);
+        d.header.loss_scale = bad[i];
+        char err[1024], path[512];
+        cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+        path_of(5, path, sizeof path);
+        snapshot_data_t got;
+        cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "scale %g accepted", bad[i]);
+        cr_assert(strstr(err, path) && strstr(err, "loss scale"), "%s", err);
+    }
+    snapshot_data_t d = sample(5);
+    d.header.loss_scale = 32768.0;
+    d.header.loss_scale_good_steps = 17;
+    char err[1024], path[512];
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+    path_of(5, path, sizeof path);
+    snapshot_data_t got;
+    cr_assert_eq(snapshot_read(path, &got, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(got.header.loss_scale, 32768.0);
+    cr_assert_eq(got.header.loss_scale_good_steps, 17);
+    snapshot_data_free(&got);
+}
 
 Test(snapshot, the_newest_good_snapshot_wins_and_damaged_ones_are_reported) {
     for (uint64_t s = 10; s <= 30; s += 10) write_step(s, &keep_all);

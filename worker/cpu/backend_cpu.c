@@ -393,9 +393,9 @@ static void cpu_linear_backward(backend_t *b, int n, int in, int out, const floa
 
 static void cpu_softmax_xent(backend_t *b, int n, int k, const float *logits,
                              const int32_t *labels, float smoothing, float grad_scale,
-                             float *dlogits, float *loss_sum) {
+                             const loss_scale_t *ls, float *dlogits, float *loss_sum) {
     (void)b;
-    double total = 0;
+    double total = 0, d_scale = (double)grad_scale * (ls ? ls->scale : 1.0f);
     for (int i = 0; i < n; i++) {
         const float *z = logits + (size_t)i * k;
         float zmax = z[0];
@@ -414,7 +414,7 @@ static void cpu_softmax_xent(backend_t *b, int n, int k, const float *logits,
         for (int j = 0; j < k; j++) {
             double p = exp((double)z[j] - log_sum);
             double q = j == labels[i] ? on : off;
-            d[j] = (float)((p - q) * grad_scale / n);
+            d[j] = (float)((p - q) * d_scale / n);
         }
     }
     *loss_sum += (float)total;
@@ -424,8 +424,10 @@ static void cpu_softmax_xent(backend_t *b, int n, int k, const float *logits,
 
 static void cpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf,
                          size_t n, float lr, float momentum, float weight_decay, bool is_nesterov,
-                         float grad_scale) {
+                         float grad_scale, const loss_scale_t *ls) {
     (void)b;
+    if (ls && ls->found_inf) return;
+    if (ls) grad_scale /= ls->scale;
     #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale + weight_decay * params[i];
@@ -433,6 +435,19 @@ static void cpu_sgd_step(backend_t *b, float *params, const float *grads, float 
         momentum_buf[i] = m;
         params[i] -= lr * (is_nesterov ? g + momentum * m : m);
     }
+}
+
+static void cpu_loss_scale_check(backend_t *b, const float *x, size_t n, loss_scale_t *ls) {
+    (void)b;
+    int has_nonfinite = 0;
+    #pragma omp parallel for schedule(static) reduction(| : has_nonfinite) if (n > 32768)
+    for (size_t i = 0; i < n; i++) has_nonfinite |= !isfinite(x[i]);
+    if (has_nonfinite) ls->found_inf = 1;
+}
+
+static void cpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growth_interval) {
+    (void)b;
+    loss_scale_next(ls, growth_interval);
 }
 
 static void cpu_destroy(backend_t *b) {
@@ -468,6 +483,8 @@ static const backend_i cpu_ops = {
     .linear_backward = cpu_linear_backward,
     .softmax_xent = cpu_softmax_xent,
     .sgd_step = cpu_sgd_step,
+    .loss_scale_check = cpu_loss_scale_check,
+    .loss_scale_update = cpu_loss_scale_update,
     .destroy = cpu_destroy,
 };
 

@@ -793,7 +793,8 @@ static void gpu_linear_backward(backend_t *b, int n, int in, int out, const floa
 
 template <typename T>
 __global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t *labels, float smoothing,
-                                    float grad_scale, T *dlogits, float *loss_sum) {
+                                    float grad_scale, const loss_scale_t *ls, T *dlogits, float *loss_sum) {
+    double d_scale = (double)grad_scale * (ls ? ls->scale : 1.0f);
     GRID_STRIDE(i, (size_t)n) {
         const T *z = logits + i * k;
         float zmax = ld(z, 0);
@@ -809,25 +810,29 @@ __global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t
         if (!dlogits) continue;
         for (int j = 0; j < k; j++) {
             double q = j == label ? 1.0 - smoothing + off : off;
-            st(dlogits, i * k + j, (float)((exp((double)ld(z, j) - log_sum) - q) * grad_scale / n));
+            st(dlogits, i * k + j, (float)((exp((double)ld(z, j) - log_sum) - q) * d_scale / n));
         }
     }
 }
 
 static void gpu_softmax_xent(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
-                             float smoothing, float grad_scale, float *dlogits, float *loss_sum) {
+                             float smoothing, float grad_scale, const loss_scale_t *ls, float *dlogits,
+                             float *loss_sum) {
     if (!n) return;
     if (is_low(gpu_of(b), logits))
-        LAUNCH(softmax_xent_kernel<bf16>, (size_t)n, n, k, CLOW(logits), labels, smoothing, grad_scale, LOW(dlogits),
-               loss_sum);
+        LAUNCH(softmax_xent_kernel<bf16>, (size_t)n, n, k, CLOW(logits), labels, smoothing, grad_scale, ls,
+               LOW(dlogits), loss_sum);
     else
-        LAUNCH(softmax_xent_kernel<float>, (size_t)n, n, k, logits, labels, smoothing, grad_scale, dlogits, loss_sum);
+        LAUNCH(softmax_xent_kernel<float>, (size_t)n, n, k, logits, labels, smoothing, grad_scale, ls, dlogits,
+               loss_sum);
 }
 
 /* ---- optimizer: one fused pass over the arenas ---- */
 
 __global__ void sgd_kernel(float *p, const float *grads, float *m, size_t n, float lr, float momentum, float wd,
-                           bool is_nesterov, float grad_scale) {
+                           bool is_nesterov, float grad_scale, const loss_scale_t *ls) {
+    if (ls && ls->found_inf) return; /* GradScaler's skipped step */
+    if (ls) grad_scale /= ls->scale;
     GRID_STRIDE(i, n) {
         float g = grads[i] * grad_scale + wd * p[i];
         float v = momentum * m[i] + g;
@@ -837,8 +842,29 @@ __global__ void sgd_kernel(float *p, const float *grads, float *m, size_t n, flo
 }
 
 static void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                         float momentum, float weight_decay, bool is_nesterov, float grad_scale) {
-    if (n) LAUNCH(sgd_kernel, n, params, grads, momentum_buf, n, lr, momentum, weight_decay, is_nesterov, grad_scale);
+                         float momentum, float weight_decay, bool is_nesterov, float grad_scale,
+                         const loss_scale_t *ls) {
+    if (n)
+        LAUNCH(sgd_kernel, n, params, grads, momentum_buf, n, lr, momentum, weight_decay, is_nesterov, grad_scale, ls);
+}
+
+/* Every thread that sees an inf or a NaN stores the same 1: the race is harmless. */
+__global__ void nonfinite_kernel(const float *x, size_t n, loss_scale_t *ls) {
+    bool is_bad = false;
+    GRID_STRIDE(i, n) is_bad |= !isfinite(x[i]);
+    if (__any_sync(0xffffffffu, is_bad) && (threadIdx.x & 31) == 0) ls->found_inf = 1;
+}
+
+__global__ void loss_scale_update_kernel(loss_scale_t *ls, uint32_t growth_interval) {
+    loss_scale_next(ls, growth_interval);
+}
+
+static void gpu_loss_scale_check(backend_t *b, const float *x, size_t n, loss_scale_t *ls) {
+    if (n) LAUNCH(nonfinite_kernel, n, x, n, ls);
+}
+
+static void gpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growth_interval) {
+    loss_scale_update_kernel<<<1, 1, 0, gpu_of(b)->stream>>>(ls, growth_interval);
 }
 
 /* ---- the model's arenas (bf16 mode) ---- */
@@ -917,6 +943,8 @@ static backend_i make_ops(void) {
     o.linear_backward = gpu_linear_backward;
     o.softmax_xent = gpu_softmax_xent;
     o.sgd_step = gpu_sgd_step;
+    o.loss_scale_check = gpu_loss_scale_check;
+    o.loss_scale_update = gpu_loss_scale_update;
     o.destroy = gpu_destroy;
     return o;
 }
