@@ -206,6 +206,7 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     algo_cache_path(conf, cache, sizeof cache);
     unsigned flags = conf->precision == PRECISION_TF32   ? 1u /* BACKEND_CUDA_TF32 */
                      : conf->precision == PRECISION_BF16 ? 2u /* BACKEND_CUDA_BF16 */
+                     : conf->precision == PRECISION_FP16 ? 4u /* BACKEND_CUDA_FP16 */
                                                          : 0u;
     backend_t *b = create(device, flags, cache[0] ? cache : NULL, err, sizeof err);
     if (!b) trainer_die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
@@ -243,9 +244,6 @@ int main(int argc, char **argv) {
         trainer_die(DDP_EXIT_CONFIG, "precision.mode: %s needs train.backend=cuda (the cpu backend "
                     "is the fp32 reference)", conf.precision == PRECISION_TF32 ? "tf32"
                     : conf.precision == PRECISION_BF16 ? "bf16" : "fp16");
-    if (conf.precision == PRECISION_FP16)
-        trainer_die(DDP_EXIT_CONFIG, "precision.mode: fp16 (with loss scaling) is not implemented "
-                                     "yet; fp32, tf32 and bf16 are");
     data_splits_t data;
     if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);

@@ -249,6 +249,7 @@ def test_the_resnet18_example_reaches_93_percent(ddprun, tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("precision.mode=bf16", "precision.mode: bf16 needs train.backend=cuda"),
     ("precision.mode=tf32", "precision.mode: tf32 needs train.backend=cuda"),
+    ("precision.mode=fp16", "precision.mode: fp16 needs train.backend=cuda"),
     ("train.collective=nccl", "train.collective: nccl needs train.backend=cuda"),
     ("train.collective=gloo", "train.collective: 'gloo' is not one of auto|ring|nccl"),
 ])

@@ -43,7 +43,7 @@ def final_of(metrics):
     return [json.loads(line) for line in open(metrics) if '"final"' in line][-1]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
 def test_shipped_example_converges_on_the_gpu(ddpworker, cuda_lib, tmp_path, precision):
     metrics = tmp_path / "metrics.jsonl"
     r = subprocess.run([ddpworker, os.path.join(ROOT, "docs/examples/fashion-mnist.conf"),
@@ -55,7 +55,7 @@ def test_shipped_example_converges_on_the_gpu(ddpworker, cuda_lib, tmp_path, pre
     assert final_of(metrics)["top1"] >= 0.90, final_of(metrics)
 
 
-@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
 def test_resnet18_reaches_93_percent_on_fashion_mnist(ddpworker, cuda_lib, tmp_path, precision):
     metrics = tmp_path / "metrics.jsonl"
     r = subprocess.run([ddpworker, os.path.join(ROOT, "docs/examples/fashion-mnist-resnet18.conf"),

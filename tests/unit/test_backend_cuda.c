@@ -200,13 +200,17 @@ Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
     model_free(&m[1]);
 }
 
-/* bf16 activations (parameters, gradients and statistics fp32): one step's loss and parameter
- * gradients against the fp32 CPU reference, within bf16's precision. */
-Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
-    SKIP_WITHOUT_GPU();
+/* Narrow activations (parameters, gradients and statistics fp32): one step's loss and parameter
+ * gradients against the fp32 CPU reference, within the narrow type's precision. fp16 runs at a loss
+ * scale of 1024, as its training does, and the gradients are unscaled here. */
+static void resnet18_step_low(unsigned flag, const char *name, double bound) {
     char err[256];
-    backend_t *gpu16 = backend_cuda_create(0, BACKEND_CUDA_BF16, NULL, err, sizeof err);
+    backend_t *gpu16 = backend_cuda_create(0, flag, NULL, err, sizeof err);
     cr_assert_not_null(gpu16, "%s", err);
+    float loss_scale = flag == BACKEND_CUDA_FP16 ? 1024.0f : 1.0f;
+    loss_scale_t start = {.scale = loss_scale};
+    loss_scale_t *ls = gpu16->ops->alloc(gpu16, sizeof *ls);
+    gpu16->ops->to_device(gpu16, ls, &start, sizeof start);
     model_t m[2];
     backend_t *bs[2] = {cpu, gpu16};
     int n = 8;
@@ -220,19 +224,21 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
         b->ops->to_device(b, m[i].labels, labels, sizeof labels);
         model_forward(&m[i], n, true);
         logits[i] = down(b, model_logits(&m[i]), (size_t)n * 10);
-        model_loss(&m[i], n, 0.1f, 1.0f, NULL);
+        model_loss(&m[i], n, 0.1f, 1.0f, i ? ls : NULL);
         loss[i] = (float)model_take_loss(&m[i]);
         model_backward(&m[i], n, NULL, NULL);
         grads[i] = down(b, m[i].grads, m[i].n_params);
     }
-    cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda bf16 %g", loss[0], loss[1]);
-    expect_close(logits[0], logits[1], (size_t)n * 10, 5e-2, "bf16 logits");
-    /* Gradients by relative norm error, overall. bf16 storage alone moves this network's gradients
+    for (size_t j = 0; j < m[1].n_params; j++) grads[1][j] /= loss_scale;
+    cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda %s %g", loss[0], name, loss[1]);
+    expect_close(logits[0], logits[1], (size_t)n * 10, 5e-2, "narrow logits");
+    /* Gradients by relative norm error, overall. Narrow storage alone moves this network's gradients
      * a lot at initialisation: PyTorch, with every activation and activation gradient rounded to
      * bf16 and fp32 math (what this backend does), differs from fp32 by 0.27-0.32 in relative norm
-     * on this network at batch 8 to 64 (tests/interop/bf16_storage_emulation.py); batch norm's
-     * backward cancels most of each gradient, so its rounding error stays. The bound catches a
-     * wrong or missing term (errors near 1); the op tests below catch the rest. */
+     * on this network at batch 8 to 64, and by 0.08-0.12 with fp16 at a scale of 1024
+     * (tests/interop/low_storage_emulation.py); batch norm's backward cancels most of each
+     * gradient, so its rounding error stays. The bound catches a wrong or missing term (errors near
+     * 1); the op tests below catch the rest. */
     double diff2 = 0, ref2 = 0, worst = 0;
     int worst_layer = -1;
     for (int l = 0; l < m[0].n_layers; l++) {
@@ -251,19 +257,32 @@ Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
         }
     }
     double overall = sqrt(diff2 / ref2);
-    fprintf(stderr, "bf16 gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f\n", overall,
+    fprintf(stderr, "%s gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f\n", name, overall,
                 worst_layer, worst_layer >= 0 ? (int)m[0].layers[worst_layer].kind : -1, worst);
-    cr_assert(overall <= 0.4, "bf16 parameter gradients: relative error %g overall (worst layer %d: %g)",
+    cr_assert(overall <= bound, "%s parameter gradients: relative error %g overall (worst layer %d: %g)", name,
               overall, worst_layer, worst);
     model_free(&m[0]);
     model_free(&m[1]);
     gpu16->ops->destroy(gpu16);
 }
 
-/* ---- bf16 op by op: inputs rounded to bf16 on the host, so the GPU's only extra error is the
- * rounding of its bf16 outputs (a few bf16 ulps of the output's scale) ---- */
+Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
+    SKIP_WITHOUT_GPU();
+    resnet18_step_low(BACKEND_CUDA_BF16, "bf16", 0.4);
+}
 
-static float round_bf16(float v) {
+Test(backend_cuda, one_resnet18_step_in_fp16_is_close_to_cpu) {
+    SKIP_WITHOUT_GPU();
+    resnet18_step_low(BACKEND_CUDA_FP16, "fp16", 0.2);
+}
+
+/* ---- bf16 and fp16 op by op: inputs rounded to the narrow type on the host, so the GPU's only
+ * extra error is the rounding of its narrow outputs (a few ulps of the output's scale) ---- */
+
+static unsigned low_flag = BACKEND_CUDA_BF16; /* the narrow type under test */
+
+static float round_low(float v) {
+    if (low_flag == BACKEND_CUDA_FP16) return (float)(_Float16)v; /* to nearest, ties to even */
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     u += 0x7fffu + ((u >> 16) & 1u); /* to nearest, ties to even */
@@ -273,12 +292,12 @@ static float round_bf16(float v) {
 }
 
 static float *rounded(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = round_bf16(p[i]);
+    for (size_t i = 0; i < n; i++) p[i] = round_low(p[i]);
     return p;
 }
 
-/* A bf16 backend with arenas whose tensors are taken in order; weights go to the parameter arena
- * (of which the backend keeps a bf16 copy), everything fp32 elsewhere. */
+/* A narrow backend with arenas whose tensors are taken in order; weights go to the parameter arena
+ * (of which the backend keeps a narrow copy), everything fp32 elsewhere. */
 typedef struct {
     backend_t *b;
     float *arena[3]; /* params, acts, dacts */
@@ -290,7 +309,7 @@ enum { PARAMS, ACTS, DACTS };
 static low_t low_make(void) {
     char err[256];
     low_t l = {0};
-    l.b = backend_cuda_create(0, BACKEND_CUDA_BF16, NULL, err, sizeof err);
+    l.b = backend_cuda_create(0, low_flag, NULL, err, sizeof err);
     cr_assert_not_null(l.b, "%s", err);
     size_t n = (size_t)1 << 20;
     for (int i = 0; i < 3; i++) l.arena[i] = l.b->ops->alloc(l.b, n * sizeof(float));
@@ -305,7 +324,7 @@ static float *low_put(low_t *l, int which, const float *host, size_t n) {
     return p;
 }
 
-static void conv_case_bf16(int n, int h, int w, int c, int k, int size, int stride, int pad) {
+static void conv_case_low(int n, int h, int w, int c, int k, int size, int stride, int pad) {
     conv_shape_t s = {.n = n, .h = h, .w = w, .c = c, .k = k, .r = size, .s = size, .stride = stride,
                       .pad = pad, .oh = (h + 2 * pad - size) / stride + 1, .ow = (w + 2 * pad - size) / stride + 1};
     size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c, ny = (size_t)n * s.oh * s.ow * k;
@@ -329,21 +348,31 @@ static void conv_case_bf16(int n, int h, int w, int c, int k, int size, int stri
     got[0] = down(b, ly, ny);
     got[1] = down(b, ldx, nx);
     got[2] = down(b, ldw, nw);
-    expect_close(want[0], got[0], ny, 1e-2, "bf16 conv forward");
-    expect_close(want[1], got[1], nx, 1e-2, "bf16 conv backward data");
-    expect_close(want[2], got[2], nw, 1e-2, "bf16 conv backward filter");
+    expect_close(want[0], got[0], ny, 1e-2, "narrow conv forward");
+    expect_close(want[1], got[1], nx, 1e-2, "narrow conv backward data");
+    expect_close(want[2], got[2], nw, 1e-2, "narrow conv backward filter");
     b->ops->destroy(b);
+}
+
+static void conv_cases_low(unsigned flag) {
+    low_flag = flag;
+    conv_case_low(4, 9, 7, 3, 8, 3, 1, 1); /* 3 channels: run in fp32 on converted copies */
+    conv_case_low(4, 9, 8, 16, 32, 3, 2, 1);
+    conv_case_low(2, 8, 8, 16, 16, 1, 1, 0);
 }
 
 Test(backend_cuda, conv2d_in_bf16_matches_cpu) {
     SKIP_WITHOUT_GPU();
-    conv_case_bf16(4, 9, 7, 3, 8, 3, 1, 1); /* 3 channels: run in fp32 on converted copies */
-    conv_case_bf16(4, 9, 8, 16, 32, 3, 2, 1);
-    conv_case_bf16(2, 8, 8, 16, 16, 1, 1, 0);
+    conv_cases_low(BACKEND_CUDA_BF16);
 }
 
-Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
+Test(backend_cuda, conv2d_in_fp16_matches_cpu) {
     SKIP_WITHOUT_GPU();
+    conv_cases_low(BACKEND_CUDA_FP16);
+}
+
+static void batchnorm_and_linear_low(unsigned flag) {
+    low_flag = flag;
     size_t rows = 300;
     int c = 24;
     size_t nx = rows * (size_t)c;
@@ -385,12 +414,23 @@ Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
         out[i][7] = down(b, ldw, nw);
         out[i][8] = down(b, ldb, 7);
     }
-    const char *what[9] = {"bf16 bn forward", "bf16 bn running stats", "bf16 bn dx", "bf16 bn dgamma",
-                           "bf16 bn dbeta", "bf16 linear", "bf16 linear dx", "bf16 linear dw", "bf16 linear dbias"};
+    const char *what[9] = {"narrow bn forward", "narrow bn running stats", "narrow bn dx", "narrow bn dgamma",
+                           "narrow bn dbeta", "narrow linear", "narrow linear dx", "narrow linear dw",
+                           "narrow linear dbias"};
     size_t sizes[9] = {nx, 2 * (size_t)c, nx, (size_t)c, (size_t)c, no, nl, nw, 7};
     double tol[9] = {1e-2, 1e-4, 2e-2, 1e-3, 1e-3, 1e-2, 1e-2, 1e-3, 1e-3};
     for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], tol[k], what[k]);
     l.b->ops->destroy(l.b);
+}
+
+Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    batchnorm_and_linear_low(BACKEND_CUDA_BF16);
+}
+
+Test(backend_cuda, batchnorm_and_linear_in_fp16_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    batchnorm_and_linear_low(BACKEND_CUDA_FP16);
 }
 
 /* The loss scaler's ops on the GPU: the same flags, skips and scale sequence as the cpu backend,

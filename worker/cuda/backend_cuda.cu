@@ -9,6 +9,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <math.h>
@@ -39,6 +40,10 @@ static void check_cublas(cublasStatus_t rc, const char *what, const char *file, 
 #define CONV_CACHE 128
 
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+/* The narrow type activations and their gradients are stored in, if any. */
+typedef enum { LOW_NONE, LOW_BF16, LOW_FP16 } low_kind_t;
 
 typedef struct {
     conv_shape_t shape;
@@ -65,18 +70,18 @@ typedef struct {
     size_t bn_partials_len;
     float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
     bool is_tf32;
-    bool is_bf16;          /* activations and their gradients stored in bf16 (BACKEND_CUDA_BF16) */
+    low_kind_t low;        /* activations and their gradients in bf16 or fp16 (BACKEND_CUDA_BF16/FP16) */
     int sm_count;
     /* the model's arenas (mark_arenas): activations are recognised by address */
     const float *params;
     size_t n_params;
     const char *acts, *dacts;
     size_t act_bytes;
-    bf16 *shadow;          /* bf16: the parameters in bf16, refreshed before each forward */
-    bf16 *dw_scratch;      /* bf16: a convolution's filter gradient before it joins the fp32 arena */
-    float *stage;          /* bf16: fp32 staging for uploads and read-backs of activations */
+    void *shadow;          /* low: the parameters in the narrow type, refreshed before each forward */
+    void *dw_scratch;      /* low: a convolution's filter gradient before it joins the fp32 arena */
+    float *stage;          /* low: fp32 staging for uploads and read-backs of activations */
     size_t stage_bytes;
-    float *wide[3];        /* bf16: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
+    float *wide[3];        /* low: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
     size_t wide_bytes[3];
     char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
     char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
@@ -91,17 +96,32 @@ static bool in_range(const void *p, const char *base, size_t n_bytes) {
     return base && (const char *)p >= base && (const char *)p < base + n_bytes;
 }
 
-/* Whether p is an activation (or its gradient) stored in bf16. Every activation tensor keeps the
- * slot of n floats the model gave it; in bf16 its n values fill the first half. */
+/* Whether p is an activation (or its gradient) stored in the narrow type. Every activation tensor
+ * keeps the slot of n floats the model gave it; narrow, its n values fill the first half. */
 static bool is_low(const gpu_t *g, const void *p) {
-    return g->is_bf16 && (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
+    return g->low != LOW_NONE && (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
 }
 
-#define LOW(p) ((bf16 *)(p))
-#define CLOW(p) ((const bf16 *)(p))
+/* Runs the statement with `Low` naming the narrow type of this backend (bf16 or fp16); LOW and
+ * CLOW cast to it. Both types are 2 bytes, so every buffer of them is sized alike. */
+#define WITH_LOW(g, ...) \
+    do { \
+        if ((g)->low == LOW_FP16) { \
+            typedef f16 Low; \
+            __VA_ARGS__; \
+        } else { \
+            typedef bf16 Low; \
+            __VA_ARGS__; \
+        } \
+    } while (0)
+#define LOW(p) ((Low *)(p))
+#define CLOW(p) ((const Low *)(p))
+#define LOW_BYTES 2
 
-/* The bf16 copy of parameters at w (inside the parameter arena). */
-static const bf16 *shadow_of(const gpu_t *g, const float *w) { return g->shadow + (w - g->params); }
+/* The narrow copy of parameters at w (inside the parameter arena). */
+static const void *shadow_of(const gpu_t *g, const float *w) {
+    return (const char *)g->shadow + (size_t)(w - g->params) * LOW_BYTES;
+}
 
 static unsigned blocks_for(size_t n) {
     size_t blocks = (n + 255) / 256;
@@ -146,17 +166,20 @@ static int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
 }
 
 
-/* ---- elementwise kernels (templates over the activation type: float or bf16; math in float) ---- */
+/* ---- elementwise kernels (templates over the activation type: float, bf16 or fp16; math in float) ---- */
 
 #define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
                                i += (size_t)gridDim.x * blockDim.x)
 
 __device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float ld(const f16 *p, size_t i) { return __half2float(p[i]); }
 __device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+__device__ __forceinline__ void st(f16 *p, size_t i, float v) { p[i] = __float2half(v); }
 __device__ __forceinline__ void add_at(float *p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void add_at(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
+__device__ __forceinline__ void add_at(f16 *p, float v) { atomicAdd(p, __float2half(v)); }
 
 template <typename T> __global__ void fill_kernel(T *x, float v, size_t n) { GRID_STRIDE(i, n) st(x, i, v); }
 __global__ void scale_kernel(float *x, float f, size_t n) { GRID_STRIDE(i, n) x[i] *= f; }
@@ -175,12 +198,14 @@ template <typename T> __global__ void accumulate_kernel(const T *dy, T *dx, size
 template <typename S, typename D> __global__ void convert_kernel(const S *x, D *y, size_t n) {
     GRID_STRIDE(i, n) st(y, i, ld(x, i));
 }
-/* an fp32 gradient joins a bf16 one */
-__global__ void add_wide_kernel(const float *x, bf16 *y, size_t n) {
-    GRID_STRIDE(i, n) y[i] = __float2bfloat16(__bfloat162float(y[i]) + x[i]);
+/* an fp32 gradient joins a narrow one */
+template <typename T> __global__ void add_wide_kernel(const float *x, T *y, size_t n) {
+    GRID_STRIDE(i, n) st(y, i, ld(y, i) + x[i]);
 }
-/* a bf16 filter gradient joins the fp32 gradient arena */
-__global__ void add_low_kernel(const bf16 *x, float *y, size_t n) { GRID_STRIDE(i, n) y[i] += __bfloat162float(x[i]); }
+/* a narrow filter gradient joins the fp32 gradient arena */
+template <typename T> __global__ void add_low_kernel(const T *x, float *y, size_t n) {
+    GRID_STRIDE(i, n) y[i] += ld(x, i);
+}
 
 #define LAUNCH(kernel, n, ...) \
     do { \
@@ -194,33 +219,33 @@ static void gpu_fill(backend_t *b, float *x, float v, size_t n) {
     if (v == 0.0f) /* zero is zero in every type, and an activation's slot is n floats wide */
         CHECK_CUDA(cudaMemsetAsync(x, 0, n * sizeof(float), g->stream));
     else if (is_low(g, x))
-        LAUNCH(fill_kernel<bf16>, n, LOW(x), v, n);
+        WITH_LOW(g, LAUNCH(fill_kernel<Low>, n, LOW(x), v, n));
     else
         LAUNCH(fill_kernel<float>, n, x, v, n);
 }
 static void gpu_scale(backend_t *b, float *x, float f, size_t n) { if (n) LAUNCH(scale_kernel, n, x, f, n); }
 static void gpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) {
     if (!n) return;
-    if (is_low(gpu_of(b), x)) LAUNCH(relu_kernel<bf16>, n, CLOW(x), LOW(y), n);
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(relu_kernel<Low>, n, CLOW(x), LOW(y), n));
     else LAUNCH(relu_kernel<float>, n, x, y, n);
 }
 static void gpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n) {
     if (!n) return;
-    if (is_low(gpu_of(b), y)) LAUNCH(relu_backward_kernel<bf16>, n, CLOW(y), CLOW(dy), LOW(dx), n);
+    if (is_low(gpu_of(b), y)) WITH_LOW(gpu_of(b), LAUNCH(relu_backward_kernel<Low>, n, CLOW(y), CLOW(dy), LOW(dx), n));
     else LAUNCH(relu_backward_kernel<float>, n, y, dy, dx, n);
 }
 static void gpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n) {
     if (!n) return;
-    if (is_low(gpu_of(b), x1)) LAUNCH(add_kernel<bf16>, n, CLOW(x1), CLOW(x2), LOW(y), n);
+    if (is_low(gpu_of(b), x1)) WITH_LOW(gpu_of(b), LAUNCH(add_kernel<Low>, n, CLOW(x1), CLOW(x2), LOW(y), n));
     else LAUNCH(add_kernel<float>, n, x1, x2, y, n);
 }
 static void gpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
     if (!n) return;
-    if (is_low(gpu_of(b), dy)) LAUNCH(accumulate_kernel<bf16>, n, CLOW(dy), LOW(dx), n);
+    if (is_low(gpu_of(b), dy)) WITH_LOW(gpu_of(b), LAUNCH(accumulate_kernel<Low>, n, CLOW(dy), LOW(dx), n));
     else LAUNCH(accumulate_kernel<float>, n, dy, dx, n);
 }
 
-/* ---- copies: fp32 on the host side always; bf16 activations are converted on the device ---- */
+/* ---- copies: fp32 on the host side always; narrow activations are converted on the device ---- */
 
 /* Device scratch grown on first use (the first step) and kept. */
 static float *grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
@@ -249,7 +274,7 @@ static void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_byt
     float *s = stage(g, n_bytes);
     CHECK_CUDA(cudaMemcpyAsync(s, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
     size_t n = n_bytes / sizeof(float);
-    LAUNCH((convert_kernel<float, bf16>), n, s, LOW(dst), n);
+    WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), n, s, LOW(dst), n));
 }
 
 static void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
@@ -257,7 +282,7 @@ static void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes
     if (n_bytes && is_low(g, src)) {
         float *s = stage(g, n_bytes);
         size_t n = n_bytes / sizeof(float);
-        LAUNCH((convert_kernel<bf16, float>), n, CLOW(src), s, n);
+        WITH_LOW(g, LAUNCH((convert_kernel<Low, float>), n, CLOW(src), s, n));
         src = s;
     }
     if (n_bytes) CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->stream));
@@ -266,9 +291,9 @@ static void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes
 
 /* ---- convolution (cuDNN, NHWC, KRSC filters) ---- */
 
-/* is_low: bf16 tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32. */
+/* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32. */
 static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
-    cudnnDataType_t t = is_low ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    cudnnDataType_t t = !is_low ? CUDNN_DATA_FLOAT : g->low == LOW_FP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->x_desc, CUDNN_TENSOR_NHWC, t, s->n, s->c, s->h, s->w));
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->y_desc, CUDNN_TENSOR_NHWC, t, s->n, s->k, s->oh, s->ow));
     CHECK_CUDNN(cudnnSetFilter4dDescriptor(g->w_desc, t, CUDNN_TENSOR_NHWC, s->k, s->c, s->r, s->s));
@@ -278,8 +303,10 @@ static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
                                             is_low || g->is_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
 }
 
-/* The arithmetic the algorithm cache is keyed by: 0 fp32, 1 tf32, 2 bf16. */
-static int math_mode(const gpu_t *g) { return g->is_bf16 ? 2 : g->is_tf32 ? 1 : 0; }
+/* The arithmetic the algorithm cache is keyed by: 0 fp32, 1 tf32, 2 bf16, 3 fp16. */
+static int math_mode(const gpu_t *g) {
+    return g->low == LOW_FP16 ? 3 : g->low == LOW_BF16 ? 2 : g->is_tf32 ? 1 : 0;
+}
 
 /* The convolution algorithms: cuDNN's timed search (cudnnFind*, which runs each candidate on
  * scratch memory of its own) the first time a shape is seen, remembered in memory and, when the
@@ -388,15 +415,15 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
     return a;
 }
 
-/* bf16 mode, input channels not a multiple of 8 (a network's first convolution, on 1 or 3
- * channels): cuDNN's bf16 kernels want channel counts in multiples of 8, so such a convolution runs
+/* bf16 or fp16 mode, input channels not a multiple of 8 (a network's first convolution, on 1 or 3
+ * channels): cuDNN's narrow kernels want channel counts in multiples of 8, so such a convolution runs
  * in fp32 on converted copies; it is a small part of the network's work. */
 static bool is_narrow(const conv_shape_t *s) { return s->c % 8 != 0; }
 
 static float *widened(backend_t *b, int slot, const float *low_src, size_t n) {
     gpu_t *g = gpu_of(b);
     float *w = grown(g, &g->wide[slot], &g->wide_bytes[slot], n * sizeof(float));
-    if (low_src) LAUNCH((convert_kernel<bf16, float>), n, CLOW(low_src), w, n);
+    if (low_src) WITH_LOW(g, LAUNCH((convert_kernel<Low, float>), n, CLOW(low_src), w, n));
     return w;
 }
 
@@ -409,7 +436,7 @@ static void narrow_conv_forward(backend_t *b, const conv_shape_t *s, const float
     const float one = 1.0f, zero = 0.0f;
     CHECK_CUDNN(cudnnConvolutionForward(g->cudnn, &one, g->x_desc, x32, g->w_desc, w, g->conv_desc, a->fwd,
                                         g->workspace, g->workspace_bytes, &zero, g->y_desc, y32));
-    LAUNCH((convert_kernel<float, bf16>), ny, y32, LOW(y), ny);
+    WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), ny, y32, LOW(y), ny));
 }
 
 static void narrow_conv_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
@@ -428,7 +455,7 @@ static void narrow_conv_backward(backend_t *b, const conv_shape_t *s, const floa
     CHECK_CUDNN(cudnnConvolutionBackwardData(g->cudnn, &one, g->w_desc, w, g->y_desc, dy32, g->conv_desc,
                                              a->bwd_data, g->workspace, g->workspace_bytes, &zero, g->x_desc,
                                              dx32));
-    LAUNCH(add_wide_kernel, nx, dx32, LOW(dx), nx);
+    WITH_LOW(g, LAUNCH(add_wide_kernel<Low>, nx, dx32, LOW(dx), nx));
 }
 
 static void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
@@ -457,13 +484,13 @@ static void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
     describe_conv(g, s, low);
     const conv_algos_t *a = conv_algos(g, s);
     const float one = 1.0f, zero = 0.0f; /* beta 1: accumulate, as backend_i asks */
-    if (low) { /* cuDNN's filter gradient has the filter's type: bf16 first, then into the fp32 arena */
-        bf16 *dw_low = g->dw_scratch + (w - g->params);
+    if (low) { /* cuDNN's filter gradient has the filter's type: narrow first, then into the fp32 arena */
+        void *dw_low = (char *)g->dw_scratch + (size_t)(w - g->params) * LOW_BYTES;
         size_t n_w = (size_t)s->k * s->r * s->s * s->c;
         CHECK_CUDNN(cudnnConvolutionBackwardFilter(g->cudnn, &one, g->x_desc, x, g->y_desc, dy, g->conv_desc,
                                                    a->bwd_filter, g->workspace, g->workspace_bytes, &zero,
                                                    g->w_desc, dw_low));
-        LAUNCH(add_low_kernel, n_w, dw_low, dw, n_w);
+        WITH_LOW(g, LAUNCH(add_low_kernel<Low>, n_w, CLOW(dw_low), dw, n_w));
     } else {
         CHECK_CUDNN(cudnnConvolutionBackwardFilter(g->cudnn, &one, g->x_desc, x, g->y_desc, dy, g->conv_desc,
                                                    a->bwd_filter, g->workspace, g->workspace_bytes, &one,
@@ -537,7 +564,8 @@ static void bn_reduce(gpu_t *g, int mode, size_t rows, int c, int chunks, const 
     dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
     float *p1 = g->bn_partials, *p2 = g->bn_partials + (size_t)chunks * c;
     if (is_low(g, x))
-        bn_partials_kernel<bf16><<<grid, block, 0, g->stream>>>(mode, rows, c, CLOW(x), CLOW(dy), mean, invstd, p1, p2);
+        WITH_LOW(g, bn_partials_kernel<Low><<<grid, block, 0, g->stream>>>(mode, rows, c, CLOW(x), CLOW(dy), mean,
+                                                                          invstd, p1, p2));
     else
         bn_partials_kernel<float><<<grid, block, 0, g->stream>>>(mode, rows, c, x, dy, mean, invstd, p1, p2);
     CHECK_CUDA(cudaGetLastError());
@@ -590,7 +618,7 @@ static void bn_apply(backend_t *b, size_t rows, int c, const float *x, const flo
                      const float *var, float eps, const float *gamma, const float *beta, float *y) {
     size_t n = rows * c;
     if (is_low(gpu_of(b), x))
-        LAUNCH(bn_apply_kernel<bf16>, n, n, c, CLOW(x), mean, invstd, var, eps, gamma, beta, LOW(y));
+        WITH_LOW(gpu_of(b), LAUNCH(bn_apply_kernel<Low>, n, n, c, CLOW(x), mean, invstd, var, eps, gamma, beta, LOW(y)));
     else
         LAUNCH(bn_apply_kernel<float>, n, n, c, x, mean, invstd, var, eps, gamma, beta, y);
 }
@@ -604,8 +632,9 @@ static void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
     int chunks = bn_chunks(g, rows, c);
     bn_reduce(g, 0, rows, c, chunks, x, NULL, NULL, NULL);
     if (is_low(g, x))
-        bn_stats_kernel<bf16><<<c, 32, 0, g->stream>>>(c, chunks, rows, CLOW(x), g->bn_partials, save_mean,
-                                                       save_invstd, running_mean, running_var, momentum, eps);
+        WITH_LOW(g, bn_stats_kernel<Low><<<c, 32, 0, g->stream>>>(c, chunks, rows, CLOW(x), g->bn_partials, save_mean,
+                                                                  save_invstd, running_mean, running_var, momentum,
+                                                                  eps));
     else
         bn_stats_kernel<float><<<c, 32, 0, g->stream>>>(c, chunks, rows, x, g->bn_partials, save_mean,
                                                         save_invstd, running_mean, running_var, momentum, eps);
@@ -657,8 +686,8 @@ static void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
     CHECK_CUDA(cudaGetLastError());
     size_t n = rows * c;
     if (is_low(g, x))
-        LAUNCH(bn_backward_dx_kernel<bf16>, n, n, rows, c, CLOW(x), CLOW(dy), gamma, save_mean, save_invstd, sums,
-               LOW(dx));
+        WITH_LOW(g, LAUNCH(bn_backward_dx_kernel<Low>, n, n, rows, c, CLOW(x), CLOW(dy), gamma, save_mean, save_invstd,
+                           sums, LOW(dx)));
     else
         LAUNCH(bn_backward_dx_kernel<float>, n, n, rows, c, x, dy, gamma, save_mean, save_invstd, sums, dx);
 }
@@ -697,7 +726,7 @@ __global__ void maxpool_backward_kernel(pool_shape_t s, const int32_t *argmax, c
 static void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax) {
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), x)) LAUNCH(maxpool_kernel<bf16>, n, *s, CLOW(x), LOW(y), argmax);
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_kernel<Low>, n, *s, CLOW(x), LOW(y), argmax));
     else LAUNCH(maxpool_kernel<float>, n, *s, x, y, argmax);
 }
 
@@ -705,7 +734,7 @@ static void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int3
                                  float *dx) {
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), dy)) LAUNCH(maxpool_backward_kernel<bf16>, n, *s, argmax, CLOW(dy), LOW(dx));
+    if (is_low(gpu_of(b), dy)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_backward_kernel<Low>, n, *s, argmax, CLOW(dy), LOW(dx)));
     else LAUNCH(maxpool_backward_kernel<float>, n, *s, argmax, dy, dx);
 }
 
@@ -727,19 +756,24 @@ template <typename T> __global__ void avgpool_backward_kernel(int n, int hw, int
 
 static void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y) {
     if (!n || !c) return;
-    if (is_low(gpu_of(b), x)) LAUNCH(avgpool_kernel<bf16>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y));
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_kernel<Low>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y)));
     else LAUNCH(avgpool_kernel<float>, (size_t)n * c, n, hw, c, x, y);
 }
 
 static void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx) {
     if (!n || !c) return;
-    if (is_low(gpu_of(b), dy)) LAUNCH(avgpool_backward_kernel<bf16>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx));
+    if (is_low(gpu_of(b), dy))
+        WITH_LOW(gpu_of(b), LAUNCH(avgpool_backward_kernel<Low>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx)));
     else LAUNCH(avgpool_backward_kernel<float>, (size_t)n * hw * c, n, hw, c, dy, dx);
 }
 
 /* ---- linear (cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose) ----
- * bf16: activations and the weights' bf16 copy in, float accumulation; the weight gradient is
- * written straight into the fp32 arena (cuBLAS mixes bf16 inputs with an fp32 output). */
+ * bf16/fp16: activations and the weights' narrow copy in, float accumulation; the weight gradient
+ * is written straight into the fp32 arena (cuBLAS mixes narrow inputs with an fp32 output). */
+
+static cudaDataType_t blas_type(const gpu_t *g, bool is_low) {
+    return !is_low ? CUDA_R_32F : g->low == LOW_FP16 ? CUDA_R_16F : CUDA_R_16BF;
+}
 
 template <typename T> __global__ void broadcast_rows_kernel(const float *bias, T *y, int n, int out) {
     GRID_STRIDE(i, (size_t)n * out) st(y, i, bias[i % out]);
@@ -767,9 +801,9 @@ static void gpu_linear_forward(backend_t *b, int n, int in, int out, const float
                                const float *bias, float *y) {
     gpu_t *g = gpu_of(b);
     bool low = is_low(g, x);
-    cudaDataType_t t = low ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t t = blas_type(g, low);
     const void *weights = low ? (const void *)shadow_of(g, w) : (const void *)w;
-    if (low) LAUNCH(broadcast_rows_kernel<bf16>, (size_t)n * out, bias, LOW(y), n, out);
+    if (low) WITH_LOW(g, LAUNCH(broadcast_rows_kernel<Low>, (size_t)n * out, bias, LOW(y), n, out));
     else LAUNCH(broadcast_rows_kernel<float>, (size_t)n * out, bias, y, n, out);
     /* y^T (out, n) += W (out, in) . x^T (in, n) */
     gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, weights, t, in, x, t, in, y, t, out);
@@ -779,10 +813,10 @@ static void gpu_linear_backward(backend_t *b, int n, int in, int out, const floa
                                 const float *dy, float *dx, float *dw, float *dbias) {
     gpu_t *g = gpu_of(b);
     bool low = is_low(g, x);
-    cudaDataType_t t = low ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t t = blas_type(g, low);
     /* dW^T (in, out) += x^T (in, n) . dy (n, out) */
     gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, t, in, dy, t, out, dw, CUDA_R_32F, in);
-    if (low) LAUNCH(column_sums_kernel<bf16>, (size_t)out, CLOW(dy), dbias, n, out);
+    if (low) WITH_LOW(g, LAUNCH(column_sums_kernel<Low>, (size_t)out, CLOW(dy), dbias, n, out));
     else LAUNCH(column_sums_kernel<float>, (size_t)out, dy, dbias, n, out);
     /* dx^T (in, n) += W^T (in, out) . dy^T (out, n) */
     const void *weights = low ? (const void *)shadow_of(g, w) : (const void *)w;
@@ -820,8 +854,8 @@ static void gpu_softmax_xent(backend_t *b, int n, int k, const float *logits, co
                              float *loss_sum) {
     if (!n) return;
     if (is_low(gpu_of(b), logits))
-        LAUNCH(softmax_xent_kernel<bf16>, (size_t)n, n, k, CLOW(logits), labels, smoothing, grad_scale, ls,
-               LOW(dlogits), loss_sum);
+        WITH_LOW(gpu_of(b), LAUNCH(softmax_xent_kernel<Low>, (size_t)n, n, k, CLOW(logits), labels, smoothing,
+                                   grad_scale, ls, LOW(dlogits), loss_sum));
     else
         LAUNCH(softmax_xent_kernel<float>, (size_t)n, n, k, logits, labels, smoothing, grad_scale, ls, dlogits,
                loss_sum);
@@ -867,7 +901,7 @@ static void gpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growt
     loss_scale_update_kernel<<<1, 1, 0, gpu_of(b)->stream>>>(ls, growth_interval);
 }
 
-/* ---- the model's arenas (bf16 mode) ---- */
+/* ---- the model's arenas (bf16 and fp16 modes) ---- */
 
 static int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts) {
     gpu_t *g = gpu_of(b);
@@ -876,8 +910,8 @@ static int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *
     g->acts = (const char *)acts;
     g->dacts = (const char *)dacts;
     g->act_bytes = n_acts * sizeof(float);
-    if (!g->is_bf16) return 0;
-    size_t bytes = (n_params ? n_params : 1) * sizeof(bf16);
+    if (g->low == LOW_NONE) return 0;
+    size_t bytes = (n_params ? n_params : 1) * LOW_BYTES;
     if (cudaMalloc(&g->shadow, bytes) != cudaSuccess || cudaMalloc(&g->dw_scratch, bytes) != cudaSuccess) {
         cudaGetLastError();
         return -12; /* -ENOMEM */
@@ -888,7 +922,8 @@ static int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *
 /* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
 static void gpu_prepare_forward(backend_t *b) {
     gpu_t *g = gpu_of(b);
-    if (g->is_bf16 && g->n_params) LAUNCH((convert_kernel<float, bf16>), g->n_params, g->params, g->shadow, g->n_params);
+    if (g->low != LOW_NONE && g->n_params)
+        WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), g->n_params, g->params, LOW(g->shadow), g->n_params));
 }
 
 static void gpu_destroy(backend_t *b) {
@@ -983,11 +1018,11 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     CHECK_CUBLAS(cublasCreate(&g->cublas));
     CHECK_CUBLAS(cublasSetStream(g->cublas, g->stream));
     g->is_tf32 = flags & BACKEND_CUDA_TF32;
-    g->is_bf16 = flags & BACKEND_CUDA_BF16;
+    g->low = flags & BACKEND_CUDA_FP16 ? LOW_FP16 : flags & BACKEND_CUDA_BF16 ? LOW_BF16 : LOW_NONE;
     /* fp32 means fp32 unless TF32 was asked for */
-    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32   ? CUBLAS_TF32_TENSOR_OP_MATH
-                                              : g->is_bf16 ? CUBLAS_DEFAULT_MATH
-                                                           : CUBLAS_PEDANTIC_MATH));
+    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32              ? CUBLAS_TF32_TENSOR_OP_MATH
+                                              : g->low != LOW_NONE ? CUBLAS_DEFAULT_MATH
+                                                                   : CUBLAS_PEDANTIC_MATH));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->x_desc));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->y_desc));
     CHECK_CUDNN(cudnnCreateFilterDescriptor(&g->w_desc));
