@@ -68,6 +68,31 @@ static void open_metrics(trainer_t *t, bool is_resumed) {
                     t->conf->metrics_file, strerror(errno));
 }
 
+/* The datasets where augment_batch reads them: on a GPU, uploaded once (uint8, so even CIFAR's
+ * 150 MB is cheap); the cpu backend reads the host's arrays. */
+static void place_data(trainer_t *t) {
+    backend_t *b = t->backend;
+    const dataset_t *splits[2] = {&t->data->train, &t->data->test};
+    t->is_uploaded = b->ops->is_device(b, t->model.params);
+    for (int s = 0; s < 2; s++) {
+        const dataset_t *d = splits[s];
+        if (!t->is_uploaded) {
+            t->images[s] = d->images;
+            t->labels[s] = d->labels;
+            continue;
+        }
+        size_t n_bytes = (size_t)d->n * d->h * d->w * d->c;
+        uint8_t *images = b->ops->alloc(b, n_bytes), *labels = b->ops->alloc(b, (size_t)d->n);
+        if (!images || !labels)
+            trainer_die(DDP_EXIT_BUG, "out of GPU memory for the %s set (%zu bytes)",
+                        s ? "test" : "training", n_bytes);
+        b->ops->to_device(b, images, d->images, n_bytes);
+        b->ops->to_device(b, labels, d->labels, (size_t)d->n);
+        t->images[s] = images;
+        t->labels[s] = labels;
+    }
+}
+
 static void init_loss_scale(trainer_t *t) {
     const train_conf_t *c = t->conf;
     if (c->loss_scaling == LOSS_SCALING_OFF ||
@@ -125,10 +150,11 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                                                                                     : by_epochs;
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
-    size_t sample = (size_t)tr->h * tr->w * tr->c;
-    t->host_batch = xcalloc((size_t)conf->batch_size * sample, sizeof(float), "the input batch");
     t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the labels");
+    t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
+    t->jobs = backend->ops->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
+    if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
+    place_data(t);
     t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
     init_loss_scale(t);
     if (t->world > 1) {
@@ -152,27 +178,30 @@ void trainer_free(trainer_t *t) {
     if (t->loss_scale) t->backend->ops->release(t->backend, t->loss_scale);
     model_free(&t->model);
     sampler_free(&t->sampler);
-    free(t->host_batch);
-    free(t->host_labels);
+    for (int s = 0; s < 2 && t->is_uploaded; s++) {
+        t->backend->ops->release(t->backend, t->images[s]);
+        t->backend->ops->release(t->backend, t->labels[s]);
+    }
+    if (t->jobs) t->backend->ops->release(t->backend, t->jobs);
+    free(t->host_jobs);
     free(t->indices);
     free(t->host_logits);
     if (t->metrics) fclose(t->metrics);
     memset(t, 0, sizeof *t);
 }
 
-/* The samples at indices[0..n) of dataset d, augmented, into the model's input and labels. */
-static void load_batch(trainer_t *t, const dataset_t *d, const augment_t *aug, int64_t epoch,
+/* The samples at indices[0..n) of split 0 (train) or 1 (test), augmented, into the model's input
+ * and labels. The host only makes the choices; the backend moves the pixels where they live. */
+static void load_batch(trainer_t *t, int split, const augment_t *aug, int64_t epoch,
                        const int64_t *indices, int n) {
-    size_t sample = (size_t)d->h * d->w * d->c;
-    for (int i = 0; i < n; i++) {
-        int64_t index = indices[i];
-        augment_sample(aug, epoch, index, d->images + sample * (size_t)index, d->h, d->w, d->c,
-                       t->host_batch + sample * (size_t)i);
-        t->host_labels[i] = d->labels[index];
-    }
+    const dataset_t *d = split ? &t->data->test : &t->data->train;
+    for (int i = 0; i < n; i++)
+        t->host_jobs[i] = (augment_job_t){.index = indices[i],
+                                          .choice = augment_choose(aug, epoch, indices[i])};
     const backend_i *o = t->backend->ops;
-    o->to_device(t->backend, model_input(&t->model), t->host_batch, sample * (size_t)n * sizeof(float));
-    o->to_device(t->backend, t->model.labels, t->host_labels, (size_t)n * sizeof(int32_t));
+    o->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
+    o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
+                     augment_norm(aug, d->c), model_input(&t->model), t->model.labels);
 }
 
 int trainer_step(trainer_t *t) {
@@ -180,7 +209,7 @@ int trainer_step(trainer_t *t) {
     int64_t left = sampler_rank_count(&t->sampler, t->cursor);
     int n = (int)(left < c->batch_size ? left : c->batch_size);
     for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
-    load_batch(t, &t->data->train, &t->augment_train, t->epoch, t->indices, n);
+    load_batch(t, 0, &t->augment_train, t->epoch, t->indices, n);
 
     model_t *m = &t->model;
     model_forward(m, n, true);
@@ -228,14 +257,14 @@ eval_result_t trainer_evaluate(trainer_t *t) {
     for (int64_t pos = t->rank; pos < d->n;) {
         int n = 0;
         for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
-        load_batch(t, d, &t->augment_eval, 0, indices, n);
+        load_batch(t, 1, &t->augment_eval, 0, indices, n);
         model_forward(m, n, false);
         progress_beat();
         t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
                                  (size_t)n * k * sizeof(float));
         for (int i = 0; i < n; i++) {
             const float *z = t->host_logits + (size_t)i * k;
-            int label = t->host_labels[i];
+            int label = d->labels[indices[i]];
             double zmax = z[0], sum_exp = 0;
             for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
             for (int j = 0; j < k; j++) sum_exp += exp(z[j] - zmax);

@@ -37,9 +37,12 @@ typedef struct {
     grad_sync_t sync;
     bool has_sync;
     loss_scale_t *loss_scale; /* the backend's copy of the dynamic loss scale; NULL: no scaling */
-    float *host_batch;       /* (batch, H, W, C) fp32, assembled here then copied to the backend */
-    int32_t *host_labels;
+    /* the train [0] and test [1] images and labels where the backend reads them: uploaded once to
+     * a GPU (is_uploaded), the host's own on the cpu backend */
+    uint8_t *images[2], *labels[2];
+    bool is_uploaded;
     int64_t *indices;        /* (batch) dataset indices of the batch being assembled */
+    augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
     float *host_logits;      /* (batch, classes), evaluation */
     FILE *metrics;           /* rank 0, or NULL */
     int64_t steps_per_epoch, total_steps;

@@ -81,6 +81,17 @@ def start_job(ddprun, conf, snap_dir, *extra, nproc=2, nnodes=None, port=None, r
                             env=clean_env(), start_new_session=True)
 
 
+def read_until_step(job, step):
+    """The job's output up to rank 0's progress line for `step`: the workers are training (with
+    their signal handlers in place) and far from done, however fast the build."""
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if f" step {step}/" in line:
+            return "".join(seen)
+    pytest.fail("the job ended before step %d:\n%s" % (step, "".join(seen)))
+
+
 def run_job(ddprun, conf, snap_dir, *extra, timeout=300, **kw):
     p = start_job(ddprun, conf, snap_dir, *extra, **kw)
     out, _ = p.communicate(timeout=timeout)
@@ -203,13 +214,9 @@ def test_sigterm_takes_a_snapshot_at_the_next_step_and_the_rerun_continues_exact
     want = reference(ddprun, ddpworker, conf, tmp_path)
     snap = tmp_path / "preempted"
     job = start_job(ddprun, conf, snap, "snapshot.every=1000")  # only the signal's snapshot
-    deadline = time.monotonic() + 60
-    while len(workers_of(conf)) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(1.0)                                       # some steps in
+    before = read_until_step(job, 8)
     job.send_signal(signal.SIGTERM)
-    out, _ = job.communicate(timeout=60)
+    out = before + job.communicate(timeout=60)[0]
     assert job.returncode == 128 + signal.SIGTERM, out
     assert re.search(r"signal 15: snapshot at step \d+ taken", out), out
     steps = snapshot_steps(snap)
@@ -225,13 +232,9 @@ def test_sigusr1_to_one_worker_snapshots_and_the_job_resumes_from_there(ddprun, 
     want = reference(ddprun, ddpworker, conf, tmp_path)
     snap = tmp_path / "checkpointed"
     job = start_job(ddprun, conf, snap, "snapshot.every=1000")
-    deadline = time.monotonic() + 60
-    while len(workers_of(conf)) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(1.0)
+    before = read_until_step(job, 8)
     os.kill(workers_of(conf)[-1], signal.SIGUSR1)
-    out, _ = job.communicate(timeout=120)
+    out = before + job.communicate(timeout=120)[0]
     assert job.returncode == 0, out
     match = re.search(r"signal 10: snapshot at step (\d+) taken", out)
     assert match, out

@@ -493,3 +493,58 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
     expect_close(dl[0], dl[1], (size_t)rows * k, 1e-5, "scaled softmax-xent gradient");
     cr_assert_gt(fabsf(dl[1][0]), 1.0f, "the scale was applied");
 }
+
+/* The data path on the GPU gives the cpu backend's bits: fp32 output exactly, and a narrow output
+ * is the fp32 value rounded once (the same as uploading the host's batch). */
+Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
+    SKIP_WITHOUT_GPU();
+    int h = 32, w = 32, c = 3, samples = 100, n = 64;
+    size_t per = (size_t)h * w * c;
+    uint8_t *images = malloc(per * samples), labels[100];
+    for (size_t i = 0; i < per * samples; i++) images[i] = (uint8_t)(rng_next(&seed) >> 56);
+    for (int i = 0; i < samples; i++) labels[i] = (uint8_t)(i % 10);
+    augment_t a = {.is_random = true, .padding = 4, .seed = 9};
+    for (int k = 0; k < c; k++) {
+        a.mean[k] = 0.4914f - 0.01f * (float)k;
+        a.std[k] = 0.247f + 0.002f * (float)k;
+    }
+    augment_job_t jobs[64];
+    for (int i = 0; i < n; i++) {
+        jobs[i].index = (i * 13 + 5) % samples;
+        jobs[i].choice = augment_choose(&a, 2, jobs[i].index);
+    }
+    augment_norm_t norm = augment_norm(&a, c);
+    float *want = malloc(per * n * sizeof *want), *got = malloc(per * n * sizeof *got);
+    int32_t want_labels[64], got_labels[64];
+    cpu->ops->augment_batch(cpu, images, labels, h, w, c, jobs, n, norm, want, want_labels);
+    unsigned flags[3] = {0, BACKEND_CUDA_BF16, BACKEND_CUDA_FP16};
+    for (int f = 0; f < 3; f++) {
+        low_flag = flags[f] ? flags[f] : BACKEND_CUDA_BF16;
+        low_t l = low_make();
+        if (!flags[f]) { /* an fp32 backend: the op's output is plain device memory */
+            l.b->ops->destroy(l.b);
+            l.b = gpu;
+        }
+        backend_t *b = l.b;
+        uint8_t *d_images = b->ops->alloc(b, per * samples), *d_labels = b->ops->alloc(b, samples);
+        augment_job_t *d_jobs = b->ops->alloc(b, sizeof jobs);
+        int32_t *d_out_labels = b->ops->alloc(b, sizeof got_labels);
+        b->ops->to_device(b, d_images, images, per * samples);
+        b->ops->to_device(b, d_labels, labels, samples);
+        b->ops->to_device(b, d_jobs, jobs, sizeof jobs);
+        float *out = flags[f] ? l.arena[ACTS] : b->ops->alloc(b, per * n * sizeof(float));
+        b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, out, d_out_labels);
+        b->ops->to_host(b, got, out, per * n * sizeof(float));
+        b->ops->to_host(b, got_labels, d_out_labels, sizeof got_labels);
+        for (size_t i = 0; i < per * n; i++) {
+            float expect = flags[f] ? round_low(want[i]) : want[i];
+            cr_assert(memcmp(&got[i], &expect, sizeof expect) == 0, "flags %u value %zu: cpu %.9g cuda %.9g",
+                      flags[f], i, expect, got[i]);
+        }
+        cr_assert(memcmp(got_labels, want_labels, sizeof got_labels) == 0, "labels, flags %u", flags[f]);
+        if (flags[f]) b->ops->destroy(b);
+    }
+    free(images);
+    free(want);
+    free(got);
+}

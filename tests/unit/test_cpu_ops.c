@@ -420,3 +420,35 @@ Test(cpu_ops, softmax_xent_multiplies_the_gradient_by_the_loss_scale) {
     for (int i = 0; i < 6; i++) cr_assert_eq(ds[i], d[i] * 65536.0f);
     b->ops->destroy(b);
 }
+
+/* The batch op is augment_sample per job, labels gathered alongside, in any order of indices. */
+Test(cpu_ops, augment_batch_is_augment_sample_per_job) {
+    backend_t *b = backend_cpu_create(2);
+    int h = 6, w = 5, c = 3, samples = 40, n = 24;
+    size_t per = (size_t)h * w * c;
+    uint8_t *images = malloc(per * samples), labels[40];
+    for (size_t i = 0; i < per * samples; i++) images[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < samples; i++) labels[i] = (uint8_t)(i % 10);
+    augment_t a = {.is_random = true, .padding = 2, .seed = 5};
+    for (int k = 0; k < c; k++) {
+        a.mean[k] = 0.25f * (float)k;
+        a.std[k] = 0.3f + 0.1f * (float)k;
+    }
+    augment_job_t jobs[24];
+    for (int i = 0; i < n; i++) {
+        jobs[i].index = (i * 7) % samples;
+        jobs[i].choice = augment_choose(&a, 3, jobs[i].index);
+    }
+    float *out = malloc(per * n * sizeof *out), *want = malloc(per * sizeof *want);
+    int32_t got_labels[24];
+    b->ops->augment_batch(b, images, labels, h, w, c, jobs, n, augment_norm(&a, c), out, got_labels);
+    for (int i = 0; i < n; i++) {
+        augment_sample(&a, 3, jobs[i].index, images + per * (size_t)jobs[i].index, h, w, c, want);
+        cr_assert(memcmp(out + per * (size_t)i, want, per * sizeof *want) == 0, "sample %d", i);
+        cr_assert_eq(got_labels[i], labels[jobs[i].index]);
+    }
+    free(images);
+    free(out);
+    free(want);
+    b->ops->destroy(b);
+}

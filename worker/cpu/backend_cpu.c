@@ -450,6 +450,19 @@ static void cpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growt
     loss_scale_next(ls, growth_interval);
 }
 
+static void cpu_augment_batch(backend_t *b, const uint8_t *images, const uint8_t *labels, int h,
+                              int w, int c, const augment_job_t *jobs, int n, augment_norm_t norm,
+                              float *out, int32_t *labels_out) {
+    (void)b;
+    size_t sample = (size_t)h * w * c;
+    #pragma omp parallel for schedule(static) if (n > 16)
+    for (int i = 0; i < n; i++) {
+        augment_apply(&jobs[i].choice, &norm, images + sample * (size_t)jobs[i].index, h, w, c,
+                      out + sample * (size_t)i);
+        labels_out[i] = labels[jobs[i].index];
+    }
+}
+
 static void cpu_destroy(backend_t *b) {
     cpu_t *c = cpu_of(b);
     free(c->workspace);
@@ -485,6 +498,7 @@ static const backend_i cpu_ops = {
     .sgd_step = cpu_sgd_step,
     .loss_scale_check = cpu_loss_scale_check,
     .loss_scale_update = cpu_loss_scale_update,
+    .augment_batch = cpu_augment_batch,
     .destroy = cpu_destroy,
 };
 
