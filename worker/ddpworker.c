@@ -1,11 +1,13 @@
 /* ddpworker: the trainer `ddprun ... train.conf` runs, one process per rank. Reads the rank and
  * the job's store from torchrun's environment (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT, TORCHELASTIC_RUN_ID, DDPRUN_ATTEMPT; without them it is a world of one), loads
- * train.conf and the data, builds the collective and the CPU backend, and trains. Exit codes
+ * train.conf, builds the backend (cpu, or cuda from libddpworker_cuda.so) and the collective while
+ * the data loads on a thread of its own, and trains. Exit codes
  * (proto/exit_codes.h) tell the agent whether a restart can help. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,21 @@ static const char usage[] =
     "       ddpworker inspect FILE   a snapshot's header, checksums and state hash\n"
     "Run by `ddprun [options] train.conf`, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...;\n"
     "run directly it trains as a world of one.\n";
+
+/* The datasets, loaded on a thread of their own: decompressing Fashion-MNIST takes ~0.2 s, which
+ * then overlaps the GPU's start and the collective's rendezvous instead of preceding them. */
+typedef struct {
+    const train_conf_t *conf;
+    data_splits_t data;
+    char err[1024];
+    int rc;
+} data_load_t;
+
+static void *load_data(void *arg) {
+    data_load_t *l = arg;
+    l->rc = data_splits_load(l->conf, &l->data, l->err, sizeof l->err);
+    return NULL;
+}
 
 /* An integer from the environment, or def when unset; a malformed one is a launcher bug. */
 static long env_long(const char *name, long def, long min, long max) {
@@ -244,16 +261,21 @@ int main(int argc, char **argv) {
         trainer_die(DDP_EXIT_CONFIG, "precision.mode: %s needs train.backend=cuda (the cpu backend "
                     "is the fp32 reference)", conf.precision == PRECISION_TF32 ? "tf32"
                     : conf.precision == PRECISION_BF16 ? "bf16" : "fp16");
-    data_splits_t data;
-    if (data_splits_load(&conf, &data, err, sizeof err) < 0) {
-        fprintf(stderr, "ddpworker: rank %d: %s\n", rank, err);
-        return DDP_EXIT_DATA;
-    }
+    data_load_t load = {.conf = &conf};
+    pthread_t loader;
+    bool is_loading = pthread_create(&loader, NULL, load_data, &load) == 0;
+    if (!is_loading) load_data(&load);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
     backend_t *backend = make_backend(&conf, threads);
     comm_t *comm = make_comm(rank, world, local_world, &conf, backend);
+    if (is_loading) pthread_join(loader, NULL);
+    if (load.rc < 0) {
+        fprintf(stderr, "ddpworker: rank %d: %s\n", rank, load.err);
+        return DDP_EXIT_DATA;
+    }
+    data_splits_t data = load.data;
 
     trainer_t t;
     trainer_init(&t, &conf, &data, backend, comm);
