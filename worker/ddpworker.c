@@ -273,6 +273,8 @@ int main(int argc, char **argv) {
     if (is_loading) pthread_join(loader, NULL);
     if (load.rc < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, load.err);
+        comm->ops->destroy(comm);
+        backend->ops->destroy(backend);
         return DDP_EXIT_DATA;
     }
     data_splits_t data = load.data;
