@@ -195,7 +195,9 @@ static double uniform(uint64_t *state, double bound) {
     return ((double)(rng_next(state) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * bound;
 }
 
+/* Each layer draws from its own stream, so layers fill in parallel with the same values. */
 static void init_params(const model_t *m, uint64_t seed, float *params, float *buffers) {
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *l = &m->layers[i];
         float *p = params + l->param_offset;
@@ -243,7 +245,7 @@ static size_t workspace_bytes(const model_t *m) {
 }
 
 int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, int w, int c,
-               int classes, int batch_max, uint64_t seed, char *err, size_t err_len) {
+               int classes, int batch_max, char *err, size_t err_len) {
     memset(m, 0, sizeof *m);
     m->backend = bk;
     snprintf(m->name, sizeof m->name, "%s", name);
@@ -259,8 +261,6 @@ int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, in
         return -1;
     }
     const backend_i *o = bk->ops;
-    float *host_params = calloc(m->n_params, sizeof(float));
-    float *host_buffers = calloc(m->n_buffers + 1, sizeof(float));
     m->params = o->alloc(bk, m->n_params * sizeof(float));
     m->grads = o->alloc(bk, m->n_params * sizeof(float));
     m->momentum = o->alloc(bk, m->n_params * sizeof(float));
@@ -270,27 +270,34 @@ int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, in
     m->scratch = o->alloc(bk, m->n_scratch * sizeof(float));
     m->labels = o->alloc(bk, (size_t)batch_max * sizeof(int32_t));
     m->loss_sum = o->alloc(bk, sizeof(float));
-    if (!host_params || !host_buffers || !m->params || !m->grads || !m->momentum || !m->buffers ||
-        !m->acts || !m->dacts || !m->scratch || !m->labels || !m->loss_sum ||
-        o->reserve_workspace(bk, workspace_bytes(m)) < 0) {
+    if (!m->params || !m->grads || !m->momentum || !m->buffers || !m->acts || !m->dacts ||
+        !m->scratch || !m->labels || !m->loss_sum || o->reserve_workspace(bk, workspace_bytes(m)) < 0) {
         snprintf(err, err_len, "model %s: out of memory for %zu parameters and %zu activations "
                  "(batch %d); try a smaller train.batch_size", name, m->n_params, m->n_acts, batch_max);
-        free(host_params);
-        free(host_buffers);
         model_free(m);
         return -1;
     }
     if (o->mark_arenas && o->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
         snprintf(err, err_len, "model %s: out of memory for the backend's copies of %zu parameters",
                  name, m->n_params);
-        free(host_params);
-        free(host_buffers);
         model_free(m);
         return -1;
     }
+    return 0;
+}
+
+int model_init_params(model_t *m, uint64_t seed) {
+    float *host_params = calloc(m->n_params + 1, sizeof(float));
+    float *host_buffers = calloc(m->n_buffers + 1, sizeof(float));
+    if (!host_params || !host_buffers) {
+        free(host_params);
+        free(host_buffers);
+        return -1;
+    }
     init_params(m, seed, host_params, host_buffers);
-    o->to_device(bk, m->params, host_params, m->n_params * sizeof(float));
-    o->to_device(bk, m->buffers, host_buffers, m->n_buffers * sizeof(float));
+    backend_t *bk = m->backend;
+    bk->ops->to_device(bk, m->params, host_params, m->n_params * sizeof(float));
+    bk->ops->to_device(bk, m->buffers, host_buffers, m->n_buffers * sizeof(float));
     free(host_params);
     free(host_buffers);
     return 0;

@@ -125,7 +125,7 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     const dataset_t *tr = &data->train;
     char err[512];
     if (model_init(&t->model, backend, conf->model, (int)conf->width, tr->h, tr->w, tr->c,
-                   tr->classes, (int)conf->batch_size, (uint64_t)conf->seed, err, sizeof err) < 0)
+                   tr->classes, (int)conf->batch_size, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
     if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
         trainer_die(DDP_EXIT_DATA, "the training set is empty");
@@ -162,13 +162,18 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
         if (rc < 0) trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
         t->has_sync = true;
     }
-    /* DDP's construction: every rank starts from rank 0's parameters and buffers. */
-    check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
-               "broadcasting the initial parameters");
-    check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
-               "broadcasting the initial buffers");
     trainer__snapshot_init(t);
     bool is_resumed = trainer__resume(t);
+    if (!is_resumed) {
+        /* DDP's construction: every rank starts from rank 0's parameters and buffers, so only
+         * rank 0 draws them (a resumed run has the snapshot's) */
+        if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
+            trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+        check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
+                   "broadcasting the initial parameters");
+        check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
+                   "broadcasting the initial buffers");
+    }
     open_metrics(t, is_resumed);
 }
 

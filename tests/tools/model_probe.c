@@ -33,7 +33,8 @@ int main(int argc, char **argv) {
     backend_t *b = backend_cpu_create(1);
     model_t m;
     char err[256];
-    if (!b || model_init(&m, b, argv[1], width, h, w, c, classes, n, seed, err, sizeof err) < 0) {
+    if (!b || model_init(&m, b, argv[1], width, h, w, c, classes, n, err, sizeof err) < 0 ||
+        model_init_params(&m, seed) < 0) {
         fprintf(stderr, "model_probe: %s\n", err);
         return 1;
     }

@@ -184,7 +184,8 @@ Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
     float *params[2], loss[2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, 5, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_params(&m[i], 5), 0);
         b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
         b->ops->to_device(b, m[i].labels, labels, sizeof labels);
         model_forward(&m[i], n, true);
@@ -219,7 +220,8 @@ static void resnet18_step_low(unsigned flag, const char *name, double bound) {
     float *grads[2], *logits[2], loss[2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, 5, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_params(&m[i], 5), 0);
         b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
         b->ops->to_device(b, m[i].labels, labels, sizeof labels);
         model_forward(&m[i], n, true);

@@ -38,7 +38,8 @@ static void check_model_gradients(const char *name, int width, int h, int w, int
                                   double tol) {
     model_t m;
     char err[256];
-    cr_assert_eq(model_init(&m, backend, name, width, h, w, c, 4, n, 7, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init(&m, backend, name, width, h, w, c, 4, n, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init_params(&m, 7), 0);
     fill_batch(&m, n, 99);
     loss_of(&m, n);
     model_backward(&m, n, NULL, NULL);
@@ -88,7 +89,7 @@ Test(model, parameter_counts_match_the_pytorch_definitions) {
         model_t m;
         char err[256];
         cr_assert_eq(model_init(&m, backend, cases[i].name, cases[i].width, cases[i].h, cases[i].w,
-                                cases[i].c, cases[i].classes, 2, 1, err, sizeof err),
+                                cases[i].c, cases[i].classes, 2, err, sizeof err),
                      0, "%s", err);
         cr_assert_eq(m.n_params, cases[i].expected, "%s: %zu parameters, expected %zu",
                      cases[i].name, m.n_params, cases[i].expected);
@@ -106,7 +107,8 @@ static void on_ready(void *arg, size_t from) {
 Test(model, backward_reports_gradients_final_from_the_end_of_the_arena) {
     model_t m;
     char err[256];
-    cr_assert_eq(model_init(&m, backend, "resnet18", 2, 8, 8, 3, 4, 2, 1, err, sizeof err), 0);
+    cr_assert_eq(model_init(&m, backend, "resnet18", 2, 8, 8, 3, 4, 2, err, sizeof err), 0);
+    cr_assert_eq(model_init_params(&m, 1), 0);
     fill_batch(&m, 2, 1);
     loss_of(&m, 2);
     n_ready = 0;
@@ -120,11 +122,12 @@ Test(model, backward_reports_gradients_final_from_the_end_of_the_arena) {
 Test(model, same_seed_same_initial_parameters) {
     model_t a, b;
     char err[256];
-    cr_assert_eq(model_init(&a, backend, "cnn", 4, 8, 8, 1, 3, 2, 42, err, sizeof err), 0);
-    cr_assert_eq(model_init(&b, backend, "cnn", 4, 8, 8, 1, 3, 2, 42, err, sizeof err), 0);
+    cr_assert_eq(model_init(&a, backend, "cnn", 4, 8, 8, 1, 3, 2, err, sizeof err), 0);
+    cr_assert_eq(model_init(&b, backend, "cnn", 4, 8, 8, 1, 3, 2, err, sizeof err), 0);
+    cr_assert_eq(model_init_params(&a, 42), 0);
+    cr_assert_eq(model_init_params(&b, 42), 0);
     cr_assert_eq(memcmp(a.params, b.params, a.n_params * sizeof(float)), 0);
-    model_free(&b);
-    cr_assert_eq(model_init(&b, backend, "cnn", 4, 8, 8, 1, 3, 2, 43, err, sizeof err), 0);
+    cr_assert_eq(model_init_params(&b, 43), 0);
     cr_assert_neq(memcmp(a.params, b.params, a.n_params * sizeof(float)), 0);
     model_free(&a);
     model_free(&b);
@@ -133,8 +136,8 @@ Test(model, same_seed_same_initial_parameters) {
 Test(model, unknown_names_and_too_small_inputs_are_clear_errors) {
     model_t m;
     char err[256];
-    cr_assert_eq(model_init(&m, backend, "vgg99", 4, 8, 8, 1, 3, 2, 1, err, sizeof err), -1);
+    cr_assert_eq(model_init(&m, backend, "vgg99", 4, 8, 8, 1, 3, 2, err, sizeof err), -1);
     cr_assert(strstr(err, "unknown model 'vgg99'"), "%s", err);
-    cr_assert_eq(model_init(&m, backend, "cnn", 4, 3, 3, 1, 3, 2, 1, err, sizeof err), -1);
+    cr_assert_eq(model_init(&m, backend, "cnn", 4, 3, 3, 1, 3, 2, err, sizeof err), -1);
     cr_assert(strstr(err, "too small"), "%s", err);
 }
