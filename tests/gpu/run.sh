@@ -48,7 +48,8 @@ if has smoke; then
 fi
 
 if has e2e; then
-    DDP_BUILD_DIR=build python3 -m pytest -q -rA --durations=0 tests/e2e/test_gpu.py >"$out/e2e.log" 2>&1
+    DDP_BUILD_DIR=build python3 -m pytest -q -rA --durations=0 tests/e2e/test_gpu.py \
+        tests/interop/test_torch_loss_scale.py >"$out/e2e.log" 2>&1
     note "e2e: rc $? — $(tail -1 "$out/e2e.log")"
     grep -E '^(FAILED|ERROR)|Error|error:' "$out/e2e.log" | head -20
 fi
