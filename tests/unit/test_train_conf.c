@@ -105,6 +105,25 @@ Test(train_conf, errors_name_file_line_and_key) {
     cr_assert(strstr(err, "/nonexistent/train.conf: cannot open"), "%s", err);
 }
 
+Test(train_conf, loss_scaling_keys) {
+    write_conf("[precision]\nmode = fp16\nloss_scaling = dynamic\nloss_scale = 1024\n"
+               "growth_interval = 50\n");
+    train_conf_t c;
+    char err[512];
+    cr_assert_eq(train_conf_load(path, NULL, 0, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c.precision, PRECISION_FP16);
+    cr_assert_eq(c.loss_scaling, LOSS_SCALING_DYNAMIC);
+    cr_assert_float_eq(c.loss_scale_init, 1024.0, 1e-12);
+    cr_assert_eq(c.loss_scale_growth_interval, 50);
+    train_conf_default(&c);
+    cr_assert_eq(c.loss_scaling, LOSS_SCALING_AUTO);
+    expect_error("[precision]\nloss_scaling = static\n", NULL, 0, "is not one of auto|dynamic|off");
+    expect_error("[precision]\nloss_scale = 0.5\n", NULL, 0, "precision.loss_scale");
+    expect_error("[precision]\nloss_scale = 1e39\n", NULL, 0, "precision.loss_scale");
+    expect_error("[precision]\ngrowth_interval = 0\n", NULL, 0, "precision.growth_interval");
+    expect_error("[precision]\ngrowth_interval = 5000000000\n", NULL, 0, "precision.growth_interval");
+}
+
 Test(train_conf, the_man_page_documents_every_key) {
     FILE *man = fopen(DDP_SOURCE_DIR "/docs/train.conf.5", "r");
     cr_assert_not_null(man, "docs/train.conf.5 is missing");
