@@ -285,7 +285,10 @@ static void cpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) {
 static void cpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n) {
     (void)b;
     #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float d = dy[i]; /* loaded whatever y says: a load in only one arm keeps the loop scalar */
+        dx[i] += y[i] > 0.0f ? d : 0.0f;
+    }
 }
 
 static void cpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n) {
