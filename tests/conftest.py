@@ -45,6 +45,14 @@ def build_dir(ddprun):
     return os.path.dirname(os.path.dirname(os.path.abspath(ddprun)))
 
 
+def built_tool(build_dir, name):
+    """tests/tools/<name> of the build tree; the test skips when it is not built."""
+    path = os.path.join(build_dir, "tests", "tools", name)
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{path} is not built")
+    return path
+
+
 @pytest.fixture(scope="session")
 def ddpworker(build_dir):
     path = os.path.join(build_dir, "worker", "ddpworker")

@@ -140,9 +140,9 @@ def latest_step(snap_dir):
 def wait_for_snapshot_after(snap_dir, step, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        steps = snapshot_steps(snap_dir) if snap_dir.exists() else []
-        if steps and steps[-1] > step:
-            return steps[-1]
+        newest = latest_step(snap_dir)
+        if newest > step:
+            return newest
         time.sleep(0.01)
     pytest.fail(f"no snapshot after step {step} within {timeout} s")
 

@@ -3,22 +3,20 @@ against PyTorch's own, torch._amp_update_scale_ (what GradScaler.update calls), 
 sequences of overflowed and clean steps: the scale and the growth tracker after every step, bit for
 bit. Needs a torch with that op on the CPU (recent ones) or a GPU: Debian's 1.13 has it only for
 CUDA, so on a CPU-only machine with it this skips; tests/gpu/run.sh runs it on the GPU machine."""
-import os
 import random
 import struct
 import subprocess
 
 import pytest
 
+from conftest import built_tool
+
 torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
 def probe(build_dir):
-    path = os.path.join(build_dir, "tests", "tools", "loss_scale_probe")
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} is not built")
-    return path
+    return built_tool(build_dir, "loss_scale_probe")
 
 
 def update(device, scale, tracker, flag, interval):

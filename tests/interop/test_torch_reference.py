@@ -1,10 +1,11 @@
 """ddpworker's CPU backend against PyTorch (Debian's torch 1.13 on CPU): the same initial weights
 and batch must give the same loss, gradients, batch-norm running statistics and, after two SGD
 steps (momentum, Nesterov, weight decay), the same parameters."""
-import os
 import subprocess
 
 import pytest
+
+from conftest import built_tool
 
 torch = pytest.importorskip("torch")
 import torch_models  # noqa: E402  (tests/interop is on sys.path: pytest's rootdir-relative import)
@@ -30,10 +31,7 @@ def assert_close(ours, ref, what, rtol=2e-3, atol=2e-5):
 
 @pytest.fixture(scope="module")
 def model_probe(build_dir):
-    path = os.path.join(build_dir, "tests", "tools", "model_probe")
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} is not built")
-    return path
+    return built_tool(build_dir, "model_probe")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -173,25 +173,44 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
     for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-4, what[k]);
 }
 
+/* A device copy of a loss scaler starting at scale. */
+static loss_scale_t *device_loss_scale(backend_t *b, float scale) {
+    loss_scale_t start = {.scale = scale}, *ls = b->ops->alloc(b, sizeof *ls);
+    b->ops->to_device(b, ls, &start, sizeof start);
+    return ls;
+}
+
+/* The whole-step tests' network and batch: ResNet-18 width 8 on 16x16x3, 10 classes, 8 samples. */
+#define STEP_N 8
+#define STEP_INPUT ((size_t)STEP_N * 16 * 16 * 3)
+
+/* m on backend b: built, initialized from seed 5, one forward (logits read back into *logits
+ * when not NULL), loss (with ls, scaled) and backward of x and labels. Returns the summed loss. */
+static float resnet18_forward_backward(backend_t *b, model_t *m, const float *x, const int32_t *labels,
+                                       const loss_scale_t *ls, float **logits) {
+    char err[256];
+    cr_assert_eq(model_init(m, b, "resnet18", 8, 16, 16, 3, 10, STEP_N, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init_params(m, 5), 0);
+    b->ops->to_device(b, model_input(m), x, STEP_INPUT * sizeof(float));
+    b->ops->to_device(b, m->labels, labels, STEP_N * sizeof(int32_t));
+    model_forward(m, STEP_N, true);
+    if (logits) *logits = down(b, model_logits(m), (size_t)STEP_N * 10);
+    model_loss(m, STEP_N, 0.1f, 1.0f, ls);
+    float loss = (float)model_take_loss(m);
+    model_backward(m, STEP_N, NULL, NULL);
+    return loss;
+}
+
 Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
     SKIP_WITHOUT_GPU();
     model_t m[2];
     backend_t *bs[2] = {cpu, gpu};
-    char err[256];
-    int n = 8;
-    float *x = random_host((size_t)n * 16 * 16 * 3, 2);
-    int32_t labels[8] = {1, 2, 3, 4, 5, 6, 7, 0};
+    float *x = random_host(STEP_INPUT, 2);
+    int32_t labels[STEP_N] = {1, 2, 3, 4, 5, 6, 7, 0};
     float *params[2], loss[2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, err, sizeof err), 0, "%s", err);
-        cr_assert_eq(model_init_params(&m[i], 5), 0);
-        b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
-        b->ops->to_device(b, m[i].labels, labels, sizeof labels);
-        model_forward(&m[i], n, true);
-        model_loss(&m[i], n, 0.1f, 1.0f, NULL);
-        loss[i] = (float)model_take_loss(&m[i]);
-        model_backward(&m[i], n, NULL, NULL);
+        loss[i] = resnet18_forward_backward(b, &m[i], x, labels, NULL, NULL);
         b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f, NULL);
         params[i] = down(b, m[i].params, m[i].n_params);
     }
@@ -209,31 +228,20 @@ static void resnet18_step_low(unsigned flag, const char *name, double bound) {
     backend_t *gpu16 = backend_cuda_create(0, flag, NULL, err, sizeof err);
     cr_assert_not_null(gpu16, "%s", err);
     float loss_scale = flag == BACKEND_CUDA_FP16 ? 1024.0f : 1.0f;
-    loss_scale_t start = {.scale = loss_scale};
-    loss_scale_t *ls = gpu16->ops->alloc(gpu16, sizeof *ls);
-    gpu16->ops->to_device(gpu16, ls, &start, sizeof start);
+    loss_scale_t *ls = device_loss_scale(gpu16, loss_scale);
     model_t m[2];
     backend_t *bs[2] = {cpu, gpu16};
-    int n = 8;
-    float *x = random_host((size_t)n * 16 * 16 * 3, 2);
-    int32_t labels[8] = {1, 2, 3, 4, 5, 6, 7, 0};
+    float *x = random_host(STEP_INPUT, 2);
+    int32_t labels[STEP_N] = {1, 2, 3, 4, 5, 6, 7, 0};
     float *grads[2], *logits[2], loss[2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        cr_assert_eq(model_init(&m[i], b, "resnet18", 8, 16, 16, 3, 10, n, err, sizeof err), 0, "%s", err);
-        cr_assert_eq(model_init_params(&m[i], 5), 0);
-        b->ops->to_device(b, model_input(&m[i]), x, (size_t)n * 16 * 16 * 3 * sizeof(float));
-        b->ops->to_device(b, m[i].labels, labels, sizeof labels);
-        model_forward(&m[i], n, true);
-        logits[i] = down(b, model_logits(&m[i]), (size_t)n * 10);
-        model_loss(&m[i], n, 0.1f, 1.0f, i ? ls : NULL);
-        loss[i] = (float)model_take_loss(&m[i]);
-        model_backward(&m[i], n, NULL, NULL);
+        loss[i] = resnet18_forward_backward(b, &m[i], x, labels, i ? ls : NULL, &logits[i]);
         grads[i] = down(b, m[i].grads, m[i].n_params);
     }
     for (size_t j = 0; j < m[1].n_params; j++) grads[1][j] /= loss_scale;
     cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda %s %g", loss[0], name, loss[1]);
-    expect_close(logits[0], logits[1], (size_t)n * 10, 5e-2, "narrow logits");
+    expect_close(logits[0], logits[1], (size_t)STEP_N * 10, 5e-2, "narrow logits");
     /* Gradients by relative norm error, overall. Narrow storage alone moves this network's gradients
      * a lot at initialisation: PyTorch, with every activation and activation gradient rounded to
      * bf16 and fp32 math (what this backend does), differs from fp32 by 0.27-0.32 in relative norm
@@ -446,9 +454,7 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
     float *out[2][2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        loss_scale_t start = {.scale = 1024.0f};
-        loss_scale_t *ls = b->ops->alloc(b, sizeof *ls);
-        b->ops->to_device(b, ls, &start, sizeof start);
+        loss_scale_t *ls = device_loss_scale(b, 1024.0f);
         float *g_ = up(b, g, n), *p_ = up(b, p, n), *m_ = up(b, m, n);
         b->ops->loss_scale_check(b, g_, n, ls); /* clean: a step with 1/1024 of the gradient */
         b->ops->to_host(b, &got[i][0], ls, sizeof *ls);
@@ -482,9 +488,7 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
     float *dl[2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        loss_scale_t start = {.scale = 65536.0f};
-        loss_scale_t *ls = b->ops->alloc(b, sizeof *ls);
-        b->ops->to_device(b, ls, &start, sizeof start);
+        loss_scale_t *ls = device_loss_scale(b, 65536.0f);
         int32_t *lab = b->ops->alloc(b, rows * sizeof *lab);
         b->ops->to_device(b, lab, labels, rows * sizeof *lab);
         float *z = up(b, logits, (size_t)rows * k), *d = up(b, logits, (size_t)rows * k);
@@ -521,13 +525,13 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
     cpu->ops->augment_batch(cpu, images, labels, h, w, c, jobs, n, norm, want, want_labels);
     unsigned flags[3] = {0, BACKEND_CUDA_BF16, BACKEND_CUDA_FP16};
     for (int f = 0; f < 3; f++) {
-        low_flag = flags[f] ? flags[f] : BACKEND_CUDA_BF16;
-        low_t l = low_make();
-        if (!flags[f]) { /* an fp32 backend: the op's output is plain device memory */
-            l.b->ops->destroy(l.b);
-            l.b = gpu;
+        low_t l = {0};
+        backend_t *b = gpu; /* fp32: the op's output is plain device memory */
+        if (flags[f]) {
+            low_flag = flags[f];
+            l = low_make();
+            b = l.b;
         }
-        backend_t *b = l.b;
         uint8_t *d_images = b->ops->alloc(b, per * samples), *d_labels = b->ops->alloc(b, samples);
         augment_job_t *d_jobs = b->ops->alloc(b, sizeof jobs);
         int32_t *d_out_labels = b->ops->alloc(b, sizeof got_labels);
