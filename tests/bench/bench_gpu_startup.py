@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Startup and recovery latency on one GPU: ddprun + ddpworker against torchrun + a PyTorch DDP
 script, side by side in one run. Both train the same CIFAR-style ResNet-18 (tests/interop/
-torch_models.py mirrors worker/model.c) on synthetic 32x32x3 input, batch --batch, SGD (lr 0.01,
+torch_models.py mirrors worker/nn/model.c) on synthetic 32x32x3 input, batch --batch, SGD (lr 0.01,
 momentum 0.9, Nesterov, weight decay 5e-4), one worker (--nproc-per-node 1, --max-restarts 3),
 a snapshot every 10 steps.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Training throughput on one GPU: ddpworker's cuda backend against PyTorch (2.x, CUDA), side by
-side in one run. Same CIFAR-style network (tests/interop/torch_models.py mirrors worker/model.c),
+side in one run. Same CIFAR-style network (tests/interop/torch_models.py mirrors worker/nn/model.c),
 synthetic input, batch, SGD (momentum 0.9, Nesterov, weight decay 5e-4), precision.
 
 PyTorch runs as its performance guides advise: channels_last, cudnn.benchmark, the batch already

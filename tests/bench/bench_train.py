@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Training throughput of ddpworker's CPU backend against PyTorch (Debian's torch 1.13, CPU), side
 by side in one run: the same model definition (tests/interop/torch_models.py mirrors
-worker/model.c), the same synthetic input shape, batch, optimizer (SGD momentum 0.9, Nesterov,
+worker/nn/model.c), the same synthetic input shape, batch, optimizer (SGD momentum 0.9, Nesterov,
 weight decay 5e-4), fp32, and the same number of threads. Each side warms up for --steps steps,
 then times --steps more; img/s = samples / seconds of those. Prints img/s and ddpworker/PyTorch.
 

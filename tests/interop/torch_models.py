@@ -1,4 +1,4 @@
-"""The networks ddpworker builds (worker/model.c), written in PyTorch: the reference for the
+"""The networks ddpworker builds (worker/nn/model.c), written in PyTorch: the reference for the
 gradient test and the anchor of the throughput benchmark. Parameter order equals ddpworker's arena
 order; to_torch_layout / from_torch_layout convert between its NHWC layouts and PyTorch's."""
 import torch
