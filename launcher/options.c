@@ -304,7 +304,7 @@ static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
 static const opt_spec_t opt_table[] = {
     {"nnodes", 0, "N|MIN:MAX", "number of nodes, or a range for elastic jobs (1:1)", set_nnodes},
     {"nproc-per-node", 0, "N|cpu|gpu|auto", "workers per node (1)", set_nproc},
-    {"node-rank", 0, "R", "this node's rank hint (static backend: its rank)", set_node_rank},
+    {"node-rank", 0, "R", "this node's rank hint (static backend: its rank, default 0)", set_node_rank},
     {"rdzv-backend", 0, "c10d|static", "rendezvous backend (static)", set_backend},
     {"rdzv-endpoint", 0, "HOST[:PORT]", "the store of the rendezvous ([v6]:port too; port 29400)",
      set_endpoint},
@@ -438,12 +438,7 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
         if (o->min_nodes != o->max_nodes)
             return errf(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
                         o->min_nodes, o->max_nodes);
-        if (o->node_rank < 0) {
-            if (o->min_nodes > 1)
-                return errf(err, el, "--rdzv-backend static with --nnodes %u needs --node-rank",
-                            o->min_nodes);
-            o->node_rank = 0;
-        }
+        if (o->node_rank < 0) o->node_rank = 0; /* torchrun's default: the card's command is node 0 */
         if (o->node_rank >= (int)o->min_nodes)
             return errf(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
                         o->min_nodes);

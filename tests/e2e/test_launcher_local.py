@@ -240,7 +240,7 @@ def test_static_backend_uses_master_port(ddprun, script, tmp_path):
     (["--rdzv-backend", "etcd", "x"], "--rdzv-backend"),
     (["--rdzv-conf", "bogus=1", "x"], "unknown key 'bogus'"),
     (["--rdzv-backend", "c10d", "x"], "needs --rdzv-endpoint"),
-    (["--nnodes", "2", "x"], "needs --node-rank"),
+    (["--nnodes", "2", "--node-rank", "2", "x"], "is not below --nnodes"),
     (["--max-restarts", "-1", "x"], "--max-restarts"),
     (["--signals-to-handle", "SIGFOO", "x"], "SIGFOO"),
 ])

@@ -223,10 +223,12 @@ def test_static_backend_across_nodes_ranks_by_node_rank(ddprun, tmp_path):
     worker.chmod(0o755)
     port = free_port()
     env = dict(os.environ, OUT_DIR=str(tmp_path))
-    agents = [subprocess.Popen([ddprun, "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node",
-                                "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                                str(worker)], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    # node 0 is torchrun's default --node-rank, and 127.0.0.1 its default --master-addr, so
+    # node 0's command is the design card's own: no --node-rank, no --master-addr
+    node_args = {1: ["--node-rank", "1", "--master-addr", "127.0.0.1"], 0: []}
+    agents = [subprocess.Popen([ddprun, "--nnodes", "2", *node_args[r], "--nproc-per-node", "2",
+                                "--master-port", str(port), str(worker)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
               for r in (1, 0)]                      # node 1 first: it waits for node 0's store
     errs = [a.communicate(timeout=60)[1] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], errs
