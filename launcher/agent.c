@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "ddp_error.h"
 #include "exit_codes.h"
+#include "fs.h"
 #include "log.h"
 #include "options.h"
 #include "rendezvous.h"
@@ -46,6 +47,7 @@ typedef struct {
     rdzv_result_t joined; /* written by the join thread, taken over by the loop after it */
     bool has_failure;    /* a local worker failed this round */
     bool is_workers_done; /* every local worker ended and its output is drained */
+    bool is_starting_workers; /* inside workers_start */
     worker_result_t root_cause;
     int stop_signal;     /* a signal we were asked to stop with, 0 if none */
     int exit_code;
@@ -227,8 +229,12 @@ static int start_workers(agent_t *a) {
         .world_size = a->round.world_size, .master_addr = a->master_addr,
         .master_port = a->master_port, .attempt_dir = attempt_dir};
     a->is_workers_done = false;
+    /* a start that fails stops the workers it started, which may call on_workers_done before we
+     * know it failed: the caller records the failure first, then advances */
+    a->is_starting_workers = true;
     int rc = workers_start(a->loop, &spec, on_worker_exit, on_workers_done, a, &a->workers, err,
                            sizeof err);
+    a->is_starting_workers = false;
     if (rc < 0) LOG_ERROR("%s", err);
     return rc;
 }
@@ -447,7 +453,9 @@ static void finish_after_cb(uv_work_t *req, int status) {
 /* Called whenever something settles: the local workers ended, the restart key was seen, a
  * report went out. Decides between the next round, success, and giving up. */
 static void maybe_advance(agent_t *a) {
-    if (a->is_finished || a->is_reporting || a->is_joining || a->is_finishing) return;
+    if (a->is_finished || a->is_reporting || a->is_joining || a->is_finishing ||
+        a->is_starting_workers)
+        return;
     if (a->workers && !a->is_workers_done) return;
     bool is_failed = a->has_failure || a->has_restart || a->stop_signal;
     if (!is_failed && !a->workers && a->is_multi && !a->round.is_member) return; /* a spare */
@@ -517,7 +525,8 @@ static int prepare_run_dir(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
     if (o->log_dir[0]) {
         snprintf(a->run_dir, sizeof a->run_dir, "%s/%s", o->log_dir, o->rdzv_id);
-        return 0;
+        int rc = fs_mkdir_p(a->run_dir);
+        return rc < 0 ? rc : fs_check_writable(a->run_dir);
     }
     const char *tmp = getenv("TMPDIR");
     snprintf(a->run_dir, sizeof a->run_dir, "%s/ddprun-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp",
@@ -604,6 +613,11 @@ int agent_main(ddprun_opts_t *o) {
         return 1;
     }
     int rc = prepare_run_dir(a);
+    if (rc < 0 && o->log_dir[0]) {
+        fprintf(stderr, "ddprun: --log-dir %s: cannot create or write %s: %s\n", o->log_dir,
+                a->run_dir, strerror(-rc));
+        return DDP_EXIT_CANT_CREATE;
+    }
     if (rc < 0) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fs.h"
 #include "log.h"
 
 extern char **environ;
@@ -67,18 +68,6 @@ struct workers {
     int lifeline[2];
     worker_t w[];
 };
-
-static int mkdir_p(const char *path) {
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -errno;
-        *p = '/';
-    }
-    return mkdir(buf, 0755) < 0 && errno != EEXIST ? -errno : 0;
-}
 
 static void write_all(int fd, const char *p, size_t n) {
     while (n > 0) {
@@ -350,7 +339,7 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
     char dir[1536];
     snprintf(dir, sizeof dir, "%s/%d", sp->attempt_dir, local_rank);
     snprintf(w->progress_path, sizeof w->progress_path, "%s/progress", dir);
-    int rc = mkdir_p(dir);
+    int rc = fs_mkdir_p(dir);
     if (rc < 0) {
         snprintf(err, err_len, "cannot create %s: %s", dir, strerror(-rc));
         return rc;

@@ -11,6 +11,7 @@ enum {
     DDP_EXIT_USAGE = 2,          /* bad command line: not restartable */
     DDP_EXIT_DATA = 65,          /* EX_DATAERR: a dataset or snapshot is unusable: not restartable */
     DDP_EXIT_BUG = 70,           /* EX_SOFTWARE: an internal invariant broke: restartable */
+    DDP_EXIT_CANT_CREATE = 73,   /* EX_CANTCREAT: ddprun's --log-dir cannot be created or written */
     DDP_EXIT_IO = 74,            /* EX_IOERR: snapshots cannot be written: not restartable */
     DDP_EXIT_PEER_FAILURE = 75,  /* EX_TEMPFAIL: a peer died or hung: restart */
     DDP_EXIT_CONFIG = 78,        /* EX_CONFIG: train.conf is wrong: not restartable */

@@ -293,3 +293,30 @@ def test_a_process_left_behind_outside_the_group_cannot_wedge_the_agent(ddprun, 
     assert r.returncode == 0, r.stderr
     assert took < 10, f"the agent waited {took:.1f} s for the daemon's pipe"
     assert "still open" in r.stderr
+
+
+@pytest.mark.parametrize("make_bad", ["missing_parent_is_a_file", "under_proc"])
+def test_log_dir_that_cannot_be_created_is_an_error_of_its_own(ddprun, tmp_path, make_bad):
+    if make_bad == "missing_parent_is_a_file":
+        (tmp_path / "file").write_text("")
+        log_dir = tmp_path / "file" / "logs"
+    else:
+        log_dir = "/proc/ddprun-no-such-dir"
+    r = subprocess.run([ddprun, "--standalone", "--log-dir", str(log_dir), "--nproc-per-node", "1",
+                        "/bin/sh", "-c", f"touch {tmp_path}/ran"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 73, r.stderr
+    assert f"--log-dir {log_dir}" in r.stderr
+    assert not (tmp_path / "ran").exists(), "nothing runs without its logs"
+
+
+def test_workers_that_cannot_start_are_a_failure_not_a_success(ddprun, tmp_path):
+    from conftest import free_port
+    # the run directory exists, but a worker's own directory cannot be made in it
+    (tmp_path / "myjob").mkdir()
+    (tmp_path / "myjob" / "attempt_0").write_text("")
+    r = subprocess.run([ddprun, "--nnodes", "1", "--rdzv-id", "myjob", "--master-port",
+                        str(free_port()), "--log-dir", str(tmp_path), "--nproc-per-node", "1",
+                        "/bin/true"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 127, r.stderr
+    assert "attempt_0/0: Not a directory" in r.stderr
