@@ -138,7 +138,8 @@ static void print_file_indented(const char *path, size_t max_bytes) {
 static void print_root_cause(agent_t *a) {
     const worker_result_t *r = &a->root_cause;
     char how[64];
-    if (r->term_signal) snprintf(how, sizeof how, "was killed by %s", strsignal(r->term_signal));
+    if (r->term_signal)
+        snprintf(how, sizeof how, "was killed by signal %d (%s)", r->term_signal, strsignal(r->term_signal));
     else snprintf(how, sizeof how, "exited with %d", r->exit_status);
     fprintf(stderr, "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
                     "of %d\n", a->round.group_rank, r->rank, r->local_rank, r->pid, how,

@@ -4,8 +4,10 @@
  * upon which the shim SIGKILLs its whole process group, grandchildren included; the program itself
  * also carries PR_SET_PDEATHSIG, so it dies with the shim. Otherwise the shim waits for the program
  * and exits exactly as it did (same status, or the same signal re-raised), so the agent sees the
- * program's own outcome. */
+ * program's own outcome. It also writes the program's pid where the agent reads it. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +25,21 @@
 
 static void forward(int sig) {
     (void)sig; /* the signal reaches the whole group anyway; the shim outlives its program */
+}
+
+/* The agent names the program's pid, not ours, in its logs (DDPRUN_PID_FILE, set by the agent).
+ * Written whole then renamed, so a reader never sees half a number. Best effort: without it the
+ * agent names the shim. */
+static void write_pid_file(pid_t child) {
+    const char *path = getenv("DDPRUN_PID_FILE");
+    char tmp[4200];
+    if (!path || !*path || snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    char text[24];
+    int n = snprintf(text, sizeof text, "%d\n", (int)child);
+    bool is_ok = write(fd, text, (size_t)n) == n;
+    if (close(fd) != 0 || !is_ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
 int worker_shim_main(int argc, char **argv) {
@@ -46,6 +63,7 @@ int worker_shim_main(int argc, char **argv) {
         fprintf(stderr, "ddprun: cannot run %s: %s\n", argv[4], strerror(errno));
         _exit(DDP_EXIT_EXEC_FAILED);
     }
+    write_pid_file(child);
     struct sigaction sa = {.sa_handler = forward};
     sigemptyset(&sa.sa_mask);
     int handled[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};

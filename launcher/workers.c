@@ -48,6 +48,10 @@ struct worker {
     char prefix[32];
     /* --hang-timeout: the worker's progress counter (DDPRUN_PROGRESS_FILE), once it wrote one */
     char progress_path[1600];
+    /* the program's pid, which the shim writes here (DDPRUN_PID_FILE): result.pid until then is
+     * the shim's, which is also the process group's id */
+    char pid_path[1600];
+    int group_pid;
     uint64_t last_beat, last_change_ms;
     bool has_beat, is_hang_killed;
 };
@@ -201,11 +205,25 @@ static void on_drain_timer(uv_timer_t *t) {
     }
 }
 
+/* Logs and summaries name the program's pid, not its shim's, once the shim has written it. */
+static void learn_program_pid(worker_t *w) {
+    if (w->result.pid != w->group_pid) return;
+    int fd = open(w->pid_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char buf[24] = {0};
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    char *end;
+    long pid = n > 0 ? strtol(buf, &end, 10) : 0;
+    if (pid > 0 && pid < INT32_MAX && *end == '\n') w->result.pid = (int)pid;
+}
+
 static void on_process_exit(uv_process_t *proc, int64_t exit_status, int term_signal) {
     worker_t *w = proc->data;
     uv_timer_start(&w->set->drain_timer, on_drain_timer, DRAIN_AFTER_EXIT_MS, 0);
     /* What the worker left behind in its process group (its own children) goes with it. */
-    kill(-w->result.pid, SIGKILL);
+    kill(-w->group_pid, SIGKILL);
+    learn_program_pid(w);
     w->result.has_exited = true;
     w->result.exit_status = (int)exit_status;
     w->result.term_signal = term_signal;
@@ -291,6 +309,10 @@ static int build_env(const workers_spec_t *sp, int local_rank, env_t *e) {
     rc |= env_set(e, "TORCHELASTIC_ERROR_FILE", "%s/%d/error.json", sp->attempt_dir, local_rank);
     rc |= env_set(e, "DDPRUN_ATTEMPT", "%d", sp->attempt);
     rc |= env_set(e, "DDPRUN_PROGRESS_FILE", "%s/%d/progress", sp->attempt_dir, local_rank);
+    rc |= env_set(e, "DDPRUN_PID_FILE", "%s/%d/pid", sp->attempt_dir, local_rank);
+    /* as current torchrun: NCCL errors abort the process instead of hanging it */
+    if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+        rc |= env_set(e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
     if (!getenv("OMP_NUM_THREADS")) rc |= env_set(e, "OMP_NUM_THREADS", "1");
     if (!getenv("PYTHONUNBUFFERED")) rc |= env_set(e, "PYTHONUNBUFFERED", "1");
     return rc;
@@ -339,6 +361,7 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
     char dir[1536];
     snprintf(dir, sizeof dir, "%s/%d", sp->attempt_dir, local_rank);
     snprintf(w->progress_path, sizeof w->progress_path, "%s/progress", dir);
+    snprintf(w->pid_path, sizeof w->pid_path, "%s/pid", dir);
     int rc = fs_mkdir_p(dir);
     if (rc < 0) {
         snprintf(err, err_len, "cannot create %s: %s", dir, strerror(-rc));
@@ -392,7 +415,7 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
         close_stream(&w->err);
         return rc;
     }
-    w->result.pid = w->proc.pid;
+    w->result.pid = w->group_pid = w->proc.pid;
     uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
     return 0;
@@ -405,7 +428,7 @@ static void on_hang_timer(uv_timer_t *t) {
     uint64_t now = uv_now(s->loop), limit_ms = (uint64_t)(s->spec.opts->hang_timeout_s * 1000);
     for (int i = 0; i < s->n; i++) {
         worker_t *w = &s->w[i];
-        if (w->result.pid <= 0 || w->result.has_exited || w->is_hang_killed) continue;
+        if (w->group_pid <= 0 || w->result.has_exited || w->is_hang_killed) continue;
         uint64_t beat;
         int fd = open(w->progress_path, O_RDONLY | O_CLOEXEC);
         bool is_read = fd >= 0 && pread(fd, &beat, sizeof beat, 0) == (ssize_t)sizeof beat;
@@ -416,11 +439,12 @@ static void on_hang_timer(uv_timer_t *t) {
             w->last_beat = beat;
             w->last_change_ms = now;
         } else if (now - w->last_change_ms > limit_ms) {
+            learn_program_pid(w);
             LOG_ERROR("worker rank %d (pid %d) made no progress for %.0f s (--hang-timeout): "
                       "killing it so the job restarts", w->result.rank, w->result.pid,
                       (double)(now - w->last_change_ms) / 1000);
             w->is_hang_killed = true;
-            kill(-w->result.pid, SIGKILL);
+            kill(-w->group_pid, SIGKILL);
         }
     }
 }
@@ -470,7 +494,7 @@ int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb o
 void workers_signal(workers_t *s, int signum) {
     for (int i = 0; i < s->n; i++) {
         worker_t *w = &s->w[i];
-        if (w->result.pid > 0 && !w->result.has_exited) kill(-w->result.pid, signum);
+        if (w->group_pid > 0 && !w->result.has_exited) kill(-w->group_pid, signum);
     }
 }
 
@@ -478,7 +502,7 @@ static void on_give_up(uv_timer_t *t) {
     workers_t *s = t->data;
     for (int i = 0; i < s->n; i++) {
         worker_t *w = &s->w[i];
-        if (w->result.pid > 0 && !w->result.has_exited)
+        if (w->group_pid > 0 && !w->result.has_exited)
             LOG_ERROR("worker rank %d (pid %d) survives SIGKILL (uninterruptible sleep?); giving "
                       "up on it", w->result.rank, w->result.pid);
         close_stream(&w->out);
