@@ -365,7 +365,7 @@ static void join_work_cb(uv_work_t *req) {
     a->join_rc = 0;
     store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                               .connect_timeout_ms = (int64_t)(o->join_timeout_s * 1000),
-                              .op_timeout_ms = (int64_t)(o->join_timeout_s * 1000) + 60000};
+                              .op_timeout_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000)};
     store_client_t **clients[2] = {&a->ops, &a->watch};
     for (int i = 0; i < 2 && a->join_rc == 0; i++) {
         if (*clients[i]) continue;
@@ -548,9 +548,14 @@ static int host_store(agent_t *a) {
     char err[512];
     bool is_static = strcmp(o->rdzv_backend, "static") == 0;
     int rc = 0;
-    if (is_static && o->node_rank != 0) rc = UV_EADDRINUSE; /* node 0 hosts a static job's store */
+    bool is_host = o->is_host >= 0 ? o->is_host == 1 : !is_static || o->node_rank == 0;
+    if (!is_host) { /* node 0 hosts a static job's store; with is_host=false, someone else */
+        rc = UV_EADDRINUSE;
+        snprintf(err, sizeof err, "--rdzv-conf is_host=false, and a single node needs its own store");
+    }
     else rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
-    if (rc < 0 && a->is_multi && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
+    /* without is_host=true, an endpoint that another agent holds makes us a client */
+    if (rc < 0 && a->is_multi && o->is_host != 1 && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
         a->store = NULL; /* someone else hosts it: we are a client */
         rc = 0;
     } else if (rc < 0) {

@@ -147,6 +147,7 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
                 {"close_timeout", &o->close_timeout_s},
                 {"heartbeat_timeout", &o->heartbeat_timeout_s},
                 {"keep_alive_interval", &o->keep_alive_interval_s},
+                {"read_timeout", &o->read_timeout_s},
                 {"timeout", &o->join_timeout_s}};
     char buf[1024];
     if (copy_str(buf, sizeof buf, v, "--rdzv-conf", err, el) < 0) return -EINVAL;
@@ -154,14 +155,40 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
         char *eq = strchr(item, '=');
         if (!eq) return errf(err, el, "--rdzv-conf: '%s' is not key=value", item);
         *eq = '\0';
+        const char *v2 = eq + 1;
+        if (strcmp(item, "is_host") == 0) {
+            if (!strcmp(v2, "true") || !strcmp(v2, "1") || !strcmp(v2, "True")) o->is_host = 1;
+            else if (!strcmp(v2, "false") || !strcmp(v2, "0") || !strcmp(v2, "False")) o->is_host = 0;
+            else return errf(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
+            continue;
+        }
+        if (strcmp(item, "store_type") == 0) {
+            if (strcasecmp(v2, "tcp") != 0)
+                return errf(err, el, "--rdzv-conf: store_type=%s: ddprun's rendezvous store is a "
+                                     "TCP store (store_type=tcp); a file store is not supported", v2);
+            continue;
+        }
         size_t i = 0, n = sizeof keys / sizeof keys[0];
         while (i < n && strcmp(keys[i].key, item) != 0) i++;
         if (i == n)
             return errf(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
-                                 "close_timeout, heartbeat_timeout, keep_alive_interval)", item);
+                                 "close_timeout, heartbeat_timeout, keep_alive_interval, "
+                                 "read_timeout, is_host, store_type)", item);
         if (parse_seconds(eq + 1, keys[i].field) < 0)
             return errf(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
     }
+    return 0;
+}
+
+static int set_start_method(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+        return errf(err, el, "--start-method: '%s' is not spawn, fork or forkserver", v);
+    strcpy(o->start_method, v);
+    return 0;
+}
+
+static int set_run_path(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    (void)o, (void)v, (void)err, (void)el; /* a script already runs as __main__ (runpy's effect) */
     return 0;
 }
 
@@ -310,7 +337,8 @@ static const opt_spec_t opt_table[] = {
      set_endpoint},
     {"rdzv-id", 0, "ID", "job id shared by all nodes (none)", set_rdzv_id},
     {"rdzv-conf", 0, "K=V,...", "join_timeout, last_call_timeout, close_timeout, "
-                                "heartbeat_timeout, keep_alive_interval (seconds)", set_rdzv_conf},
+                                "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), "
+                                "is_host (true|false), store_type (tcp)", set_rdzv_conf},
     {"standalone", 0, NULL, "single node: own store on a free port, random job id", set_standalone},
     {"max-restarts", 0, "N", "restarts of the whole job before giving up (0)", set_max_restarts},
     {"monitor-interval", 0, "SECONDS", "how often workers are checked (0.1)", set_monitor},
@@ -333,6 +361,10 @@ static const opt_spec_t opt_table[] = {
     {"hang-timeout", 0, "SECONDS", "restart the job when a worker that reports progress "
                                    "(ddpworker does) makes none for this long (0: off)",
      set_hang_timeout},
+    {"start-method", 0, "spawn|fork|forkserver", "accepted for torchrun's scripts: workers "
+                                                   "are always new processes (exec)", set_start_method},
+    {"run-path", 0, NULL, "accepted for torchrun's scripts: a script always runs as __main__",
+     set_run_path},
     {"dry-run", 0, NULL, "print the resolved configuration and exit", set_dry_run},
 };
 #define N_OPTS (sizeof opt_table / sizeof opt_table[0])
@@ -372,6 +404,9 @@ static void set_defaults(ddprun_opts_t *o) {
     o->close_timeout_s = 30;
     o->heartbeat_timeout_s = 30;
     o->keep_alive_interval_s = 5;
+    o->read_timeout_s = 60; /* torch's c10d rendezvous default */
+    o->is_host = -1;
+    strcpy(o->start_method, "spawn");
     o->monitor_interval_s = 0.1;
     strcpy(o->role, "default");
     memset(o->is_rank_shown, 1, sizeof o->is_rank_shown);
@@ -515,9 +550,11 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "rdzv_backend: %s\nrdzv_endpoint: %s:%u\nrdzv_id: %s\n", o->rdzv_backend,
             o->rdzv_host, o->rdzv_port, o->rdzv_id);
     fprintf(f, "rdzv_conf: join_timeout=%g,last_call_timeout=%g,close_timeout=%g,"
-               "heartbeat_timeout=%g,keep_alive_interval=%g\n",
+               "heartbeat_timeout=%g,keep_alive_interval=%g,read_timeout=%g,is_host=%s\n",
             o->join_timeout_s, o->last_call_timeout_s, o->close_timeout_s, o->heartbeat_timeout_s,
-            o->keep_alive_interval_s);
+            o->keep_alive_interval_s, o->read_timeout_s,
+            o->is_host < 0 ? "auto" : o->is_host ? "true" : "false");
+    fprintf(f, "start_method: %s\n", o->start_method);
     fprintf(f, "standalone: %d\nmax_restarts: %d\nmonitor_interval: %g\nrole: %s\nlog_dir: %s\n",
             o->is_standalone, o->max_restarts, o->monitor_interval_s, o->role, o->log_dir);
     fprintf(f, "redirects:");

@@ -23,7 +23,9 @@ typedef struct {
     bool has_rdzv_endpoint;
     char rdzv_id[128];
     double join_timeout_s, last_call_timeout_s, close_timeout_s, heartbeat_timeout_s,
-        keep_alive_interval_s;
+        keep_alive_interval_s, read_timeout_s;
+    int is_host;            /* --rdzv-conf is_host: -1 decide by binding the endpoint, 0 no, 1 yes */
+    char start_method[16];  /* torchrun's --start-method, accepted: workers are always exec'd */
     bool is_standalone;
     int max_restarts;
     double monitor_interval_s;

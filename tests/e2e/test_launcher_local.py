@@ -246,6 +246,9 @@ def test_static_backend_uses_master_port(ddprun, script, tmp_path):
     (["--nnodes", "2", "--node-rank", "2", "x"], "is not below --nnodes"),
     (["--max-restarts", "-1", "x"], "--max-restarts"),
     (["--signals-to-handle", "SIGFOO", "x"], "SIGFOO"),
+    (["--start-method", "thread", "x"], "--start-method"),
+    (["--rdzv-conf", "store_type=file", "x"], "store_type=file"),
+    (["--rdzv-conf", "is_host=maybe", "x"], "is_host=maybe"),
 ])
 def test_bad_flags_exit_2_with_one_line(ddprun, args, needle):
     r = subprocess.run([ddprun] + args, capture_output=True, text=True, timeout=10)
@@ -323,3 +326,12 @@ def test_workers_that_cannot_start_are_a_failure_not_a_success(ddprun, tmp_path)
                         "/bin/true"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 127, r.stderr
     assert "attempt_0/0: Not a directory" in r.stderr
+
+
+def test_torchrun_flags_that_scripts_pass_are_accepted(ddprun):
+    r = subprocess.run([ddprun, "--start-method", "forkserver", "--run-path", "--rdzv-conf",
+                        "read_timeout=7,is_host=true,store_type=tcp,join_timeout=9", "--dry-run", "x"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert "start_method: forkserver" in r.stdout
+    assert "join_timeout=9," in r.stdout and "read_timeout=7,is_host=true" in r.stdout

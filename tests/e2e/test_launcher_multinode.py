@@ -3,6 +3,7 @@ environment, a failure on any node restarts every node, the restart budget is jo
 and the root cause reach every agent."""
 import json
 import os
+import socket
 import subprocess
 import time
 
@@ -253,3 +254,32 @@ def test_kill_9_of_a_worker_restarts_every_node(ddprun, tmp_path):
     assert [a.returncode for a in agents] == [0, 0], errs
     assert all((tmp_path / f"pid.1.{r}").exists() for r in range(4)), "every node restarted"
     assert "killed by signal 9" in errs[1]
+
+
+def test_rdzv_conf_is_host_decides_who_hosts_the_store(ddprun, tmp_path):
+    """torchrun's is_host: the node told false never hosts, even when it comes first and the
+    endpoint is free; the one told true hosts; a true host whose port is taken fails clearly."""
+    worker = tmp_path / "worker.sh"
+    worker.write_text(WORKER)
+    worker.chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    client = subprocess.Popen([ddprun, *common, "--rdzv-conf", "is_host=false,read_timeout=20",
+                               str(worker)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)                                   # first, yet it must not take the endpoint
+    host = subprocess.Popen([ddprun, *common, "--rdzv-conf", "is_host=true", str(worker)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    errs = [p.communicate(timeout=60)[1] for p in (client, host)]
+    assert [client.returncode, host.returncode] == [0, 0], errs
+    assert "store at" in errs[0] and "store hosted on" in errs[1], errs
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        r = subprocess.run([ddprun, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                            f"127.0.0.1:{busy}", "--rdzv-conf", "is_host=true", str(worker)],
+                           capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "cannot host the job's store" in r.stderr, r.stderr
