@@ -25,7 +25,7 @@ if [ "${1:-}" = "--env" ]; then
 fi
 set -euo pipefail
 
-packages=(libuv1 libuv1-dev libsodium23 libsodium-dev libinih1 libinih-dev libxxhash0 libxxhash-dev
+packages=(libuv1 libuv1-dev libsodium23 libsodium-dev libxxhash0 libxxhash-dev
           libcjson1 libcjson-dev libturbojpeg0 libturbojpeg0-dev libjpeg62-turbo
           libcriterion3 libcriterion-dev libnanomsg5 libgit2-1.5 libboxfort-dev
           libhttp-parser2.9 libmbedcrypto7 libmbedtls14 libmbedx509-1 libssh2-1

@@ -6,7 +6,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <ini.h>
+
+#include "ini_file.h"
 
 typedef enum { KEY_INT, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type_t;
 
@@ -178,32 +179,31 @@ void train_conf_default(train_conf_t *c) {
     }
 }
 
+/* Which keys the file set, and on which line, so a key set twice is an error, not "last wins". */
 typedef struct {
     train_conf_t *conf;
-    char msg[512];
-    bool has_error;
+    int set_on_line[N_KEYS];
 } parse_ctx_t;
 
-static int on_ini(void *user, const char *section, const char *name, const char *value) {
+static int on_key(void *user, const char *section, const char *key, const char *value, int line,
+                  char *err, size_t err_len) {
     parse_ctx_t *ctx = user;
-    if (ctx->has_error) return 1;
-    if (train_conf_set(ctx->conf, section, name, value, ctx->msg, sizeof ctx->msg) < 0) {
-        ctx->has_error = true;
-        return 0; /* ini_parse reports this line */
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (strcmp(keys[i].section, section) || strcmp(keys[i].key, key)) continue;
+        if (ctx->set_on_line[i])
+            return fail(err, err_len, &keys[i], "set twice (first on line %d); keep one",
+                        ctx->set_on_line[i]);
+        ctx->set_on_line[i] = line;
+        break;
     }
-    return 1;
+    return train_conf_set(ctx->conf, section, key, value, err, err_len);
 }
 
 int train_conf_load(const char *path, char *const *overrides, int n_overrides, train_conf_t *out,
                     char *err, size_t err_len) {
     train_conf_default(out);
     parse_ctx_t ctx = {.conf = out};
-    int line = ini_parse(path, on_ini, &ctx);
-    if (line == -1) return fail(err, err_len, NULL, "%s: cannot open: %s", path, strerror(errno));
-    if (line == -2) return fail(err, err_len, NULL, "%s: out of memory", path);
-    if (line > 0)
-        return fail(err, err_len, NULL, "%s:%d: %s", path, line,
-                    ctx.has_error ? ctx.msg : "not 'key = value' or '[section]'");
+    if (ini_file_parse(path, on_key, &ctx, err, err_len) < 0) return -1;
     for (int i = 0; i < n_overrides; i++) {
         char buf[TRAIN_CONF_PATH_MAX + 128];
         snprintf(buf, sizeof buf, "%s", overrides[i]);

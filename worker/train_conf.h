@@ -1,4 +1,4 @@
-/* train_conf: train.conf, the trainer's INI file (inih), and `section.key=value` overrides from
+/* train_conf: train.conf, the trainer's INI file (ini_file.h), and `section.key=value` overrides from
  * the command line. One table describes every key: its section, type, range and default; parsing,
  * overrides and docs/train.conf.5 (checked by a test) all follow it. Errors name the file, the line
  * and the key ("train.conf:12: optim.lr: 'fast' is not a number"). Pure apart from reading the
