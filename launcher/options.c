@@ -322,6 +322,12 @@ static int set_hang_timeout(ddprun_opts_t *o, const char *v, char *err, size_t e
     return 0;
 }
 
+static int set_start_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (parse_seconds(v, &o->start_timeout_s) < 0)
+        return errf(err, el, "--start-timeout: '%s' is not a number of seconds", v);
+    return 0;
+}
+
 static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     (void)v, (void)err, (void)el;
     o->is_dry_run = true;
@@ -361,6 +367,9 @@ static const opt_spec_t opt_table[] = {
     {"hang-timeout", 0, "SECONDS", "restart the job when a worker that reports progress "
                                    "(ddpworker does) makes none for this long (0: off)",
      set_hang_timeout},
+    {"start-timeout", 0, "SECONDS", "restart the job when a worker has reported no progress this "
+                                    "long after its start (120 for train.conf, else 0: off)",
+     set_start_timeout},
     {"start-method", 0, "spawn|fork|forkserver", "accepted for torchrun's scripts: workers "
                                                    "are always new processes (exec)", set_start_method},
     {"run-path", 0, NULL, "accepted for torchrun's scripts: a script always runs as __main__",
@@ -405,6 +414,7 @@ static void set_defaults(ddprun_opts_t *o) {
     o->heartbeat_timeout_s = 30;
     o->keep_alive_interval_s = 5;
     o->read_timeout_s = 60; /* torch's c10d rendezvous default */
+    o->start_timeout_s = -1; /* not given: decided by the program (finish) */
     o->is_host = -1;
     strcpy(o->start_method, "spawn");
     o->monitor_interval_s = 0.1;
@@ -456,6 +466,11 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
 
 /* --standalone and the backends' implied settings; errors for combinations torchrun rejects. */
 static int finish(ddprun_opts_t *o, char *err, size_t el) {
+    if (o->start_timeout_s < 0) { /* only ddpworker is known to report progress from its start */
+        const char *prog = o->program_argv[0];
+        size_t n = strlen(prog);
+        o->start_timeout_s = n > 5 && strcmp(prog + n - 5, ".conf") == 0 ? 120 : 0;
+    }
     if (o->is_standalone) {
         if (o->has_rdzv_endpoint)
             fprintf(stderr, "ddprun: --standalone ignores --rdzv-endpoint %s\n", o->rdzv_host);
@@ -567,8 +582,8 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "\nmaster: %s:%u\nlocal_addr: %s\nno_python: %d\nmodule: %d\nsignals:",
             o->master_addr, o->master_port, o->local_addr, o->is_no_python, o->is_module);
     for (int s = 0; s < o->n_signals; s++) fprintf(f, " %d", o->signals[s]);
-    fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nprogram:", o->shutdown_timeout_s,
-            o->hang_timeout_s);
+    fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nstart_timeout: %g\nprogram:",
+            o->shutdown_timeout_s, o->hang_timeout_s, o->start_timeout_s);
     for (int a = 0; a < o->program_argc; a++) fprintf(f, " %s", o->program_argv[a]);
     fputc('\n', f);
 }

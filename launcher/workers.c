@@ -52,7 +52,7 @@ struct worker {
      * the shim's, which is also the process group's id */
     char pid_path[1600];
     int group_pid;
-    uint64_t last_beat, last_change_ms;
+    uint64_t started_ms, last_beat, last_change_ms;
     bool has_beat, is_hang_killed;
 };
 
@@ -416,16 +416,28 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
         return rc;
     }
     w->result.pid = w->group_pid = w->proc.pid;
+    w->started_ms = uv_now(s->loop);
     uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
     return 0;
 }
 
-/* A worker that has reported progress and then stops for --hang-timeout is killed; its exit then
- * restarts the job like any failure. Workers that never report are never judged. */
+static void kill_stuck(worker_t *w, double stuck_s, const char *what, const char *flag) {
+    learn_program_pid(w);
+    LOG_ERROR("worker rank %d (pid %d) %s for %.0f s (%s): killing it so the job restarts",
+              w->result.rank, w->result.pid, what, stuck_s, flag);
+    w->is_hang_killed = true;
+    kill(-w->group_pid, SIGKILL);
+}
+
+/* A worker that has reported progress and then stops for --hang-timeout is killed, and so is one
+ * that has reported none --start-timeout after its start; its exit then restarts the job like any
+ * failure. Without --start-timeout, workers that never report are never judged. */
 static void on_hang_timer(uv_timer_t *t) {
     workers_t *s = t->data;
-    uint64_t now = uv_now(s->loop), limit_ms = (uint64_t)(s->spec.opts->hang_timeout_s * 1000);
+    const ddprun_opts_t *o = s->spec.opts;
+    uint64_t now = uv_now(s->loop), hang_ms = (uint64_t)(o->hang_timeout_s * 1000),
+             start_ms = (uint64_t)(o->start_timeout_s * 1000);
     for (int i = 0; i < s->n; i++) {
         worker_t *w = &s->w[i];
         if (w->group_pid <= 0 || w->result.has_exited || w->is_hang_killed) continue;
@@ -433,18 +445,19 @@ static void on_hang_timer(uv_timer_t *t) {
         int fd = open(w->progress_path, O_RDONLY | O_CLOEXEC);
         bool is_read = fd >= 0 && pread(fd, &beat, sizeof beat, 0) == (ssize_t)sizeof beat;
         if (fd >= 0) close(fd);
-        if (!is_read) continue;
+        if (!is_read || (!w->has_beat && beat == 0)) {
+            if (start_ms && now - w->started_ms > start_ms)
+                kill_stuck(w, (double)(now - w->started_ms) / 1000, "reported no progress",
+                           "--start-timeout");
+            continue;
+        }
         if (!w->has_beat || beat != w->last_beat) {
             w->has_beat = true;
             w->last_beat = beat;
             w->last_change_ms = now;
-        } else if (now - w->last_change_ms > limit_ms) {
-            learn_program_pid(w);
-            LOG_ERROR("worker rank %d (pid %d) made no progress for %.0f s (--hang-timeout): "
-                      "killing it so the job restarts", w->result.rank, w->result.pid,
-                      (double)(now - w->last_change_ms) / 1000);
-            w->is_hang_killed = true;
-            kill(-w->group_pid, SIGKILL);
+        } else if (hang_ms && now - w->last_change_ms > hang_ms) {
+            kill_stuck(w, (double)(now - w->last_change_ms) / 1000, "made no progress",
+                       "--hang-timeout");
         }
     }
 }
@@ -473,9 +486,10 @@ int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb o
     s->drain_timer.data = s;
     uv_timer_init(loop, &s->hang_timer);
     s->hang_timer.data = s;
-    double hang_s = spec->opts->hang_timeout_s;
-    if (hang_s > 0) {
-        uint64_t period_ms = (uint64_t)(hang_s * 1000 / 4);
+    double hang_s = spec->opts->hang_timeout_s, start_s = spec->opts->start_timeout_s;
+    double shortest_s = hang_s > 0 && (start_s <= 0 || hang_s < start_s) ? hang_s : start_s;
+    if (shortest_s > 0) {
+        uint64_t period_ms = (uint64_t)(shortest_s * 1000 / 4);
         period_ms = period_ms < 50 ? 50 : period_ms > 1000 ? 1000 : period_ms;
         uv_timer_start(&s->hang_timer, on_hang_timer, period_ms, period_ms);
     }

@@ -335,3 +335,32 @@ def test_torchrun_flags_that_scripts_pass_are_accepted(ddprun):
     assert r.returncode == 0, r.stderr
     assert "start_method: forkserver" in r.stdout
     assert "join_timeout=9," in r.stdout and "read_timeout=7,is_host=true" in r.stdout
+
+
+def test_start_timeout_defaults_to_ddpworker_only(ddprun):
+    for prog, want in (("train.conf", "start_timeout: 120"), ("train.py", "start_timeout: 0")):
+        r = subprocess.run([ddprun, "--dry-run", prog], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0 and want in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([ddprun, "--start-timeout", "5", "--dry-run", "train.conf"],
+                       capture_output=True, text=True, timeout=10)
+    assert "start_timeout: 5" in r.stdout
+
+
+STUCK_AT_START = r"""#!/bin/sh
+# attempt 0 never reports progress (stuck in start-up); attempt 1 reports and finishes
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 60; fi
+/usr/bin/python3 -c "import os, struct; open(os.environ['DDPRUN_PROGRESS_FILE'], 'wb').write(struct.pack('<Q', 1))"
+echo "attempt $TORCHELASTIC_RESTART_COUNT done" > "$OUT_DIR/done"
+"""
+
+
+def test_a_worker_stuck_before_its_first_progress_is_restarted(ddprun, script, tmp_path):
+    start = time.monotonic()
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                        "--start-timeout", "1", "--hang-timeout", "30", script(STUCK_AT_START)],
+                       env=dict(os.environ, OUT_DIR=str(tmp_path)), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "reported no progress for" in r.stderr and "--start-timeout" in r.stderr, r.stderr
+    assert (tmp_path / "done").read_text().strip() == "attempt 1 done"
+    assert time.monotonic() - start < 20, "found by the start bound, not by a 60 s sleep"
