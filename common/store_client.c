@@ -194,10 +194,22 @@ static int check_key(store_client_t *c, const char *key) {
     return 0;
 }
 
+/* The store drops a connection that sends a longer value (it has no error reply for it): refuse
+ * to send one, with the limit named, instead of having the caller see "connection reset". */
+static int check_value(store_client_t *c, const char *key, size_t n_bytes) {
+    if (n_bytes > c->limits.max_value_bytes)
+        return fail(c, -EMSGSIZE, "a value of %zu bytes for '%s' is over the store's limit of %zu "
+                    "bytes (ddprun --store-max-value, ddprun store --max-value-bytes)", n_bytes,
+                    key, c->limits.max_value_bytes);
+    return 0;
+}
+
 /* One request with a key and up to two values; reply decoded into *r (if a reply exists). */
 static int key_op(store_client_t *c, store_op_t op, const char *key, const void *v1, size_t n1,
                   const void *v2, size_t n2, int has_v, store_reply_t *r) {
     TRY(check_key(c, key));
+    if (has_v >= 1) TRY(check_value(c, key, n1));
+    if (has_v >= 2) TRY(check_value(c, key, n2));
     TRY(start_op(c, -1));
     store_writer_t w;
     TRY(begin(c, op, str_cost(key) + (has_v >= 1 ? 8 + n1 : 0) + (has_v >= 2 ? 8 + n2 : 0), &w));
@@ -391,6 +403,7 @@ int store_client_connect(const store_client_opts_t *opts, store_client_t **out) 
     if (opts->secret) c->secret = *opts->secret;
     c->opts.secret = NULL;
     store_limits_default(&c->limits);
+    if (opts->max_value_bytes) c->limits.max_value_bytes = opts->max_value_bytes;
     c->r_cap = 4096;
     c->rbuf = malloc(c->r_cap);
     if (pipe2(c->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -432,6 +445,7 @@ static int keys_op(store_client_t *c, store_op_t op, const char *const *keys, si
     size_t need = 8;
     for (size_t i = 0; i < n; i++) {
         TRY(check_key(c, keys[i]));
+        if (vals) TRY(check_value(c, keys[i], val_lens[i]));
         need += str_cost(keys[i]) + (vals ? 8 + val_lens[i] : 0);
     }
     TRY(start_op(c, timeout_ms));

@@ -281,7 +281,8 @@ static void hb_work_cb(uv_work_t *req) {
     if (!a->hb) {
         int64_t limit_ms = (int64_t)(o->heartbeat_timeout_s * 1000);
         store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
-                                  .connect_timeout_ms = limit_ms, .op_timeout_ms = limit_ms};
+                                  .connect_timeout_ms = limit_ms, .op_timeout_ms = limit_ms,
+                                  .max_value_bytes = o->store_max_value_bytes};
         a->hb_rc = store_client_connect(&co, &a->hb);
         if (a->hb_rc < 0) {
             store_client_destroy(a->hb);
@@ -365,7 +366,8 @@ static void join_work_cb(uv_work_t *req) {
     a->join_rc = 0;
     store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                               .connect_timeout_ms = (int64_t)(o->join_timeout_s * 1000),
-                              .op_timeout_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000)};
+                              .op_timeout_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000),
+                              .max_value_bytes = o->store_max_value_bytes};
     store_client_t **clients[2] = {&a->ops, &a->watch};
     for (int i = 0; i < 2 && a->join_rc == 0; i++) {
         if (*clients[i]) continue;
@@ -545,6 +547,9 @@ static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
     store_server_opts_t so = {.host = o->rdzv_host, .port = o->rdzv_port};
     store_limits_default(&so.limits);
+    so.limits.max_value_bytes = o->store_max_value_bytes;
+    size_t frame_needed = so.limits.max_key_bytes + so.limits.max_value_bytes + 32;
+    if (so.limits.max_frame_bytes < frame_needed) so.limits.max_frame_bytes = frame_needed;
     char err[512];
     bool is_static = strcmp(o->rdzv_backend, "static") == 0;
     int rc = 0;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "endpoint.h"
+#include "store_limits.h"
 
 typedef int (*opt_set_fn)(ddprun_opts_t *o, const char *value, char *err, size_t err_len);
 
@@ -322,6 +323,14 @@ static int set_hang_timeout(ddprun_opts_t *o, const char *v, char *err, size_t e
     return 0;
 }
 
+static int set_store_max_value(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    long n;
+    if (parse_int(v, 1, 1L << 30, &n) < 0)
+        return errf(err, el, "--store-max-value: '%s' is not a byte count in [1, 1073741824]", v);
+    o->store_max_value_bytes = (size_t)n;
+    return 0;
+}
+
 static int set_start_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (parse_seconds(v, &o->start_timeout_s) < 0)
         return errf(err, el, "--start-timeout: '%s' is not a number of seconds", v);
@@ -367,6 +376,8 @@ static const opt_spec_t opt_table[] = {
     {"hang-timeout", 0, "SECONDS", "restart the job when a worker that reports progress "
                                    "(ddpworker does) makes none for this long (0: off)",
      set_hang_timeout},
+    {"store-max-value", 0, "BYTES", "the longest value the job's store accepts (8388608, as "
+                                    "PyTorch's)", set_store_max_value},
     {"start-timeout", 0, "SECONDS", "restart the job when a worker has reported no progress this "
                                     "long after its start (120 for train.conf, else 0: off)",
      set_start_timeout},
@@ -415,6 +426,7 @@ static void set_defaults(ddprun_opts_t *o) {
     o->keep_alive_interval_s = 5;
     o->read_timeout_s = 60; /* torch's c10d rendezvous default */
     o->start_timeout_s = -1; /* not given: decided by the program (finish) */
+    o->store_max_value_bytes = STORE_DEFAULT_MAX_VALUE_BYTES;
     o->is_host = -1;
     strcpy(o->start_method, "spawn");
     o->monitor_interval_s = 0.1;
@@ -582,8 +594,9 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "\nmaster: %s:%u\nlocal_addr: %s\nno_python: %d\nmodule: %d\nsignals:",
             o->master_addr, o->master_port, o->local_addr, o->is_no_python, o->is_module);
     for (int s = 0; s < o->n_signals; s++) fprintf(f, " %d", o->signals[s]);
-    fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nstart_timeout: %g\nprogram:",
-            o->shutdown_timeout_s, o->hang_timeout_s, o->start_timeout_s);
+    fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nstart_timeout: %g\nstore_max_value: %zu\n"
+               "program:", o->shutdown_timeout_s, o->hang_timeout_s, o->start_timeout_s,
+            o->store_max_value_bytes);
     for (int a = 0; a < o->program_argc; a++) fprintf(f, " %s", o->program_argv[a]);
     fputc('\n', f);
 }

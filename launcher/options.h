@@ -42,6 +42,7 @@ typedef struct {
     int n_signals;
     double shutdown_timeout_s;
     double hang_timeout_s;   /* 0: no hang detection */
+    size_t store_max_value_bytes; /* the hosted store's value limit, which our clients respect too */
     double start_timeout_s;  /* 0: none; a worker must report progress this soon after its start */
     bool is_dry_run;
     char **program_argv; /* points into argv: the program and its arguments */

@@ -19,6 +19,8 @@ static const char cli_usage[] =
     "  --secret-file F        authenticate with the secret in F (or $DDPRUN_STORE_SECRET[_FILE])\n"
     "  --timeout MS           bound of the operation, WAIT included (default 30000)\n"
     "  --connect-timeout MS   keep retrying the connection this long (default 10000)\n"
+    "  --max-value-bytes N    the store's value limit: longer values are refused before sending\n"
+    "                         (default 8388608, as ddprun's and PyTorch's stores)\n"
     "\n"
     "operations:\n"
     "  set K V | get K | add K N | compare-set K EXPECTED DESIRED | append K V\n"
@@ -35,6 +37,7 @@ static const struct option cli_options[] = {
     {"secret-file", required_argument, NULL, 's'},
     {"timeout", required_argument, NULL, 't'},
     {"connect-timeout", required_argument, NULL, 'c'},
+    {"max-value-bytes", required_argument, NULL, 'm'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -74,16 +77,35 @@ static void print_value(const uint8_t *v, size_t n) {
     fputc('\n', stdout);
 }
 
-static int run_op(store_client_t *c, const char *op, char **a, int n) {
+/* SET, APPEND, MULTI_SET and QUEUE_PUSH have no reply: a store that dropped the connection (a
+ * value over its limit) or ignored the request (an op an old server lacks) would look like
+ * success. A request that has a reply, on the same connection, proves the write was taken: PING
+ * where the numbering has it, else CHECK of the written keys, which must then exist. */
+static int confirm_write(store_client_t *c, bool is_legacy, const char *const *keys, size_t n) {
+    if (!is_legacy) return store_client_ping(c, NULL);
+    bool is_there = false;
+    int rc = store_client_check(c, keys, n, &is_there);
+    if (rc == 0 && !is_there) {
+        fprintf(stderr, "ddprun store-client: the store took the request but did not store it: an "
+                        "old server (torch < 2.0) lacks this operation\n");
+        return -ENOTSUP;
+    }
+    return rc;
+}
+
+static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, int n) {
     uint8_t *v = NULL;
     size_t vn = 0;
     int64_t i64 = 0;
     bool flag = false;
     int rc;
     const char *const *keys = (const char *const *)a;
-    if (strcmp(op, "set") == 0) return store_client_set(c, a[0], a[1], strlen(a[1]));
-    if (strcmp(op, "append") == 0) return store_client_append(c, a[0], a[1], strlen(a[1]));
-    if (strcmp(op, "queue-push") == 0) return store_client_queue_push(c, a[0], a[1], strlen(a[1]));
+    if (strcmp(op, "set") == 0 || strcmp(op, "append") == 0 || strcmp(op, "queue-push") == 0) {
+        if (op[0] == 's') rc = store_client_set(c, a[0], a[1], strlen(a[1]));
+        else if (op[0] == 'a') rc = store_client_append(c, a[0], a[1], strlen(a[1]));
+        else rc = store_client_queue_push(c, a[0], a[1], strlen(a[1]));
+        return rc < 0 ? rc : confirm_write(c, is_legacy, keys, 1);
+    }
     if (strcmp(op, "wait") == 0) return store_client_wait(c, keys, (size_t)n, -1);
     if (strcmp(op, "ping") == 0) {
         uint64_t rtt;
@@ -147,6 +169,7 @@ static int run_op(store_client_t *c, const char *op, char **a, int n) {
                 ls[i] = strlen(a[2 * i + 1]);
             }
             rc = store_client_multi_set(c, ks, vs, ls, pairs);
+            if (rc == 0) rc = confirm_write(c, is_legacy, ks, pairs);
         }
         free(ks);
         free(vs);
@@ -183,6 +206,11 @@ int store_cli_main(int argc, char **argv) {
                 return usage_error("timeouts are milliseconds in [1, 86400000], not ", optarg);
             *(opt == 't' ? &opts.op_timeout_ms : &opts.connect_timeout_ms) = (int64_t)v;
             break;
+        case 'm':
+            if (parse_u64(optarg, 1, (uint64_t)1 << 40, &v) < 0)
+                return usage_error("--max-value-bytes is a byte count >= 1, not ", optarg);
+            opts.max_value_bytes = (size_t)v;
+            break;
         case ':': return usage_error("missing value for ", argv[optind - 1]);
         default: return usage_error("unknown option ", argv[optind - 1]);
         }
@@ -216,7 +244,7 @@ int store_cli_main(int argc, char **argv) {
 
     store_client_t *c = NULL;
     rc = store_client_connect(&opts, &c);
-    if (rc == 0) rc = run_op(c, op, args, n_args);
+    if (rc == 0) rc = run_op(c, opts.dialect == STORE_DIALECT_LEGACY, op, args, n_args);
     const char *msg = c ? store_client_error(c) : "";
     if (rc < 0 && msg[0]) fprintf(stderr, "ddprun store-client: %s\n", msg);
     else if (rc == DDP_ETIMEOUT) /* some client paths (e.g. ADD) time out without a message */

@@ -291,3 +291,18 @@ def test_a_silent_program_on_the_port_is_a_clear_error_not_a_hang(ddprun):
     assert r.returncode == 1
     assert "did not answer the handshake" in r.stderr and "another program" in r.stderr
     assert time.monotonic() - t0 < 20
+
+
+def test_a_value_over_the_limit_is_refused_by_our_client_and_logged_by_the_store(ddprun,
+                                                                                 start_store):
+    store = start_store("--max-value-bytes", "100")
+    r = run(ddprun, store, "set", "k", "v" * 101, extra=["--max-value-bytes", "100"])
+    assert r.returncode == 1
+    assert "a value of 101 bytes for 'k' is over the store's limit of 100 bytes" in r.stderr
+    assert ok(ddprun, store, "check", "k").strip() == "0", "nothing was sent"
+    ok(ddprun, store, "set", "k", "v" * 100, extra=["--max-value-bytes", "100"])
+    # a client that does not know the limit is dropped, and the store names it and why
+    r = run(ddprun, store, "set", "k2", "v" * 101)
+    assert r.returncode == 1
+    assert wait_until(lambda: "value longer than the value-size limit" in store.stderr())
+    assert re.search(r"dropping client 127\.0\.0\.1:\d+: value longer", store.stderr())
