@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #define SNAPSHOT_MAGIC "DDPSNAP\x01"  /* 8 bytes */
-#define SNAPSHOT_VERSION 1u
+#define SNAPSHOT_VERSION 2u
 #define SNAPSHOT_MAX_SECTIONS 8
 #define SNAPSHOT_FILE_PREFIX "snapshot-"
 #define SNAPSHOT_FILE_SUFFIX ".ddps"
@@ -16,9 +16,12 @@
 
 typedef enum {
     SNAPSHOT_SECTION_PARAMS = 1,    /* fp32, the model's parameter arena */
-    SNAPSHOT_SECTION_MOMENTUM = 2,  /* fp32, SGD momentum, same layout as params */
+    SNAPSHOT_SECTION_MOMENTUM = 2,  /* fp32, SGD momentum or Adam's first moment, as params */
     SNAPSHOT_SECTION_BUFFERS = 3,   /* fp32, batch-norm running mean/var (rank 0's) */
+    SNAPSHOT_SECTION_SECOND_MOMENT = 4, /* fp32, Adam's second moment, as params (adam/adamw only) */
 } snapshot_section_kind_t;
+
+typedef enum { SNAPSHOT_OPTIM_SGD = 0, SNAPSHOT_OPTIM_ADAM = 1, SNAPSHOT_OPTIM_ADAMW = 2 } snapshot_optim_t;
 
 typedef struct {
     uint32_t kind;           /* snapshot_section_kind_t */
@@ -47,6 +50,11 @@ typedef struct {
     /* the optimizer (informational: train.conf may change it on resume) */
     double lr, momentum, weight_decay;
     uint32_t is_nesterov, precision;
+    /* the optimizer's kind and Adam's step count (skipped steps not counted; 0 for SGD) are state:
+     * adam and adamw snapshots carry the second-moment section */
+    uint32_t optimizer;      /* snapshot_optim_t */
+    uint32_t reserved3;      /* 0 */
+    uint64_t optim_steps;
     /* the dynamic loss scaler (fp16): scale 1 and 0 steps when unused */
     double loss_scale;
     uint64_t loss_scale_good_steps;

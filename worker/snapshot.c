@@ -150,18 +150,25 @@ static size_t section_floats(const snapshot_header_t *h, uint32_t kind) {
     return kind == SNAPSHOT_SECTION_BUFFERS ? h->n_buffers : h->n_params;
 }
 
+static bool has_second_moment(const snapshot_header_t *h) {
+    return h->optimizer == SNAPSHOT_OPTIM_ADAM || h->optimizer == SNAPSHOT_OPTIM_ADAMW;
+}
+
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
                    char *err, size_t err_len) {
     snapshot_header_t h = d->header;
     memcpy(h.magic, SNAPSHOT_MAGIC, sizeof h.magic);
     h.version = SNAPSHOT_VERSION;
     h.header_bytes = sizeof h;
-    const float *arrays[3] = {d->params, d->momentum, d->buffers};
-    static const uint32_t kinds[3] = {SNAPSHOT_SECTION_PARAMS, SNAPSHOT_SECTION_MOMENTUM,
-                                      SNAPSHOT_SECTION_BUFFERS};
-    h.n_sections = 3;
+    const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
+    static const uint32_t kinds[4] = {SNAPSHOT_SECTION_PARAMS, SNAPSHOT_SECTION_MOMENTUM,
+                                      SNAPSHOT_SECTION_BUFFERS, SNAPSHOT_SECTION_SECOND_MOMENT};
+    h.n_sections = has_second_moment(&h) ? 4 : 3;
+    if (h.n_sections == 4 && !d->second_moment)
+        return failf(err, err_len, "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
+                     "moment", h.step, h.optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw");
     uint64_t offset = sizeof h;
-    for (int i = 0; i < 3; i++) {
+    for (uint32_t i = 0; i < h.n_sections; i++) {
         uint64_t bytes = section_floats(&h, kinds[i]) * sizeof(float);
         h.sections[i] = (snapshot_section_t){.kind = kinds[i], .offset = offset, .n_bytes = bytes,
                                              .checksum = XXH3_64bits(arrays[i], bytes)};
@@ -170,9 +177,10 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
     h.header_checksum = XXH3_64bits(&h, HEADER_CHECKED_BYTES);
     char name[128];
     snprintf(name, sizeof name, SNAPSHOT_FILE_PREFIX "%012" PRIu64 SNAPSHOT_FILE_SUFFIX, h.step);
-    const void *parts[4] = {&h, arrays[0], arrays[1], arrays[2]};
-    size_t sizes[4] = {sizeof h, h.sections[0].n_bytes, h.sections[1].n_bytes, h.sections[2].n_bytes};
-    if (write_atomically(dir, name, parts, sizes, 4, err, err_len) < 0) return -1;
+    const void *parts[5] = {&h, arrays[0], arrays[1], arrays[2], arrays[3]};
+    size_t sizes[5] = {sizeof h};
+    for (uint32_t i = 0; i < h.n_sections; i++) sizes[i + 1] = h.sections[i].n_bytes;
+    if (write_atomically(dir, name, parts, sizes, (int)h.n_sections + 1, err, err_len) < 0) return -1;
     char manifest[160];
     int len = snprintf(manifest, sizeof manifest, "%s\n", name);
     const void *mparts[1] = {manifest};
@@ -186,7 +194,8 @@ void snapshot_data_free(snapshot_data_t *d) {
     free(d->params);
     free(d->momentum);
     free(d->buffers);
-    d->params = d->momentum = d->buffers = NULL;
+    free(d->second_moment);
+    d->params = d->momentum = d->buffers = d->second_moment = NULL;
 }
 
 static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
@@ -217,11 +226,18 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
                      "reads version %u", path, h->version, h->header_bytes, SNAPSHOT_VERSION);
     if (XXH3_64bits(h, HEADER_CHECKED_BYTES) != h->header_checksum)
         return failf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
-    if (h->n_sections != 3 || h->n_params > (1ull << 40) || h->n_buffers > (1ull << 40))
+    if (h->optimizer > SNAPSHOT_OPTIM_ADAMW)
+        return failf(err, err_len, "%s: unknown optimizer %u (corrupt)", path, h->optimizer);
+    /* Adam counts only the steps it took: never more than the run's */
+    if (has_second_moment(h) ? h->optim_steps > h->step : h->optim_steps != 0)
+        return failf(err, err_len, "%s: %" PRIu64 " optimizer steps at step %" PRIu64 " (corrupt)",
+                     path, h->optim_steps, h->step);
+    if (h->n_sections != (has_second_moment(h) ? 4u : 3u) || h->n_params > (1ull << 40) ||
+        h->n_buffers > (1ull << 40))
         return failf(err, err_len, "%s: unexpected section table (%u sections)", path, h->n_sections);
     for (uint32_t i = 0; i < h->n_sections; i++) {
         const snapshot_section_t *s = &h->sections[i];
-        if (s->kind < SNAPSHOT_SECTION_PARAMS || s->kind > SNAPSHOT_SECTION_BUFFERS ||
+        if (s->kind < SNAPSHOT_SECTION_PARAMS || s->kind > SNAPSHOT_SECTION_SECOND_MOMENT ||
             s->n_bytes != section_floats(h, s->kind) * sizeof(float) || s->offset > file_bytes ||
             s->n_bytes > file_bytes - s->offset)
             return failf(err, err_len, "%s: section %u lies outside the file's %" PRIu64
@@ -235,8 +251,17 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
 }
 
 static const char *section_name(uint32_t kind) {
-    return kind == SNAPSHOT_SECTION_PARAMS ? "params" : kind == SNAPSHOT_SECTION_MOMENTUM ? "momentum"
-                                                                                          : "buffers";
+    return kind == SNAPSHOT_SECTION_PARAMS     ? "params"
+           : kind == SNAPSHOT_SECTION_MOMENTUM ? "momentum"
+           : kind == SNAPSHOT_SECTION_BUFFERS  ? "buffers"
+                                               : "second_moment";
+}
+
+static float **section_slot(snapshot_data_t *d, uint32_t kind) {
+    return kind == SNAPSHOT_SECTION_PARAMS     ? &d->params
+           : kind == SNAPSHOT_SECTION_MOMENTUM ? &d->momentum
+           : kind == SNAPSHOT_SECTION_BUFFERS  ? &d->buffers
+                                               : &d->second_moment;
 }
 
 int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len) {
@@ -251,9 +276,7 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
                                                  err_len);
     for (uint32_t i = 0; rc == 0 && i < d->header.n_sections; i++) {
         const snapshot_section_t *s = &d->header.sections[i];
-        float **slot = s->kind == SNAPSHOT_SECTION_PARAMS     ? &d->params
-                       : s->kind == SNAPSHOT_SECTION_MOMENTUM ? &d->momentum
-                                                              : &d->buffers;
+        float **slot = section_slot(d, s->kind);
         if (*slot) {
             rc = failf(err, err_len, "%s: section %s appears twice", path, section_name(s->kind));
             break;
@@ -267,7 +290,8 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
             rc = failf(err, err_len, "%s: section %s checksum mismatch (corrupt or torn)", path,
                        section_name(s->kind));
     }
-    if (rc == 0 && (!d->params || !d->momentum || !d->buffers))
+    if (rc == 0 && (!d->params || !d->momentum || !d->buffers ||
+                    (has_second_moment(&d->header) && !d->second_moment)))
         rc = failf(err, err_len, "%s: a section is missing", path);
     close(fd);
     if (rc < 0) snapshot_data_free(d);
@@ -318,6 +342,10 @@ uint64_t snapshot_state_hash(const snapshot_data_t *d) {
     XXH3_64bits_update(s, d->params, d->header.n_params * sizeof(float));
     XXH3_64bits_update(s, d->momentum, d->header.n_params * sizeof(float));
     XXH3_64bits_update(s, d->buffers, d->header.n_buffers * sizeof(float));
+    if (has_second_moment(&d->header)) {
+        XXH3_64bits_update(s, d->second_moment, d->header.n_params * sizeof(float));
+        XXH3_64bits_update(s, &d->header.optim_steps, sizeof d->header.optim_steps);
+    }
     uint64_t h = XXH3_64bits_digest(s);
     XXH3_freeState(s);
     return h;
@@ -342,8 +370,13 @@ int snapshot_inspect(const char *path, FILE *out) {
     fprintf(out, "model:       %.32s width %u, input %ux%ux%u, %u classes, %" PRIu64
             " parameters, %" PRIu64 " buffer values\n", h->model, h->width, h->height, h->img_width,
             h->channels, h->classes, h->n_params, h->n_buffers);
-    fprintf(out, "optimizer:   sgd lr %g momentum %g weight decay %g%s\n", h->lr, h->momentum,
-            h->weight_decay, h->is_nesterov ? " nesterov" : "");
+    if (has_second_moment(h))
+        fprintf(out, "optimizer:   %s lr %g weight decay %g, %" PRIu64 " steps taken\n",
+                h->optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw", h->lr, h->weight_decay,
+                h->optim_steps);
+    else
+        fprintf(out, "optimizer:   sgd lr %g momentum %g weight decay %g%s\n", h->lr, h->momentum,
+                h->weight_decay, h->is_nesterov ? " nesterov" : "");
     fprintf(out, "loss scale:  %g (%" PRIu64 " good steps)\n", h->loss_scale,
             h->loss_scale_good_steps);
     for (uint32_t i = 0; i < h->n_sections; i++)
@@ -421,7 +454,7 @@ static void remove_temp_files(const char *dir) {
 }
 
 int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
-                           const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
+                           bool has_second_moment, const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
                            size_t err_len) {
     *out = NULL;
     int rc = mkdir_p(dir);
@@ -438,9 +471,11 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
     w->data.params = malloc((n_params ? n_params : 1) * sizeof(float));
     w->data.momentum = malloc((n_params ? n_params : 1) * sizeof(float));
     w->data.buffers = malloc((n_buffers ? n_buffers : 1) * sizeof(float));
+    if (has_second_moment) w->data.second_moment = malloc((n_params ? n_params : 1) * sizeof(float));
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (!w->data.params || !w->data.momentum || !w->data.buffers ||
+        (has_second_moment && !w->data.second_moment) ||
         pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         snapshot_data_free(&w->data);
         free(w);

@@ -21,6 +21,7 @@
 typedef struct {
     snapshot_header_t header;
     float *params, *momentum, *buffers; /* host memory, sizes from the header */
+    float *second_moment; /* adam/adamw (header.optimizer): as params; NULL for sgd */
 } snapshot_data_t;
 
 typedef struct {
@@ -29,7 +30,8 @@ typedef struct {
 } snapshot_retention_t;
 
 /* Write one snapshot into dir (which must exist) as snapshot-<step>.ddps; fills in the header's
- * magic, version, sections and checksums; then rewrites the manifest and prunes. Returns 0, or -1
+ * magic, version, sections and checksums (the second moment's when header.optimizer is adam or
+ * adamw: d->second_moment must then be set); then rewrites the manifest and prunes. Returns 0, or -1
  * with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
                    char *err, size_t err_len);
@@ -43,17 +45,19 @@ void snapshot_data_free(snapshot_data_t *d);
  * found, 0 when there is none (or no dir), -1 with err when dir cannot be read. */
 int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char *path_out,
                          size_t path_len, char *err, size_t err_len);
-/* XXH3-64 over params, momentum and buffers: one number to compare two runs' final state. */
+/* XXH3-64 over params, momentum and buffers, then (adam/adamw) the second moment and the step
+ * count: one number to compare two runs' final state. */
 uint64_t snapshot_state_hash(const snapshot_data_t *d);
 /* `ddpworker inspect`: header, per-section verification, state hash. Returns 0 if it verifies. */
 int snapshot_inspect(const char *path, FILE *out);
 
 typedef struct snapshot_writer snapshot_writer_t;
 
-/* A writer for dir with host buffers for n_params / n_buffers floats. Creates dir if missing.
+/* A writer for dir with host buffers for n_params / n_buffers floats (and a second moment of
+ * n_params when has_second_moment). Creates dir if missing.
  * Returns 0 or -1 with err (cannot create or write into dir, out of memory). */
 int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
-                           const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
+                           bool has_second_moment, const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
                            size_t err_len);
 /* Wait until the previous snapshot is written; then its buffers are free to fill. Returns 0, or
  * -1 with the previous write's failure in err (reported once). */

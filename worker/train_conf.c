@@ -9,7 +9,8 @@
 
 #include "ini_file.h"
 
-typedef enum { KEY_INT, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM } key_type_t;
+/* KEY_PAIR: two numbers "a,b", each in [min, max) (torch's betas) into a double[2]. */
+typedef enum { KEY_INT, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_PAIR } key_type_t;
 
 typedef struct {
     const char *section, *key;
@@ -43,10 +44,18 @@ static const key_spec_t keys[] = {
     {"data", "augment", KEY_BOOL, F(is_augmented), 0, 0, NULL, "false",
      "random crop with padding and horizontal flip"},
     {"data", "crop_padding", KEY_INT, F(crop_padding), 0, 64, NULL, "4", "padding of the crop"},
+    {"optim", "name", KEY_ENUM, F(optimizer), 0, 0, "sgd|adam|adamw", "sgd",
+     "the optimizer, as torch.optim's SGD, Adam or AdamW"},
     {"optim", "lr", KEY_DOUBLE, F(lr), 0, 1e3, NULL, "0.1", "learning rate (before scaling)"},
-    {"optim", "momentum", KEY_DOUBLE, F(momentum), 0, 1, NULL, "0.9", "SGD momentum"},
-    {"optim", "nesterov", KEY_BOOL, F(is_nesterov), 0, 0, NULL, "false", "Nesterov momentum"},
-    {"optim", "weight_decay", KEY_DOUBLE, F(weight_decay), 0, 1, NULL, "0.0005", "L2 decay"},
+    {"optim", "momentum", KEY_DOUBLE, F(momentum), 0, 1, NULL, "0.9", "SGD momentum (sgd only)"},
+    {"optim", "nesterov", KEY_BOOL, F(is_nesterov), 0, 0, NULL, "false",
+     "Nesterov momentum (sgd only)"},
+    {"optim", "weight_decay", KEY_DOUBLE, F(weight_decay), 0, 1, NULL, "0.0005",
+     "sgd and adam: L2 penalty added to the gradient; adamw: decoupled decay"},
+    {"optim", "betas", KEY_PAIR, F(betas), 0, 1, NULL, "0.9,0.999",
+     "adam, adamw: decay rates of the running averages of the gradient and its square"},
+    {"optim", "eps", KEY_DOUBLE, F(eps), 0, 1, NULL, "1e-8",
+     "adam, adamw: added to the denominator"},
     {"optim", "label_smoothing", KEY_DOUBLE, F(label_smoothing), 0, 0.999, NULL, "0",
      "label smoothing of the loss"},
     {"optim", "schedule", KEY_ENUM, F(schedule), 0, 0, "constant|step|cosine|one-cycle",
@@ -138,6 +147,20 @@ static int set_value(train_conf_t *c, const key_spec_t *k, const char *v, char *
             return fail(err, el, k, "longer than %zu characters", k->size - 1);
         strcpy(field, v);
         return 0;
+    case KEY_PAIR: {
+        double x[2];
+        const char *p = v;
+        for (int i = 0; i < 2; i++) {
+            x[i] = strtod(p, &end);
+            if (end == p || !isfinite(x[i]) || x[i] < k->min || x[i] >= k->max ||
+                *end != (i ? '\0' : ','))
+                return fail(err, el, k, "'%s' is not two numbers in [%g, %g) separated by a comma",
+                            v, k->min, k->max);
+            p = end + 1;
+        }
+        memcpy(field, x, sizeof x);
+        return 0;
+    }
     case KEY_ENUM: {
         int index = 0;
         size_t vlen = strlen(v);

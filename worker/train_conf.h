@@ -20,6 +20,8 @@ typedef enum { BACKEND_CPU, BACKEND_CUDA } backend_kind_t;
 typedef enum { COLLECTIVE_AUTO, COLLECTIVE_RING, COLLECTIVE_NCCL } collective_kind_t;
 typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_FP16, PRECISION_BF16 } precision_t;
 typedef enum { LOSS_SCALING_AUTO, LOSS_SCALING_DYNAMIC, LOSS_SCALING_OFF } loss_scaling_t;
+/* The values are the snapshot header's (proto/snapshot_format.h, SNAPSHOT_OPTIM_*). */
+typedef enum { OPTIM_SGD, OPTIM_ADAM, OPTIM_ADAMW } optim_kind_t;
 
 typedef struct {
     /* [model] */
@@ -34,7 +36,10 @@ typedef struct {
     bool is_augmented;       /* random crop with padding + horizontal flip */
     int64_t crop_padding;
     /* [optim] */
+    optim_kind_t optimizer;
     double lr, momentum, weight_decay, label_smoothing;
+    double betas[2];         /* adam, adamw: (beta1, beta2) */
+    double eps;              /* adam, adamw */
     bool is_nesterov;
     schedule_t schedule;
     double warmup_epochs, step_gamma;

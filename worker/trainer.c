@@ -1,5 +1,6 @@
 /* trainer: see trainer.h. The loop is llm.c-style: everything allocated in trainer_init, a step is
- * assemble batch -> forward -> loss -> backward (buckets all-reduced as they complete) -> SGD. */
+ * assemble batch -> forward -> loss -> backward (buckets all-reduced as they complete) -> the
+ * optimizer (optim.name). */
 #include "trainer.h"
 
 #include <math.h>
@@ -127,6 +128,9 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     if (model_init(&t->model, backend, conf->model, (int)conf->width, tr->h, tr->w, tr->c,
                    tr->classes, (int)conf->batch_size, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
+    if (optimizer_init(&t->optim, conf, backend, t->model.n_params) < 0)
+        trainer_die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
+                    optimizer_name(conf->optimizer), t->model.n_params);
     if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
         trainer_die(DDP_EXIT_DATA, "the training set is empty");
     t->augment_train = (augment_t){.is_random = conf->is_augmented, .padding = (int)conf->crop_padding,
@@ -181,6 +185,7 @@ void trainer_free(trainer_t *t) {
     trainer__snapshot_free(t);
     if (t->has_sync) grad_sync_free(&t->sync);
     if (t->loss_scale) t->backend->ops->release(t->backend, t->loss_scale);
+    optimizer_free(&t->optim);
     model_free(&t->model);
     sampler_free(&t->sampler);
     for (int s = 0; s < 2 && t->is_uploaded; s++) {
@@ -230,9 +235,8 @@ int trainer_step(trainer_t *t) {
     /* the summed gradients: every rank finds the same inf or NaN */
     if (t->loss_scale) o->loss_scale_check(t->backend, m->grads, m->n_params, t->loss_scale);
     /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
-    o->sgd_step(t->backend, m->params, m->grads, m->momentum, m->n_params,
-                (float)lr_at(&t->lr, t->step), (float)c->momentum, (float)c->weight_decay,
-                c->is_nesterov, 1.0f / (float)t->world, t->loss_scale);
+    optimizer_step(&t->optim, m->params, m->grads, m->momentum, lr_at(&t->lr, t->step),
+                   1.0f / (float)t->world, t->loss_scale);
     if (t->loss_scale)
         o->loss_scale_update(t->backend, t->loss_scale, (uint32_t)c->loss_scale_growth_interval);
     t->step++;

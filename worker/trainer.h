@@ -1,5 +1,5 @@
 /* trainer: ddpworker's training loop on one rank: batches from the sampler through augmentation
- * into the model, DDP gradient averaging (grad_sync), SGD, the learning-rate schedule, sharded
+ * into the model, DDP gradient averaging (grad_sync), the optimizer, the learning-rate schedule, sharded
  * evaluation, the progress line and the metrics file. Runs on the worker's main thread; a failure
  * ends the process with the exit code that tells the agent what happened (proto/exit_codes.h). */
 #ifndef DDP_WORKER_TRAINER_H
@@ -15,6 +15,7 @@
 #include "grad_sync.h"
 #include "lr_schedule.h"
 #include "model.h"
+#include "optimizer.h"
 #include "sampler.h"
 #include "snapshot.h"
 #include "train_conf.h"
@@ -30,6 +31,7 @@ typedef struct {
     comm_t *comm;
     backend_t *backend;
     model_t model;
+    optimizer_t optim;       /* its state beyond the model's momentum arena */
     const data_splits_t *data;
     sampler_t sampler;
     augment_t augment_train, augment_eval;

@@ -12,6 +12,10 @@
 #include "exit_codes.h"
 #include "trainer.h"
 
+_Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD && (int)OPTIM_ADAM == (int)SNAPSHOT_OPTIM_ADAM &&
+                   (int)OPTIM_ADAMW == (int)SNAPSHOT_OPTIM_ADAMW,
+               "train.conf's optimizer numbers are the snapshot header's");
+
 static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int signum) { stop_signal = signum; }
@@ -38,8 +42,9 @@ void trainer__snapshot_init(trainer_t *t) {
     if (t->rank != 0) return;
     snapshot_retention_t keep = {.keep = c->snapshot_keep, .keep_every = c->snapshot_keep_every};
     char err[1024];
-    if (snapshot_writer_create(c->snapshot_dir, t->model.n_params, t->model.n_buffers, &keep,
-                               &t->snapshots, err, sizeof err) < 0)
+    if (snapshot_writer_create(c->snapshot_dir, t->model.n_params, t->model.n_buffers,
+                               optimizer_has_second_moment(&t->optim), &keep, &t->snapshots, err,
+                               sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "%s", err);
 }
 
@@ -70,6 +75,7 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
     h->weight_decay = c->weight_decay;
     h->is_nesterov = c->is_nesterov;
     h->precision = (uint32_t)c->precision;
+    h->optimizer = (uint32_t)t->optim.kind;
 }
 
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
@@ -87,6 +93,7 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     loss_scale_t ls = trainer__loss_scale(t); /* zeros without loss scaling: the format's "none" */
     d->header.loss_scale = ls.scale;
     d->header.loss_scale_good_steps = ls.good_steps;
+    d->header.optim_steps = optimizer_steps(&t->optim);
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     d->header.unix_time_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
@@ -95,6 +102,8 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     o->to_host(t->backend, d->params, m->params, m->n_params * sizeof(float));
     o->to_host(t->backend, d->momentum, m->momentum, m->n_params * sizeof(float));
     o->to_host(t->backend, d->buffers, m->buffers, m->n_buffers * sizeof(float));
+    if (optimizer_has_second_moment(&t->optim))
+        o->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
     snapshot_writer_submit(t->snapshots);
     double stall = now_s() - start;
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
@@ -131,11 +140,24 @@ static void check_compatible(const trainer_t *t, const snapshot_header_t *h, con
                     "seed %" PRIu64 "; this run has %lld and %lld (data.train_limit, train.seed), "
                     "so its position in the data would be meaningless", path, h->train_samples,
                     h->seed, (long long)t->data->train.n, (long long)t->conf->seed);
+    /* SGD's momentum is not Adam's first moment, and SGD has no second moment: no carrying over.
+     * Adam and AdamW keep the same state (as torch's state_dicts), so either resumes the other. */
+    bool was_adam = h->optimizer != SNAPSHOT_OPTIM_SGD, is_adam = t->optim.kind != OPTIM_SGD;
+    if (was_adam != is_adam)
+        trainer_die(DDP_EXIT_CONFIG, "snapshot %s was taken with optim.name=%s; train.conf asks for "
+                    "optim.name=%s, which cannot continue %s's state: keep optim.name=%s, or start "
+                    "afresh in another snapshot.dir", path, optimizer_name(h->optimizer),
+                    optimizer_name(t->optim.kind), optimizer_name(h->optimizer),
+                    optimizer_name(h->optimizer));
+    if (h->optimizer != (uint32_t)t->optim.kind)
+        printf("ddpworker: note: snapshot %s was taken with optim.name=%s; continuing its moments "
+               "and step count with %s\n", path, optimizer_name(h->optimizer),
+               optimizer_name(t->optim.kind));
 }
 
 bool trainer__resume(trainer_t *t) {
     if (!t->conf->snapshot_dir[0]) return false;
-    int64_t where[4] = {0}; /* found, step, epoch, cursor */
+    int64_t where[5] = {0}; /* found, step, epoch, cursor, optimizer steps */
     loss_scale_t ls = {0};
     snapshot_data_t d = {0};
     char path[4096];
@@ -150,6 +172,7 @@ bool trainer__resume(trainer_t *t) {
             where[1] = (int64_t)d.header.step;
             where[2] = (int64_t)d.header.epoch;
             where[3] = (int64_t)d.header.cursor;
+            where[4] = (int64_t)d.header.optim_steps;
             ls.scale = (float)d.header.loss_scale;
             ls.good_steps = (uint32_t)d.header.loss_scale_good_steps;
         }
@@ -162,6 +185,9 @@ bool trainer__resume(trainer_t *t) {
         o->to_device(t->backend, m->params, d.params, m->n_params * sizeof(float));
         o->to_device(t->backend, m->momentum, d.momentum, m->n_params * sizeof(float));
         o->to_device(t->backend, m->buffers, d.buffers, m->n_buffers * sizeof(float));
+        if (optimizer_has_second_moment(&t->optim))
+            o->to_device(t->backend, t->optim.exp_avg_sq, d.second_moment,
+                         m->n_params * sizeof(float));
         printf("ddpworker: resuming from %s: step %lld, epoch %lld, %lld samples into it (saved by "
                "%u ranks, now %d)\n", path, (long long)where[1], (long long)where[2] + 1,
                (long long)where[3], d.header.world_size, t->world);
@@ -174,6 +200,11 @@ bool trainer__resume(trainer_t *t) {
           "broadcasting the snapshot's momentum");
     check(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
           "broadcasting the snapshot's statistics");
+    if (optimizer_has_second_moment(&t->optim)) {
+        check(t, t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq, m->n_params * sizeof(float), 0),
+              "broadcasting the snapshot's second moment");
+        optimizer_set_steps(&t->optim, (uint64_t)where[4]);
+    }
     /* a snapshot without a scaler's state (0) leaves this run's initial scale */
     check(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, 0), "broadcasting the loss scale");
     if (t->loss_scale && ls.scale > 0) o->to_device(t->backend, t->loss_scale, &ls, sizeof ls);

@@ -1,7 +1,8 @@
 """Fault injection: crashes, hangs, lost nodes, corrupt snapshots and full disks, each against
 ddprun + ddpworker (CPU backend) with snapshots on. Every test asserts on the final state (the
 weights' hash from `ddpworker inspect`, the step reached, the files on disk), and the bar is exact:
-a run that is killed and resumed ends with the same weights, bit for bit, as one that never failed."""
+a run that is killed and resumed ends with the same weights, bit for bit, as one that never failed
+(with Adam's state too)."""
 import os
 import random
 import re
@@ -14,6 +15,7 @@ import pytest
 from conftest import clean_env, free_port
 
 EXIT_IO = 74
+EXIT_CONFIG = 78
 
 CONF = """[model]
 name = cnn
@@ -268,6 +270,57 @@ def test_a_damaged_newest_snapshot_is_skipped_with_a_warning(ddprun, ddpworker, 
     assert f"warning: skipping snapshot {newest}" in out, out
     assert f"resuming from {snap}/snapshot-{steps[-2]:012d}.ddps" in out, out
     assert final_state(ddpworker, snap) == want
+
+
+@pytest.fixture
+def adamw_conf(tmp_path):
+    path = tmp_path / "adamw.conf"
+    path.write_text(CONF.replace("[optim]\nlr = 0.05\n",
+                                 "[optim]\nname = adamw\nlr = 0.002\nweight_decay = 0.01\n"))
+    return str(path)
+
+
+def test_an_adamw_run_preempted_and_rerun_ends_with_the_uninterrupted_weights(
+        ddprun, ddpworker, adamw_conf, tmp_path):
+    """Adam's state is both moments and a step count: the snapshot must carry them and every rank
+    must get them. The state hash covers them too, so equal hashes mean equal moments and count."""
+    want = reference(ddprun, ddpworker, adamw_conf, tmp_path)
+    snap = tmp_path / "preempted"
+    job = start_job(ddprun, adamw_conf, snap, "snapshot.every=1000")
+    before = read_until_step(job, 8)
+    job.send_signal(signal.SIGTERM)
+    out = before + job.communicate(timeout=60)[0]
+    assert job.returncode == 128 + signal.SIGTERM, out
+    steps = snapshot_steps(snap)
+    assert len(steps) == 1 and steps[0] > 0, steps
+    rc, f = inspect(ddpworker, snap / f"snapshot-{steps[0]:012d}.ddps")
+    assert rc == 0 and f["optimizer"].endswith(f", {steps[0]} steps taken"), f
+    rc, out = run_job(ddprun, adamw_conf, snap)
+    assert rc == 0, out
+    assert f"resuming from {snap}/snapshot-{steps[0]:012d}.ddps" in out, out
+    assert final_state(ddpworker, snap) == want
+
+
+def test_an_sgd_snapshot_is_not_resumed_as_adam_nor_the_reverse(ddpworker, conf, tmp_path):
+    """SGD's momentum is not Adam's first moment and SGD keeps no second moment: a config error
+    naming both optimizers. Adam and AdamW keep the same state (as in torch) and resume each other."""
+    def run(snap, *overrides):
+        return subprocess.run([ddpworker, conf, f"snapshot.dir={snap}", "train.max_steps=4",
+                               *overrides], capture_output=True, text=True, timeout=120,
+                              env=clean_env())
+    for first, then in (("sgd", "adam"), ("adamw", "sgd")):
+        snap = tmp_path / first
+        assert run(snap, f"optim.name={first}").returncode == 0
+        r = run(snap, f"optim.name={then}", "train.max_steps=8")
+        assert r.returncode == EXIT_CONFIG, r.stdout + r.stderr
+        assert f"taken with optim.name={first}" in r.stderr and f"asks for optim.name={then}" in r.stderr, \
+            r.stderr
+        assert snapshot_steps(snap) == [4], "nothing was written"
+    r = run(tmp_path / "adamw", "optim.name=adam", "train.max_steps=8")
+    assert r.returncode == 0, r.stderr
+    assert "taken with optim.name=adamw; continuing its moments and step count with adam" in r.stdout
+    assert inspect(ddpworker, tmp_path / "adamw" / "snapshot-000000000008.ddps")[1]["optimizer"] \
+        .endswith(", 8 steps taken")
 
 
 def test_a_lost_node_scales_the_job_down_and_it_resumes_with_fewer_ranks(ddprun, ddpworker, conf,

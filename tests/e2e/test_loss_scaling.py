@@ -2,7 +2,8 @@
 the CPU backend, where fp32 makes its effects exact: a power-of-two scale trains bit-identically to
 no scaling on two ranks; overflowed steps are skipped (the weights stay those of the last good
 step) while the scale backs off; and a resumed run continues the scaler's state from the snapshot
-(scale and growth count), ending with the uninterrupted run's weights and scale."""
+(scale and growth count), ending with the uninterrupted run's weights and scale, and an Adam run
+resumed after skipped steps continues Adam's own step count."""
 import json
 import re
 import subprocess
@@ -116,3 +117,35 @@ def test_a_resumed_run_continues_the_scale_and_its_growth_count(ddpworker, tmp_p
     assert "resuming from" in r.stdout
     assert inspect_scale(ddpworker, whole) == inspect_scale(ddpworker, parts)
     assert inspect_scale(ddpworker, whole)[:2] == (256.0 * 8, 0)
+
+
+def adam_steps(ddpworker, snap_dir):
+    latest = (snap_dir / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap_dir / latest)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return int(re.search(r"^optimizer:\s+adam .*, (\d+) steps taken$", r.stdout, re.M).group(1))
+
+
+def test_a_resumed_adam_run_continues_its_step_count_past_skipped_steps(ddpworker, tmp_path):
+    """Adam's bias corrections come from its own step count, which an overflowed (skipped) step
+    does not advance. With a first scale of 2^127 and lr 0.2 the weights grow until a few steps
+    overflow, so the count lags the run's step; a resume after them must continue the count from
+    the snapshot (not from the step) to end with the uninterrupted run's state, whose hash covers
+    both moments and the count."""
+    conf = conf_file(tmp_path)
+    common = ["optim.name=adam", "optim.lr=0.2", "precision.loss_scaling=dynamic",
+              f"precision.loss_scale={TWO_TO_127!r}", "precision.growth_interval=1000"]
+    whole, parts, metrics = tmp_path / "whole", tmp_path / "parts", tmp_path / "m.jsonl"
+    run_worker(ddpworker, conf, *common, f"snapshot.dir={whole}", f"train.metrics_file={metrics}")
+    skipped = [e["skipped_steps"] for e in train_events(metrics)]
+    k = skipped[-1]
+    resume_at = skipped.index(k) + 3  # the step of the last skip, then two counted steps
+    assert skipped[0] == 0 and k > 0 and resume_at < 12, f"no skips mid-run to test: {skipped}"
+    assert adam_steps(ddpworker, whole) == 12 - k
+    run_worker(ddpworker, conf, *common, f"snapshot.dir={parts}", f"train.max_steps={resume_at}")
+    assert adam_steps(ddpworker, parts) == resume_at - k
+    r = run_worker(ddpworker, conf, *common, f"snapshot.dir={parts}")
+    assert "resuming from" in r.stdout
+    assert inspect_scale(ddpworker, whole) == inspect_scale(ddpworker, parts)
+    assert adam_steps(ddpworker, parts) == 12 - k

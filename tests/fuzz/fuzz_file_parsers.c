@@ -47,6 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snapshot_data_t d;
         if (snapshot_read(path, &d, err, sizeof err) == 0) {
             if (!d.params || !d.momentum || !d.buffers) __builtin_trap();
+            if ((d.header.optimizer != SNAPSHOT_OPTIM_SGD) != (d.second_moment != NULL)) __builtin_trap();
             (void)snapshot_state_hash(&d);
             snapshot_data_free(&d);
         }

@@ -500,6 +500,56 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
     cr_assert_gt(fabsf(dl[1][0]), 1.0f, "the scale was applied");
 }
 
+/* Adam and AdamW on the GPU: the cpu backend's parameters, moments and step count after three
+ * steps of fresh gradients under DDP's 1/world and a loss scale, then a step the loss scaler
+ * skips (a NaN), which changes nothing, the count included. */
+static void adam_case(bool is_decoupled) {
+    size_t n = 300001; /* several blocks, and a tail */
+    float *grads[4], *p = random_host(n, 1), *zeros = calloc(n, sizeof *zeros);
+    for (int s = 0; s < 4; s++) grads[s] = random_host(n, 1024.0f);
+    grads[3][n - 7] = NAN;
+    backend_t *bs[2] = {cpu, gpu};
+    adam_count_t count[2];
+    float *out[2][3];
+    adam_hparams_t h = {.beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.05,
+                        .is_decoupled = is_decoupled};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        loss_scale_t *ls = device_loss_scale(b, 1024.0f);
+        float *p_ = up(b, p, n), *m_ = up(b, zeros, n), *v_ = up(b, zeros, n), *g_ = up(b, zeros, n);
+        adam_count_t *c = b->ops->alloc(b, sizeof *c);
+        for (int s = 0; s < 4; s++) {
+            h.lr = 1e-3 * (s + 1);
+            b->ops->to_device(b, g_, grads[s], n * sizeof(float));
+            b->ops->loss_scale_check(b, g_, n, ls);
+            b->ops->adam_step(b, p_, g_, m_, v_, n, &h, 0.5f, ls, c);
+            b->ops->loss_scale_update(b, ls, 1000);
+        }
+        out[i][0] = down(b, p_, n);
+        out[i][1] = down(b, m_, n);
+        out[i][2] = down(b, v_, n);
+        b->ops->to_host(b, &count[i], c, sizeof *c);
+    }
+    cr_assert(count[0].step == 3 && count[1].step == 3, "steps counted: cpu %llu, cuda %llu",
+              (unsigned long long)count[0].step, (unsigned long long)count[1].step);
+    /* the bias corrections: double pow on each side (glibc's, CUDA's), rounded to fp32 */
+    cr_assert_float_eq(count[0].step_size, count[1].step_size, 1e-7 * count[0].step_size);
+    cr_assert_float_eq(count[0].bias_correction2_sqrt, count[1].bias_correction2_sqrt, 1e-7);
+    expect_close(out[0][0], out[1][0], n, 1e-5, is_decoupled ? "adamw parameters" : "adam parameters");
+    expect_close(out[0][1], out[1][1], n, 1e-5, "first moment");
+    expect_close(out[0][2], out[1][2], n, 1e-5, "second moment");
+}
+
+Test(backend_cuda, adam_step_matches_cpu) {
+    SKIP_WITHOUT_GPU();
+    adam_case(false);
+}
+
+Test(backend_cuda, adamw_step_matches_cpu) {
+    SKIP_WITHOUT_GPU();
+    adam_case(true);
+}
+
 /* The data path on the GPU gives the cpu backend's bits: fp32 output exactly, and a narrow output
  * is the fp32 value rounded once (the same as uploading the host's batch). */
 Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {

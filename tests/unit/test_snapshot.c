@@ -1,6 +1,7 @@
 /* snapshot: round trip, verification of every kind of damage (magic, header, sections, torn
  * files), newest-good selection with reports, retention (keep N, keep every Mth), the manifest,
- * and the writer thread (including a failed write reported on the next acquire). */
+ * the writer thread (including a failed write reported on the next acquire), and Adam's state
+ * (the second-moment section and the step count). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -199,7 +200,7 @@ Test(snapshot, the_writer_thread_writes_and_reports_a_failure_once) {
     char err[1024], sub[300];
     snprintf(sub, sizeof sub, "%s/a/b", dir);
     snapshot_retention_t keep = {.keep = 3};
-    cr_assert_eq(snapshot_writer_create(sub, N_PARAMS, N_BUFFERS, &keep, &w, err, sizeof err), 0,
+    cr_assert_eq(snapshot_writer_create(sub, N_PARAMS, N_BUFFERS, false, &keep, &w, err, sizeof err), 0,
                  "%s", err);
     snapshot_data_t *buf;
     cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
@@ -238,4 +239,109 @@ Test(snapshot, inspect_prints_the_header_and_the_state_hash) {
     cr_assert_eq(snapshot_inspect(path, f), -1);
     fclose(f);
     cr_assert(strstr(out, "does not verify"), "%s", out);
+}
+
+static float second_moment[N_PARAMS];
+
+static snapshot_data_t adam_sample(uint64_t step, uint32_t optimizer, uint64_t optim_steps) {
+    snapshot_data_t d = sample(step);
+    for (int i = 0; i < N_PARAMS; i++) second_moment[i] = (float)i * 1e-3f;
+    d.second_moment = second_moment;
+    d.header.optimizer = optimizer;
+    d.header.optim_steps = optim_steps;
+    return d;
+}
+
+Test(snapshot, adam_state_round_trips_and_counts_in_the_state_hash) {
+    snapshot_data_t d = adam_sample(9, SNAPSHOT_OPTIM_ADAMW, 6);
+    char err[1024], path[512];
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+    path_of(9, path, sizeof path);
+    snapshot_data_t got;
+    cr_assert_eq(snapshot_read(path, &got, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(got.header.n_sections, 4);
+    cr_assert_eq(got.header.optimizer, SNAPSHOT_OPTIM_ADAMW);
+    cr_assert_eq(got.header.optim_steps, 6);
+    cr_assert_not_null(got.second_moment);
+    cr_assert_eq(memcmp(got.second_moment, second_moment, sizeof second_moment), 0);
+    cr_assert_eq(memcmp(got.momentum, momentum, sizeof momentum), 0);
+    uint64_t hash = snapshot_state_hash(&got);
+    got.header.optim_steps = 5;
+    cr_assert_neq(snapshot_state_hash(&got), hash, "the step count is state");
+    got.header.optim_steps = 6;
+    got.second_moment[3] += 1.0f;
+    cr_assert_neq(snapshot_state_hash(&got), hash, "so is the second moment");
+    snapshot_data_free(&got);
+    char out[4096] = "";
+    FILE *f = fmemopen(out, sizeof out, "w");
+    cr_assert_eq(snapshot_inspect(path, f), 0);
+    fclose(f);
+    cr_assert(strstr(out, "optimizer:   adamw lr 0 weight decay 0, 6 steps taken") &&
+              strstr(out, "second_moment"), "%s", out);
+    /* an sgd snapshot has no such section, and reads without one */
+    write_step(10, &keep_all);
+    path_of(10, path, sizeof path);
+    cr_assert_eq(snapshot_read(path, &got, err, sizeof err), 0, "%s", err);
+    cr_assert(got.header.n_sections == 3 && got.second_moment == NULL);
+    snapshot_data_free(&got);
+}
+
+Test(snapshot, a_flipped_second_moment_fails_its_checksum) {
+    snapshot_data_t d = adam_sample(3, SNAPSHOT_OPTIM_ADAM, 3);
+    char err[1024], path[512];
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+    path_of(3, path, sizeof path);
+    damage(path, (long)sizeof(snapshot_header_t) + 2 * N_PARAMS * 4 + N_BUFFERS * 4 + 17, 0);
+    snapshot_data_t got;
+    cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1);
+    cr_assert(strstr(err, "section second_moment checksum mismatch"), "%s", err);
+}
+
+/* Headers whose checksums hold but that no run could have written. */
+Test(snapshot, impossible_optimizer_state_is_refused_as_corrupt) {
+    struct {
+        uint32_t optimizer;
+        uint64_t optim_steps;
+        const char *needle;
+    } cases[] = {{7, 0, "unknown optimizer 7"},
+                 {SNAPSHOT_OPTIM_ADAM, 12, "12 optimizer steps at step 11"},
+                 {SNAPSHOT_OPTIM_SGD, 4, "4 optimizer steps at step 11"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snapshot_data_t d = adam_sample(11, cases[i].optimizer, cases[i].optim_steps);
+        char err[1024], path[512];
+        cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+        path_of(11, path, sizeof path);
+        snapshot_data_t got;
+        cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "case %zu accepted", i);
+        cr_assert(strstr(err, path) && strstr(err, cases[i].needle), "%s", err);
+    }
+    snapshot_data_t d = adam_sample(11, SNAPSHOT_OPTIM_ADAM, 0);
+    d.second_moment = NULL;
+    char err[1024];
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), -1);
+    cr_assert(strstr(err, "needs the second moment"), "%s", err);
+}
+
+Test(snapshot, the_writer_keeps_a_second_moment_buffer_when_asked) {
+    snapshot_writer_t *w;
+    char err[1024];
+    snapshot_retention_t keep = {.keep = 3};
+    cr_assert_eq(snapshot_writer_create(dir, N_PARAMS, N_BUFFERS, true, &keep, &w, err, sizeof err),
+                 0, "%s", err);
+    snapshot_data_t *buf;
+    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
+    cr_assert_not_null(buf->second_moment);
+    snapshot_data_t s = adam_sample(4, SNAPSHOT_OPTIM_ADAM, 2);
+    buf->header = s.header;
+    memcpy(buf->params, params, sizeof params);
+    memcpy(buf->momentum, momentum, sizeof momentum);
+    memcpy(buf->buffers, buffers, sizeof buffers);
+    memcpy(buf->second_moment, second_moment, sizeof second_moment);
+    snapshot_writer_submit(w);
+    cr_assert_eq(snapshot_writer_flush(w, err, sizeof err), 0, "%s", err);
+    snapshot_data_t got;
+    cr_assert_eq(snapshot_read(snapshot_writer_last_path(w), &got, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(memcmp(got.second_moment, second_moment, sizeof second_moment), 0);
+    snapshot_data_free(&got);
+    snapshot_writer_destroy(w);
 }

@@ -151,3 +151,36 @@ Test(train_conf, the_man_page_documents_every_key) {
     }
     free(text);
 }
+
+Test(train_conf, optimizer_keys) {
+    train_conf_t c;
+    train_conf_default(&c);
+    cr_assert_eq(c.optimizer, OPTIM_SGD);
+    cr_assert(c.betas[0] == 0.9 && c.betas[1] == 0.999 && c.eps == 1e-8, "torch's defaults");
+    write_conf("[optim]\nname = adamw\nbetas = 0.8, 0.95\neps = 1e-6\nweight_decay = 0.01\n");
+    char err[512];
+    cr_assert_eq(train_conf_load(path, NULL, 0, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(c.optimizer, OPTIM_ADAMW);
+    cr_assert(c.betas[0] == 0.8 && c.betas[1] == 0.95 && c.eps == 1e-6);
+    char *adam[] = {"optim.name=adam", "optim.betas=0,0.5"};
+    cr_assert_eq(train_conf_load(path, adam, 2, &c, err, sizeof err), 0, "%s", err);
+    cr_assert(c.optimizer == OPTIM_ADAM && c.betas[0] == 0 && c.betas[1] == 0.5);
+    expect_error("[optim]\nname = lamb\n", NULL, 0, "optim.name: 'lamb' is not one of sgd|adam|adamw");
+    const char *bad_betas[] = {"0.9", "0.9,", "0.9,0.999,0.5", "1,0.999", "0.9,1", "-0.1,0.9",
+                               "0.9;0.999", "fast,slow", "nan,0.9", "0.9,inf", ""};
+    for (size_t i = 0; i < sizeof bad_betas / sizeof *bad_betas; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "[optim]\nname = adam\nbetas = %s\n", bad_betas[i]);
+        expect_error(text, NULL, 0, "optim.betas");
+        char where[256]; /* file, line, key and value */
+        snprintf(where, sizeof where, "%s:3: optim.betas: '%s' is not two numbers in [0, 1)",
+                 path, bad_betas[i]);
+        cr_assert_eq(train_conf_load(path, NULL, 0, &c, err, sizeof err), -1);
+        cr_assert(strstr(err, where), "'%s' lacks '%s'", err, where);
+    }
+    expect_error("[optim]\neps = -1e-8\n", NULL, 0, "optim.eps: '-1e-8' is not a number in [0, 1]");
+    expect_error("[optim]\neps = tiny\n", NULL, 0, "optim.eps: 'tiny'");
+    expect_error("[optim]\neps = inf\n", NULL, 0, "optim.eps");
+    char *bad_override[] = {"optim.betas=0.9"};
+    expect_error("", bad_override, 1, "override 'optim.betas=0.9': optim.betas");
+}

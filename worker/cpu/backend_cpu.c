@@ -440,6 +440,20 @@ static void cpu_sgd_step(backend_t *b, float *params, const float *grads, float 
     }
 }
 
+/* adam.h's arithmetic element by element; the count lives in host memory here. */
+static void cpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg,
+                          float *exp_avg_sq, size_t n, const adam_hparams_t *h, float grad_scale,
+                          const loss_scale_t *ls, adam_count_t *count) {
+    (void)b;
+    if (!adam_count_next(count, h, ls)) return; /* GradScaler's skipped step */
+    if (ls) grad_scale /= ls->scale;
+    const adam_scalars_t s = adam_scalars(h);
+    const adam_count_t c = *count;
+    #pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        adam_update(&params[i], &exp_avg[i], &exp_avg_sq[i], grads[i] * grad_scale, &c, &s);
+}
+
 static void cpu_loss_scale_check(backend_t *b, const float *x, size_t n, loss_scale_t *ls) {
     (void)b;
     int has_nonfinite = 0;
@@ -499,6 +513,7 @@ static const backend_i cpu_ops = {
     .linear_backward = cpu_linear_backward,
     .softmax_xent = cpu_softmax_xent,
     .sgd_step = cpu_sgd_step,
+    .adam_step = cpu_adam_step,
     .loss_scale_check = cpu_loss_scale_check,
     .loss_scale_update = cpu_loss_scale_update,
     .augment_batch = cpu_augment_batch,

@@ -912,6 +912,28 @@ static void gpu_sgd_step(backend_t *b, float *params, const float *grads, float 
         LAUNCH(sgd_kernel, n, params, grads, momentum_buf, n, lr, momentum, weight_decay, is_nesterov, grad_scale, ls);
 }
 
+/* Adam: one thread counts the step and derives its bias corrections (adam_count_next), then the
+ * fused pass reads them from the count, so the host never reads the count back. */
+__global__ void adam_count_kernel(adam_count_t *count, adam_hparams_t h, const loss_scale_t *ls) {
+    adam_count_next(count, &h, ls);
+}
+
+__global__ void adam_kernel(float *p, const float *grads, float *m, float *v, size_t n, adam_scalars_t s,
+                            float grad_scale, const loss_scale_t *ls, const adam_count_t *count) {
+    if (ls && ls->found_inf) return; /* GradScaler's skipped step: the count did not move either */
+    if (ls) grad_scale /= ls->scale;
+    const adam_count_t c = *count;
+    GRID_STRIDE(i, n) adam_update(&p[i], &m[i], &v[i], grads[i] * grad_scale, &c, &s);
+}
+
+static void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                          size_t n, const adam_hparams_t *h, float grad_scale, const loss_scale_t *ls,
+                          adam_count_t *count) {
+    adam_count_kernel<<<1, 1, 0, gpu_of(b)->stream>>>(count, *h, ls);
+    CHECK_CUDA(cudaGetLastError());
+    if (n) LAUNCH(adam_kernel, n, params, grads, exp_avg, exp_avg_sq, n, adam_scalars(h), grad_scale, ls, count);
+}
+
 /* Every thread that sees an inf or a NaN stores the same 1: the race is harmless. */
 __global__ void nonfinite_kernel(const float *x, size_t n, loss_scale_t *ls) {
     bool is_bad = false;
@@ -1009,6 +1031,7 @@ static backend_i make_ops(void) {
     o.linear_backward = gpu_linear_backward;
     o.softmax_xent = gpu_softmax_xent;
     o.sgd_step = gpu_sgd_step;
+    o.adam_step = gpu_adam_step;
     o.loss_scale_check = gpu_loss_scale_check;
     o.loss_scale_update = gpu_loss_scale_update;
     o.destroy = gpu_destroy;

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "adam.h"
 #include "augment.h"
 #include "loss_scale.h"
 
@@ -120,6 +121,17 @@ typedef struct {
     void (*sgd_step)(backend_t *b, float *params, const float *grads, float *momentum_buf,
                      size_t n_elems, float lr, float momentum, float weight_decay,
                      bool is_nesterov, float grad_scale, const loss_scale_t *ls);
+    /* One Adam or AdamW step over a flat arena, as torch.optim.Adam / AdamW (adam.h's arithmetic):
+     * g = grad * grad_scale; Adam: g += wd * p; AdamW: p *= 1 - lr * wd;
+     * m = beta1 * m + (1 - beta1) * g; v = beta2 * v + (1 - beta2) * g * g; t = ++count->step;
+     * p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+     * exp_avg, exp_avg_sq: (n_elems) backend memory; count: backend memory (zeroed before the
+     * first step), advanced here so that no step reads it back; h: host memory. With ls as in
+     * sgd_step: unscaled by ls->scale, and when ls->found_inf nothing at all changes, the count
+     * included (GradScaler skipping optimizer.step()). */
+    void (*adam_step)(backend_t *b, float *params, const float *grads, float *exp_avg,
+                      float *exp_avg_sq, size_t n_elems, const adam_hparams_t *h, float grad_scale,
+                      const loss_scale_t *ls, adam_count_t *count);
     /* ls->found_inf = 1 if any of x[0..n) is an inf or a NaN (left as it was otherwise). */
     void (*loss_scale_check)(backend_t *b, const float *x, size_t n_elems, loss_scale_t *ls);
     /* loss_scale_next on the device's copy, after the step's sgd_step. */
