@@ -26,14 +26,19 @@ static int failf(char *err, size_t len, const char *fmt, ...) {
     return -1;
 }
 
-static int write_all(int fd, const void *p, size_t n) {
+/* Written in chunks, with progress reported after each: a large snapshot on a slow disk is work
+ * going on, not a hang (ddprun --hang-timeout reads the worker's progress counter). */
+#define WRITE_CHUNK_BYTES ((size_t)4 << 20)
+
+static int write_all(int fd, const void *p, size_t n, const snapshot_progress_t *progress) {
     const uint8_t *b = p;
     while (n) {
-        ssize_t k = write(fd, b, n);
+        ssize_t k = write(fd, b, n < WRITE_CHUNK_BYTES ? n : WRITE_CHUNK_BYTES);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return k < 0 ? -errno : -EIO;
         b += k;
         n -= (size_t)k;
+        if (progress && progress->cb) progress->cb(progress->arg);
     }
     return 0;
 }
@@ -48,14 +53,15 @@ static int fsync_dir(const char *dir) {
 
 /* Write bytes to dir/name atomically: dir/.name.tmp, fsync, rename, fsync dir. */
 static int write_atomically(const char *dir, const char *name, const void *const *parts,
-                            const size_t *sizes, int n_parts, char *err, size_t err_len) {
+                            const size_t *sizes, int n_parts, const snapshot_progress_t *progress,
+                            char *err, size_t err_len) {
     char tmp[4096], path[4096];
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return failf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
     int rc = 0;
-    for (int i = 0; i < n_parts && rc == 0; i++) rc = write_all(fd, parts[i], sizes[i]);
+    for (int i = 0; i < n_parts && rc == 0; i++) rc = write_all(fd, parts[i], sizes[i], progress);
     const char *step = "write";
     if (rc == 0 && fsync(fd) < 0) {
         rc = -errno;
@@ -155,7 +161,7 @@ static bool has_second_moment(const snapshot_header_t *h) {
 }
 
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
-                   char *err, size_t err_len) {
+                   const snapshot_progress_t *progress, char *err, size_t err_len) {
     snapshot_header_t h = d->header;
     memcpy(h.magic, SNAPSHOT_MAGIC, sizeof h.magic);
     h.version = SNAPSHOT_VERSION;
@@ -180,12 +186,13 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
     const void *parts[5] = {&h, arrays[0], arrays[1], arrays[2], arrays[3]};
     size_t sizes[5] = {sizeof h};
     for (uint32_t i = 0; i < h.n_sections; i++) sizes[i + 1] = h.sections[i].n_bytes;
-    if (write_atomically(dir, name, parts, sizes, (int)h.n_sections + 1, err, err_len) < 0) return -1;
+    if (write_atomically(dir, name, parts, sizes, (int)h.n_sections + 1, progress, err, err_len) < 0)
+        return -1;
     char manifest[160];
     int len = snprintf(manifest, sizeof manifest, "%s\n", name);
     const void *mparts[1] = {manifest};
     size_t msizes[1] = {(size_t)len};
-    if (write_atomically(dir, SNAPSHOT_MANIFEST, mparts, msizes, 1, err, err_len) < 0) return -1;
+    if (write_atomically(dir, SNAPSHOT_MANIFEST, mparts, msizes, 1, NULL, err, err_len) < 0) return -1;
     prune(dir, keep);
     return 0;
 }
@@ -401,7 +408,19 @@ struct snapshot_writer {
     int last_rc;             /* of the last write, until reported */
     char last_err[1024];
     char last_path[2300];
+    snapshot_progress_t progress;
+    /* the last snapshot that landed (CLOCK_MONOTONIC seconds, 0: none yet) and the error of the
+     * writes that failed since (empty once one lands) */
+    double landed_s;
+    uint64_t landed_step;
+    char failure[1024];
 };
+
+static double monotonic_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 static void *writer_main(void *arg) {
     snapshot_writer_t *w = arg;
@@ -413,13 +432,20 @@ static void *writer_main(void *arg) {
         w->is_busy = true;
         pthread_mutex_unlock(&w->mu);
         char err[1024];
-        int rc = snapshot_write(w->dir, &w->data, &w->keep, err, sizeof err);
+        int rc = snapshot_write(w->dir, &w->data, &w->keep, &w->progress, err, sizeof err);
         pthread_mutex_lock(&w->mu);
         w->is_busy = false;
         w->last_rc = rc;
-        if (rc < 0) snprintf(w->last_err, sizeof w->last_err, "%s", err);
-        else snprintf(w->last_path, sizeof w->last_path, "%s/" SNAPSHOT_FILE_PREFIX "%012" PRIu64
-                      SNAPSHOT_FILE_SUFFIX, w->dir, w->data.header.step);
+        if (rc < 0) {
+            snprintf(w->last_err, sizeof w->last_err, "%s", err);
+            snprintf(w->failure, sizeof w->failure, "%s", err);
+        } else {
+            snprintf(w->last_path, sizeof w->last_path, "%s/" SNAPSHOT_FILE_PREFIX "%012" PRIu64
+                     SNAPSHOT_FILE_SUFFIX, w->dir, w->data.header.step);
+            w->landed_s = monotonic_s();
+            w->landed_step = w->data.header.step;
+            w->failure[0] = '\0';
+        }
         pthread_cond_broadcast(&w->cv);
     }
     pthread_mutex_unlock(&w->mu);
@@ -514,6 +540,22 @@ int snapshot_writer_flush(snapshot_writer_t *w, char *err, size_t err_len) {
 }
 
 const char *snapshot_writer_last_path(const snapshot_writer_t *w) { return w->last_path; }
+
+void snapshot_writer_set_progress(snapshot_writer_t *w, const snapshot_progress_t *progress) {
+    pthread_mutex_lock(&w->mu);
+    w->progress = *progress;
+    pthread_mutex_unlock(&w->mu);
+}
+
+double snapshot_writer_landed(snapshot_writer_t *w, uint64_t *step, char *failure,
+                              size_t failure_len) {
+    pthread_mutex_lock(&w->mu);
+    double landed_s = w->landed_s;
+    *step = w->landed_step;
+    snprintf(failure, failure_len, "%s", w->failure);
+    pthread_mutex_unlock(&w->mu);
+    return landed_s;
+}
 
 void snapshot_writer_destroy(snapshot_writer_t *w) {
     if (!w) return;

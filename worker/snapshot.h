@@ -29,12 +29,18 @@ typedef struct {
     int64_t keep_every;  /* also keep steps that are multiples of this forever (0: none) */
 } snapshot_retention_t;
 
+/* Called after every chunk (4 MiB) a snapshot write puts on disk, from the writing thread. */
+typedef struct {
+    void (*cb)(void *arg);
+    void *arg;
+} snapshot_progress_t;
+
 /* Write one snapshot into dir (which must exist) as snapshot-<step>.ddps; fills in the header's
  * magic, version, sections and checksums (the second moment's when header.optimizer is adam or
  * adamw: d->second_moment must then be set); then rewrites the manifest and prunes. Returns 0, or -1
  * with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
-                   char *err, size_t err_len);
+                   const snapshot_progress_t *progress, char *err, size_t err_len);
 /* Read and verify path. On success d's arrays are malloc'd (snapshot_data_free). Returns 0, or -1
  * with the first problem found (bad magic, truncated, a checksum that does not match, ...). */
 int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len);
@@ -69,6 +75,12 @@ void snapshot_writer_submit(snapshot_writer_t *w);
 int snapshot_writer_flush(snapshot_writer_t *w, char *err, size_t err_len);
 /* The path of the last snapshot written successfully ("" if none yet). */
 const char *snapshot_writer_last_path(const snapshot_writer_t *w);
+/* Report the writer thread's progress through progress (before the first submit). */
+void snapshot_writer_set_progress(snapshot_writer_t *w, const snapshot_progress_t *progress);
+/* When the last snapshot landed (CLOCK_MONOTONIC seconds; 0: none yet) and its step in *step;
+ * failure gets the error of the writes that failed since ("" when the last one landed). */
+double snapshot_writer_landed(snapshot_writer_t *w, uint64_t *step, char *failure,
+                              size_t failure_len);
 void snapshot_writer_destroy(snapshot_writer_t *w);
 
 #endif

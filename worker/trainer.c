@@ -4,6 +4,7 @@
 #include "trainer.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,17 +26,20 @@ static double now_s(void) {
 
 static int die_rank = -1;
 static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
-static uint64_t progress_beats;
+/* atomic: the snapshot writer's thread beats too, while it writes */
+static _Atomic uint64_t progress_beats;
+static atomic_bool is_progress_broken;
 
 /* One more unit of progress (a training step, an evaluation batch) for ddprun --hang-timeout. */
 static void progress_beat(void) {
-    if (progress_fd < 0) return;
-    progress_beats++;
-    if (pwrite(progress_fd, &progress_beats, sizeof progress_beats, 0) < 0) {
-        close(progress_fd); /* the agent's run directory went away: stop reporting */
-        progress_fd = -1;
-    }
+    if (progress_fd < 0 || atomic_load(&is_progress_broken)) return;
+    uint64_t beats = atomic_fetch_add(&progress_beats, 1) + 1;
+    /* the agent's run directory went away: stop reporting (the fd stays open for the other
+     * thread, which may be in pwrite) */
+    if (pwrite(progress_fd, &beats, sizeof beats, 0) < 0) atomic_store(&is_progress_broken, true);
 }
+
+void trainer__progress_beat(void) { progress_beat(); }
 
 _Noreturn void trainer_die(int code, const char *fmt, ...) {
     va_list ap;
@@ -343,14 +347,29 @@ static bool is_run_over(trainer_t *t) {
            (c->epochs && (t->epoch >= c->epochs || (t->epoch + 1 == c->epochs && is_epoch_over(t))));
 }
 
+/* The age of the last snapshot that actually landed, and the failure while writes fail. */
+static void describe_snapshots(trainer_t *t, char *out, size_t len) {
+    uint64_t step;
+    char failure[1024];
+    double landed_s = snapshot_writer_landed(t->snapshots, &step, failure, sizeof failure);
+    char landed[64] = "none yet";
+    if (landed_s > 0)
+        snprintf(landed, sizeof landed, "%.0fs ago (step %llu)", now_s() - landed_s,
+                 (unsigned long long)step);
+    /* the system's reason ends the message ("cannot write PATH: No space left on device") */
+    const char *reason = strrchr(failure, ':');
+    reason = reason ? reason + 1 + (reason[1] == ' ') : failure;
+    if (failure[0]) snprintf(out, len, "  snapshot FAILING: %.80s; last landed %s", reason, landed);
+    else if (landed_s > 0) snprintf(out, len, "  snapshot %s", landed);
+}
+
 static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seconds) {
     double loss = model_take_loss(&t->model) / (double)samples;
     double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
     double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
-    char eta[32], snap[48] = "", scaling[64] = "", scaling_json[96] = "";
+    char eta[32], snap[256] = "", scaling[64] = "", scaling_json[96] = "";
     format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
-    if (t->snapshots && t->last_snapshot_s > 0)
-        snprintf(snap, sizeof snap, "  snapshot %.0fs ago", now_s() - t->last_snapshot_s);
+    if (t->snapshots) describe_snapshots(t, snap, sizeof snap);
     if (t->rank != 0) return;
     if (t->loss_scale) {
         loss_scale_t ls = trainer__loss_scale(t);
@@ -419,7 +438,11 @@ eval_result_t trainer_run(trainer_t *t) {
     }
     if (last_eval_step != t->step) last = trainer_evaluate(t);
     report_eval(t, &last, "final");
+    /* the weights first: a final snapshot that fails (a full disk) must not take them along */
+    if (t->rank == 0 && c->params_file[0]) {
+        write_params(t, c->params_file);
+        t->has_written_params = true;
+    }
     if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
-    if (t->rank == 0 && c->params_file[0]) write_params(t, c->params_file);
     return last;
 }

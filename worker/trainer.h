@@ -52,7 +52,7 @@ typedef struct {
     int64_t cursor;          /* global sample positions of this epoch already trained on */
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
     int64_t last_snapshot_step;
-    double last_snapshot_s;
+    bool has_written_params; /* train.params_file holds the final weights */
 } trainer_t;
 
 /* Everything a run needs, allocated here. Exits the process on failure (config, data, memory). */
@@ -82,6 +82,9 @@ bool trainer__stop_requested(trainer_t *t, int *signum);
 void trainer__snapshot_free(trainer_t *t);
 /* The loss scaler's state, read from the backend (a synchronization); zeros without scaling. */
 loss_scale_t trainer__loss_scale(trainer_t *t);
+
+/* One unit of progress for ddprun --hang-timeout; any thread (the snapshot writer beats too). */
+void trainer__progress_beat(void);
 
 /* Print "ddpworker: rank R: <message>" to stderr and exit with code. */
 _Noreturn void trainer_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

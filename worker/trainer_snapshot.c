@@ -32,6 +32,12 @@ static void check(trainer_t *t, int rc, const char *what) {
                     t->comm->err[0] ? comm_error(t->comm) : "collective error");
 }
 
+/* Bytes reaching the disk are progress: a slow but moving snapshot write is no hang. */
+static void beat(void *arg) {
+    (void)arg;
+    trainer__progress_beat();
+}
+
 void trainer__snapshot_init(trainer_t *t) {
     const train_conf_t *c = t->conf;
     if (!c->snapshot_dir[0]) return;
@@ -46,6 +52,7 @@ void trainer__snapshot_init(trainer_t *t) {
                                optimizer_has_second_moment(&t->optim), &keep, &t->snapshots, err,
                                sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "%s", err);
+    snapshot_writer_set_progress(t->snapshots, &(snapshot_progress_t){.cb = beat});
 }
 
 void trainer__snapshot_free(trainer_t *t) {
@@ -80,7 +87,6 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
 
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
     t->last_snapshot_step = t->step;
-    t->last_snapshot_s = now_s();
     if (!t->snapshots) return 0;
     double start = now_s();
     snapshot_data_t *d;
@@ -107,7 +113,11 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     snapshot_writer_submit(t->snapshots);
     double stall = now_s() - start;
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s", (long long)t->step, err);
+        trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step, err,
+                    t->has_written_params ? "the final weights are in train.params_file"
+                    : t->conf->params_file[0] ? "the weights of this step are NOT saved"
+                                              : "the weights of this step are NOT saved (no "
+                                                "train.params_file)");
     if (t->metrics) {
         char written[64] = "";
         if (is_blocking) snprintf(written, sizeof written, ", \"written_ms\": %.3f", (now_s() - start) * 1e3);

@@ -374,10 +374,19 @@ def test_a_full_disk_is_reported_and_older_snapshots_stay_intact(ddpworker, conf
     assert r.returncode == 0, r.stderr
     one = max(p.stat().st_size for p in sizing.iterdir())
     disk = small_tmpfs(f"{2 * one + 3 * 4096}")   # room for two snapshots and the manifest
+    params = tmp_path / "final.params"
     r = subprocess.run([ddpworker, conf, f"snapshot.dir={disk}", "snapshot.keep=10",
-                        "snapshot.every=2"], capture_output=True, text=True, timeout=120)
+                        "snapshot.every=2", f"train.params_file={params}"], capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == EXIT_IO, r.stderr
     assert "No space left on device" in r.stderr and "warning: snapshot failed" in r.stderr
+    # the final weights were written before the final snapshot failed, and the run says so
+    assert params.exists() and params.stat().st_size > 0
+    assert "failed: " in r.stderr and "the final weights are in train.params_file" in r.stderr
+    # while writes fail, the progress line shows the failure and the last snapshot that landed
+    failing = [l for l in r.stdout.splitlines() if "snapshot FAILING:" in l]
+    assert failing and "No space left on device" in failing[-1], r.stdout
+    assert re.search(r"last landed \d+s ago \(step \d+\)", failing[-1]), failing[-1]
     steps = snapshot_steps(disk)
     assert steps, "the first snapshots fit"
     for step in steps:

@@ -52,7 +52,7 @@ static snapshot_data_t sample(uint64_t step) {
 static void write_step(uint64_t step, const snapshot_retention_t *keep) {
     snapshot_data_t d = sample(step);
     char err[1024];
-    cr_assert_eq(snapshot_write(dir, &d, keep, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(snapshot_write(dir, &d, keep, NULL, err, sizeof err), 0, "%s", err);
 }
 
 static const snapshot_retention_t keep_all = {.keep = 100};
@@ -134,7 +134,7 @@ Test(snapshot, an_impossible_loss_scale_is_refused_as_corrupt) {
         snapshot_data_t d = sample(5);
         d.header.loss_scale = bad[i];
         char err[1024], path[512];
-        cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
         path_of(5, path, sizeof path);
         snapshot_data_t got;
         cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "scale %g accepted", bad[i]);
@@ -144,7 +144,7 @@ Test(snapshot, an_impossible_loss_scale_is_refused_as_corrupt) {
     d.header.loss_scale = 32768.0;
     d.header.loss_scale_good_steps = 17;
     char err[1024], path[512];
-    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
     path_of(5, path, sizeof path);
     snapshot_data_t got;
     cr_assert_eq(snapshot_read(path, &got, err, sizeof err), 0, "%s", err);
@@ -255,7 +255,7 @@ static snapshot_data_t adam_sample(uint64_t step, uint32_t optimizer, uint64_t o
 Test(snapshot, adam_state_round_trips_and_counts_in_the_state_hash) {
     snapshot_data_t d = adam_sample(9, SNAPSHOT_OPTIM_ADAMW, 6);
     char err[1024], path[512];
-    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
     path_of(9, path, sizeof path);
     snapshot_data_t got;
     cr_assert_eq(snapshot_read(path, &got, err, sizeof err), 0, "%s", err);
@@ -289,7 +289,7 @@ Test(snapshot, adam_state_round_trips_and_counts_in_the_state_hash) {
 Test(snapshot, a_flipped_second_moment_fails_its_checksum) {
     snapshot_data_t d = adam_sample(3, SNAPSHOT_OPTIM_ADAM, 3);
     char err[1024], path[512];
-    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
     path_of(3, path, sizeof path);
     damage(path, (long)sizeof(snapshot_header_t) + 2 * N_PARAMS * 4 + N_BUFFERS * 4 + 17, 0);
     snapshot_data_t got;
@@ -309,7 +309,7 @@ Test(snapshot, impossible_optimizer_state_is_refused_as_corrupt) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snapshot_data_t d = adam_sample(11, cases[i].optimizer, cases[i].optim_steps);
         char err[1024], path[512];
-        cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
         path_of(11, path, sizeof path);
         snapshot_data_t got;
         cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "case %zu accepted", i);
@@ -318,7 +318,7 @@ Test(snapshot, impossible_optimizer_state_is_refused_as_corrupt) {
     snapshot_data_t d = adam_sample(11, SNAPSHOT_OPTIM_ADAM, 0);
     d.second_moment = NULL;
     char err[1024];
-    cr_assert_eq(snapshot_write(dir, &d, &keep_all, err, sizeof err), -1);
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), -1);
     cr_assert(strstr(err, "needs the second moment"), "%s", err);
 }
 
@@ -344,4 +344,24 @@ Test(snapshot, the_writer_keeps_a_second_moment_buffer_when_asked) {
     cr_assert_eq(memcmp(got.second_moment, second_moment, sizeof second_moment), 0);
     snapshot_data_free(&got);
     snapshot_writer_destroy(w);
+}
+
+static void count_chunk(void *arg) { (*(int *)arg)++; }
+
+Test(snapshot, a_large_write_reports_progress_chunk_by_chunk) {
+    /* 3 x 4M floats = 48 MB: at least one progress report per 4 MiB on disk, so ddprun's
+     * --hang-timeout sees a slow but moving write as progress */
+    size_t n = (size_t)4 << 20;
+    snapshot_data_t d = sample(7);
+    d.params = calloc(n, sizeof(float));
+    d.momentum = calloc(n, sizeof(float));
+    cr_assert(d.params && d.momentum);
+    d.header.n_params = n;
+    int chunks = 0;
+    snapshot_progress_t progress = {.cb = count_chunk, .arg = &chunks};
+    char err[1024];
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, &progress, err, sizeof err), 0, "%s", err);
+    cr_assert_geq(chunks, 8, "%d progress reports for 32 MiB", chunks);
+    free(d.params);
+    free(d.momentum);
 }
