@@ -71,6 +71,11 @@ typedef struct {
     char restart_why[256];
     rdzv_why_t report_why;
     int failures; /* of the job so far: the restart budget (one node counts locally) */
+    /* the round that ended last: its size and why, to tell a lost node from a failure */
+    int last_round_nodes, last_restart_code;
+    bool is_refunded; /* this join gave the last restart back (join thread -> loop) */
+    /* a peer failure past the restart budget: joined only to see whether a node was lost */
+    bool is_budget_pending;
     int join_rc, watch_rc, report_rc, finish_rc;
     char join_err[512];
 } agent_t;
@@ -225,7 +230,8 @@ static int start_workers(agent_t *a) {
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->round.round);
     workers_spec_t spec = {
         .opts = a->opts, .self_exe = a->self_exe, .run_id = a->opts->rdzv_id,
-        .attempt = a->round.round, .group_rank = a->round.group_rank,
+        .attempt = a->round.round, .restart_count = a->failures,
+        .group_rank = a->round.group_rank,
         .group_world_size = a->round.group_world_size, .rank_offset = a->round.rank_offset,
         .world_size = a->round.world_size, .master_addr = a->master_addr,
         .master_port = a->master_port, .attempt_dir = attempt_dir};
@@ -381,6 +387,14 @@ static void join_work_cb(uv_work_t *req) {
     if (a->join_rc == 0)
         a->join_rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &a->joined,
                                a->join_err, sizeof a->join_err);
+    /* A node that vanished shows up first as its peers' workers failing ("peer failure"); once
+     * the next round has fewer nodes, that restart was a membership change, which (as torchrun)
+     * costs no restart: give it back, counted once in the store by the new round's node 0. */
+    a->is_refunded = a->join_rc == 0 && a->joined.is_member && a->last_round_nodes > 0 &&
+                     a->last_restart_code == DDP_EXIT_PEER_FAILURE &&
+                     a->joined.group_world_size < a->last_round_nodes && a->failures > 0;
+    if (a->is_refunded && a->joined.group_rank == 0)
+        a->join_rc = rdzv_refund_failure(&a->rdzv, a->ops);
 }
 
 static void join_after_cb(uv_work_t *req, int status) {
@@ -397,6 +411,19 @@ static void join_after_cb(uv_work_t *req, int status) {
         return;
     }
     a->round = a->joined;
+    a->last_round_nodes = 0;
+    if (a->is_refunded) {
+        a->failures--;
+        LOG_INFO("round %d has a node fewer: the last restart was a lost node, not a failure, and "
+                 "does not count against --max-restarts (%d of %d used)", a->round.round,
+                 a->failures, a->opts->max_restarts);
+    } else if (a->is_budget_pending) {
+        fprintf(stderr, "ddprun: the job failed (%s), no node was lost, and its restarts "
+                        "(--max-restarts %d) are used up\n", a->restart_why, a->opts->max_restarts);
+        finish(a, DDP_EXIT_PEER_FAILURE);
+        return;
+    }
+    a->is_budget_pending = false;
     a->is_watching = true;
     a->watch_work.data = a;
     uv_queue_work(a->loop, &a->watch_work, watch_work_cb, watch_after_cb);
@@ -478,7 +505,11 @@ static void maybe_advance(agent_t *a) {
     int code = why.code;
     bool is_permanent = why.is_permanent;
     bool is_membership_change = is_failed && !a->stop_signal && code == 0;
-    if (is_membership_change ||
+    /* past the budget, a peer failure may still be a lost node, which is no restart: the next
+     * round's size decides (join_after_cb) */
+    a->is_budget_pending = is_failed && !is_permanent && a->is_multi &&
+                           code == DDP_EXIT_PEER_FAILURE && why.failures > a->opts->max_restarts;
+    if (is_membership_change || a->is_budget_pending ||
         (is_failed && !is_permanent && why.failures <= a->opts->max_restarts)) {
         if (is_membership_change)
             LOG_INFO("membership changes: every node joins round %d", a->round.round + 1);
@@ -487,6 +518,8 @@ static void maybe_advance(agent_t *a) {
                      a->opts->max_restarts);
         if (a->workers) workers_destroy(a->workers);
         a->workers = NULL;
+        a->last_round_nodes = a->round.is_member ? a->round.group_world_size : 0;
+        a->last_restart_code = code;
         begin_round(a, a->round.round + 1);
         return;
     }

@@ -190,6 +190,13 @@ int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why
     return 0;
 }
 
+int rdzv_refund_failure(rdzv_t *r, store_client_t *c) {
+    char failures_key[256];
+    key(r, failures_key, sizeof failures_key, -1, "failures");
+    int64_t failures;
+    return store_client_add(c, failures_key, -1, &failures);
+}
+
 int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len) {
     char k[256];
     key(r, k, sizeof k, round, "restart");

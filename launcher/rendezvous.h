@@ -50,6 +50,9 @@ typedef struct {
 /* Ask every agent to end round `round`. The first report wins; later ones are ignored. The winner
  * of a failure report also advances the job-wide failure count. */
 int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why_t *why);
+/* Take one failure back from the job-wide count (a restart that turned out to be a lost node).
+ * Call from one agent only. */
+int rdzv_refund_failure(rdzv_t *r, store_client_t *c);
 /* Parse a restart key's value; returns false if it is malformed. */
 bool rdzv_why_parse(const char *text, rdzv_why_t *out);
 /* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */

@@ -52,6 +52,7 @@ struct store_server {
     store_conn_t *conns;
     store_peer_t *peers[STORE_PEER_BUCKETS];
     unsigned n_conns;
+    unsigned fd_budget;      /* connections that fit in RLIMIT_NOFILE, leaving a reserve */
     unsigned n_open_handles;
     uint16_t port;
     size_t buffered_bytes;

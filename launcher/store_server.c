@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "clock.h"
 #include "ddp_error.h"
@@ -357,14 +358,26 @@ static void refuse(store_server_t *s, uv_tcp_t *tcp, const char *peer, const cha
 
 static void on_connection(uv_stream_t *server, int status) {
     store_server_t *s = server->data;
+    if (status == UV_EMFILE || status == UV_ENFILE) {
+        /* libuv accepted and closed the waiting connection(s) with its reserve descriptor */
+        s->n_dropped++;
+        if (drop_log_allowed(s))
+            LOG_WARN("store: out of file descriptors (%s) with %u clients connected: a new "
+                     "connection was dropped; raise `ulimit -n`", uv_strerror(status), s->n_conns);
+        return;
+    }
     if (status < 0) {
+        s->n_dropped++;
         LOG_WARN("store: accept failed: %s", uv_strerror(status));
         return;
     }
     store_conn_t *c = calloc(1, sizeof *c);
     if (!c) return;
     uv_tcp_init(s->loop, &c->tcp);
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+    int accept_rc = uv_accept(server, (uv_stream_t *)&c->tcp);
+    if (accept_rc < 0) {
+        s->n_dropped++;
+        if (drop_log_allowed(s)) LOG_WARN("store: accept failed: %s", uv_strerror(accept_rc));
         uv_close((uv_handle_t *)&c->tcp, free_handle);
         return;
     }
@@ -379,6 +392,12 @@ static void on_connection(uv_stream_t *server, int status) {
     }
     if (s->n_conns >= s->limits.max_connections) {
         refuse(s, &c->tcp, c->peer_name, "connection limit reached", s->limits.max_connections);
+        return;
+    }
+    /* refused while descriptors remain, so the connected keep working and the refusal is seen */
+    if (s->n_conns >= s->fd_budget) {
+        refuse(s, &c->tcp, c->peer_name, "file descriptors nearly used up (raise `ulimit -n`)",
+               s->fd_budget);
         return;
     }
     uint8_t key[16];
@@ -452,6 +471,23 @@ static int resolve_bind(const char *host, uint16_t port, struct sockaddr_storage
     return 0;
 }
 
+/* Descriptors kept back from clients: the loop's own, log files, worker pipes of an agent. */
+#define FD_RESERVE 256
+
+/* How many client connections RLIMIT_NOFILE allows: the soft limit is raised to the hard one
+ * first (as servers commonly do), then a reserve is kept for everything else. */
+static unsigned fd_budget(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return UINT32_MAX;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit raised = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > UINT32_MAX) return UINT32_MAX;
+    unsigned limit = (unsigned)rl.rlim_cur;
+    return limit > 2 * FD_RESERVE ? limit - FD_RESERVE : limit / 2;
+}
+
 int store_server_start(uv_loop_t *loop, const store_server_opts_t *opts, store_server_t **out,
                        char *err, size_t err_len) {
     struct sockaddr_storage addr;
@@ -461,6 +497,7 @@ int store_server_start(uv_loop_t *loop, const store_server_opts_t *opts, store_s
     s->loop = loop;
     s->limits = opts->limits;
     s->secret = opts->secret;
+    s->fd_budget = fd_budget();
     int rc = kv_table_create(s->limits.max_store_bytes, &s->table);
     if (rc < 0) {
         free(s);

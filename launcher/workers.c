@@ -303,7 +303,7 @@ static int build_env(const workers_spec_t *sp, int local_rank, env_t *e) {
     rc |= env_set(e, "MASTER_ADDR", "%s", sp->master_addr);
     rc |= env_set(e, "MASTER_PORT", "%u", sp->master_port);
     rc |= env_set(e, "TORCHELASTIC_USE_AGENT_STORE", "True");
-    rc |= env_set(e, "TORCHELASTIC_RESTART_COUNT", "%d", sp->attempt);
+    rc |= env_set(e, "TORCHELASTIC_RESTART_COUNT", "%d", sp->restart_count);
     rc |= env_set(e, "TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
     rc |= env_set(e, "TORCHELASTIC_RUN_ID", "%s", sp->run_id);
     rc |= env_set(e, "TORCHELASTIC_ERROR_FILE", "%s/%d/error.json", sp->attempt_dir, local_rank);

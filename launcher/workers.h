@@ -18,7 +18,9 @@ typedef struct {
     const ddprun_opts_t *opts;
     const char *self_exe;  /* this executable, to run the shim */
     const char *run_id;
-    int attempt;           /* TORCHELASTIC_RESTART_COUNT */
+    int attempt;           /* the round: DDPRUN_ATTEMPT, the log directory */
+    int restart_count;     /* TORCHELASTIC_RESTART_COUNT: restarts used (membership changes
+                              are not restarts, as in torchrun) */
     int group_rank, group_world_size;
     int rank_offset;       /* global rank of local rank 0 */
     int world_size;

@@ -266,11 +266,14 @@ static float **section_slot(snapshot_data_t *d, uint32_t kind) {
 
 int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len) {
     memset(d, 0, sizeof *d);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO named like a snapshot must not block the open (it is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return failf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    int rc = fstat(fd, &st) < 0 ? failf(err, err_len, "%s: %s", path, strerror(errno))
-                                : read_header(fd, path, (uint64_t)st.st_size, &d->header, err, err_len);
+    int rc = fstat(fd, &st) < 0    ? failf(err, err_len, "%s: %s", path, strerror(errno))
+             : !S_ISREG(st.st_mode) ? failf(err, err_len, "%s: not a regular file", path)
+                                   : read_header(fd, path, (uint64_t)st.st_size, &d->header, err,
+                                                 err_len);
     for (uint32_t i = 0; rc == 0 && i < d->header.n_sections; i++) {
         const snapshot_section_t *s = &d->header.sections[i];
         float **slot = section_slot(d, s->kind);
@@ -295,6 +298,21 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
     return rc;
 }
 
+/* A snapshot that does not verify is renamed to NAME.corrupt: kept for a post-mortem, but out of
+ * the listing, so retention never counts it as kept nor deletes valid ones in its favour, and the
+ * next resume does not read it again. Non-regular files (a FIFO) are not ours: left alone. */
+static void quarantine(const char *path, FILE *report) {
+    struct stat st;
+    if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode)) return;
+    char moved[4200];
+    snprintf(moved, sizeof moved, "%s.corrupt", path);
+    if (rename(path, moved) == 0) {
+        if (report) fprintf(report, "ddpworker: warning: moved %s aside to %s\n", path, moved);
+    } else if (report) {
+        fprintf(report, "ddpworker: warning: cannot move %s aside: %s\n", path, strerror(errno));
+    }
+}
+
 int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char *path_out,
                          size_t path_len, char *err, size_t err_len) {
     entry_t *list;
@@ -306,8 +324,12 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
     for (size_t i = 0; i < n && !found; i++) {
         snprintf(path_out, path_len, "%s/%s", dir, list[i].name);
         char why[1024];
-        if (snapshot_read(path_out, d, why, sizeof why) == 0) found = 1;
-        else if (report) fprintf(report, "ddpworker: warning: skipping snapshot %s\n", why);
+        if (snapshot_read(path_out, d, why, sizeof why) == 0) {
+            found = 1;
+            continue;
+        }
+        if (report) fprintf(report, "ddpworker: warning: skipping snapshot %s\n", why);
+        quarantine(path_out, report);
     }
     free(list);
     return found;

@@ -3,7 +3,8 @@
  * then the `latest` manifest the same way; older snapshots are pruned only after the new one is in
  * place, so a failed write (full disk, read-only directory) never damages what was there. Reading
  * verifies every checksum before anything is used; snapshot_find_latest skips (and reports) torn or
- * corrupt files and falls back to older ones.
+ * corrupt files, moves them aside (NAME.corrupt, out of retention's sight) and falls back to older
+ * ones; a non-regular file named like a snapshot (a FIFO) is skipped without blocking.
  *
  * snapshot_writer_t does the writing on its own thread from host copies, so a training step only
  * pays for the copy. One writer per run, driven from the trainer's thread. */
@@ -39,7 +40,8 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
 int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len);
 void snapshot_data_free(snapshot_data_t *d);
 /* The newest snapshot in dir that verifies, into d and its path into path_out. Every file skipped
- * on the way is reported on `report` (may be NULL) with its path and reason. Returns 1 when one was
+ * on the way is reported on `report` (may be NULL) with its path and reason, and a regular one is
+ * renamed to NAME.corrupt (reported too). Returns 1 when one was
  * found, 0 when there is none (or no dir), -1 with err when dir cannot be read. */
 int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char *path_out,
                          size_t path_len, char *err, size_t err_len);

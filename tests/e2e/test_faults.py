@@ -392,3 +392,41 @@ def test_a_read_only_snapshot_dir_is_a_clear_error(ddpworker, conf, small_tmpfs)
                        timeout=60)
     assert r.returncode == EXIT_IO, r.stderr
     assert f"snapshot.dir: cannot write into {disk}" in r.stderr, r.stderr
+
+
+def test_retention_never_deletes_the_only_valid_snapshots(ddprun, ddpworker, conf, tmp_path):
+    """Snapshots to step 30, every file corrupted, then a shorter run: it starts over, the corrupt
+    files are moved aside (named in the log) instead of outranking the new valid ones in keep-N
+    retention, and `latest` names a snapshot that exists and verifies."""
+    snap = tmp_path / "snap"
+    rc, out = run_job(ddprun, conf, snap, "train.max_steps=30", "snapshot.every=10", nproc=1)
+    assert rc == 0, out
+    old = snapshot_steps(snap)
+    assert old and old[-1] == 30, old
+    for step in old:
+        path = snap / f"snapshot-{step:012d}.ddps"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    rc, out = run_job(ddprun, conf, snap, "train.max_steps=12", "snapshot.every=4",
+                      "snapshot.keep=2", nproc=1)
+    assert rc == 0, out
+    for step in old:
+        name = f"snapshot-{step:012d}.ddps"
+        assert f"moved {snap}/{name} aside" in out, out
+        assert (snap / (name + ".corrupt")).exists()
+    assert snapshot_steps(snap) == [8, 12], "the new run's newest two, none deleted for old ones"
+    hash_, step, _ = final_state(ddpworker, snap)   # `latest` exists and verifies
+    assert step == 12
+
+
+def test_a_fifo_named_like_a_snapshot_does_not_block_resume(ddprun, ddpworker, conf, tmp_path):
+    snap = tmp_path / "snap"
+    rc, out = run_job(ddprun, conf, snap, "train.max_steps=8", nproc=1)
+    assert rc == 0, out
+    os.mkfifo(snap / f"snapshot-{99:012d}.ddps")
+    rc, out = run_job(ddprun, conf, snap, "train.max_steps=12", nproc=1, timeout=120)
+    assert rc == 0, out
+    assert "not a regular file" in out, out
+    assert f"resuming from {snap}/snapshot-{8:012d}.ddps" in out, out
+    assert (snap / f"snapshot-{99:012d}.ddps").exists(), "not ours: left alone"

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from conftest import free_port
 
 WORKER = r"""#!/bin/sh
@@ -147,9 +149,10 @@ def test_losing_the_store_host_stops_every_node(ddprun, tmp_path):
         time.sleep(0.02)
 
 
+# seen.<round>.<rank>: group world size, world size, group rank, TORCHELASTIC_RESTART_COUNT
 ELASTIC_WORKER = r"""#!/bin/sh
-echo "$GROUP_WORLD_SIZE $WORLD_SIZE $GROUP_RANK" > "$OUT_DIR/seen.$TORCHELASTIC_RESTART_COUNT.$RANK"
-[ "$TORCHELASTIC_RESTART_COUNT" = "0" ] && exec sleep "${FIRST_ROUND_S:-0}"
+echo "$GROUP_WORLD_SIZE $WORLD_SIZE $GROUP_RANK $TORCHELASTIC_RESTART_COUNT" > "$OUT_DIR/seen.$DDPRUN_ATTEMPT.$RANK"
+[ "$DDPRUN_ATTEMPT" = "0" ] && exec sleep "${FIRST_ROUND_S:-0}"
 exit 0
 """
 
@@ -189,7 +192,8 @@ def test_a_node_arriving_later_scales_the_job_up(ddprun, tmp_path):
     assert [a.returncode for a in agents] == [0, 0, 0], errs
     assert time.monotonic() - t0 < 15, "the 30 s first round was cut short by the new round"
     for rank in range(3):
-        assert (tmp_path / f"seen.1.{rank}").read_text().split()[:2] == ["3", "3"]
+        assert (tmp_path / f"seen.1.{rank}").read_text().split() == ["3", "3", str(rank), "0"], \
+            "as torchrun: a membership change is not a restart (TORCHELASTIC_RESTART_COUNT 0)"
     assert "asking for a new round" in errs[2]
     assert all("restarting" not in e for e in errs), "a membership change is not a failure"
 
@@ -214,7 +218,7 @@ def test_a_lost_node_is_detected_by_heartbeat_and_the_job_scales_down(ddprun, tm
     assert time.monotonic() - t0 < 15
     assert any("sent no heartbeat" in e for e in errs)
     for rank in range(2):
-        assert (tmp_path / f"seen.1.{rank}").read_text().split()[:2] == ["2", "2"]
+        assert (tmp_path / f"seen.1.{rank}").read_text().split() == ["2", "2", str(rank), "0"]
     assert not (tmp_path / "seen.1.2").exists()
 
 
@@ -283,3 +287,55 @@ def test_rdzv_conf_is_host_decides_who_hosts_the_store(ddprun, tmp_path):
                             f"127.0.0.1:{busy}", "--rdzv-conf", "is_host=true", str(worker)],
                            capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "cannot host the job's store" in r.stderr, r.stderr
+
+
+LOST_PEER_WORKER = r"""#!/bin/sh
+echo "$GROUP_WORLD_SIZE $TORCHELASTIC_RESTART_COUNT" > "$OUT_DIR/seen.$DDPRUN_ATTEMPT.$RANK"
+if [ "$DDPRUN_ATTEMPT" = 0 ]; then
+    # round 0: wait until node 2 is gone, then fail as ddpworker does when a peer vanishes
+    while [ ! -e "$OUT_DIR/lost" ]; do sleep 0.05; done
+    exit 75
+fi
+exit "${LATER_EXIT:-0}"
+"""
+
+
+@pytest.mark.parametrize("lose_a_node", [True, False], ids=["node-lost", "no-node-lost"])
+def test_a_lost_node_costs_no_restart(ddprun, tmp_path, lose_a_node):
+    """--max-restarts 0: the peers of a vanished node fail with "peer failure" (75); the next
+    round has a node fewer, so that was a membership change and the job goes on. When no node
+    was lost, the same failure ends the job (its budget is spent)."""
+    worker = tmp_path / "w.sh"
+    worker.write_text(LOST_PEER_WORKER)
+    worker.chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    conf = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    agents = []
+    for _ in range(3):
+        agents.append(subprocess.Popen(
+            [ddprun, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lost", "--rdzv-conf", conf,
+             "--max-restarts", "0", str(worker)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.05)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"seen.0.{r}").exists() for r in range(3)):
+        assert time.monotonic() < deadline, "three workers did not start"
+        time.sleep(0.02)
+    survivors = agents
+    if lose_a_node:
+        agents[2].kill()
+        agents[2].wait()
+        survivors = agents[:2]
+    (tmp_path / "lost").write_text("")
+    errs = [a.communicate(timeout=60)[1] for a in survivors]
+    if lose_a_node:
+        assert [a.returncode for a in survivors] == [0, 0], errs
+        assert any("does not count against --max-restarts" in e for e in errs), errs
+        for rank in range(2):
+            assert (tmp_path / f"seen.1.{rank}").read_text().split() == ["2", "0"]
+    else:
+        assert [a.returncode for a in survivors] == [75, 75, 75], errs
+        assert all("are used up" in e for e in errs), errs
+        assert not (tmp_path / "seen.1.0").exists(), "no worker of a new round started"

@@ -5,6 +5,8 @@ teardown SIGTERMs it and asserts exit 0, so a crash anywhere fails the test. A d
 be logged on one line naming its address and the limit it broke.
 """
 import random
+import re
+import signal
 import socket
 import struct
 import subprocess
@@ -523,3 +525,43 @@ def test_short_secret_is_refused(ddprun, make_secret):
     r = subprocess.run([ddprun, "store", "--port", "0", "--secret-file", make_secret("short")],
                        capture_output=True, text=True, timeout=10, env=clean_env())
     assert r.returncode == 2 and "at least 16" in r.stderr, r.stderr
+
+
+def test_out_of_file_descriptors_refuses_new_clients_counts_them_and_serves_the_connected(
+        ddprun, tmp_path):
+    """With RLIMIT_NOFILE at 300 (hard), the store keeps a reserve of descriptors: clients past
+    its budget are refused, each counted and logged, and the connected ones keep being served."""
+    import resource
+    port_file, log_path = tmp_path / "port", tmp_path / "store.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [ddprun, "store", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)],
+            stdout=log, stderr=log, env=clean_env(),
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300)))
+    try:
+        assert wait_until(lambda: port_file.exists() and port_file.read_text().strip())
+        port = int(port_file.read_text())
+        first = connect(port)
+        first.sendall(validate())
+        socks = []
+        for _ in range(400):                      # more than the store has descriptors for
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except OSError:
+                break
+        time.sleep(1)                             # refusals are immediate; the accepted stay open
+        refused = sum(closed_now(s) for s in socks)
+        assert refused >= 100, f"{refused} of {len(socks)} refused"
+        first.sendall(ping(0x77))                 # the first client is still served
+        assert recv_exact(first, 4) == struct.pack("<I", 0x77)
+        for s in socks:
+            s.close()
+        first.close()
+        assert wait_until(lambda: try_ping(port)), "and new clients again once descriptors free up"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    text = log_path.read_text()
+    assert "file descriptors nearly used up" in text, text[-2000:]
+    dropped = int(re.search(r"(\d+) clients dropped", text).group(1))
+    assert dropped >= refused > 0, text[-2000:]

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Chaos: random faults against a 2-node x 2-rank ddpworker job for a given time, then the bar of
+tests/e2e/test_faults.py for the whole story: the final weights equal an uninterrupted run's, bit
+for bit, no worker outlives the job, and no port is left listening.
+
+    tests/chaos/run.py [--duration 120] [--seed N] [--report chaos.json] [--keep]
+
+Two ddprun agents (c10d on loopback, --nnodes 2, two ranks each; node 0 hosts the store) train a
+small CNN on synthetic data with snapshots on a small tmpfs when this runs as root (else a plain
+directory, and no disk-full faults). While the duration lasts, every few seconds one fault:
+  kill9_worker   SIGKILL to a random worker
+  kill9_agent    SIGKILL to a random agent's whole group (node 0's takes the store with it);
+                 this harness restarts it, as a supervisor (systemd, Kubernetes) would
+  sigstop_worker SIGSTOP to a random worker (its peers' collective deadline ends the round)
+  corrupt_newest a flipped byte in the newest snapshot (the next resume must skip it)
+  disk_full      the snapshot filesystem filled for two seconds (root only)
+An agent that exits non-zero (its store vanished with node 0) is started again. When the
+duration is over, the job runs to its end; the report says what was injected and what it cost.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CONF = """[model]
+name = cnn
+width = 8
+[data]
+kind = synthetic
+height = 16
+width = 16
+channels = 1
+classes = 10
+train_limit = 4096
+test_limit = 128
+augment = true
+[optim]
+lr = 0.05
+[train]
+batch_size = 8
+epochs = 1000
+max_steps = {steps}
+log_interval = 16
+collective_timeout = 4
+[snapshot]
+every = 8
+keep = 3
+"""
+
+FAULTS = ["kill9_worker", "kill9_agent", "sigstop_worker", "corrupt_newest", "disk_full"]
+
+
+def find_binaries(args):
+    ddprun = args.ddprun or os.environ.get("DDPRUN_BIN") or os.path.join(ROOT, "build",
+                                                                          "launcher", "ddprun")
+    ddpworker = os.path.join(os.path.dirname(os.path.dirname(ddprun)), "worker", "ddpworker")
+    for b in (ddprun, ddpworker):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"chaos: {b} is not built (cmake --build build, or --ddprun PATH)")
+    return ddprun, ddpworker
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "DDPRUN_")) and k not in
+           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def state(ddpworker, snap):
+    """(state hash, step) of the snapshot `latest` names, or None if it does not verify."""
+    try:
+        latest = open(os.path.join(snap, "latest")).read().strip()
+    except OSError:
+        return None
+    r = subprocess.run([ddpworker, "inspect", os.path.join(snap, latest)], capture_output=True,
+                       text=True, timeout=60)
+    fields = dict(re.findall(r"^([a-z ]+):\s+(.*)$", r.stdout, re.M))
+    if r.returncode != 0:
+        return None
+    return fields["state hash"], int(fields["step"].split()[0])
+
+
+def snapshot_steps(snap):
+    try:
+        names = os.listdir(snap)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := re.match(r"snapshot-(\d+)\.ddps$", n)))
+
+
+class Job:
+    """Two agents of one c10d job; restarts an agent that died, as a supervisor would."""
+
+    def __init__(self, ddprun, conf, snap, workdir):
+        self.ddprun, self.conf, self.snap, self.workdir = ddprun, conf, snap, workdir
+        self.port = free_port()
+        self.agents = [None, None]
+        self.starts = [0, 0]
+        self.exits = []
+        for node in (0, 1):
+            self.start(node)
+            time.sleep(0.1)                      # node 0 first: it hosts the store
+
+    def start(self, node):
+        log = open(os.path.join(self.workdir, f"node{node}.{self.starts[node]}.log"), "w")
+        self.starts[node] += 1
+        self.agents[node] = subprocess.Popen(
+            [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "chaos",
+             "--max-restarts", "1000", "--hang-timeout", "20",
+             "--rdzv-conf", "join_timeout=60,last_call_timeout=0.2,keep_alive_interval=0.2,"
+                            "heartbeat_timeout=3",
+             self.conf, f"snapshot.dir={self.snap}"],
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True)
+        log.close()
+
+    def supervise(self):
+        """Restart agents that failed; True once both have exited 0."""
+        done = 0
+        for node, a in enumerate(self.agents):
+            rc = a.poll()
+            if rc is None:
+                continue
+            if rc == 0:
+                done += 1
+                continue
+            self.exits.append((node, rc))
+            time.sleep(0.2)
+            self.start(node)
+        return done == 2
+
+    def kill_all(self):
+        for a in self.agents:
+            if a and a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+
+
+def workers(conf):
+    r = subprocess.run(["pgrep", "-f", f"^[^ ]*worker/ddpworker {re.escape(conf)}"],
+                       capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+def run_reference(ddprun, ddpworker, conf, snap, workdir):
+    t0 = time.monotonic()
+    with open(os.path.join(workdir, "reference.log"), "w") as log:
+        r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "4", conf,
+                            f"snapshot.dir={snap}"], stdout=log, stderr=subprocess.STDOUT,
+                           env=clean_env(), timeout=1800)
+    if r.returncode != 0:
+        sys.exit(f"chaos: the reference run failed ({r.returncode}); see {workdir}/reference.log")
+    return state(ddpworker, snap), time.monotonic() - t0
+
+
+def mount_tmpfs(path, size):
+    if os.geteuid() != 0:
+        return False
+    os.makedirs(path, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                          capture_output=True).returncode == 0
+
+
+def inject(kind, job, conf, snap, has_tmpfs, rng, log):
+    """One fault; returns a description, or None when it had no target right now."""
+    if kind in ("kill9_worker", "sigstop_worker"):
+        pids = workers(conf)
+        if len(pids) < 4:
+            return None
+        pid = rng.choice(pids)
+        try:
+            os.kill(pid, signal.SIGKILL if kind == "kill9_worker" else signal.SIGSTOP)
+        except ProcessLookupError:
+            return None
+        return f"worker pid {pid}"
+    if kind == "kill9_agent":
+        node = rng.randrange(2)
+        a = job.agents[node]
+        if a.poll() is not None:
+            return None
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait()
+        job.exits.append((node, -9))
+        time.sleep(0.3)
+        job.start(node)
+        return f"node {node}'s agent" + (" (the store host)" if node == 0 else "")
+    if kind == "corrupt_newest":
+        steps = snapshot_steps(snap)
+        if len(steps) < 2:
+            return None
+        path = os.path.join(snap, f"snapshot-{steps[-1]:012d}.ddps")
+        try:
+            with open(path, "r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(size // 2)
+                b = f.read(1)
+                f.seek(size // 2)
+                f.write(bytes([b[0] ^ 0x10]))
+        except OSError:
+            return None
+        return f"snapshot step {steps[-1]}"
+    if kind == "disk_full":
+        if not has_tmpfs:
+            return None
+        filler = os.path.join(snap, "filler")
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+            except OSError:
+                pass
+        time.sleep(2)
+        os.unlink(filler)
+        return "snapshot filesystem full for 2 s"
+    raise ValueError(kind)
+
+
+def listening_ports():
+    r = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True)
+    return set(re.findall(r":(\d+)\s", r.stdout)) if r.returncode == 0 else set()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=float, default=120, help="seconds of fault injection")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ddprun", default=None)
+    p.add_argument("--report", default=None, help="write the summary here as JSON")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--steps", type=int, default=0, help="training steps (0: sized to --duration)")
+    args = p.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    ddprun, ddpworker = find_binaries(args)
+    workdir = tempfile.mkdtemp(prefix="ddprun-chaos-")
+    print(f"chaos: seed {seed}, work directory {workdir}", flush=True)
+
+    # size the job: the faults must land while it trains, so it should outlast the duration
+    steps = args.steps
+    if not steps:  # the rate from two short runs, so start-up time does not count as training
+        times = {}
+        for n in (64, 512):
+            probe = os.path.join(workdir, f"probe{n}.conf")
+            open(probe, "w").write(CONF.format(steps=n))
+            _, times[n] = run_reference(ddprun, ddpworker, probe,
+                                        os.path.join(workdir, f"probe{n}"), workdir)
+        per_step = max((times[512] - times[64]) / 448, 1e-4)
+        steps = max(64, int(max(args.duration, 10) * 0.8 / per_step))
+    conf = os.path.join(workdir, "chaos.conf")
+    open(conf, "w").write(CONF.format(steps=steps))
+    want, t_ref = run_reference(ddprun, ddpworker, conf, os.path.join(workdir, "reference"),
+                                workdir)
+    print(f"chaos: {steps} steps, uninterrupted in {t_ref:.1f} s, state {want}", flush=True)
+
+    snap = os.path.join(workdir, "snap")
+    has_tmpfs = mount_tmpfs(snap, "64m")
+    os.makedirs(snap, exist_ok=True)
+    ports_before = listening_ports()
+    faults = []
+    t0 = time.monotonic()
+    job = Job(ddprun, conf, snap, workdir)
+    ok = False
+    try:
+        next_fault = t0 + rng.uniform(2, 5)
+        deadline = t0 + args.duration + 10 * t_ref + 300
+        while time.monotonic() < deadline:
+            if job.supervise():
+                ok = True
+                break
+            now = time.monotonic()
+            if now - t0 < args.duration and now >= next_fault:
+                kind = rng.choice(FAULTS)
+                what = inject(kind, job, conf, snap, has_tmpfs, rng, print)
+                if what:
+                    faults.append({"t": round(now - t0, 2), "fault": kind, "target": what})
+                    print(f"chaos: {now - t0:7.1f}s {kind}: {what}", flush=True)
+                next_fault = time.monotonic() + rng.uniform(2, 6)
+            time.sleep(0.05)
+    finally:
+        job.kill_all()
+    elapsed = time.monotonic() - t0
+
+    problems = []
+    if not ok:
+        problems.append("the job did not finish")
+    got = state(ddpworker, snap)
+    if got != want:
+        problems.append(f"final state {got} differs from the uninterrupted run's {want}")
+    time.sleep(1)
+    orphans = workers(conf)
+    if orphans:
+        problems.append(f"orphan workers: {orphans}")
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+    leaked = listening_ports() - ports_before
+    if str(job.port) in leaked:
+        problems.append(f"the store's port {job.port} is still listening")
+    report = {
+        "seed": seed, "steps": steps, "duration_s": args.duration,
+        "uninterrupted_s": round(t_ref, 2), "chaos_s": round(elapsed, 2),
+        "faults": faults, "agent_restarts": len(job.exits),
+        "lost_s": round(elapsed - t_ref, 2),
+        "lost_per_fault_s": round((elapsed - t_ref) / len(faults), 2) if faults else 0,
+        "bit_identical": got == want, "problems": problems,
+    }
+    by_kind = {k: sum(f["fault"] == k for f in faults) for k in FAULTS}
+    print(f"chaos: {len(faults)} faults {by_kind}, {len(job.exits)} agent restarts, "
+          f"{elapsed:.1f} s against {t_ref:.1f} s uninterrupted "
+          f"({report['lost_per_fault_s']} s lost per fault)", flush=True)
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1)
+    if has_tmpfs:
+        subprocess.run(["umount", "-l", snap])
+    if problems:
+        print("chaos: FAILED: " + "; ".join(problems) + f" (logs in {workdir})", flush=True)
+        return 1
+    print("chaos: passed: bit-identical final weights, no orphans, no leaked ports", flush=True)
+    if not args.keep:
+        subprocess.run(["rm", "-rf", workdir])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
