@@ -15,13 +15,15 @@ enum {
     DDP_EXIT_IO = 74,            /* EX_IOERR: snapshots cannot be written: not restartable */
     DDP_EXIT_PEER_FAILURE = 75,  /* EX_TEMPFAIL: a peer died or hung: restart */
     DDP_EXIT_CONFIG = 78,        /* EX_CONFIG: train.conf is wrong: not restartable */
+    DDP_EXIT_DIVERGED = 80,      /* the training loss became NaN or inf: not restartable */
     DDP_EXIT_EXEC_FAILED = 127,  /* the program could not be started: not restartable */
 };
 
 /* True when running the same workers again cannot change the outcome. */
 static inline bool ddp_exit_is_permanent(int status) {
     return status == DDP_EXIT_USAGE || status == DDP_EXIT_DATA || status == DDP_EXIT_IO ||
-           status == DDP_EXIT_CONFIG || status == DDP_EXIT_EXEC_FAILED;
+           status == DDP_EXIT_CONFIG || status == DDP_EXIT_DIVERGED ||
+           status == DDP_EXIT_EXEC_FAILED;
 }
 
 #endif

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <time.h>
 #include "exit_codes.h"
+#include "json_lines.h"
 
 #define BUCKET_BYTES (4u << 20)
 #define TOPK 5
@@ -62,6 +63,12 @@ static void check_comm(trainer_t *t, int rc, const char *what) {
     if (rc < 0)
         trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
                     t->comm->err[0] ? comm_error(t->comm) : "collective error");
+}
+
+/* One metrics line (rank 0, when train.metrics_file is set); frees o. */
+static void write_metrics(trainer_t *t, cJSON *o) {
+    if (t->metrics) json_line_write(t->metrics, o);
+    else cJSON_Delete(o);
 }
 
 /* A resumed run appends: its metrics continue the interrupted run's. */
@@ -251,8 +258,10 @@ int trainer_step(trainer_t *t) {
 
 static void count_hits(const float *logits, int classes, int label, double *top1, double *top5) {
     int above = 0; /* classes scoring higher than the label (ties count for the label) */
-    for (int j = 0; j < classes; j++)
+    for (int j = 0; j < classes; j++) {
+        if (isnan(logits[j])) return; /* NaN compares false: it would look like a hit */
         if (logits[j] > logits[label]) above++;
+    }
     if (above == 0) *top1 += 1;
     if (above < TOPK) *top5 += 1;
 }
@@ -300,20 +309,23 @@ static void format_duration(double s, char *buf, size_t len) {
 
 static void report_eval(trainer_t *t, const eval_result_t *r, const char *event) {
     if (t->rank != 0) return;
-    char line[512];
-    snprintf(line, sizeof line,
-             "{\"event\": \"%s\", \"top1\": %.4f, \"top5\": %.4f, \"loss\": %.4f, \"step\": %lld, "
-             "\"epoch\": %lld, \"samples\": %lld}",
-             event, r->top1, r->top5, r->loss, (long long)t->step, (long long)t->epoch + 1,
-             (long long)r->n);
-    if (t->metrics) {
-        fprintf(t->metrics, "%s\n", line);
-        fflush(t->metrics);
+    cJSON *o = json_line_new(event);
+    json_line_num(o, "top1", r->top1);
+    json_line_num(o, "top5", r->top5);
+    json_line_num(o, "loss", r->loss);
+    json_line_int(o, "step", t->step);
+    json_line_int(o, "epoch", t->epoch + 1);
+    json_line_int(o, "samples", r->n);
+    if (strcmp(event, "final") == 0) {
+        char *line = json_line_text(o); /* the same line on stdout as in the metrics file */
+        if (line) printf("%s\n", line);
+        cJSON_free(line);
+    } else {
+        printf("eval  step %lld  loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,
+               r->loss, 100 * r->top1, 100 * r->top5);
     }
-    if (strcmp(event, "final") == 0) printf("%s\n", line);
-    else printf("eval  step %lld  loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,
-                r->loss, 100 * r->top1, 100 * r->top5);
     fflush(stdout);
+    write_metrics(t, o);
 }
 
 /* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. */
@@ -367,15 +379,25 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
     double loss = model_take_loss(&t->model) / (double)samples;
     double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
     double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
-    char eta[32], snap[256] = "", scaling[64] = "", scaling_json[96] = "";
+    /* without loss scaling nothing skips a bad step: a loss that is NaN or inf on any rank ends
+     * the run on every rank (all reach this step), before it reports or snapshots garbage */
+    if (!t->loss_scale) {
+        double is_bad = !isfinite(loss);
+        check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
+        if (is_bad > 0)
+            trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s at step %lld (on %.0f of %d "
+                        "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
+                        isnan(loss) ? "NaN" : isfinite(loss) ? "NaN or inf" : "inf",
+                        (long long)t->step, is_bad, t->world);
+    }
+    char eta[32], snap[256] = "", scaling[64] = "";
     format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
     if (t->snapshots) describe_snapshots(t, snap, sizeof snap);
     if (t->rank != 0) return;
+    loss_scale_t ls = {0};
     if (t->loss_scale) {
-        loss_scale_t ls = trainer__loss_scale(t);
+        ls = trainer__loss_scale(t);
         snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale, ls.skipped_steps);
-        snprintf(scaling_json, sizeof scaling_json, ", \"loss_scale\": %.17g, \"skipped_steps\": %u",
-                 (double)ls.scale, ls.skipped_steps);
     }
     double lr = lr_at(&t->lr, t->step - 1);
     printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n",
@@ -383,10 +405,17 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
            eta, scaling, snap);
     fflush(stdout);
     if (t->metrics) {
-        fprintf(t->metrics, "{\"event\": \"train\", \"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, "
-                "\"lr\": %.6g, \"img_per_s\": %.1f%s}\n", (long long)t->step, (long long)t->epoch + 1,
-                loss, lr, rate, scaling_json);
-        fflush(t->metrics);
+        cJSON *o = json_line_new("train");
+        json_line_int(o, "step", t->step);
+        json_line_int(o, "epoch", t->epoch + 1);
+        json_line_num(o, "loss", loss);
+        json_line_num(o, "lr", lr);
+        json_line_num(o, "img_per_s", rate);
+        if (t->loss_scale) {
+            json_line_num(o, "loss_scale", ls.scale);
+            json_line_int(o, "skipped_steps", ls.skipped_steps);
+        }
+        write_metrics(t, o);
     }
 }
 
@@ -438,6 +467,9 @@ eval_result_t trainer_run(trainer_t *t) {
     }
     if (last_eval_step != t->step) last = trainer_evaluate(t);
     report_eval(t, &last, "final");
+    if (!isfinite(last.loss))
+        trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s at step %lld: the "
+                    "weights diverged", isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
     if (t->rank == 0 && c->params_file[0]) {
         write_params(t, c->params_file);

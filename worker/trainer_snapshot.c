@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "exit_codes.h"
+#include "json_lines.h"
 #include "trainer.h"
 
 _Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD && (int)OPTIM_ADAM == (int)SNAPSHOT_OPTIM_ADAM &&
@@ -119,11 +120,11 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
                                               : "the weights of this step are NOT saved (no "
                                                 "train.params_file)");
     if (t->metrics) {
-        char written[64] = "";
-        if (is_blocking) snprintf(written, sizeof written, ", \"written_ms\": %.3f", (now_s() - start) * 1e3);
-        fprintf(t->metrics, "{\"event\": \"snapshot\", \"step\": %lld, \"stall_ms\": %.3f%s}\n",
-                (long long)t->step, stall * 1e3, written);
-        fflush(t->metrics);
+        cJSON *event = json_line_new("snapshot");
+        json_line_int(event, "step", t->step);
+        json_line_num(event, "stall_ms", stall * 1e3);
+        if (is_blocking) json_line_num(event, "written_ms", (now_s() - start) * 1e3);
+        json_line_write(t->metrics, event);
     }
     return stall;
 }

@@ -259,3 +259,39 @@ def test_gpu_only_settings_on_the_cpu_backend_are_config_errors(ddpworker, tmp_p
     r = subprocess.run([ddpworker, conf, override], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == EXIT_CONFIG, r.stderr
     assert message in r.stderr, r.stderr
+
+
+EXIT_DIVERGED = 80
+
+
+def test_a_diverging_loss_ends_the_run_with_its_own_code_and_is_not_retried(ddprun, tmp_path):
+    """lr 1000 without loss scaling: the loss turns NaN/inf, every rank stops at the log step
+    where it shows, with "diverged" (80), which ddprun does not retry; the metrics file holds
+    only valid JSON (non-finite numbers as null), each line with a UTC time."""
+    conf = small_conf(tmp_path, kind="synthetic", model="cnn")
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "3",
+                        conf, "optim.lr=1000", "train.log_interval=2",
+                        f"train.metrics_file={metrics}"],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == EXIT_DIVERGED, r.stdout + r.stderr
+    assert "the run diverged" in r.stderr and "exit 80 is not retried" in r.stderr, r.stderr
+    assert "attempt 1 of 4" in r.stderr, "no restart"
+    assert '"event":"final"' not in r.stdout, "never a final result from NaN weights"
+    for line in metrics.read_text().splitlines():
+        event = json.loads(line)                     # every line parses (no -nan, no inf)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["time"]), event
+
+
+def test_metrics_are_json_lines_with_utc_time(ddprun, tmp_path):
+    conf = small_conf(tmp_path, kind="synthetic")
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "1", conf,
+                        f"train.metrics_file={metrics}", "train.max_steps=6"],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert {"train", "final"} <= {e["event"] for e in events}
+    assert all(e["time"].endswith("Z") for e in events)
+    printed = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if '"final"' in line]
+    assert json.loads(printed[0]) == events[-1]
