@@ -384,6 +384,10 @@ int snapshot_inspect(const char *path, FILE *out) {
     else
         fprintf(out, "optimizer:   sgd lr %g momentum %g weight decay %g%s\n", h->lr, h->momentum,
                 h->weight_decay, h->is_nesterov ? " nesterov" : "");
+    if (h->best_by && h->best_value == h->best_value) /* NaN: no validation yet */
+        fprintf(out, "best:        %s %.17g at step %" PRIu64 "\n",
+                h->best_by == 1 ? "val_loss" : "val_top1", h->best_value, h->best_step);
+    fprintf(out, "elapsed:     %.3f s of training\n", h->elapsed_s);
     fprintf(out, "loss scale:  %g (%" PRIu64 " good steps)\n", h->loss_scale,
             h->loss_scale_good_steps);
     for (uint32_t i = 0; i < h->n_sections; i++)
