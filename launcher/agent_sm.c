@@ -90,8 +90,8 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
 /* ---- rounds ------------------------------------------------------------------------------- */
 
 static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
+    /* restart_text stays until the next key: past the budget, the join's outcome names it */
     sm->has_failure = sm->has_restart = false;
-    sm->restart_text[0] = '\0';
     sm->round.round = round;
     if (!sm->cfg.is_multi) {
         sm->round = (rdzv_result_t){.round = round, .group_world_size = 1, .is_member = true,

@@ -141,7 +141,7 @@ typedef struct {
     agent_sm_exit_t root_cause;
     bool has_restart;      /* the restart key was seen (restart, restart_text) */
     rdzv_why_t restart;
-    char restart_text[256];
+    char restart_text[256]; /* the last key seen, kept across the join that follows it */
     int stop_signal;       /* the first forwarded signal, 0 if none */
     int exit_code;         /* DONE */
 } agent_sm_t;

@@ -477,8 +477,8 @@ Test(agent_sm_lost_node, past_the_budget_with_no_node_lost) {
     EV(.kind = AGENT_EV_JOIN_DONE,
        .joined = {.round = 1, .group_world_size = 3, .is_member = true});
     expect(AGENT_ACT_SAY, AGENT_ACT_EXIT, END);
-    cr_assert(said("no node was lost, and its restarts (--max-restarts 1) are used up"), "%s",
-              acts.a[0].text);
+    cr_assert(said("the job failed (code=75 permanent=0 failures=2 node=1 rank=2), no node was "
+                   "lost, and its restarts (--max-restarts 1) are used up"), "%s", acts.a[0].text);
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
 
