@@ -36,55 +36,15 @@
 #define STORE_LINGER_MS 5000
 #define EVENT_QUEUE_LEN 8
 
-/* Blocking rendezvous calls on libuv's thread pool: each job owns what its thread reads and
- * writes (a copy of what the action asked for, and the result), so the loop and the thread
- * share nothing else while it runs. is_busy: queued and its after-callback not yet run. */
+/* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
+ * writes (a copy of what the action asked for, and the result), so the loop and the thread share
+ * nothing else while it runs. is_busy: queued, its after-callback not yet run. */
 typedef struct {
     uv_work_t req;
     bool is_busy;
     int rc;
-    agent_sm_join_plan_t plan;
-    rdzv_result_t joined;
-    bool is_refunded;
-    char err[AGENT_SM_TEXT_BYTES];
-} join_job_t;
-
-typedef struct {
-    uv_work_t req;
-    bool is_busy;
-    int rc;
-    int round;
-    char why[256]; /* the restart key's value */
-} watch_job_t;
-
-typedef struct {
-    uv_work_t req;
-    bool is_busy;
-    int rc;
-    int round;
-    rdzv_why_t why;
-} report_job_t;
-
-typedef struct {
-    uv_work_t req;
-    bool is_busy;
-    int rc;
-    rdzv_result_t round;
-} barrier_job_t;
-
-/* Heartbeats: a node that stops beating (killed, partitioned) ends the round. */
-typedef struct {
-    uv_work_t req;
-    bool is_busy;
-    int rc;
-    rdzv_result_t round; /* the round the beat in flight is for */
-    int64_t fresh[RDZV_MAX_NODES]; /* counters the beat read */
-    uv_timer_t timer;
-    bool is_timer_open;
-    uint64_t ok_ms; /* last heartbeat the store took */
-    int64_t seen[RDZV_MAX_NODES];
-    uint64_t changed_ms[RDZV_MAX_NODES];
-} hb_job_t;
+    rdzv_result_t round; /* the round it is for */
+} job_t;
 
 typedef struct {
     uv_loop_t *loop;
@@ -109,11 +69,31 @@ typedef struct {
     store_client_t *ops;   /* join, report, exit barrier: one at a time */
     store_client_t *watch; /* blocked in the restart WAIT of the round */
     store_client_t *hb;    /* heartbeats, with short deadlines */
-    join_job_t join;
-    watch_job_t watching;
-    report_job_t report;
-    barrier_job_t barrier;
-    hb_job_t beat;
+    struct join_job {
+        job_t job;
+        agent_sm_join_plan_t plan;
+        rdzv_result_t joined;
+        bool is_refunded;
+        char err[AGENT_SM_TEXT_BYTES];
+    } join;
+    struct {
+        job_t job;
+        char why[256]; /* the restart key's value */
+    } watching;
+    struct {
+        job_t job;
+        rdzv_why_t why;
+    } report;
+    job_t barrier;
+    struct beat_job { /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
+        job_t job;
+        int64_t fresh[RDZV_MAX_NODES]; /* counters the beat read */
+        uv_timer_t timer;
+        bool is_timer_open;
+        uint64_t ok_ms; /* last heartbeat the store took */
+        int64_t seen[RDZV_MAX_NODES];
+        uint64_t changed_ms[RDZV_MAX_NODES];
+    } beat;
 } agent_t;
 
 static void dispatch(agent_t *a, const agent_sm_event_t *ev);
@@ -145,16 +125,16 @@ static void finish(agent_t *a, int code) {
         uv_close((uv_handle_t *)&a->beat.timer, NULL);
         a->beat.is_timer_open = false;
     }
-    if (a->hb && !a->beat.is_busy) {
+    if (a->hb && !a->beat.job.is_busy) {
         store_client_destroy(a->hb);
         a->hb = NULL;
     }
-    if (a->watch && a->watching.is_busy) store_client_interrupt(a->watch); /* end its WAIT too */
-    if (a->watch && !a->watching.is_busy && !a->join.is_busy) {
+    if (a->watch && a->watching.job.is_busy) store_client_interrupt(a->watch); /* end its WAIT too */
+    if (a->watch && !a->watching.job.is_busy && !a->join.job.is_busy) {
         store_client_destroy(a->watch);
         a->watch = NULL;
     }
-    if (a->ops && !a->join.is_busy && !a->report.is_busy && !a->barrier.is_busy) {
+    if (a->ops && !a->join.job.is_busy && !a->report.job.is_busy && !a->barrier.is_busy) {
         store_client_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
         a->ops = NULL;
     }
@@ -248,36 +228,36 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
 
 static void report_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->report.rc = rdzv_request_restart(&a->rdzv, a->ops, a->report.round, &a->report.why);
+    a->report.job.rc = rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
 }
 
 static void report_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    a->report.is_busy = false;
-    if (a->report.rc < 0)
+    a->report.job.is_busy = false;
+    if (a->report.job.rc < 0)
         LOG_ERROR("cannot tell the other agents to restart: %s", store_client_error(a->ops));
     post(a, AGENT_EV_REPORT_DONE);
 }
 
 static void watch_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->watching.rc = rdzv_wait_restart(&a->rdzv, a->watch, a->watching.round, a->watching.why,
+    a->watching.job.rc = rdzv_wait_restart(&a->rdzv, a->watch, a->watching.job.round.round, a->watching.why,
                                        sizeof a->watching.why);
 }
 
 static void watch_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    a->watching.is_busy = false;
+    a->watching.job.is_busy = false;
     if (a->sm.state == AGENT_SM_DONE) {
         store_client_destroy(a->watch);
         a->watch = NULL;
         return;
     }
     agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN};
-    if (a->watching.rc < 0) {
-        LOG_ERROR("lost the job's store while watching round %d: %s", a->watching.round,
+    if (a->watching.job.rc < 0) {
+        LOG_ERROR("lost the job's store while watching round %d: %s", a->watching.job.round.round,
                   store_client_error(a->watch));
         ev.is_store_lost = true;
     } else {
@@ -308,37 +288,37 @@ static void finish_after_cb(uv_work_t *req, int status) {
 static void hb_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const ddprun_opts_t *o = a->opts;
-    a->beat.rc = 0;
+    a->beat.job.rc = 0;
     if (!a->hb) {
         int64_t limit_ms = (int64_t)(o->heartbeat_timeout_s * 1000);
         store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                                   .connect_timeout_ms = limit_ms, .op_timeout_ms = limit_ms,
                                   .max_value_bytes = o->store_max_value_bytes};
-        a->beat.rc = store_client_connect(&co, &a->hb);
-        if (a->beat.rc < 0) {
+        a->beat.job.rc = store_client_connect(&co, &a->hb);
+        if (a->beat.job.rc < 0) {
             store_client_destroy(a->hb);
             a->hb = NULL;
             return;
         }
     }
-    a->beat.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.round, a->beat.fresh);
+    a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.job.round, a->beat.fresh);
 }
 
 /* Judges staleness on this node's monotonic clock: counters, not the peers' clocks. */
 static void hb_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    hb_job_t *b = &a->beat;
-    b->is_busy = false;
+    struct beat_job *b = &a->beat;
+    b->job.is_busy = false;
     if (a->sm.state == AGENT_SM_DONE) {
         store_client_destroy(a->hb);
         a->hb = NULL;
         return;
     }
-    if (!agent_sm_is_beating(&a->sm, b->round.round)) return; /* that round is over */
+    if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */
     uint64_t now = clock_now_ms();
     uint64_t limit_ms = (uint64_t)(a->opts->heartbeat_timeout_s * 1000);
-    if (b->rc < 0) {
+    if (b->job.rc < 0) {
         if (now - b->ok_ms <= limit_ms) return;
         LOG_ERROR("the job's store at %s:%u took no heartbeat for %g s: leaving the job",
                   a->opts->rdzv_host, a->opts->rdzv_port, a->opts->heartbeat_timeout_s);
@@ -364,15 +344,15 @@ static void hb_after_cb(uv_work_t *req, int status) {
 
 static void on_hb_timer(uv_timer_t *t) {
     agent_t *a = t->data;
-    if (a->beat.is_busy || a->sm.state == AGENT_SM_DONE) return;
-    a->beat.is_busy = true;
-    a->beat.round = a->sm.round;
-    a->beat.req.data = a;
-    uv_queue_work(a->loop, &a->beat.req, hb_work_cb, hb_after_cb);
+    if (a->beat.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
+    a->beat.job.is_busy = true;
+    a->beat.job.round = a->sm.round;
+    a->beat.job.req.data = a;
+    uv_queue_work(a->loop, &a->beat.job.req, hb_work_cb, hb_after_cb);
 }
 
 static void start_heartbeats(agent_t *a) {
-    hb_job_t *b = &a->beat;
+    struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
     b->ok_ms = now;
     for (int i = 0; i < RDZV_MAX_NODES; i++) {
@@ -392,37 +372,37 @@ static void start_heartbeats(agent_t *a) {
 
 static void join_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    join_job_t *j = &a->join;
+    struct join_job *j = &a->join;
     const ddprun_opts_t *o = a->opts;
-    j->rc = 0;
+    j->job.rc = 0;
     j->is_refunded = false;
     store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                               .connect_timeout_ms = (int64_t)(o->join_timeout_s * 1000),
                               .op_timeout_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000),
                               .max_value_bytes = o->store_max_value_bytes};
     store_client_t **clients[2] = {&a->ops, &a->watch};
-    for (int i = 0; i < 2 && j->rc == 0; i++) {
+    for (int i = 0; i < 2 && j->job.rc == 0; i++) {
         if (*clients[i]) continue;
-        j->rc = store_client_connect(&co, clients[i]);
-        if (j->rc < 0) snprintf(j->err, sizeof j->err, "%s", store_client_error(*clients[i]));
+        j->job.rc = store_client_connect(&co, clients[i]);
+        if (j->job.rc < 0) snprintf(j->err, sizeof j->err, "%s", store_client_error(*clients[i]));
     }
     int round = j->plan.round, current = 0;
-    if (j->rc == 0 && (j->rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
+    if (j->job.rc == 0 && (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
         snprintf(j->err, sizeof j->err, "%s", store_client_error(a->ops));
-    if (j->rc == 0)
-        j->rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
+    if (j->job.rc == 0)
+        j->job.rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
                           sizeof j->err);
     /* A lost node's restart is given back once, in the store, by the new round's node 0. */
-    j->is_refunded = j->rc == 0 && agent_sm_join_is_refund(&j->plan, &j->joined);
-    if (j->is_refunded && j->joined.group_rank == 0) j->rc = rdzv_refund_failure(&a->rdzv, a->ops);
+    j->is_refunded = j->job.rc == 0 && agent_sm_join_is_refund(&j->plan, &j->joined);
+    if (j->is_refunded && j->joined.group_rank == 0) j->job.rc = rdzv_refund_failure(&a->rdzv, a->ops);
 }
 
 static void join_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    join_job_t *j = &a->join;
-    j->is_busy = false;
-    agent_sm_event_t ev = {.kind = AGENT_EV_JOIN_DONE, .rc = j->rc, .joined = j->joined,
+    struct join_job *j = &a->join;
+    j->job.is_busy = false;
+    agent_sm_event_t ev = {.kind = AGENT_EV_JOIN_DONE, .rc = j->job.rc, .joined = j->joined,
                            .is_refunded = j->is_refunded};
     snprintf(ev.text, sizeof ev.text, "%s", j->err);
     dispatch(a, &ev);
@@ -430,11 +410,13 @@ static void join_after_cb(uv_work_t *req, int status) {
 
 /* ---- carrying out the state machine's actions --------------------------------------------- */
 
-static void queue_job(agent_t *a, uv_work_t *req, bool *is_busy, uv_work_cb work,
+/* Queue a thread-pool job for `round`; the thread reads only the job and the agent's clients. */
+static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_work_cb work,
                       uv_after_work_cb after) {
-    *is_busy = true;
-    req->data = a;
-    uv_queue_work(a->loop, req, work, after);
+    job->is_busy = true;
+    job->round = *round;
+    job->req.data = a;
+    uv_queue_work(a->loop, &job->req, work, after);
 }
 
 static void perform(agent_t *a, const agent_sm_action_t *act) {
@@ -446,14 +428,13 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
     case AGENT_ACT_PRINT_ROOT_CAUSE: print_root_cause(a, &act->root, &act->round); return;
     case AGENT_ACT_JOIN:
         a->join.plan = act->plan;
-        queue_job(a, &a->join.req, &a->join.is_busy, join_work_cb, join_after_cb);
+        queue_job(a, &a->join.job, &act->round, join_work_cb, join_after_cb);
         return;
     case AGENT_ACT_INTERRUPT_JOIN:
-        if (a->join.is_busy && a->ops) store_client_interrupt(a->ops);
+        if (a->join.job.is_busy && a->ops) store_client_interrupt(a->ops);
         return;
     case AGENT_ACT_WATCH:
-        a->watching.round = act->round.round;
-        queue_job(a, &a->watching.req, &a->watching.is_busy, watch_work_cb, watch_after_cb);
+        queue_job(a, &a->watching.job, &act->round, watch_work_cb, watch_after_cb);
         return;
     case AGENT_ACT_START_HEARTBEATS: start_heartbeats(a); return;
     case AGENT_ACT_STOP_HEARTBEATS:
@@ -468,13 +449,11 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         a->workers = NULL;
         return;
     case AGENT_ACT_REPORT:
-        a->report.round = act->round.round;
         a->report.why = act->why;
-        queue_job(a, &a->report.req, &a->report.is_busy, report_work_cb, report_after_cb);
+        queue_job(a, &a->report.job, &act->round, report_work_cb, report_after_cb);
         return;
     case AGENT_ACT_BARRIER:
-        a->barrier.round = act->round;
-        queue_job(a, &a->barrier.req, &a->barrier.is_busy, finish_work_cb, finish_after_cb);
+        queue_job(a, &a->barrier, &act->round, finish_work_cb, finish_after_cb);
         return;
     case AGENT_ACT_EXIT: finish(a, act->code); return;
     }

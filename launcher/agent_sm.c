@@ -105,9 +105,11 @@ static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
     }
     push(out, AGENT_ACT_STOP_HEARTBEATS);
     sm->state = AGENT_SM_JOINING;
-    push(out, AGENT_ACT_JOIN)->plan = (agent_sm_join_plan_t){
-        .round = round, .last_round_nodes = sm->last_round_nodes,
-        .last_restart_code = sm->last_restart_code, .failures = sm->failures};
+    agent_sm_action_t *join = push(out, AGENT_ACT_JOIN);
+    join->round = sm->round;
+    join->plan = (agent_sm_join_plan_t){.round = round, .last_round_nodes = sm->last_round_nodes,
+                                        .last_restart_code = sm->last_restart_code,
+                                        .failures = sm->failures};
 }
 
 /* Everything about the round has settled: the next round, success, or giving up. */
