@@ -85,7 +85,8 @@ typedef struct {
         rdzv_why_t why;
     } report;
     job_t barrier;
-    struct beat_job { /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
+    /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
+    struct beat_job {
         job_t job;
         int64_t fresh[RDZV_MAX_NODES]; /* counters the beat read */
         uv_timer_t timer;
@@ -129,7 +130,8 @@ static void finish(agent_t *a, int code) {
         store_client_destroy(a->hb);
         a->hb = NULL;
     }
-    if (a->watch && a->watching.job.is_busy) store_client_interrupt(a->watch); /* end its WAIT too */
+    if (a->watch && a->watching.job.is_busy)
+        store_client_interrupt(a->watch); /* end its WAIT too */
     if (a->watch && !a->watching.job.is_busy && !a->join.job.is_busy) {
         store_client_destroy(a->watch);
         a->watch = NULL;
@@ -228,7 +230,8 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
 
 static void report_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->report.job.rc = rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
+    a->report.job.rc =
+        rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
 }
 
 static void report_after_cb(uv_work_t *req, int status) {
@@ -242,8 +245,8 @@ static void report_after_cb(uv_work_t *req, int status) {
 
 static void watch_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->watching.job.rc = rdzv_wait_restart(&a->rdzv, a->watch, a->watching.job.round.round, a->watching.why,
-                                       sizeof a->watching.why);
+    a->watching.job.rc = rdzv_wait_restart(&a->rdzv, a->watch, a->watching.job.round.round,
+                                           a->watching.why, sizeof a->watching.why);
 }
 
 static void watch_after_cb(uv_work_t *req, int status) {
@@ -394,7 +397,8 @@ static void join_work_cb(uv_work_t *req) {
                           sizeof j->err);
     /* A lost node's restart is given back once, in the store, by the new round's node 0. */
     j->is_refunded = j->job.rc == 0 && agent_sm_join_is_refund(&j->plan, &j->joined);
-    if (j->is_refunded && j->joined.group_rank == 0) j->job.rc = rdzv_refund_failure(&a->rdzv, a->ops);
+    if (j->is_refunded && j->joined.group_rank == 0)
+        j->job.rc = rdzv_refund_failure(&a->rdzv, a->ops);
 }
 
 static void join_after_cb(uv_work_t *req, int status) {
@@ -423,7 +427,9 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
     switch (act->kind) {
     case AGENT_ACT_SAY:
         if (act->say == AGENT_SAY_PLAIN) fprintf(stderr, "ddprun: %s\n", act->text);
-        else log_write(act->say == AGENT_SAY_WARN ? LOG_LEVEL_WARN : LOG_LEVEL_INFO, "%s", act->text);
+        else
+            log_write(act->say == AGENT_SAY_WARN ? LOG_LEVEL_WARN : LOG_LEVEL_INFO, "%s",
+                      act->text);
         return;
     case AGENT_ACT_PRINT_ROOT_CAUSE: print_root_cause(a, &act->root, &act->round); return;
     case AGENT_ACT_JOIN:

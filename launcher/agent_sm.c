@@ -256,8 +256,8 @@ static void on_worker_exited(agent_sm_t *sm, const agent_sm_exit_t *r, agent_sm_
     sm->has_failure = true;
     sm->root_cause = *r;
     round_ended(sm);
-    say(out, AGENT_SAY_WARN, "worker rank %d (pid %d) %s %d; stopping every worker", r->rank, r->pid,
-        r->term_signal ? "was killed by signal" : "exited with",
+    say(out, AGENT_SAY_WARN, "worker rank %d (pid %d) %s %d; stopping every worker", r->rank,
+        r->pid, r->term_signal ? "was killed by signal" : "exited with",
         r->term_signal ? r->term_signal : r->exit_status);
     stop_workers(sm, out, SIGTERM, sm->cfg.shutdown_timeout_s);
     report(sm, out, failure_code(r), failure_is_permanent(r));
@@ -268,8 +268,8 @@ static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm
         restart_store_lost(sm);
     } else {
         sm->has_restart = true;
-        sm->restart = ev->is_valid ? ev->why
-                                   : (rdzv_why_t){.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true};
+        rdzv_why_t bad = {.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true};
+        sm->restart = ev->is_valid ? ev->why : bad; /* unreadable: leave the job */
         size_t n = strnlen(ev->text, sizeof sm->restart_text - 1); /* the watch's 255 at most */
         memcpy(sm->restart_text, ev->text, n);
         sm->restart_text[n] = '\0';

@@ -31,7 +31,8 @@ typedef enum {
     AGENT_EV_START,         /* begin round 0 */
     AGENT_EV_JOIN_DONE,     /* rc, joined, is_refunded, text (the join's error) */
     AGENT_EV_START_OK,      /* START_WORKERS started every local worker */
-    AGENT_EV_START_FAILED,  /* START_WORKERS failed; has_workers: a set exists, WORKERS_DONE comes */
+    AGENT_EV_START_FAILED,  /* START_WORKERS failed; has_workers: a set exists (WORKERS_DONE
+                               comes, maybe came already) */
     AGENT_EV_WORKER_EXITED, /* exit: one local worker ended (before its output is drained) */
     AGENT_EV_WORKERS_DONE,  /* every local worker ended and its output is drained */
     AGENT_EV_RESTART_SEEN,  /* the round's restart key: why (is_valid: it parsed), text; or

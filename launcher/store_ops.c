@@ -11,7 +11,8 @@
 
 /* ---- building the result ------------------------------------------------------------------ */
 
-__attribute__((format(printf, 2, 3))) static void drop(store_ops_result_t *r, const char *fmt, ...) {
+__attribute__((format(printf, 2, 3))) static void drop(store_ops_result_t *r, const char *fmt,
+                                                      ...) {
     if (r->drop[0]) return; /* the first reason is the one logged */
     va_list ap;
     va_start(ap, fmt);
