@@ -161,8 +161,8 @@ static bool drop_log_allowed(store_server_t *s) {
 }
 
 /* Log why and close: the only way a peer's misbehaviour ends. Rate-limited log lines. */
-__attribute__((format(printf, 2, 3))) static void conn_drop(store_conn_t *c, const char *fmt,
-                                                           ...) {
+__attribute__((format(printf, 2, 3))) static void conn_drop(store_conn_t *c,
+                                                           const char *fmt, ...) {
     if (c->is_closing) return;
     store_server_t *s = c->srv;
     s->n_dropped++;
@@ -367,8 +367,8 @@ static void process_input(store_conn_t *c) {
         }
         store_request_t req;
         size_t need = 0;
-        int rc = store_proto_decode_request(c->session.dialect, &s->limits, c->in + off, c->in_len - off,
-                                            &req, &need);
+        int rc = store_proto_decode_request(c->session.dialect, &s->limits, c->in + off,
+                                            c->in_len - off, &req, &need);
         if (rc == STORE_PROTO_NEED_MORE) {
             c->in_need = need;
             break;
