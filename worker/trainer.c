@@ -13,17 +13,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <time.h>
+#include "clock.h"
 #include "exit_codes.h"
 #include "json_lines.h"
 
 #define BUCKET_BYTES (4u << 20)
 #define TOPK 5
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int die_rank = -1;
 static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
@@ -314,7 +309,7 @@ static void format_duration(double s, char *buf, size_t len) {
 }
 
 double trainer__elapsed_s(const trainer_t *t) {
-    return t->elapsed_before_s + (t->start_s > 0 ? now_s() - t->start_s : 0);
+    return t->elapsed_before_s + (t->start_s > 0 ? clock_now_s() - t->start_s : 0);
 }
 
 /* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. The budget
@@ -342,7 +337,7 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
     double landed_s = snapshot_writer_landed(t->snapshots, &step, failure, sizeof failure);
     char landed[64] = "none yet";
     if (landed_s > 0)
-        snprintf(landed, sizeof landed, "%.0fs ago (step %llu)", now_s() - landed_s,
+        snprintf(landed, sizeof landed, "%.0fs ago (step %llu)", clock_now_s() - landed_s,
                  (unsigned long long)step);
     /* the system's reason ends the message ("cannot write PATH: No space left on device") */
     const char *reason = strrchr(failure, ':');
@@ -401,7 +396,7 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
 
 eval_result_t trainer_run(trainer_t *t) {
     const train_conf_t *c = t->conf;
-    t->start_s = now_s();
+    t->start_s = clock_now_s();
     double window_s = t->start_s, epoch_s = t->start_s;
     int64_t window_samples = 0, window_steps = 0, epoch_samples = 0;
     eval_result_t last = {0};
@@ -420,7 +415,7 @@ eval_result_t trainer_run(trainer_t *t) {
             t->epoch++;
             t->cursor = 0;
             sampler_set_epoch(&t->sampler, t->epoch);
-            epoch_s = now_s();
+            epoch_s = clock_now_s();
             epoch_samples = 0;
         }
         int n = trainer_step(t);
@@ -429,8 +424,8 @@ eval_result_t trainer_run(trainer_t *t) {
         window_steps++;
         is_done = is_run_over(t);
         if (t->step % c->log_interval == 0 || is_done) {
-            log_window(t, window_samples, window_steps, now_s() - window_s);
-            window_s = now_s();
+            log_window(t, window_samples, window_steps, clock_now_s() - window_s);
+            window_s = clock_now_s();
             window_samples = window_steps = 0;
             if (is_out_of_time(t)) is_done = true;
         }
@@ -441,7 +436,7 @@ eval_result_t trainer_run(trainer_t *t) {
             last_eval_step = t->step;
         }
         if (is_epoch_end)
-            trainer__report_epoch(t, now_s() - epoch_s, epoch_samples,
+            trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
                                   last_eval_step == t->step ? &last : NULL);
         int signum = 0;
         if (trainer__stop_requested(t, &signum)) {

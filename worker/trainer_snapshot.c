@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "exit_codes.h"
 #include "json_lines.h"
 #include "trainer.h"
@@ -21,12 +22,6 @@ _Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD && (int)OPTIM_ADAM == (
 static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int signum) { stop_signal = signum; }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 
 /* Bytes reaching the disk are progress: a slow but moving snapshot write is no hang. */
@@ -89,7 +84,7 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
     t->last_snapshot_step = t->step;
     if (!t->snapshots) return 0;
-    double start = now_s();
+    double start = clock_now_s();
     snapshot_data_t *d;
     char err[1024];
     /* a failed earlier write is reported, not fatal: training goes on with the older snapshots */
@@ -112,7 +107,7 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     if (optimizer_has_second_moment(&t->optim))
         o->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
     snapshot_writer_submit(t->snapshots);
-    double stall = now_s() - start;
+    double stall = clock_now_s() - start;
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step, err,
                     t->has_written_params ? "the final weights are in train.params_file"
@@ -123,7 +118,7 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
         cJSON *event = json_line_new("snapshot");
         json_line_int(event, "step", t->step);
         json_line_num(event, "stall_ms", stall * 1e3);
-        if (is_blocking) json_line_num(event, "written_ms", (now_s() - start) * 1e3);
+        if (is_blocking) json_line_num(event, "written_ms", (clock_now_s() - start) * 1e3);
         json_line_write(t->metrics, event);
     }
     return stall;
