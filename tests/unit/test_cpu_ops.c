@@ -210,6 +210,44 @@ Test(cpu_ops, batchnorm_statistics_and_eval_follow_pytorch) {
     c->b->ops->destroy(c->b);
 }
 
+/* A channel whose mean is large next to its spread (a near-constant activation): folding the mean
+ * into one per-channel offset, x * k + (b - mean * k), loses the difference to rounding of the
+ * offset. Forward and backward against double-precision arithmetic on the same floats. */
+Test(cpu_ops, batchnorm_keeps_precision_when_the_mean_dwarfs_the_spread) {
+    backend_t *b = backend_cpu_create(1);
+    cr_assert_eq(b->ops->reserve_workspace(b, 1 << 20), 0);
+    enum { ROWS = 64 };
+    float x[ROWS], dy[ROWS], y[ROWS], dx[ROWS] = {0}, g = 1.5f, beta = 0.25f, dg = 0, db = 0;
+    float running[2] = {0, 1}, save[2];
+    for (int i = 0; i < ROWS; i++) {
+        x[i] = 1000.0f + 1e-3f * (float)((i * 37) % 19 - 9);
+        dy[i] = (float)((i * 11) % 7 - 3);
+    }
+    b->ops->batchnorm_forward_train(b, ROWS, 1, x, &g, &beta, y, save, save + 1, running, running + 1, 0.1f,
+                                    1e-5f);
+    b->ops->batchnorm_backward(b, ROWS, 1, x, &g, save, save + 1, dy, dx, &dg, &db);
+    double mean = 0, var = 0, sdy = 0, sdyx = 0;
+    for (int i = 0; i < ROWS; i++) mean += x[i] / (double)ROWS;
+    for (int i = 0; i < ROWS; i++) var += (x[i] - mean) * (x[i] - mean) / ROWS;
+    double invstd = 1.0 / sqrt(var + 1e-5);
+    for (int i = 0; i < ROWS; i++) {
+        sdy += dy[i];
+        sdyx += dy[i] * (x[i] - mean) * invstd;
+    }
+    double worst_y = 0, worst_dx = 0, scale_dx = 0;
+    for (int i = 0; i < ROWS; i++) {
+        double xhat = (x[i] - mean) * invstd;
+        double want_dx = g * invstd / ROWS * (ROWS * dy[i] - sdy - xhat * sdyx);
+        worst_y = fmax(worst_y, fabs(y[i] - (xhat * g + beta)));
+        worst_dx = fmax(worst_dx, fabs(dx[i] - want_dx));
+        scale_dx = fmax(scale_dx, fabs(want_dx));
+    }
+    /* the saved mean itself is rounded to fp32 (~3e-5 here, 1e-2 of the spread): that bounds y */
+    cr_assert(worst_y < 2e-2, "forward: max error %g", worst_y);
+    cr_assert(worst_dx < 1e-4 * scale_dx, "backward: max error %g of %g", worst_dx, scale_dx);
+    b->ops->destroy(b);
+}
+
 /* ---- elementwise, pooling, linear ---- */
 
 static void relu_fwd(op_check_t *c) { c->b->ops->relu_forward(c->b, c->in[0], c->y, c->n_out); }

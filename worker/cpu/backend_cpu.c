@@ -204,16 +204,15 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
         running_mean[j] = (float)((1.0 - momentum) * running_mean[j] + momentum * sum[j]);
         running_var[j] = (float)((1.0 - momentum) * running_var[j] + momentum * unbiased);
     }
-    float *mul = (float *)(sq + c), *add = mul + c;
-    for (int j = 0; j < c; j++) {
-        mul[j] = save_invstd[j] * gamma[j];
-        add[j] = beta[j] - save_mean[j] * mul[j];
-    }
+    /* (x - mean) first: folding the mean into the offset (x * mul + beta - mean * mul) cancels
+     * catastrophically when a channel's mean is large next to its spread */
+    float *mul = (float *)(sq + c);
+    for (int j = 0; j < c; j++) mul[j] = save_invstd[j] * gamma[j];
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] = xi[j] * mul[j] + add[j];
+        for (int j = 0; j < c; j++) yi[j] = (xi[j] - save_mean[j]) * mul[j] + beta[j];
     }
 }
 
@@ -222,16 +221,13 @@ static void cpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const f
                                        const float *running_mean, const float *running_var,
                                        float eps) {
     cpu_t *cb = cpu_of(b);
-    float *mul = cb->workspace, *add = mul + c;
-    for (int j = 0; j < c; j++) {
-        mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
-        add[j] = beta[j] - running_mean[j] * mul[j];
-    }
+    float *mul = cb->workspace;
+    for (int j = 0; j < c; j++) mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] = xi[j] * mul[j] + add[j];
+        for (int j = 0; j < c; j++) yi[j] = (xi[j] - running_mean[j]) * mul[j] + beta[j];
     }
 }
 
@@ -254,23 +250,22 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
         }
     }
     /* dx = gamma * invstd / M * (M dy - sum(dy) - xhat sum(dy xhat)), per channel:
-     * dx += k_dy * dy + k_x * x + k_0 */
+     * dx += k_dy * dy + k_x * (x - mean) + k_0 (x - mean first, as in the forward) */
     float *k_dy = (float *)(sum_dy_xhat + c), *k_x = k_dy + c, *k_0 = k_x + c;
     double m = (double)rows;
     for (int j = 0; j < c; j++) {
         dgamma[j] += (float)sum_dy_xhat[j];
         dbeta[j] += (float)sum_dy[j];
         double scale = gamma[j] * save_invstd[j] / m;
-        double xhat_coef = -scale * sum_dy_xhat[j] * save_invstd[j]; /* times (x - mean) */
         k_dy[j] = (float)(scale * m);
-        k_x[j] = (float)xhat_coef;
-        k_0[j] = (float)(-scale * sum_dy[j] - xhat_coef * save_mean[j]);
+        k_x[j] = (float)(-scale * sum_dy_xhat[j] * save_invstd[j]);
+        k_0[j] = (float)(-scale * sum_dy[j]);
     }
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
         float *dxi = dx + i * (size_t)c;
-        for (int j = 0; j < c; j++) dxi[j] += k_dy[j] * dyi[j] + k_x[j] * xi[j] + k_0[j];
+        for (int j = 0; j < c; j++) dxi[j] += k_dy[j] * dyi[j] + k_x[j] * (xi[j] - save_mean[j]) + k_0[j];
     }
 }
 
