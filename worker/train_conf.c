@@ -26,11 +26,28 @@ typedef struct {
 #define F(field) offsetof(train_conf_t, field), sizeof(((train_conf_t *)0)->field)
 
 static const key_spec_t keys[] = {
-    {"model", "name", KEY_ENUM, F(model), 0, 0, "mlp|cnn|resnet18|resnet34", "cnn",
-     "the network"},
-    {"model", "width", KEY_INT, F(width), 1, 4096, NULL, "64", "base channels / hidden units"},
+    {"model", "name", KEY_ENUM, F(model), 0, 0,
+     "mlp|cnn|resnet18|resnet34|resnet50|resnet101|resnet152|vgg11|vgg11_bn|vgg13|vgg13_bn|vgg16|"
+     "vgg16_bn|vgg19|vgg19_bn", "cnn", "the network (torchvision's resnets and vggs)"},
+    {"model", "width", KEY_INT, F(width), 1, 4096, NULL, "64",
+     "base channels (64: torchvision's) / hidden units"},
     {"model", "classes", KEY_INT, F(model_classes), 0, 1000000, NULL, "0",
      "classifier outputs (0: the dataset's class count; any other count must equal it)"},
+    {"model", "stem", KEY_ENUM, F(model_stem), 0, 0, "auto|imagenet|cifar", "auto",
+     "resnets' first layers: imagenet (7x7/2 conv, bn, relu, 3x3/2 max-pool) or cifar (3x3/1 "
+     "conv, bn, relu); auto: imagenet when both image sides are at least 64 pixels"},
+    {"model", "zero_init_residual", KEY_BOOL, F(is_zero_init_residual), 0, 0, NULL, "false",
+     "resnets: each block's last batch norm starts with gamma 0 (torchvision's zero_init_residual)"},
+    {"model", "fc_width", KEY_INT, F(fc_width), 1, 65536, NULL, "4096",
+     "vggs: the classifier's hidden width"},
+    {"model", "dropout", KEY_DOUBLE, F(dropout), 0, 0.99, NULL, "0.5",
+     "vggs: the classifier's dropout probability (drawn from train.seed, the step and the rank)"},
+    {"model", "init", KEY_STRING, F(model_init), 0, 0, NULL, "",
+     "start from this safetensors file of torchvision's state_dict names and layouts (a fresh run "
+     "only: a resumed run takes its snapshot's weights)"},
+    {"model", "init_skip_mismatched", KEY_BOOL, F(is_init_skip_mismatched), 0, 0, NULL, "false",
+     "model.init: keep the drawn initial values of tensors whose shape differs (a new classifier "
+     "head) or that the file lacks, naming them on stderr, instead of stopping"},
     {"data", "kind", KEY_ENUM, F(data_kind), 0, 0,
      "fashion-mnist|mnist|cifar10|cifar100|synthetic", "fashion-mnist", "dataset"},
     {"data", "dir", KEY_STRING, F(data_dir), 0, 0, NULL, "/usr/share/datasets/fashion-mnist",

@@ -26,9 +26,15 @@ typedef enum { OPTIM_SGD, OPTIM_ADAM, OPTIM_ADAMW } optim_kind_t;
 
 typedef struct {
     /* [model] */
-    char model[32];          /* mlp, cnn, resnet18, resnet34 */
+    char model[32];          /* mlp, cnn, resnet18 ... resnet152, vgg11 ... vgg19_bn */
     int64_t width;           /* base channel count / hidden units */
     int64_t model_classes;   /* 0: the dataset's class count */
+    int model_stem;          /* model_stem_t's order: auto, imagenet, cifar */
+    bool is_zero_init_residual;
+    int64_t fc_width;        /* vgg classifier */
+    double dropout;          /* vgg classifier */
+    char model_init[TRAIN_CONF_PATH_MAX]; /* safetensors to start from (empty: none) */
+    bool is_init_skip_mismatched;
     /* [data] */
     data_kind_t data_kind;
     char data_dir[TRAIN_CONF_PATH_MAX];

@@ -135,8 +135,11 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     t->best_value = NAN;
     t->best_step = -1;
     char err[512];
-    if (model_init(&t->model, backend, conf->model, (int)conf->width, tr->h, tr->w, tr->c,
-                   tr->classes, (int)conf->batch_size, err, sizeof err) < 0)
+    model_opts_t mo = {.name = conf->model, .width = (int)conf->width, .stem = (model_stem_t)conf->model_stem,
+                       .fc_width = (int)conf->fc_width, .dropout = (float)conf->dropout,
+                       .is_zero_init_residual = conf->is_zero_init_residual};
+    if (model_init_opts(&t->model, backend, &mo, tr->h, tr->w, tr->c, tr->classes, (int)conf->batch_size,
+                        err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
     if (optimizer_init(&t->optim, conf, backend, t->model.n_params) < 0)
         trainer_die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
@@ -234,6 +237,7 @@ int trainer_step(trainer_t *t) {
     load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
 
     model_t *m = &t->model;
+    model_set_step(m, (uint64_t)c->seed, t->step, t->rank);
     model_forward(m, n, true);
     const backend_i *o = t->backend->ops;
     model_loss(m, n, (float)c->label_smoothing, 1.0f, t->loss_scale);

@@ -173,6 +173,60 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
     for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-4, what[k]);
 }
 
+/* The ops ResNet's ImageNet stem and VGG add: max-pool with padding, adaptive average pooling
+ * (from a larger and from a smaller input), dropout (the very same mask) and the convolution bias
+ * (its gradient over many rows: the chunked reduction). */
+Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    pool_shape_t mp = {.n = 3, .h = 9, .w = 8, .c = 5, .size = 3, .stride = 2, .pad = 1, .oh = 5, .ow = 4};
+    pool_shape_t big = {.n = 2, .h = 15, .w = 11, .c = 6, .oh = 7, .ow = 7};
+    pool_shape_t small = {.n = 2, .h = 3, .w = 2, .c = 6, .oh = 7, .ow = 7};
+    size_t nx = 3 * 9 * 8 * 5, ny = 3 * 5 * 4 * 5, na = 2 * 15 * 11 * 6, ns = 2 * 3 * 2 * 6, no = 2 * 7 * 7 * 6;
+    size_t nd = 100003, rows = 5000;
+    int bc = 40;
+    float *x = random_host(nx, 1), *dy = random_host(ny, 1), *dx0 = random_host(nx, 1);
+    float *xa = random_host(na, 1), *xs = random_host(ns, 1), *dya = random_host(no, 1);
+    float *xd = random_host(nd, 1), *dyd = random_host(nd, 1);
+    float *bias = random_host((size_t)bc, 1), *yb = random_host(rows * bc, 1), *db0 = random_host((size_t)bc, 1);
+    enum { K = 9 };
+    float *out[2][K];
+    backend_t *bs[2] = {cpu, gpu};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        float *x_ = up(b, x, nx), *y_ = up(b, dy, ny), *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx);
+        int32_t *am = b->ops->alloc(b, ny * sizeof(int32_t));
+        b->ops->maxpool_forward(b, &mp, x_, y_, am);
+        b->ops->maxpool_backward(b, &mp, am, dy_, dx_);
+        out[i][0] = down(b, y_, ny);
+        out[i][1] = down(b, dx_, nx);
+        float *xa_ = up(b, xa, na), *ya = up(b, dya, no), *dya_ = up(b, dya, no), *dxa = up(b, xa, na);
+        b->ops->avgpool_adaptive_forward(b, &big, xa_, ya);
+        b->ops->avgpool_adaptive_backward(b, &big, dya_, dxa);
+        out[i][2] = down(b, ya, no);
+        out[i][3] = down(b, dxa, na);
+        float *xs_ = up(b, xs, ns), *dxs = up(b, xs, ns);
+        b->ops->avgpool_adaptive_forward(b, &small, xs_, ya);
+        b->ops->avgpool_adaptive_backward(b, &small, dya_, dxs);
+        out[i][4] = down(b, ya, no);
+        out[i][5] = down(b, dxs, ns);
+        float *xd_ = up(b, xd, nd), *yd = up(b, xd, nd), *dyd_ = up(b, dyd, nd), *dxd = up(b, dyd, nd);
+        b->ops->dropout_forward(b, xd_, yd, nd, 0.5f, 0xfeedull);
+        b->ops->dropout_backward(b, dyd_, dxd, nd, 0.5f, 0xfeedull);
+        out[i][6] = down(b, yd, nd);
+        out[i][7] = down(b, dxd, nd);
+        float *yb_ = up(b, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc), *db = up(b, db0, (size_t)bc);
+        b->ops->bias_add(b, rows, bc, bias_, yb_);
+        b->ops->bias_backward(b, rows, bc, yb_, db);
+        out[i][8] = down(b, db, (size_t)bc);
+    }
+    const char *what[K] = {"padded maxpool", "padded maxpool backward", "adaptive pool 15x11 -> 7x7",
+                           "its backward", "adaptive pool 3x2 -> 7x7", "its backward", "dropout",
+                           "dropout backward", "bias add, then its gradient"};
+    size_t sizes[K] = {ny, nx, no, na, no, ns, nd, nd, (size_t)bc};
+    for (int k = 0; k < K; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-5, what[k]);
+    cr_assert(memcmp(out[0][6], out[1][6], nd * sizeof(float)) == 0, "dropout: the same mask, the same bits");
+}
+
 /* A device copy of a loss scaler starting at scale. */
 static loss_scale_t *device_loss_scale(backend_t *b, float scale) {
     loss_scale_t start = {.scale = scale}, *ls = b->ops->alloc(b, sizeof *ls);

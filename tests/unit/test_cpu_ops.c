@@ -133,6 +133,8 @@ Test(cpu_ops, conv2d_3x3_stride_2) { check_conv(2, 5, 6, 2, 3, 3, 2, 1); }
 Test(cpu_ops, conv2d_1x1_pointwise) { check_conv(2, 3, 3, 4, 5, 1, 1, 0); }
 Test(cpu_ops, conv2d_1x1_stride_2) { check_conv(1, 5, 5, 3, 2, 1, 2, 0); }
 Test(cpu_ops, conv2d_5x5_no_padding) { check_conv(1, 6, 7, 2, 2, 5, 1, 0); }
+/* the ImageNet stem's 7x7 stride 2 pad 3, on an odd and an even side */
+Test(cpu_ops, conv2d_7x7_stride_2_pad_3) { check_conv(2, 9, 8, 3, 4, 7, 2, 3); }
 
 Test(cpu_ops, conv2d_forward_matches_direct_loops) {
     op_check_t *c = new_check();
@@ -208,6 +210,44 @@ Test(cpu_ops, batchnorm_statistics_and_eval_follow_pytorch) {
     c->b->ops->destroy(c->b);
 }
 
+/* A channel whose mean is large next to its spread (a near-constant activation): folding the mean
+ * into one per-channel offset, x * k + (b - mean * k), loses the difference to rounding of the
+ * offset. Forward and backward against double-precision arithmetic on the same floats. */
+Test(cpu_ops, batchnorm_keeps_precision_when_the_mean_dwarfs_the_spread) {
+    backend_t *b = backend_cpu_create(1);
+    cr_assert_eq(b->ops->reserve_workspace(b, 1 << 20), 0);
+    enum { ROWS = 64 };
+    float x[ROWS], dy[ROWS], y[ROWS], dx[ROWS] = {0}, g = 1.5f, beta = 0.25f, dg = 0, db = 0;
+    float running[2] = {0, 1}, save[2];
+    for (int i = 0; i < ROWS; i++) {
+        x[i] = 1000.0f + 1e-3f * (float)((i * 37) % 19 - 9);
+        dy[i] = (float)((i * 11) % 7 - 3);
+    }
+    b->ops->batchnorm_forward_train(b, ROWS, 1, x, &g, &beta, y, save, save + 1, running, running + 1, 0.1f,
+                                    1e-5f);
+    b->ops->batchnorm_backward(b, ROWS, 1, x, &g, save, save + 1, dy, dx, &dg, &db);
+    double mean = 0, var = 0, sdy = 0, sdyx = 0;
+    for (int i = 0; i < ROWS; i++) mean += x[i] / (double)ROWS;
+    for (int i = 0; i < ROWS; i++) var += (x[i] - mean) * (x[i] - mean) / ROWS;
+    double invstd = 1.0 / sqrt(var + 1e-5);
+    for (int i = 0; i < ROWS; i++) {
+        sdy += dy[i];
+        sdyx += dy[i] * (x[i] - mean) * invstd;
+    }
+    double worst_y = 0, worst_dx = 0, scale_dx = 0;
+    for (int i = 0; i < ROWS; i++) {
+        double xhat = (x[i] - mean) * invstd;
+        double want_dx = g * invstd / ROWS * (ROWS * dy[i] - sdy - xhat * sdyx);
+        worst_y = fmax(worst_y, fabs(y[i] - (xhat * g + beta)));
+        worst_dx = fmax(worst_dx, fabs(dx[i] - want_dx));
+        scale_dx = fmax(scale_dx, fabs(want_dx));
+    }
+    /* the saved mean itself is rounded to fp32 (~3e-5 here, 1e-2 of the spread): that bounds y */
+    cr_assert(worst_y < 2e-2, "forward: max error %g", worst_y);
+    cr_assert(worst_dx < 1e-4 * scale_dx, "backward: max error %g of %g", worst_dx, scale_dx);
+    b->ops->destroy(b);
+}
+
 /* ---- elementwise, pooling, linear ---- */
 
 static void relu_fwd(op_check_t *c) { c->b->ops->relu_forward(c->b, c->in[0], c->y, c->n_out); }
@@ -245,12 +285,12 @@ Test(cpu_ops, add_gradients) {
 static void maxpool_fwd(op_check_t *c) { c->b->ops->maxpool_forward(c->b, &c->pool, c->in[0], c->y, c->argmax); }
 static void maxpool_bwd(op_check_t *c) { c->b->ops->maxpool_backward(c->b, &c->pool, c->argmax, c->r, c->grad[0]); }
 
-static void check_maxpool(int size, int stride) {
+static void check_maxpool(int size, int stride, int pad) {
     op_check_t *c = new_check();
     pool_shape_t *s = &c->pool;
-    *s = (pool_shape_t){.n = 2, .h = 6, .w = 5, .c = 3, .size = size, .stride = stride};
-    s->oh = (6 - size) / stride + 1;
-    s->ow = (5 - size) / stride + 1;
+    *s = (pool_shape_t){.n = 2, .h = 6, .w = 5, .c = 3, .size = size, .stride = stride, .pad = pad};
+    s->oh = (6 + 2 * pad - size) / stride + 1;
+    s->ow = (5 + 2 * pad - size) / stride + 1;
     add_input(c, 2 * 6 * 5 * 3, 1.0f);
     set_output(c, (size_t)2 * s->oh * s->ow * 3);
     c->forward = maxpool_fwd;
@@ -259,8 +299,26 @@ static void check_maxpool(int size, int stride) {
     free_check(c);
 }
 
-Test(cpu_ops, maxpool_2x2_stride_2_gradients) { check_maxpool(2, 2); }
-Test(cpu_ops, maxpool_3x3_stride_2_overlapping_gradients) { check_maxpool(3, 2); }
+Test(cpu_ops, maxpool_2x2_stride_2_gradients) { check_maxpool(2, 2, 0); }
+Test(cpu_ops, maxpool_3x3_stride_2_overlapping_gradients) { check_maxpool(3, 2, 0); }
+Test(cpu_ops, maxpool_3x3_stride_2_pad_1_gradients) { check_maxpool(3, 2, 1); }
+
+/* The padding is -inf, not 0: an all-negative input still pools to its own values at the border. */
+Test(cpu_ops, maxpool_padding_never_wins) {
+    backend_t *b = backend_cpu_create(1);
+    pool_shape_t s = {.n = 1, .h = 3, .w = 3, .c = 1, .size = 3, .stride = 2, .pad = 1, .oh = 2, .ow = 2};
+    float x[9] = {-9, -8, -7, -6, -5, -4, -3, -2, -1}, y[4];
+    int32_t argmax[4];
+    b->ops->maxpool_forward(b, &s, x, y, argmax);
+    /* windows: rows/cols [-1, 1] and [1, 3] clipped to the image */
+    float want[4] = {-5, -4, -2, -1};
+    int32_t want_at[4] = {4, 5, 7, 8};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(y[i], want[i], "y[%d] = %g", i, y[i]);
+        cr_assert_eq(argmax[i], want_at[i], "argmax[%d] = %d", i, argmax[i]);
+    }
+    b->ops->destroy(b);
+}
 
 static void gap_fwd(op_check_t *c) { c->b->ops->avgpool_global_forward(c->b, c->n, c->rows, c->ch, c->in[0], c->y); }
 static void gap_bwd(op_check_t *c) { c->b->ops->avgpool_global_backward(c->b, c->n, c->rows, c->ch, c->r, c->grad[0]); }
@@ -275,6 +333,125 @@ Test(cpu_ops, global_average_pool_gradients) {
     c->forward = gap_fwd;
     c->backward = gap_bwd;
     check_gradients(c, 1e-2, 1e-4, 1e-3);
+    free_check(c);
+}
+
+static void adaptive_fwd(op_check_t *c) {
+    c->b->ops->avgpool_adaptive_forward(c->b, &c->pool, c->in[0], c->y);
+}
+static void adaptive_bwd(op_check_t *c) {
+    c->b->ops->avgpool_adaptive_backward(c->b, &c->pool, c->r, c->grad[0]);
+}
+
+static void check_adaptive(int h, int w, int oh, int ow) {
+    op_check_t *c = new_check();
+    c->pool = (pool_shape_t){.n = 2, .h = h, .w = w, .c = 3, .oh = oh, .ow = ow};
+    add_input(c, (size_t)2 * h * w * 3, 1.0f);
+    set_output(c, (size_t)2 * oh * ow * 3);
+    c->forward = adaptive_fwd;
+    c->backward = adaptive_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-3);
+    free_check(c);
+}
+
+Test(cpu_ops, adaptive_avgpool_gradients) {
+    check_adaptive(6, 5, 3, 2);  /* bins that divide evenly and bins that overlap */
+    check_adaptive(5, 7, 7, 7);  /* VGG's 7x7 from a smaller input: repeated cells */
+    check_adaptive(2, 3, 7, 7);
+    check_adaptive(7, 7, 7, 7);  /* the identity */
+}
+
+/* PyTorch's bins: start floor(i * in / out), end ceil((i + 1) * in / out). */
+Test(cpu_ops, adaptive_avgpool_bins_follow_pytorch) {
+    backend_t *b = backend_cpu_create(1);
+    pool_shape_t s = {.n = 1, .h = 1, .w = 5, .c = 1, .oh = 1, .ow = 3};
+    float x[5] = {1, 2, 4, 8, 16}, y[3];
+    b->ops->avgpool_adaptive_forward(b, &s, x, y);
+    /* bins [0, 2) [1, 4) [3, 5) */
+    cr_assert_float_eq(y[0], 1.5f, 1e-6);
+    cr_assert_float_eq(y[1], 14.0f / 3.0f, 1e-6);
+    cr_assert_float_eq(y[2], 12.0f, 1e-6);
+    s = (pool_shape_t){.n = 1, .h = 1, .w = 2, .c = 1, .oh = 1, .ow = 7};
+    float y7[7];
+    b->ops->avgpool_adaptive_forward(b, &s, x, y7); /* [0,1) three times, [0,2), [1,2) three times */
+    float want[7] = {1, 1, 1, 1.5f, 2, 2, 2};
+    for (int i = 0; i < 7; i++) cr_assert_float_eq(y7[i], want[i], 1e-6, "y[%d] = %g", i, y7[i]);
+    b->ops->destroy(b);
+}
+
+/* ---- dropout ---- */
+
+#define DROP_KEY 0x1234abcdull
+
+static void dropout_fwd(op_check_t *c) {
+    c->b->ops->dropout_forward(c->b, c->in[0], c->y, c->n_out, c->smoothing, DROP_KEY);
+}
+static void dropout_bwd(op_check_t *c) {
+    c->b->ops->dropout_backward(c->b, c->r, c->grad[0], c->n_out, c->smoothing, DROP_KEY);
+}
+
+Test(cpu_ops, dropout_gradients) {
+    op_check_t *c = new_check();
+    c->smoothing = 0.3f; /* the drop probability */
+    add_input(c, 64, 1.0f);
+    set_output(c, 64);
+    c->forward = dropout_fwd;
+    c->backward = dropout_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-4);
+    free_check(c);
+}
+
+/* nn.Dropout's contract: survivors scaled by 1 / (1 - p), about p dropped, the mask a function of
+ * the key alone (so the backward and every backend find it again), p = 0 the identity. */
+Test(cpu_ops, dropout_scales_survivors_and_drops_about_p) {
+    backend_t *b = backend_cpu_create(2);
+    size_t n = 200000;
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *y2 = malloc(n * sizeof *y2);
+    for (size_t i = 0; i < n; i++) x[i] = 1.0f + (float)(i % 7);
+    float ps[3] = {0.5f, 0.1f, 0.9f};
+    for (int k = 0; k < 3; k++) {
+        b->ops->dropout_forward(b, x, y, n, ps[k], DROP_KEY + (uint64_t)k);
+        size_t dropped = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (y[i] == 0.0f) dropped++;
+            else cr_assert_eq(y[i], x[i] * (1.0f / (1.0f - ps[k])), "p %g element %zu", ps[k], i);
+        }
+        double frac = (double)dropped / (double)n; /* binomial: sd <= 0.0012 */
+        cr_assert(fabs(frac - ps[k]) < 0.006, "p %g: dropped %.4f", ps[k], frac);
+        b->ops->dropout_forward(b, x, y2, n, ps[k], DROP_KEY + (uint64_t)k);
+        cr_assert(memcmp(y, y2, n * sizeof *y) == 0, "the same key draws the same mask");
+        b->ops->dropout_forward(b, x, y2, n, ps[k], DROP_KEY + 100);
+        cr_assert(memcmp(y, y2, n * sizeof *y) != 0, "another key, another mask");
+    }
+    b->ops->dropout_forward(b, x, y, n, 0.0f, DROP_KEY);
+    cr_assert(memcmp(x, y, n * sizeof *y) == 0, "p = 0 copies");
+    free(x);
+    free(y);
+    free(y2);
+    b->ops->destroy(b);
+}
+
+/* ---- convolution bias ---- */
+
+static void bias_fwd(op_check_t *c) {
+    memcpy(c->y, c->in[0], c->n_out * sizeof(float));
+    c->b->ops->bias_add(c->b, (size_t)c->rows, c->ch, c->in[1], c->y);
+}
+static void bias_bwd(op_check_t *c) {
+    c->b->ops->accumulate(c->b, c->r, c->grad[0], c->n_out);
+    c->b->ops->bias_backward(c->b, (size_t)c->rows, c->ch, c->r, c->grad[1]);
+}
+
+Test(cpu_ops, conv_bias_gradients) {
+    op_check_t *c = new_check();
+    c->rows = 10;
+    c->ch = 70; /* more than one block of 64 channels */
+    add_input(c, 700, 1.0f);
+    add_input(c, 70, 1.0f);
+    set_output(c, 700);
+    c->forward = bias_fwd;
+    c->backward = bias_bwd;
+    check_gradients(c, 1e-2, 1e-4, 1e-4);
     free_check(c);
 }
 
@@ -299,6 +476,57 @@ Test(cpu_ops, linear_gradients) {
     c->backward = linear_bwd;
     check_gradients(c, 1e-2, 1e-3, 1e-3);
     free_check(c);
+}
+
+/* VGG's first classifier layer, 25088 -> 4096 (103M weights, 411 MB): every offset past 2^31
+ * bytes must be size_t, and the GEMMs must take it. Entries spread over the whole matrix against
+ * double-precision sums; backward accumulates onto non-zero gradients. */
+Test(cpu_ops, linear_of_100m_parameters, .timeout = 60) {
+    backend_t *b = backend_cpu_create(2);
+    int n = 2, in = 25088, out = 4096;
+    size_t nw = (size_t)in * out;
+    float *x = random_buffer((size_t)n * in, 1.0f), *w = malloc(nw * sizeof *w);
+    float *dw = malloc(nw * sizeof *dw), *bias = random_buffer((size_t)out, 1.0f);
+    float *y = calloc((size_t)n * out, sizeof *y), *dy = random_buffer((size_t)n * out, 1.0f);
+    float *dx = calloc((size_t)n * in, sizeof *dx), *db = calloc((size_t)out, sizeof *db);
+    cr_assert(w && dw && y && dx && db);
+    for (size_t i = 0; i < nw; i++) { /* cheap, distinct everywhere */
+        w[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+        dw[i] = PREFILL;
+    }
+    b->ops->linear_forward(b, n, in, out, x, w, bias, y);
+    b->ops->linear_backward(b, n, in, out, x, w, dy, dx, dw, db);
+    int rows[3] = {0, 2047, 4095}, cols[3] = {0, 12345, 25087};
+    for (int s = 0; s < n; s++)
+        for (int k = 0; k < 3; k++) {
+            int o = rows[k];
+            double want = bias[o];
+            for (int i = 0; i < in; i++) want += (double)x[(size_t)s * in + i] * w[(size_t)o * in + i];
+            cr_assert(fabs(y[(size_t)s * out + o] - want) < 1e-3 * (1 + fabs(want)), "y[%d][%d]: %g, want %g",
+                      s, o, y[(size_t)s * out + o], want);
+            int i = cols[k];
+            double dxw = 0;
+            for (int j = 0; j < out; j++) dxw += (double)dy[(size_t)s * out + j] * w[(size_t)j * in + i];
+            cr_assert(fabs(dx[(size_t)s * in + i] - dxw) < 1e-3 * (1 + fabs(dxw)), "dx[%d][%d]", s, i);
+        }
+    for (int k = 0; k < 3; k++)
+        for (int m = 0; m < 3; m++) {
+            size_t at = (size_t)rows[k] * in + cols[m]; /* the last one is past 2^31 bytes */
+            double want = PREFILL;
+            for (int s = 0; s < n; s++) want += (double)dy[(size_t)s * out + rows[k]] * x[(size_t)s * in + cols[m]];
+            cr_assert(fabs(dw[at] - want) < 1e-5 * (1 + fabs(want)), "dw[%d][%d]: %g, want %g", rows[k],
+                      cols[m], dw[at], want);
+            cr_assert_float_eq(db[rows[k]], dy[rows[k]] + dy[out + rows[k]], 1e-5);
+        }
+    free(x);
+    free(w);
+    free(dw);
+    free(bias);
+    free(y);
+    free(dy);
+    free(dx);
+    free(db);
+    b->ops->destroy(b);
 }
 
 /* ---- loss: y is the summed loss, r = [1/n] so the objective is the mean loss ---- */

@@ -204,16 +204,15 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
         running_mean[j] = (float)((1.0 - momentum) * running_mean[j] + momentum * sum[j]);
         running_var[j] = (float)((1.0 - momentum) * running_var[j] + momentum * unbiased);
     }
-    float *mul = (float *)(sq + c), *add = mul + c;
-    for (int j = 0; j < c; j++) {
-        mul[j] = save_invstd[j] * gamma[j];
-        add[j] = beta[j] - save_mean[j] * mul[j];
-    }
+    /* (x - mean) first: folding the mean into the offset (x * mul + beta - mean * mul) cancels
+     * catastrophically when a channel's mean is large next to its spread */
+    float *mul = (float *)(sq + c);
+    for (int j = 0; j < c; j++) mul[j] = save_invstd[j] * gamma[j];
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] = xi[j] * mul[j] + add[j];
+        for (int j = 0; j < c; j++) yi[j] = (xi[j] - save_mean[j]) * mul[j] + beta[j];
     }
 }
 
@@ -222,16 +221,13 @@ static void cpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const f
                                        const float *running_mean, const float *running_var,
                                        float eps) {
     cpu_t *cb = cpu_of(b);
-    float *mul = cb->workspace, *add = mul + c;
-    for (int j = 0; j < c; j++) {
-        mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
-        add[j] = beta[j] - running_mean[j] * mul[j];
-    }
+    float *mul = cb->workspace;
+    for (int j = 0; j < c; j++) mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] = xi[j] * mul[j] + add[j];
+        for (int j = 0; j < c; j++) yi[j] = (xi[j] - running_mean[j]) * mul[j] + beta[j];
     }
 }
 
@@ -254,23 +250,22 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
         }
     }
     /* dx = gamma * invstd / M * (M dy - sum(dy) - xhat sum(dy xhat)), per channel:
-     * dx += k_dy * dy + k_x * x + k_0 */
+     * dx += k_dy * dy + k_x * (x - mean) + k_0 (x - mean first, as in the forward) */
     float *k_dy = (float *)(sum_dy_xhat + c), *k_x = k_dy + c, *k_0 = k_x + c;
     double m = (double)rows;
     for (int j = 0; j < c; j++) {
         dgamma[j] += (float)sum_dy_xhat[j];
         dbeta[j] += (float)sum_dy[j];
         double scale = gamma[j] * save_invstd[j] / m;
-        double xhat_coef = -scale * sum_dy_xhat[j] * save_invstd[j]; /* times (x - mean) */
         k_dy[j] = (float)(scale * m);
-        k_x[j] = (float)xhat_coef;
-        k_0[j] = (float)(-scale * sum_dy[j] - xhat_coef * save_mean[j]);
+        k_x[j] = (float)(-scale * sum_dy_xhat[j] * save_invstd[j]);
+        k_0[j] = (float)(-scale * sum_dy[j]);
     }
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
         float *dxi = dx + i * (size_t)c;
-        for (int j = 0; j < c; j++) dxi[j] += k_dy[j] * dyi[j] + k_x[j] * xi[j] + k_0[j];
+        for (int j = 0; j < c; j++) dxi[j] += k_dy[j] * dyi[j] + k_x[j] * (xi[j] - save_mean[j]) + k_0[j];
     }
 }
 
@@ -312,15 +307,22 @@ static void cpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float
     for (int n = 0; n < s->n; n++) {
         const float *xn = x + (size_t)n * s->h * s->w * s->c;
         for (int oy = 0; oy < s->oh; oy++) {
+            /* the window's rows and columns inside the input: the padding is -inf */
+            int y0 = oy * s->stride - s->pad, y1 = y0 + s->size;
+            y0 = y0 < 0 ? 0 : y0;
+            y1 = y1 > s->h ? s->h : y1;
             for (int ox = 0; ox < s->ow; ox++) {
+                int x0 = ox * s->stride - s->pad, x1 = x0 + s->size;
+                x0 = x0 < 0 ? 0 : x0;
+                x1 = x1 > s->w ? s->w : x1;
                 size_t o = (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
                 for (int ch = 0; ch < s->c; ch++) {
                     float best = -INFINITY;
-                    int32_t best_at = 0;
-                    for (int ky = 0; ky < s->size; ky++) {
-                        for (int kx = 0; kx < s->size; kx++) {
-                            int at = ((oy * s->stride + ky) * s->w + ox * s->stride + kx) * s->c + ch;
-                            if (xn[at] > best) {
+                    int32_t best_at = (y0 * s->w + x0) * s->c + ch;
+                    for (int iy = y0; iy < y1; iy++) {
+                        for (int ix = x0; ix < x1; ix++) {
+                            int at = (iy * s->w + ix) * s->c + ch;
+                            if (xn[at] > best || isnan(xn[at])) { /* as PyTorch: a NaN wins */
                                 best = xn[at];
                                 best_at = at;
                             }
@@ -366,6 +368,105 @@ static void cpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, cons
         for (int p = 0; p < hw; p++) {
             float *dxp = dx + ((size_t)i * hw + p) * c;
             for (int j = 0; j < c; j++) dxp[j] += dyi[j] / (float)hw;
+        }
+    }
+}
+
+/* Adaptive average pooling's bins, as PyTorch: [floor(i * in / out), ceil((i + 1) * in / out)). */
+static inline int bin_start(int i, int in, int out) { return (int)((int64_t)i * in / out); }
+static inline int bin_end(int i, int in, int out) {
+    return (int)(((int64_t)(i + 1) * in + out - 1) / out);
+}
+
+static void cpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x,
+                                         float *y) {
+    (void)b;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < s->n; n++) {
+        const float *xn = x + (size_t)n * s->h * s->w * s->c;
+        for (int oy = 0; oy < s->oh; oy++) {
+            int y0 = bin_start(oy, s->h, s->oh), y1 = bin_end(oy, s->h, s->oh);
+            for (int ox = 0; ox < s->ow; ox++) {
+                int x0 = bin_start(ox, s->w, s->ow), x1 = bin_end(ox, s->w, s->ow);
+                float *yo = y + (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
+                float area = (float)((y1 - y0) * (x1 - x0));
+                for (int ch = 0; ch < s->c; ch++) {
+                    float sum = 0.0f;
+                    for (int iy = y0; iy < y1; iy++)
+                        for (int ix = x0; ix < x1; ix++) sum += xn[((size_t)iy * s->w + ix) * s->c + ch];
+                    yo[ch] = sum / area;
+                }
+            }
+        }
+    }
+}
+
+static void cpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy,
+                                          float *dx) {
+    (void)b;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < s->n; n++) {
+        float *dxn = dx + (size_t)n * s->h * s->w * s->c;
+        for (int oy = 0; oy < s->oh; oy++) {
+            int y0 = bin_start(oy, s->h, s->oh), y1 = bin_end(oy, s->h, s->oh);
+            for (int ox = 0; ox < s->ow; ox++) {
+                int x0 = bin_start(ox, s->w, s->ow), x1 = bin_end(ox, s->w, s->ow);
+                const float *dyo = dy + (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
+                float area = (float)((y1 - y0) * (x1 - x0));
+                for (int iy = y0; iy < y1; iy++)
+                    for (int ix = x0; ix < x1; ix++) {
+                        float *d = dxn + ((size_t)iy * s->w + ix) * s->c;
+                        for (int ch = 0; ch < s->c; ch++) d[ch] += dyo[ch] / area;
+                    }
+            }
+        }
+    }
+}
+
+/* ---- dropout and convolution bias ---- */
+
+static void cpu_dropout_forward(backend_t *b, const float *x, float *y, size_t n, float p,
+                                uint64_t key) {
+    (void)b;
+    uint32_t threshold = dropout_threshold(p);
+    float scale = dropout_scale(p);
+    #pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++) y[i] = dropout_keeps(key, i, threshold) ? x[i] * scale : 0.0f;
+}
+
+static void cpu_dropout_backward(backend_t *b, const float *dy, float *dx, size_t n, float p,
+                                 uint64_t key) {
+    (void)b;
+    uint32_t threshold = dropout_threshold(p);
+    float scale = dropout_scale(p);
+    #pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        if (dropout_keeps(key, i, threshold)) dx[i] += dy[i] * scale;
+}
+
+static void cpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y) {
+    (void)b;
+#pragma omp parallel for schedule(static) if (rows * (size_t)c > 32768)
+    for (size_t i = 0; i < rows; i++) {
+        float *yi = y + i * (size_t)c;
+        for (int j = 0; j < c; j++) yi[j] += bias[j];
+    }
+}
+
+/* Each thread sums its channels over every row in order, 64 channels at a time. */
+static void cpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias) {
+    (void)b;
+#pragma omp parallel
+    {
+        FOR_CHANNEL_BLOCK(c, j0, j1)
+        for (int jb = j0; jb < j1; jb += 64) {
+            int je = jb + 64 < j1 ? jb + 64 : j1;
+            double sum[64] = {0};
+            for (size_t i = 0; i < rows; i++) {
+                const float *dyi = dy + i * (size_t)c;
+                for (int j = jb; j < je; j++) sum[j - jb] += dyi[j];
+            }
+            for (int j = jb; j < je; j++) dbias[j] += (float)sum[j - jb];
         }
     }
 }
@@ -509,6 +610,12 @@ static const backend_i cpu_ops = {
     .maxpool_backward = cpu_maxpool_backward,
     .avgpool_global_forward = cpu_avgpool_global_forward,
     .avgpool_global_backward = cpu_avgpool_global_backward,
+    .avgpool_adaptive_forward = cpu_avgpool_adaptive_forward,
+    .avgpool_adaptive_backward = cpu_avgpool_adaptive_backward,
+    .dropout_forward = cpu_dropout_forward,
+    .dropout_backward = cpu_dropout_backward,
+    .bias_add = cpu_bias_add,
+    .bias_backward = cpu_bias_backward,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .softmax_xent = cpu_softmax_xent,

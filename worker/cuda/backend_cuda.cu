@@ -724,6 +724,7 @@ static void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
 
 /* ---- pooling ---- */
 
+/* cells of the window outside the input are -inf (nn.MaxPool2d's padding); a NaN wins, as on cpu */
 template <typename T> __global__ void maxpool_kernel(pool_shape_t s, const T *x, T *y, int32_t *argmax) {
     size_t n_out = (size_t)s.n * s.oh * s.ow * s.c;
     GRID_STRIDE(o, n_out) {
@@ -731,13 +732,17 @@ template <typename T> __global__ void maxpool_kernel(pool_shape_t s, const T *x,
         size_t pix = o / s.c;
         int ox = (int)(pix % s.ow), oy = (int)(pix / s.ow % s.oh), n = (int)(pix / ((size_t)s.ow * s.oh));
         const T *xn = x + (size_t)n * s.h * s.w * s.c;
+        int y0 = oy * s.stride - s.pad, y1 = min(y0 + s.size, s.h), x0 = ox * s.stride - s.pad;
+        int x1 = min(x0 + s.size, s.w);
+        y0 = max(y0, 0);
+        x0 = max(x0, 0);
         float best = -INFINITY;
-        int32_t best_at = 0;
-        for (int ky = 0; ky < s.size; ky++)
-            for (int kx = 0; kx < s.size; kx++) {
-                int at = ((oy * s.stride + ky) * s.w + ox * s.stride + kx) * s.c + ch;
+        int32_t best_at = (y0 * s.w + x0) * s.c + ch;
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) {
+                int at = (iy * s.w + ix) * s.c + ch;
                 float v = ld(xn, at);
-                if (v > best) {
+                if (v > best || isnan(v)) {
                     best = v;
                     best_at = at;
                 }
@@ -795,6 +800,143 @@ static void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, cons
     if (is_low(gpu_of(b), dy))
         WITH_LOW(gpu_of(b), LAUNCH(avgpool_backward_kernel<Low>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx)));
     else LAUNCH(avgpool_backward_kernel<float>, (size_t)n * hw * c, n, hw, c, dy, dx);
+}
+
+/* ---- adaptive average pooling (PyTorch's bins), dropout, convolution bias ---- */
+
+__device__ __forceinline__ int bin_start(int i, int in, int out) { return (int)((long long)i * in / out); }
+__device__ __forceinline__ int bin_end(int i, int in, int out) {
+    return (int)(((long long)(i + 1) * in + out - 1) / out);
+}
+
+template <typename T> __global__ void avgpool_adaptive_kernel(pool_shape_t s, const T *x, T *y) {
+    GRID_STRIDE(o, (size_t)s.n * s.oh * s.ow * s.c) {
+        int ch = (int)(o % s.c);
+        size_t pix = o / s.c;
+        int ox = (int)(pix % s.ow), oy = (int)(pix / s.ow % s.oh), n = (int)(pix / ((size_t)s.ow * s.oh));
+        int y0 = bin_start(oy, s.h, s.oh), y1 = bin_end(oy, s.h, s.oh);
+        int x0 = bin_start(ox, s.w, s.ow), x1 = bin_end(ox, s.w, s.ow);
+        const T *xn = x + (size_t)n * s.h * s.w * s.c;
+        float sum = 0.0f; /* the cpu backend's order: rows, then columns */
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) sum += ld(xn, ((size_t)iy * s.w + ix) * s.c + ch);
+        st(y, o, sum / (float)((y1 - y0) * (x1 - x0)));
+    }
+}
+
+/* One thread per input value gathers from the output cells whose bins hold it: rows
+ * [floor(iy * OH / H), ceil((iy + 1) * OH / H)), columns alike. No atomics. */
+template <typename T> __global__ void avgpool_adaptive_backward_kernel(pool_shape_t s, const T *dy, T *dx) {
+    GRID_STRIDE(i, (size_t)s.n * s.h * s.w * s.c) {
+        int ch = (int)(i % s.c);
+        size_t pix = i / s.c;
+        int ix = (int)(pix % s.w), iy = (int)(pix / s.w % s.h), n = (int)(pix / ((size_t)s.w * s.h));
+        const T *dyn = dy + (size_t)n * s.oh * s.ow * s.c;
+        float sum = 0.0f;
+        for (int oy = bin_start(iy, s.oh, s.h); oy < bin_end(iy, s.oh, s.h); oy++) {
+            int y0 = bin_start(oy, s.h, s.oh), y1 = bin_end(oy, s.h, s.oh);
+            for (int ox = bin_start(ix, s.ow, s.w); ox < bin_end(ix, s.ow, s.w); ox++) {
+                int x0 = bin_start(ox, s.w, s.ow), x1 = bin_end(ox, s.w, s.ow);
+                sum += ld(dyn, ((size_t)oy * s.ow + ox) * s.c + ch) / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+        st(dx, i, ld(dx, i) + sum);
+    }
+}
+
+static void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y) {
+    size_t n = (size_t)s->n * s->oh * s->ow * s->c;
+    if (!n) return;
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_kernel<Low>, n, *s, CLOW(x), LOW(y)));
+    else LAUNCH(avgpool_adaptive_kernel<float>, n, *s, x, y);
+}
+
+static void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy, float *dx) {
+    size_t n = (size_t)s->n * s->h * s->w * s->c;
+    if (!n) return;
+    if (is_low(gpu_of(b), dy))
+        WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_backward_kernel<Low>, n, *s, CLOW(dy), LOW(dx)));
+    else LAUNCH(avgpool_adaptive_backward_kernel<float>, n, *s, dy, dx);
+}
+
+template <typename T>
+__global__ void dropout_kernel(const T *x, T *y, size_t n, uint32_t threshold, float scale, uint64_t key) {
+    GRID_STRIDE(i, n) st(y, i, dropout_keeps(key, i, threshold) ? ld(x, i) * scale : 0.0f);
+}
+
+template <typename T>
+__global__ void dropout_backward_kernel(const T *dy, T *dx, size_t n, uint32_t threshold, float scale,
+                                        uint64_t key) {
+    GRID_STRIDE(i, n) if (dropout_keeps(key, i, threshold)) st(dx, i, ld(dx, i) + ld(dy, i) * scale);
+}
+
+static void gpu_dropout_forward(backend_t *b, const float *x, float *y, size_t n, float p, uint64_t key) {
+    if (!n) return;
+    uint32_t t = dropout_threshold(p);
+    float scale = dropout_scale(p);
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(dropout_kernel<Low>, n, CLOW(x), LOW(y), n, t, scale, key));
+    else LAUNCH(dropout_kernel<float>, n, x, y, n, t, scale, key);
+}
+
+static void gpu_dropout_backward(backend_t *b, const float *dy, float *dx, size_t n, float p, uint64_t key) {
+    if (!n) return;
+    uint32_t t = dropout_threshold(p);
+    float scale = dropout_scale(p);
+    if (is_low(gpu_of(b), dy))
+        WITH_LOW(gpu_of(b), LAUNCH(dropout_backward_kernel<Low>, n, CLOW(dy), LOW(dx), n, t, scale, key));
+    else LAUNCH(dropout_backward_kernel<float>, n, dy, dx, n, t, scale, key);
+}
+
+template <typename T> __global__ void bias_add_kernel(size_t n, int c, const float *bias, T *y) {
+    GRID_STRIDE(i, n) st(y, i, ld(y, i) + bias[i % c]);
+}
+
+static void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y) {
+    size_t n = rows * (size_t)c;
+    if (!n) return;
+    if (is_low(gpu_of(b), y)) WITH_LOW(gpu_of(b), LAUNCH(bias_add_kernel<Low>, n, n, c, bias, LOW(y)));
+    else LAUNCH(bias_add_kernel<float>, n, n, c, bias, y);
+}
+
+/* The bias gradient: batch norm's deterministic two-pass reduction (partials per row chunk, then a
+ * warp per channel), on the column sums alone. */
+template <typename T>
+__global__ void column_partials_kernel(size_t rows, int c, const T *dy, float *partial) {
+    __shared__ float s1[BN_ROWS_PER_BLOCK][BN_TILE];
+    int ch = blockIdx.x * BN_TILE + threadIdx.x;
+    size_t per_chunk = (rows + gridDim.y - 1) / gridDim.y;
+    size_t begin = blockIdx.y * per_chunk, end = begin + per_chunk < rows ? begin + per_chunk : rows;
+    float a = 0.0f;
+    if (ch < c)
+        for (size_t r = begin + threadIdx.y; r < end; r += BN_ROWS_PER_BLOCK) a += ld(dy, r * c + ch);
+    s1[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < c) {
+        for (int i = 1; i < BN_ROWS_PER_BLOCK; i++) a += s1[i][threadIdx.x];
+        partial[(size_t)blockIdx.y * c + ch] = a;
+    }
+}
+
+__global__ void column_partials_sum_kernel(int c, int chunks, const float *partial, float *dbias) {
+    int ch = blockIdx.x;
+    double a = 0;
+    for (int i = threadIdx.x; i < chunks; i += 32) a += partial[(size_t)i * c + ch];
+    for (int off = 16; off > 0; off /= 2) a += __shfl_xor_sync(0xffffffffu, a, off);
+    if (threadIdx.x == 0) dbias[ch] += (float)a;
+}
+
+static void gpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias) {
+    gpu_t *g = gpu_of(b);
+    if (!rows || !c) return;
+    int chunks = bn_chunks(g, rows, c);
+    dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
+    if (is_low(g, dy))
+        WITH_LOW(g, column_partials_kernel<Low><<<grid, block, 0, g->stream>>>(rows, c, CLOW(dy), g->bn_partials));
+    else
+        column_partials_kernel<float><<<grid, block, 0, g->stream>>>(rows, c, dy, g->bn_partials);
+    CHECK_CUDA(cudaGetLastError());
+    column_partials_sum_kernel<<<c, 32, 0, g->stream>>>(c, chunks, g->bn_partials, dbias);
+    CHECK_CUDA(cudaGetLastError());
 }
 
 /* ---- linear (cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose) ----
@@ -1027,6 +1169,12 @@ static backend_i make_ops(void) {
     o.maxpool_backward = gpu_maxpool_backward;
     o.avgpool_global_forward = gpu_avgpool_global_forward;
     o.avgpool_global_backward = gpu_avgpool_global_backward;
+    o.avgpool_adaptive_forward = gpu_avgpool_adaptive_forward;
+    o.avgpool_adaptive_backward = gpu_avgpool_adaptive_backward;
+    o.dropout_forward = gpu_dropout_forward;
+    o.dropout_backward = gpu_dropout_backward;
+    o.bias_add = gpu_bias_add;
+    o.bias_backward = gpu_bias_backward;
     o.linear_forward = gpu_linear_forward;
     o.linear_backward = gpu_linear_backward;
     o.softmax_xent = gpu_softmax_xent;

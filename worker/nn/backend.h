@@ -25,6 +25,7 @@
 
 #include "adam.h"
 #include "augment.h"
+#include "dropout.h"
 #include "loss_scale.h"
 
 typedef struct backend backend_t;
@@ -39,6 +40,7 @@ typedef struct {
 typedef struct {
     int n, h, w, c; /* input; output (N, OH, OW, C) */
     int size, stride;
+    int pad;        /* max pooling: implicit -inf border of this width, as nn.MaxPool2d's padding */
     int oh, ow;
 } pool_shape_t;
 
@@ -95,7 +97,10 @@ typedef struct {
     void (*add_forward)(backend_t *b, const float *x1, const float *x2, float *y, size_t n_elems);
     /* dx += dy (the add's backward, once per input) */
     void (*accumulate)(backend_t *b, const float *dy, float *dx, size_t n_elems);
-    /* argmax: (N,OH,OW,C) int32 scratch the forward fills for the backward. */
+    /* Max pooling as nn.MaxPool2d(size, stride, pad): a window's cells outside the input are
+     * -inf (never chosen), ties go to the first cell in row-major order, a NaN wins.
+     * argmax: (N,OH,OW,C) int32 scratch the forward fills for the backward (an offset into the
+     * sample's (H, W, C) input). */
     void (*maxpool_forward)(backend_t *b, const pool_shape_t *s, const float *x, float *y,
                             int32_t *argmax);
     void (*maxpool_backward)(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
@@ -103,6 +108,25 @@ typedef struct {
     /* x: (N, HW, C) -> y: (N, C) mean over HW */
     void (*avgpool_global_forward)(backend_t *b, int n, int hw, int c, const float *x, float *y);
     void (*avgpool_global_backward)(backend_t *b, int n, int hw, int c, const float *dy, float *dx);
+    /* nn.AdaptiveAvgPool2d((OH, OW)) on x: (N, H, W, C) -> y: (N, OH, OW, C): output row oy
+     * averages input rows [floor(oy * H / OH), ceil((oy + 1) * H / OH)), columns alike, so cells
+     * overlap, and repeat inputs when the input is smaller than the output (VGG's 7x7 on small
+     * images). Uses n, h, w, c, oh, ow of s (size, stride and pad are ignored). */
+    void (*avgpool_adaptive_forward)(backend_t *b, const pool_shape_t *s, const float *x, float *y);
+    /* dx += the adjoint of the forward applied to dy */
+    void (*avgpool_adaptive_backward)(backend_t *b, const pool_shape_t *s, const float *dy, float *dx);
+    /* Inverted dropout as nn.Dropout in training: y[i] = dropout_keeps(key, i, p) ? x[i] * (1 / (1 - p))
+     * : 0 (dropout.h: the same mask on every backend, drawn again by the backward, never stored).
+     * p = 0 copies x (evaluation). p in [0, 1). */
+    void (*dropout_forward)(backend_t *b, const float *x, float *y, size_t n_elems, float p,
+                            uint64_t key);
+    /* dx += dy * the forward's mask and scale (the same key and p) */
+    void (*dropout_backward)(backend_t *b, const float *dy, float *dx, size_t n_elems, float p,
+                             uint64_t key);
+    /* A convolution's bias, in place: y: (rows, C) += bias (C) per channel. */
+    void (*bias_add)(backend_t *b, size_t rows, int c, const float *bias, float *y);
+    /* dbias (C) += the sums of dy: (rows, C) over the rows */
+    void (*bias_backward)(backend_t *b, size_t rows, int c, const float *dy, float *dbias);
     /* x: (N, I), w: (O, I), bias: (O) -> y: (N, O) */
     void (*linear_forward)(backend_t *b, int n, int in, int out, const float *x, const float *w,
                            const float *bias, float *y);

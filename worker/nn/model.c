@@ -1,9 +1,9 @@
-/* model: see model.h. Building happens on the host (layer list, shapes, init values); the arenas
- * then go to the backend once. */
+/* model: see model.h. The arenas, the initial values and running the layers forward and backward;
+ * the architectures are model_build.c's. Building happens on the host (layer list, shapes, init
+ * values); the arenas then go to the backend once. */
 #include "model.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,177 +12,6 @@
 
 #define BN_EPS 1e-5f
 #define BN_MOMENTUM 0.1f
-
-typedef struct {
-    model_t *m;
-    int cap_layers, cap_tensors;
-    bool has_failed;
-    char *err;
-    size_t err_len;
-} builder_t;
-
-static int fail(builder_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(builder_t *b, const char *fmt, ...) {
-    if (!b->has_failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(b->err, b->err_len, fmt, ap);
-        va_end(ap);
-    }
-    b->has_failed = true;
-    return 0;
-}
-
-static int add_tensor(builder_t *b, int h, int w, int c) {
-    model_t *m = b->m;
-    if (b->has_failed) return 0;
-    if (h < 1 || w < 1) return fail(b, "model %s: the input is too small (a layer's output would be %dx%d)",
-                                    m->name, h, w);
-    if (m->n_tensors == b->cap_tensors) {
-        b->cap_tensors = b->cap_tensors ? 2 * b->cap_tensors : 16;
-        tensor_t *t = realloc(m->tensors, sizeof *t * (size_t)b->cap_tensors);
-        if (!t) return fail(b, "out of memory building model %s", m->name);
-        m->tensors = t;
-    }
-    tensor_t *t = &m->tensors[m->n_tensors];
-    *t = (tensor_t){.h = h, .w = w, .c = c, .offset = m->n_acts};
-    m->n_acts += (size_t)m->batch_max * h * w * c;
-    return m->n_tensors++;
-}
-
-static layer_t *add_layer(builder_t *b, layer_kind_t kind, int in) {
-    model_t *m = b->m;
-    if (b->has_failed) return NULL;
-    if (m->n_layers == b->cap_layers) {
-        b->cap_layers = b->cap_layers ? 2 * b->cap_layers : 16;
-        layer_t *l = realloc(m->layers, sizeof *l * (size_t)b->cap_layers);
-        if (!l) {
-            fail(b, "out of memory building model %s", m->name);
-            return NULL;
-        }
-        m->layers = l;
-    }
-    layer_t *l = &m->layers[m->n_layers++];
-    *l = (layer_t){.kind = kind, .in = in, .in2 = -1, .out = -1, .param_offset = m->n_params};
-    return l;
-}
-
-static int conv(builder_t *b, int in, int k, int size, int stride, int pad) {
-    layer_t *l = add_layer(b, LAYER_CONV, in);
-    if (!l) return 0;
-    const tensor_t *x = &b->m->tensors[in];
-    conv_shape_t *s = &l->conv;
-    *s = (conv_shape_t){.h = x->h, .w = x->w, .c = x->c, .k = k, .r = size, .s = size,
-                        .stride = stride, .pad = pad};
-    s->oh = (x->h + 2 * pad - size) / stride + 1;
-    s->ow = (x->w + 2 * pad - size) / stride + 1;
-    l->n_params = (size_t)k * size * size * x->c;
-    b->m->n_params += l->n_params;
-    l->out = add_tensor(b, s->oh, s->ow, k);
-    return l->out;
-}
-
-static int batchnorm(builder_t *b, int in) {
-    layer_t *l = add_layer(b, LAYER_BATCHNORM, in);
-    if (!l) return 0;
-    model_t *m = b->m;
-    const tensor_t x = m->tensors[in];
-    l->n_params = 2 * (size_t)x.c;
-    m->n_params += l->n_params;
-    l->buffer_offset = m->n_buffers;
-    m->n_buffers += 2 * (size_t)x.c;
-    l->scratch_offset = m->n_scratch;
-    m->n_scratch += 2 * (size_t)x.c;
-    l->out = add_tensor(b, x.h, x.w, x.c);
-    return l->out;
-}
-
-static int relu(builder_t *b, int in) {
-    layer_t *l = add_layer(b, LAYER_RELU, in);
-    if (!l) return 0;
-    const tensor_t x = b->m->tensors[in];
-    l->out = add_tensor(b, x.h, x.w, x.c);
-    return l->out;
-}
-
-static int add(builder_t *b, int in, int in2) {
-    layer_t *l = add_layer(b, LAYER_ADD, in);
-    if (!l) return 0;
-    l->in2 = in2;
-    const tensor_t x = b->m->tensors[in];
-    l->out = add_tensor(b, x.h, x.w, x.c);
-    return l->out;
-}
-
-static int maxpool(builder_t *b, int in, int size, int stride) {
-    layer_t *l = add_layer(b, LAYER_MAXPOOL, in);
-    if (!l) return 0;
-    model_t *m = b->m;
-    const tensor_t x = m->tensors[in];
-    pool_shape_t *s = &l->pool;
-    *s = (pool_shape_t){.h = x.h, .w = x.w, .c = x.c, .size = size, .stride = stride};
-    s->oh = x.h < size ? 0 : (x.h - size) / stride + 1;
-    s->ow = x.w < size ? 0 : (x.w - size) / stride + 1;
-    l->scratch_offset = m->n_scratch; /* argmax: int32, one per output, stored in float slots */
-    m->n_scratch += (size_t)m->batch_max * s->oh * s->ow * x.c;
-    l->out = add_tensor(b, s->oh, s->ow, x.c);
-    return l->out;
-}
-
-static int avgpool_global(builder_t *b, int in) {
-    layer_t *l = add_layer(b, LAYER_AVGPOOL_GLOBAL, in);
-    if (!l) return 0;
-    l->out = add_tensor(b, 1, 1, b->m->tensors[in].c);
-    return l->out;
-}
-
-static int linear(builder_t *b, int in, int out) {
-    layer_t *l = add_layer(b, LAYER_LINEAR, in);
-    if (!l) return 0;
-    const tensor_t x = b->m->tensors[in];
-    l->n_params = (size_t)out * x.h * x.w * x.c + (size_t)out;
-    b->m->n_params += l->n_params;
-    l->out = add_tensor(b, 1, 1, out);
-    return l->out;
-}
-
-static int conv_bn_relu(builder_t *b, int in, int k, int size, int stride) {
-    return relu(b, batchnorm(b, conv(b, in, k, size, stride, size / 2)));
-}
-
-/* torchvision's BasicBlock: conv3x3(stride)-bn-relu-conv3x3-bn, plus the input (projected by a
- * 1x1 conv + bn when the shape changes), then relu. */
-static int basic_block(builder_t *b, int in, int k, int stride) {
-    int y = conv_bn_relu(b, in, k, 3, stride);
-    y = batchnorm(b, conv(b, y, k, 3, 1, 1));
-    int shortcut = in;
-    if (stride != 1 || b->m->tensors[in].c != k) shortcut = batchnorm(b, conv(b, in, k, 1, stride, 0));
-    return relu(b, add(b, y, shortcut));
-}
-
-static void build(builder_t *b, int width) {
-    model_t *m = b->m;
-    int x = add_tensor(b, m->h, m->w, m->c);
-    if (strcmp(m->name, "mlp") == 0) {
-        x = relu(b, linear(b, x, width));
-        x = relu(b, linear(b, x, width));
-        linear(b, x, m->classes);
-    } else if (strcmp(m->name, "cnn") == 0) {
-        x = maxpool(b, conv_bn_relu(b, x, width, 3, 1), 2, 2);
-        x = maxpool(b, conv_bn_relu(b, x, 2 * width, 3, 1), 2, 2);
-        linear(b, x, m->classes);
-    } else if (strcmp(m->name, "resnet18") == 0 || strcmp(m->name, "resnet34") == 0) {
-        static const int blocks18[4] = {2, 2, 2, 2}, blocks34[4] = {3, 4, 6, 3};
-        const int *blocks = m->name[6] == '1' ? blocks18 : blocks34;
-        x = conv_bn_relu(b, x, width, 3, 1);
-        for (int stage = 0; stage < 4; stage++)
-            for (int i = 0; i < blocks[stage]; i++)
-                x = basic_block(b, x, width << stage, stage > 0 && i == 0 ? 2 : 1);
-        linear(b, avgpool_global(b, x), m->classes);
-    } else {
-        fail(b, "unknown model '%s' (mlp, cnn, resnet18, resnet34)", m->name);
-    }
-}
 
 /* A standard normal sample from two uniform ones (Box-Muller). */
 static double normal(uint64_t *state) {
@@ -202,17 +31,23 @@ static void init_params(const model_t *m, uint64_t seed, float *params, float *b
         const layer_t *l = &m->layers[i];
         float *p = params + l->param_offset;
         uint64_t state = rng_key(seed, 0x6d6f64656cull /* "model" */, (uint64_t)i);
-        if (l->kind == LAYER_CONV) {
-            double std = sqrt(2.0 / ((double)l->conv.k * l->conv.r * l->conv.s));
-            for (size_t j = 0; j < l->n_params; j++) p[j] = (float)(std * normal(&state));
-        } else if (l->kind == LAYER_LINEAR) {
+        if (l->kind == LAYER_CONV) { /* kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0 */
+            const conv_shape_t *s = &l->conv;
+            size_t n_w = (size_t)s->k * s->r * s->s * s->c;
+            double std = sqrt(2.0 / ((double)s->k * s->r * s->s));
+            for (size_t j = 0; j < n_w; j++) p[j] = (float)(std * normal(&state));
+            for (size_t j = n_w; j < l->n_params; j++) p[j] = 0.0f;
+        } else if (l->kind == LAYER_LINEAR && l->linear_init == LINEAR_INIT_NORMAL_001) {
+            size_t n_w = l->n_params - (size_t)m->tensors[l->out].c; /* VGG: normal(0, 0.01), bias 0 */
+            for (size_t j = 0; j < l->n_params; j++) p[j] = j < n_w ? (float)(0.01 * normal(&state)) : 0.0f;
+        } else if (l->kind == LAYER_LINEAR) { /* nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)) */
             const tensor_t *x = &m->tensors[l->in];
             double bound = 1.0 / sqrt((double)x->h * x->w * x->c);
             for (size_t j = 0; j < l->n_params; j++) p[j] = (float)uniform(&state, bound);
         } else if (l->kind == LAYER_BATCHNORM) {
             size_t c = l->n_params / 2;
             for (size_t j = 0; j < c; j++) {
-                p[j] = 1.0f;
+                p[j] = l->is_zero_init ? 0.0f : 1.0f;
                 p[c + j] = 0.0f;
                 buffers[l->buffer_offset + j] = 0.0f;
                 buffers[l->buffer_offset + c + j] = 1.0f;
@@ -244,19 +79,31 @@ static size_t workspace_bytes(const model_t *m) {
     return bytes;
 }
 
+model_opts_t model_opts_default(const char *name, int width) {
+    return (model_opts_t){.name = name, .width = width, .stem = MODEL_STEM_AUTO, .fc_width = 4096,
+                          .dropout = 0.5f};
+}
+
 int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, int w, int c,
                int classes, int batch_max, char *err, size_t err_len) {
+    model_opts_t o = model_opts_default(name, width);
+    return model_init_opts(m, bk, &o, h, w, c, classes, batch_max, err, err_len);
+}
+
+int model_init_opts(model_t *m, backend_t *bk, const model_opts_t *opts, int h, int w, int c,
+                    int classes, int batch_max, char *err, size_t err_len) {
     memset(m, 0, sizeof *m);
     m->backend = bk;
-    snprintf(m->name, sizeof m->name, "%s", name);
+    snprintf(m->name, sizeof m->name, "%s", opts->name);
+    m->opts = *opts;
+    m->opts.name = m->name;
     m->batch_max = batch_max;
     m->h = h;
     m->w = w;
     m->c = c;
     m->classes = classes;
-    builder_t b = {.m = m, .err = err, .err_len = err_len};
-    build(&b, width);
-    if (b.has_failed) {
+    const char *name = m->name;
+    if (model__build(m, err, err_len) < 0) {
         model_free(m);
         return -1;
     }
@@ -327,6 +174,17 @@ static size_t tensor_elems(const model_t *m, int t, int n) {
     return (size_t)n * x->h * x->w * x->c;
 }
 
+void model_set_step(model_t *m, uint64_t seed, int64_t step, int rank) {
+    m->dropout_seed = seed;
+    m->dropout_step = step;
+    m->dropout_rank = rank;
+}
+
+uint64_t model_dropout_key(const model_t *m, int layer) {
+    uint64_t step_key = rng_key(m->dropout_seed, 0x64726f706f7574ull /* "dropout" */, (uint64_t)m->dropout_step);
+    return rng_key(step_key, (uint64_t)m->dropout_rank, (uint64_t)layer);
+}
+
 void model_forward(model_t *m, int n, bool is_training) {
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
@@ -341,6 +199,9 @@ void model_forward(model_t *m, int n, bool is_training) {
         case LAYER_CONV:
             l->conv.n = n;
             o->conv2d_forward(bk, &l->conv, x, p, y);
+            if (l->has_bias)
+                o->bias_add(bk, (size_t)n * l->conv.oh * l->conv.ow, l->conv.k,
+                            p + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c, y);
             break;
         case LAYER_BATCHNORM: {
             int c = tx->c;
@@ -362,6 +223,14 @@ void model_forward(model_t *m, int n, bool is_training) {
             o->maxpool_forward(bk, &l->pool, x, y, (int32_t *)(m->scratch + l->scratch_offset));
             break;
         case LAYER_AVGPOOL_GLOBAL: o->avgpool_global_forward(bk, n, tx->h * tx->w, tx->c, x, y); break;
+        case LAYER_AVGPOOL_ADAPTIVE:
+            l->pool.n = n;
+            o->avgpool_adaptive_forward(bk, &l->pool, x, y);
+            break;
+        case LAYER_DROPOUT: /* evaluation: p = 0, a copy */
+            o->dropout_forward(bk, x, y, tensor_elems(m, l->in, n), is_training ? l->dropout_p : 0.0f,
+                               model_dropout_key(m, i));
+            break;
         case LAYER_LINEAR: {
             int in = tx->h * tx->w * tx->c, out = m->tensors[l->out].c;
             o->linear_forward(bk, n, in, out, x, p, p + (size_t)out * in, y);
@@ -393,7 +262,12 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
         const float *p = m->params + l->param_offset;
         float *dp = m->grads + l->param_offset;
         switch (l->kind) {
-        case LAYER_CONV: o->conv2d_backward(bk, &l->conv, x, p, dy, dx, dp); break;
+        case LAYER_CONV:
+            if (l->has_bias)
+                o->bias_backward(bk, (size_t)n * l->conv.oh * l->conv.ow, l->conv.k, dy,
+                                 dp + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c);
+            o->conv2d_backward(bk, &l->conv, x, p, dy, dx, dp);
+            break;
         case LAYER_BATCHNORM: {
             int c = tx->c;
             const float *save = m->scratch + l->scratch_offset;
@@ -412,6 +286,10 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
             break;
         case LAYER_AVGPOOL_GLOBAL:
             o->avgpool_global_backward(bk, n, tx->h * tx->w, tx->c, dy, dx);
+            break;
+        case LAYER_AVGPOOL_ADAPTIVE: o->avgpool_adaptive_backward(bk, &l->pool, dy, dx); break;
+        case LAYER_DROPOUT:
+            o->dropout_backward(bk, dy, dx, tensor_elems(m, l->in, n), l->dropout_p, model_dropout_key(m, i));
             break;
         case LAYER_LINEAR: {
             int in = tx->h * tx->w * tx->c, out = m->tensors[l->out].c;
