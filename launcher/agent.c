@@ -264,8 +264,9 @@ static void watch_after_cb(uv_work_t *req, int status) {
                   store_client_error(a->watch));
         ev.is_store_lost = true;
     } else {
-        ev.is_valid = rdzv_why_parse(a->watching.why, &ev.why);
-        snprintf(ev.text, sizeof ev.text, "%s", a->watching.why);
+        ev.is_valid = rdzv_record_why_parse(a->watching.why, strlen(a->watching.why), &ev.why);
+        if (ev.is_valid) rdzv_record_why_describe(&ev.why, ev.text, sizeof ev.text);
+        else snprintf(ev.text, sizeof ev.text, "an unreadable restart record");
     }
     dispatch(a, &ev);
 }

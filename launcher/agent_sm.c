@@ -67,9 +67,7 @@ static void restart_store_lost(agent_sm_t *sm) {
     sm->has_restart = true;
     sm->restart = (rdzv_why_t){.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true,
                                .failures = sm->failures + 1, .node = -1, .rank = -1};
-    snprintf(sm->restart_text, sizeof sm->restart_text,
-             "code=%d permanent=1 failures=%d node=-1 rank=-1", DDP_EXIT_PEER_FAILURE,
-             sm->failures + 1);
+    rdzv_record_why_describe(&sm->restart, sm->restart_text, sizeof sm->restart_text);
 }
 
 /* Tell every agent that this round ends (several nodes), with what the others need to decide.

@@ -524,8 +524,7 @@ Test(agent_sm_heartbeats, silent_store_leaves_the_job) {
     cr_assert_not(agent_sm_is_beating(&sm, 0));
     EV(.kind = AGENT_EV_WORKERS_DONE);
     expect(AGENT_ACT_SAY, AGENT_ACT_SAY, AGENT_ACT_DESTROY_WORKERS, AGENT_ACT_EXIT, END);
-    cr_assert(said("the job failed on another node (code=75 permanent=1 failures=1 node=-1 "
-                   "rank=-1)"));
+    cr_assert(said("the job failed on another node (exit 75, failure 1 of the job, not retryable)"));
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
 
@@ -534,7 +533,7 @@ Test(agent_sm_heartbeats, watch_that_loses_the_store) {
     start_several(1, 2);
     EV(.kind = AGENT_EV_RESTART_SEEN, .is_store_lost = true);
     expect(AGENT_ACT_SAY, AGENT_ACT_STOP_WORKERS, END);
-    cr_assert(said("round 0 ends (code=75 permanent=1 failures=1 node=-1 rank=-1)"));
+    cr_assert(said("round 0 ends (exit 75, failure 1 of the job, not retryable)"));
     EV(.kind = AGENT_EV_WORKERS_DONE);
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
