@@ -15,6 +15,7 @@
 #include <time.h>
 #include "exit_codes.h"
 #include "json_lines.h"
+#include "weights.h"
 
 #define BUCKET_BYTES (4u << 20)
 #define TOPK 5
@@ -187,6 +188,9 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
          * rank 0 draws them (a resumed run has the snapshot's) */
         if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
             trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+        if (t->rank == 0 && conf->model_init[0] &&
+            weights_load(&t->model, conf->model_init, conf->is_init_skip_mismatched, stderr, err, sizeof err) < 0)
+            trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
         check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
                    "broadcasting the initial parameters");
         check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
@@ -341,17 +345,9 @@ static bool is_out_of_time(trainer_t *t, double start_s) {
 }
 
 static void write_params(trainer_t *t, const char *path) {
-    const model_t *m = &t->model;
-    size_t n = m->n_params + m->n_buffers;
-    float *host = xcalloc(n, sizeof(float), "the parameter export");
-    t->backend->ops->to_host(t->backend, host, m->params, m->n_params * sizeof(float));
-    t->backend->ops->to_host(t->backend, host + m->n_params, m->buffers, m->n_buffers * sizeof(float));
-    FILE *f = fopen(path, "wb");
-    bool is_ok = f && fwrite(host, sizeof(float), n, f) == n;
-    if (f && fclose(f) != 0) is_ok = false;
-    free(host);
-    if (!is_ok)
-        trainer_die(DDP_EXIT_CONFIG, "train.params_file: cannot write %s: %s", path, strerror(errno));
+    char err[1024];
+    if (weights_save(&t->model, path, t->step, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_CONFIG, "train.params_file: %s", err);
 }
 
 static bool is_epoch_over(trainer_t *t) { return sampler_rank_count(&t->sampler, t->cursor) == 0; }
