@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "exit_codes.h"
 #include "json_lines.h"
+#include "weights.h"
 
 #define BUCKET_BYTES (4u << 20)
 #define TOPK 5
@@ -187,6 +188,9 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
          * rank 0 draws them (a resumed run has the snapshot's) */
         if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
             trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+        if (t->rank == 0 && conf->model_init[0] &&
+            weights_load(&t->model, conf->model_init, conf->is_init_skip_mismatched, stderr, err, sizeof err) < 0)
+            trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
         trainer__check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
                    "broadcasting the initial parameters");
         trainer__check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
@@ -211,7 +215,6 @@ void trainer_free(trainer_t *t) {
     free(t->indices);
     free(t->host_logits);
     if (t->metrics) fclose(t->metrics);
-    free(t->best_host);
     memset(t, 0, sizeof *t);
 }
 

@@ -56,11 +56,10 @@ typedef struct {
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
-    /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); rank 0
-     * keeps those weights (params then buffers) in best_host once it has taken them itself */
+    /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); the
+     * weights are in train.best_file */
     double best_value;
     int64_t best_step;
-    float *best_host;
     /* train.hours: wall time of this run before this process (from its snapshot), and when this
      * process began training (CLOCK_MONOTONIC) */
     double elapsed_before_s, start_s;
@@ -106,7 +105,7 @@ eval_result_t trainer__validate(trainer_t *t);
 eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation);
 /* One "epoch" event: wall time and images/s of the epoch, and its validation when one ran. */
 void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const eval_result_t *val);
-/* Write params then buffers as train.params_file's format, atomically (temp, fsync, rename). */
+/* The model's weights as a safetensors file (nn/weights, atomic); exit "io" naming key if not. */
 void trainer__write_weights(trainer_t *t, const char *path, const char *key);
 /* A metrics line (rank 0 with train.metrics_file); frees o. */
 void trainer__write_metrics(trainer_t *t, cJSON *o);

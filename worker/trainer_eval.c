@@ -1,17 +1,14 @@
 /* trainer_eval: what the trainer reports and keeps from evaluations: "eval", "epoch" and "final"
- * events, the best weights by train.best_by (train.best_file, written atomically; the value lives
- * in snapshots), the test at the end with them, and the weights files. Internal to the trainer
+ * events, the best weights by train.best_by (train.best_file, safetensors written atomically; the
+ * value lives in snapshots), the test at the end with them, and the weights files (nn/weights). Internal to the trainer
  * (trainer.h's trainer__ functions); the worker's main thread, every rank at the same step. */
-#include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "exit_codes.h"
 #include "trainer.h"
+#include "weights.h"
 
 void trainer__write_metrics(trainer_t *t, cJSON *o) {
     if (t->metrics) json_line_write(t->metrics, o);
@@ -53,58 +50,10 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
     trainer__write_metrics(t, o);
 }
 
-/* path's directory, for the fsync that makes a rename durable. */
-static int fsync_parent(const char *path) {
-    char copy[4096];
-    snprintf(copy, sizeof copy, "%s", path);
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-/* host: params then buffers, n floats; to path.tmp, fsync, rename, fsync of the directory, so a
- * crash leaves the old file or the new one, never half of one. */
-static int write_atomically(const char *path, const float *host, size_t n) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
-    const char *p = (const char *)host;
-    size_t left = n * sizeof(float);
-    while (left) {
-        ssize_t k = write(fd, p, left);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        p += k;
-        left -= (size_t)k;
-    }
-    bool is_ok = left == 0 && fsync(fd) == 0;
-    int saved = errno;
-    if (close(fd) != 0) is_ok = false;
-    if (is_ok && rename(tmp, path) == 0 && fsync_parent(path) == 0) return 0;
-    saved = errno ? errno : saved;
-    unlink(tmp);
-    errno = saved ? saved : EIO;
-    return -1;
-}
-
-static float *weights_to_host(trainer_t *t) {
-    const model_t *m = &t->model;
-    float *host = malloc((m->n_params + m->n_buffers + 1) * sizeof(float));
-    if (!host) trainer_die(DDP_EXIT_BUG, "out of memory for a copy of the weights");
-    t->backend->ops->to_host(t->backend, host, m->params, m->n_params * sizeof(float));
-    t->backend->ops->to_host(t->backend, host + m->n_params, m->buffers, m->n_buffers * sizeof(float));
-    return host;
-}
-
 void trainer__write_weights(trainer_t *t, const char *path, const char *key) {
-    const model_t *m = &t->model;
-    float *host = weights_to_host(t);
-    int rc = write_atomically(path, host, m->n_params + m->n_buffers);
-    free(host);
-    if (rc < 0) trainer_die(DDP_EXIT_IO, "%s: cannot write %s: %s", key, path, strerror(errno));
+    char err[1024];
+    if (weights_save(&t->model, path, t->step, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_IO, "%s: %s", key, err);
 }
 
 static bool is_better(const trainer_t *t, const eval_result_t *r) {
@@ -122,12 +71,7 @@ eval_result_t trainer__validate(trainer_t *t) {
     t->best_value = t->conf->best_by == BEST_BY_VAL_LOSS ? r.loss : r.top1;
     t->best_step = t->step;
     if (t->rank != 0) return r;
-    free(t->best_host);
-    t->best_host = weights_to_host(t);
-    const model_t *m = &t->model;
-    if (write_atomically(t->conf->best_file, t->best_host, m->n_params + m->n_buffers) < 0)
-        trainer_die(DDP_EXIT_IO, "train.best_file: cannot write %s: %s", t->conf->best_file,
-                    strerror(errno));
+    trainer__write_weights(t, t->conf->best_file, "train.best_file");
     cJSON *o = json_line_new("best");
     json_line_str(o, "by", t->conf->best_by == BEST_BY_VAL_LOSS ? "val_loss" : "val_top1");
     json_line_num(o, "value", t->best_value);
@@ -137,31 +81,14 @@ eval_result_t trainer__validate(trainer_t *t) {
     return r;
 }
 
-/* The best weights into the model on every rank: rank 0's copy, or train.best_file when they were
- * taken before a restart. */
+/* The best weights into the model on every rank, from train.best_file (where they went when they
+ * were best, possibly before a restart). */
 static void load_best(trainer_t *t) {
     model_t *m = &t->model;
-    size_t n = m->n_params + m->n_buffers;
-    if (t->rank == 0 && !t->best_host) {
-        const char *path = t->conf->best_file;
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            trainer_die(DDP_EXIT_IO, "train.best_file: cannot read %s (the best weights of step "
-                        "%lld): %s", path, (long long)t->best_step, strerror(errno));
-        t->best_host = malloc((n + 1) * sizeof(float));
-        if (!t->best_host) trainer_die(DDP_EXIT_BUG, "out of memory for the best weights");
-        char extra;
-        bool is_ok = fread(t->best_host, sizeof(float), n, f) == n && fread(&extra, 1, 1, f) == 0;
-        fclose(f);
-        if (!is_ok)
-            trainer_die(DDP_EXIT_DATA, "train.best_file: %s does not hold this model's %zu "
-                        "weights", path, n);
-    }
-    const backend_i *o = t->backend->ops;
-    if (t->rank == 0) {
-        o->to_device(t->backend, m->params, t->best_host, m->n_params * sizeof(float));
-        o->to_device(t->backend, m->buffers, t->best_host + m->n_params, m->n_buffers * sizeof(float));
-    }
+    char err[1024];
+    if (t->rank == 0 && weights_load(m, t->conf->best_file, false, stderr, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_DATA, "train.best_file (the best weights, of step %lld): %s",
+                    (long long)t->best_step, err);
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
                         "broadcasting the best weights");
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),

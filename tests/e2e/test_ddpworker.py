@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+import safetensors_file
 from conftest import clean_env, wait_until
 
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -86,7 +87,7 @@ def test_two_ranks_of_batch_b_equal_one_rank_of_batch_2b(ddprun, ddpworker, tmp_
     """DDP's promise: averaging gradients over ranks is training on the union of their batches.
     The mlp has no batch norm, whose statistics are per rank (as in PyTorch DDP)."""
     conf = small_conf(tmp_path, train_limit=640)
-    two, one = tmp_path / "two.f32", tmp_path / "one.f32"
+    two, one = tmp_path / "two.safetensors", tmp_path / "one.safetensors"
     common = ["train.max_steps=4", "optim.nesterov=true", "optim.label_smoothing=0.1"]
     r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", conf, "train.batch_size=16",
                         f"train.params_file={two}"] + common, capture_output=True, text=True,
@@ -96,16 +97,16 @@ def test_two_ranks_of_batch_b_equal_one_rank_of_batch_2b(ddprun, ddpworker, tmp_
     r = subprocess.run([ddpworker, conf, "train.batch_size=32", f"train.params_file={one}"] + common,
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    a, b = np.fromfile(two, dtype=np.float32), np.fromfile(one, dtype=np.float32)
+    a, b = safetensors_file.flat(two), safetensors_file.flat(one)
     assert a.shape == b.shape and a.size > 10000
     init = small_conf(tmp_path, name="init.conf", train_limit=640)
     assert np.abs(a - b).max() <= 1e-5 + 1e-4 * np.abs(b).max(), np.abs(a - b).max()
     # and training did move the parameters (the comparison is not between two initial states)
     r = subprocess.run([ddpworker, init, "train.max_steps=1", "optim.lr=0",
-                        f"train.params_file={tmp_path / 'init.f32'}"], capture_output=True,
+                        f"train.params_file={tmp_path / 'init.safetensors'}"], capture_output=True,
                        text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    assert np.abs(np.fromfile(tmp_path / "init.f32", dtype=np.float32) - b).max() > 1e-3
+    assert np.abs(safetensors_file.flat(tmp_path / "init.safetensors") - b).max() > 1e-3
 
 
 def test_an_unknown_key_is_a_config_error_naming_file_line_and_key(ddprun, tmp_path):

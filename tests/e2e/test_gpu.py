@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+import safetensors_file
 from conftest import clean_env, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,7 +92,7 @@ def test_ranks_sharing_one_gpu_equal_one_rank_with_their_batch(ddprun, ddpworker
     conf.write_text(f"[model]\nname = mlp\nwidth = 64\n[data]\nkind = fashion-mnist\ndir = {FASHION}\n"
                     "train_limit = 2048\ntest_limit = 512\n[optim]\nlr = 0.05\nnesterov = true\n"
                     "label_smoothing = 0.1\n[train]\nbackend = cuda\nmax_steps = 6\nlog_interval = 2\n")
-    many, one = tmp_path / "many.f32", tmp_path / "one.f32"
+    many, one = tmp_path / "many.safetensors", tmp_path / "one.safetensors"
     r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", str(ranks), str(conf),
                         "train.batch_size=16", f"train.params_file={many}"], capture_output=True,
                        text=True, timeout=300, env=clean_env())
@@ -100,7 +101,7 @@ def test_ranks_sharing_one_gpu_equal_one_rank_with_their_batch(ddprun, ddpworker
                         f"train.params_file={one}"], capture_output=True, text=True, timeout=300,
                        env=one_rank_env())
     assert r.returncode == 0, r.stderr
-    a, b = np.fromfile(many, dtype=np.float32), np.fromfile(one, dtype=np.float32)
+    a, b = safetensors_file.flat(many), safetensors_file.flat(one)
     assert a.shape == b.shape and a.size > 50000
     assert np.abs(a - b).max() <= 1e-5 + 1e-4 * np.abs(b).max(), np.abs(a - b).max()
 
@@ -151,7 +152,7 @@ def test_nccl_at_world_one_gives_the_same_bits_as_no_collective(ddprun, ddpworke
     all-reduce on its own stream, the evaluation sums staged from host memory), at the one world
     size a single GPU allows it."""
     conf = mlp_conf(tmp_path)
-    nccl, none = tmp_path / "nccl.f32", tmp_path / "none.f32"
+    nccl, none = tmp_path / "nccl.safetensors", tmp_path / "none.safetensors"
     metrics = tmp_path / "metrics.jsonl"
     r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "1", str(conf), "train.collective=nccl",
                         f"train.params_file={nccl}", f"train.metrics_file={metrics}"],
@@ -160,7 +161,7 @@ def test_nccl_at_world_one_gives_the_same_bits_as_no_collective(ddprun, ddpworke
     r = subprocess.run([ddpworker, str(conf), f"train.params_file={none}"], capture_output=True,
                        text=True, timeout=300, env=one_rank_env())
     assert r.returncode == 0, r.stderr
-    a, b = np.fromfile(nccl, dtype=np.float32), np.fromfile(none, dtype=np.float32)
+    a, b = safetensors_file.flat(nccl), safetensors_file.flat(none)
     assert a.size > 50000 and np.array_equal(a, b)
     assert final_of(metrics)["samples"] == 512
 

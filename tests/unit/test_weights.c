@@ -1,0 +1,148 @@
+/* weights: save then load gives back every parameter and running statistic bit for bit, on every
+ * architecture; the file holds PyTorch's layouts (a conv filter's (K, C, R, S), a linear layer's
+ * columns in (C, H, W) order after a conv); num_batches_tracked is the step count; a tensor of
+ * another shape is an error naming it, or with skipping a line on the log and the model's value
+ * kept. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rng.h"
+#include "safetensors.h"
+#include "weights.h"
+
+static backend_t *backend;
+static char dir[] = "/tmp/test_weights_XXXXXX";
+
+static void setup(void) {
+    backend = backend_cpu_create(1);
+    cr_assert_not_null(backend);
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+    backend->ops->destroy(backend);
+}
+
+TestSuite(weights, .init = setup, .fini = teardown, .timeout = 60);
+
+static void make(model_t *m, const char *name, int width, int side, int classes, uint64_t seed) {
+    char err[256];
+    model_opts_t o = model_opts_default(name, width);
+    o.fc_width = 24;
+    cr_assert_eq(model_init_opts(m, backend, &o, side, side, 3, classes, 2, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init_params(m, seed), 0);
+    uint64_t s = seed;
+    for (size_t i = 0; i < m->n_buffers; i++) /* statistics off their initial 0 and 1 */
+        m->buffers[i] = 0.5f + (float)(rng_next(&s) >> 40) / (float)(1 << 24);
+}
+
+static const char *path_of(const char *name) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return path;
+}
+
+Test(weights, save_then_load_is_the_identity) {
+    const char *names[] = {"mlp", "cnn", "resnet18", "resnet50", "vgg11_bn", "vgg13"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        model_t a, b;
+        char err[1024];
+        make(&a, names[k], 4, 32, 5, 1);
+        make(&b, names[k], 4, 32, 5, 2);
+        const char *path = path_of("roundtrip.safetensors");
+        cr_assert_eq(weights_save(&a, path, 42, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(weights_load(&b, path, false, stderr, err, sizeof err), 0, "%s: %s", names[k], err);
+        cr_assert(memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0, "%s: parameters", names[k]);
+        cr_assert(memcmp(a.buffers, b.buffers, a.n_buffers * sizeof(float)) == 0, "%s: statistics", names[k]);
+        model_free(&a);
+        model_free(&b);
+    }
+}
+
+/* Element [i] of tensor name of the file, as float or int64. */
+static void read_tensor(const char *path, const char *name, void *out, safetensors_entry_t *shape) {
+    safetensors_index_t ix;
+    char err[512];
+    int fd = safetensors_open(path, &ix, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    const safetensors_entry_t *e = safetensors_find(&ix, name);
+    cr_assert_not_null(e, "no tensor %s", name);
+    *shape = *e;
+    shape->name = NULL;
+    cr_assert_eq(safetensors_read(fd, &ix, e, out, err, sizeof err), 0, "%s", err);
+    close(fd);
+    safetensors_index_free(&ix);
+}
+
+Test(weights, files_hold_pytorch_layouts) {
+    model_t m;
+    char err[1024];
+    make(&m, "cnn", 3, 8, 4, 3); /* 0: conv 3x3x3 -> 3, 9: linear over (2, 2, 6) */
+    const char *path = path_of("layout.safetensors");
+    cr_assert_eq(weights_save(&m, path, 17, err, sizeof err), 0, "%s", err);
+    float *w = malloc(4096 * sizeof *w);
+    safetensors_entry_t e;
+    read_tensor(path, "0.weight", w, &e);
+    cr_assert_eq(e.ndim, 4);
+    cr_assert(e.shape[0] == 3 && e.shape[1] == 3 && e.shape[2] == 3 && e.shape[3] == 3);
+    const float *conv = m.params + m.layers[0].param_offset; /* (K, R, S, C) */
+    for (int k = 0; k < 3; k++)
+        for (int c = 0; c < 3; c++)
+            for (int r = 0; r < 3; r++)
+                for (int s = 0; s < 3; s++)
+                    cr_assert_eq(w[((k * 3 + c) * 3 + r) * 3 + s], conv[((k * 3 + r) * 3 + s) * 3 + c]);
+    const layer_t *fc = &m.layers[m.n_layers - 1];
+    cr_assert_str_eq(fc->name, "9");
+    read_tensor(path, "9.weight", w, &e);
+    cr_assert(e.ndim == 2 && e.shape[0] == 4 && e.shape[1] == 24);
+    const float *lin = m.params + fc->param_offset; /* columns (H, W, C) = (2, 2, 6) */
+    for (int o = 0; o < 4; o++)
+        for (int c = 0; c < 6; c++)
+            for (int y = 0; y < 2; y++)
+                for (int x = 0; x < 2; x++)
+                    cr_assert_eq(w[o * 24 + (c * 2 + y) * 2 + x], lin[o * 24 + (y * 2 + x) * 6 + c]);
+    int64_t steps = 0;
+    read_tensor(path, "1.num_batches_tracked", &steps, &e);
+    cr_assert_eq(e.dtype, SAFETENSORS_I64);
+    cr_assert_eq(e.ndim, 0);
+    cr_assert_eq(steps, 17);
+    read_tensor(path, "5.running_var", w, &e);
+    cr_assert_eq(w[2], m.buffers[m.layers[5].buffer_offset + 6 + 2]); /* after 6 means */
+    free(w);
+    model_free(&m);
+}
+
+Test(weights, another_shape_is_an_error_or_skipped_and_named) {
+    model_t ten, five;
+    char err[1024];
+    make(&ten, "resnet18", 4, 32, 10, 1);
+    make(&five, "resnet18", 4, 32, 5, 2);
+    const char *path = path_of("ten.safetensors");
+    cr_assert_eq(weights_save(&ten, path, 0, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(weights_load(&five, path, false, stderr, err, sizeof err), -1);
+    cr_assert(strstr(err, path) && strstr(err, "tensor 'fc.weight': shape [10, 32] in the file, [5, 32] in the model"),
+              "%s", err);
+    float *before = malloc(five.n_params * sizeof(float));
+    memcpy(before, five.params, five.n_params * sizeof(float));
+    FILE *log = tmpfile();
+    cr_assert_eq(weights_load(&five, path, true, log, err, sizeof err), 0, "%s", err);
+    char text[1024] = "";
+    rewind(log);
+    size_t got = fread(text, 1, sizeof text - 1, log);
+    text[got] = '\0';
+    fclose(log);
+    cr_assert(strstr(text, "skipping tensor 'fc.weight'") && strstr(text, "skipping tensor 'fc.bias'"), "%s", text);
+    const layer_t *fc = &five.layers[five.n_layers - 1];
+    cr_assert(memcmp(five.params + fc->param_offset, before + fc->param_offset, fc->n_params * sizeof(float)) == 0,
+              "the skipped head keeps its values");
+    cr_assert(memcmp(five.params, ten.params, fc->param_offset * sizeof(float)) == 0, "the rest is the file's");
+    free(before);
+    model_free(&ten);
+    model_free(&five);
+}

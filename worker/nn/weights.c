@@ -1,0 +1,324 @@
+/* weights: see weights.h. The model's layers name the tensors; this file owns their shapes and
+ * the layout permutations between ddpworker's NHWC arenas and PyTorch's NCHW state_dict. */
+#include "weights.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "safetensors.h"
+
+/* What a state_dict tensor is in the model. */
+typedef enum { PART_WEIGHT, PART_BIAS, PART_RUNNING_MEAN, PART_RUNNING_VAR, PART_STEPS } part_t;
+
+static const char *const part_suffix[] = {"weight", "bias", "running_mean", "running_var",
+                                          "num_batches_tracked"};
+
+typedef struct {
+    char name[MODEL_LAYER_NAME_MAX + 24];
+    int layer;
+    part_t part;
+    safetensors_tensor_t t; /* t.name points at name */
+} tensor_ref_t;
+
+static int failf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int failf(char *err, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void add_ref(tensor_ref_t *refs, int *n, int layer, const char *prefix, part_t part,
+                    safetensors_dtype_t dtype, int ndim, const uint64_t *shape) {
+    tensor_ref_t *r = &refs[(*n)++];
+    snprintf(r->name, sizeof r->name, "%s.%s", prefix, part_suffix[part]);
+    r->layer = layer;
+    r->part = part;
+    r->t = (safetensors_tensor_t){.name = r->name, .dtype = dtype, .ndim = ndim};
+    memcpy(r->t.shape, shape, sizeof(uint64_t) * (size_t)ndim);
+}
+
+/* The model's state_dict in torchvision's order (the layers'). *refs: malloc'ed; at most 5 per
+ * layer. Returns the count, or -1 when out of memory. */
+static int list_tensors(const model_t *m, tensor_ref_t **refs) {
+    tensor_ref_t *r = malloc(sizeof *r * (size_t)(5 * m->n_layers + 1));
+    if (!r) return -1;
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *l = &m->layers[i];
+        if (!l->n_params) continue;
+        uint64_t out = (uint64_t)m->tensors[l->out].c;
+        const tensor_t *x = &m->tensors[l->in];
+        if (l->kind == LAYER_CONV) {
+            uint64_t w[4] = {out, (uint64_t)l->conv.c, (uint64_t)l->conv.r, (uint64_t)l->conv.s};
+            add_ref(r, &n, i, l->name, PART_WEIGHT, SAFETENSORS_F32, 4, w);
+            if (l->has_bias) add_ref(r, &n, i, l->name, PART_BIAS, SAFETENSORS_F32, 1, &out);
+        } else if (l->kind == LAYER_LINEAR) {
+            uint64_t w[2] = {out, (uint64_t)x->h * x->w * x->c};
+            add_ref(r, &n, i, l->name, PART_WEIGHT, SAFETENSORS_F32, 2, w);
+            add_ref(r, &n, i, l->name, PART_BIAS, SAFETENSORS_F32, 1, &out);
+        } else if (l->kind == LAYER_BATCHNORM) {
+            for (part_t p = PART_WEIGHT; p <= PART_RUNNING_VAR; p++)
+                add_ref(r, &n, i, l->name, p, SAFETENSORS_F32, 1, &out);
+            add_ref(r, &n, i, l->name, PART_STEPS, SAFETENSORS_I64, 0, NULL);
+        }
+    }
+    *refs = r;
+    return n;
+}
+
+/* Where a tensor's values live: `host` holds the parameter arena then the buffer arena. */
+static float *values_of(const model_t *m, float *host, const tensor_ref_t *r) {
+    const layer_t *l = &m->layers[r->layer];
+    size_t n_w = (size_t)(r->part == PART_WEIGHT ? 0 : safetensors_elems(r->t.ndim, r->t.shape));
+    switch (r->part) {
+    case PART_WEIGHT: return host + l->param_offset;
+    case PART_BIAS: /* after the weights: a conv's or linear's, or batch norm's gamma */
+        return host + l->param_offset + l->n_params - n_w;
+    case PART_RUNNING_MEAN: return host + m->n_params + l->buffer_offset;
+    case PART_RUNNING_VAR: return host + m->n_params + l->buffer_offset + n_w;
+    case PART_STEPS: break;
+    }
+    return NULL;
+}
+
+/* The index in ddpworker's layout of element i of the PyTorch tensor, for weights that differ. */
+static size_t ours_of(const model_t *m, const tensor_ref_t *r, size_t i) {
+    const layer_t *l = &m->layers[r->layer];
+    if (r->part != PART_WEIGHT) return i;
+    if (l->kind == LAYER_CONV) { /* torch (K, C, R, S) -> ours (K, R, S, C) */
+        size_t c = (size_t)l->conv.c, rr = (size_t)l->conv.r, s = (size_t)l->conv.s;
+        size_t x = i % s, y = i / s % rr, ch = i / (s * rr) % c, k = i / (s * rr * c);
+        return ((k * rr + y) * s + x) * c + ch;
+    }
+    if (l->kind == LAYER_LINEAR) { /* columns: torch (C, H, W) -> ours (H, W, C) */
+        const tensor_t *t = &m->tensors[l->in];
+        size_t h = (size_t)t->h, w = (size_t)t->w, c = (size_t)t->c, in = h * w * c;
+        size_t o = i / in, col = i % in, x = col % w, y = col / w % h, ch = col / (w * h);
+        return o * in + (y * w + x) * c + ch;
+    }
+    return i;
+}
+
+typedef struct {
+    model_t *m;
+    float *host;
+    const tensor_ref_t *refs;
+    int64_t steps;
+} save_ctx_t;
+
+static int fill_tensor(void *arg, int i, void *buf, char *err, size_t err_len) {
+    (void)err, (void)err_len;
+    save_ctx_t *ctx = arg;
+    const tensor_ref_t *r = &ctx->refs[i];
+    if (r->part == PART_STEPS) {
+        memcpy(buf, &ctx->steps, sizeof ctx->steps);
+        return 0;
+    }
+    const float *src = values_of(ctx->m, ctx->host, r);
+    float *dst = buf;
+    size_t n = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
+    for (size_t j = 0; j < n; j++) dst[j] = src[ours_of(ctx->m, r, j)];
+    return 0;
+}
+
+/* The model's parameters then buffers, read back from the backend. */
+static float *host_copy(model_t *m) {
+    float *host = malloc(sizeof(float) * (m->n_params + m->n_buffers + 1));
+    if (!host) return NULL;
+    backend_t *b = m->backend;
+    b->ops->to_host(b, host, m->params, m->n_params * sizeof(float));
+    b->ops->to_host(b, host + m->n_params, m->buffers, m->n_buffers * sizeof(float));
+    return host;
+}
+
+int weights_save(model_t *m, const char *path, int64_t steps, char *err, size_t err_len) {
+    tensor_ref_t *refs = NULL;
+    int n = list_tensors(m, &refs);
+    float *host = n >= 0 ? host_copy(m) : NULL;
+    if (!host) {
+        free(refs);
+        return failf(err, err_len, "%s: out of memory for a host copy of %zu parameters", path, m->n_params);
+    }
+    safetensors_tensor_t *t = malloc(sizeof *t * (size_t)(n + 1));
+    int rc = -1;
+    if (!t) {
+        failf(err, err_len, "%s: out of memory", path);
+    } else {
+        for (int i = 0; i < n; i++) t[i] = refs[i].t;
+        const char *meta[] = {"format", "pt", "producer", "ddpworker", "model", m->name, NULL};
+        save_ctx_t ctx = {.m = m, .host = host, .refs = refs, .steps = steps};
+        rc = safetensors_write(path, t, n, meta, fill_tensor, &ctx, err, err_len);
+    }
+    free(t);
+    free(host);
+    free(refs);
+    return rc;
+}
+
+/* ---- loading ---- */
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, NaN */
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalize */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Element i of raw data of dtype t as a float (floating types only). */
+static float element(const void *raw, safetensors_dtype_t t, size_t i) {
+    switch (t) {
+    case SAFETENSORS_F32: {
+        float f;
+        memcpy(&f, (const uint8_t *)raw + 4 * i, 4);
+        return f;
+    }
+    case SAFETENSORS_F64: {
+        double d;
+        memcpy(&d, (const uint8_t *)raw + 8 * i, 8);
+        return (float)d;
+    }
+    case SAFETENSORS_F16: {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)raw + 2 * i, 2);
+        return half_to_float(h);
+    }
+    case SAFETENSORS_BF16: {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)raw + 2 * i, 2);
+        uint32_t bits = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    default: return 0.0f;
+    }
+}
+
+static bool is_float_type(safetensors_dtype_t t) {
+    return t == SAFETENSORS_F32 || t == SAFETENSORS_F16 || t == SAFETENSORS_BF16 || t == SAFETENSORS_F64;
+}
+
+static void format_shape(char *buf, size_t len, int ndim, const uint64_t *shape) {
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
+    if (at < len) snprintf(buf + at, len - at, "]");
+}
+
+/* Whether entry e can fill reference r: the dtype's kind and the shape (num_batches_tracked: any
+ * integer scalar). Sets why when not. */
+static bool fits(const tensor_ref_t *r, const safetensors_entry_t *e, char *why, size_t len) {
+    if (r->part == PART_STEPS) {
+        bool is_int = e->dtype == SAFETENSORS_I64 || e->dtype == SAFETENSORS_I32;
+        bool is_scalar = e->ndim == 0 || (e->ndim == 1 && e->shape[0] == 1);
+        if (is_int && is_scalar) return true;
+        snprintf(why, len, "a %s tensor of %d dimensions, not an integer scalar", safetensors_dtype_name(e->dtype),
+                 e->ndim);
+        return false;
+    }
+    if (!is_float_type(e->dtype)) {
+        snprintf(why, len, "dtype %s, not a floating-point type (F32, F16, BF16, F64)",
+                 safetensors_dtype_name(e->dtype));
+        return false;
+    }
+    bool is_same = e->ndim == r->t.ndim;
+    for (int d = 0; is_same && d < e->ndim; d++) is_same = e->shape[d] == r->t.shape[d];
+    if (is_same) return true;
+    char a[128], b[128];
+    format_shape(a, sizeof a, e->ndim, e->shape);
+    format_shape(b, sizeof b, r->t.ndim, r->t.shape);
+    snprintf(why, len, "shape %s in the file, %s in the model", a, b);
+    return false;
+}
+
+typedef struct {
+    model_t *m;
+    const char *path;
+    bool is_skip;
+    FILE *log;
+    char *err;
+    size_t err_len;
+} load_ctx_t;
+
+/* A problem with one tensor: an error, or with is_skip a line on the log. Returns -1 or 0. */
+static int mismatch(load_ctx_t *c, const char *name, const char *why) {
+    if (!c->is_skip)
+        return failf(c->err, c->err_len, "%s: tensor '%s': %s (model.init_skip_mismatched = true keeps the "
+                     "model's initial values instead)", c->path, name, why);
+    if (c->log) fprintf(c->log, "ddpworker: model.init: %s: skipping tensor '%s': %s\n", c->path, name, why);
+    return 0;
+}
+
+int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *log, char *err,
+                 size_t err_len) {
+    safetensors_index_t ix;
+    int fd = safetensors_open(path, &ix, err, err_len);
+    if (fd < 0) return -1;
+    tensor_ref_t *refs = NULL;
+    int n = list_tensors(m, &refs);
+    float *host = n >= 0 ? host_copy(m) : NULL;
+    bool *is_used = calloc((size_t)ix.n + 1, sizeof *is_used);
+    load_ctx_t c = {.m = m, .path = path, .is_skip = is_skip_mismatched, .log = log, .err = err, .err_len = err_len};
+    int rc = host && is_used ? 0 : failf(err, err_len, "%s: out of memory", path);
+    int loaded = 0;
+    char why[512];
+    for (int i = 0; i < n && rc == 0; i++) {
+        const tensor_ref_t *r = &refs[i];
+        const safetensors_entry_t *e = safetensors_find(&ix, r->name);
+        if (!e) {
+            if (r->part != PART_STEPS) rc = mismatch(&c, r->name, "not in the file");
+            continue;
+        }
+        is_used[e - ix.entries] = true;
+        if (!fits(r, e, why, sizeof why)) {
+            rc = mismatch(&c, r->name, why);
+            continue;
+        }
+        if (r->part == PART_STEPS) continue; /* ddpworker keeps no such count */
+        void *raw = malloc((size_t)(e->end - e->begin) + 1);
+        if (!raw) {
+            rc = failf(err, err_len, "%s: out of memory for tensor '%s'", path, r->name);
+        } else if (safetensors_read(fd, &ix, e, raw, why, sizeof why) < 0) {
+            rc = failf(err, err_len, "%s: %s", path, why);
+        } else {
+            float *dst = values_of(m, host, r);
+            size_t count = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
+            for (size_t j = 0; j < count; j++) dst[ours_of(m, r, j)] = element(raw, e->dtype, j);
+            loaded++;
+        }
+        free(raw);
+    }
+    for (int i = 0; i < ix.n && rc == 0; i++)
+        if (!is_used[i]) rc = mismatch(&c, ix.entries[i].name, "not in the model");
+    if (rc == 0 && loaded == 0 && n > 0)
+        rc = failf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
+    if (rc == 0) {
+        backend_t *b = m->backend;
+        b->ops->to_device(b, m->params, host, m->n_params * sizeof(float));
+        b->ops->to_device(b, m->buffers, host + m->n_params, m->n_buffers * sizeof(float));
+    }
+    close(fd);
+    free(is_used);
+    free(host);
+    free(refs);
+    safetensors_index_free(&ix);
+    return rc;
+}
