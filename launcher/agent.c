@@ -24,6 +24,7 @@
 #include "clock.h"
 #include "commands.h"
 #include "ddp_error.h"
+#include "error_file.h"
 #include "exit_codes.h"
 #include "fs.h"
 #include "log.h"
@@ -151,16 +152,6 @@ static void finish(agent_t *a, int code) {
     uv_timer_start(&a->linger, on_linger, 100, 100);
 }
 
-static void print_file_indented(const char *path, size_t max_bytes) {
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char buf[4096];
-    size_t n = fread(buf, 1, max_bytes < sizeof buf - 1 ? max_bytes : sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    fprintf(stderr, "ddprun: error file %s:\n  %s\n", path, buf);
-}
-
 static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_result_t *round) {
     char how[64];
     if (r->term_signal)
@@ -184,7 +175,12 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
     char error_file[1400];
     snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
              round->round, r->local_rank);
-    print_file_indented(error_file, 2048);
+    /* a PyTorch script's @record left the exception and its traceback: the real root cause */
+    error_file_t ef;
+    int rc = error_file_read(error_file, &ef);
+    if (rc == 0) error_file_print(&ef, stderr);
+    else if (rc != -ENOENT)
+        fprintf(stderr, "ddprun: %s is not a PyTorch error file (ignored)\n", error_file);
 }
 
 /* ---- workers ------------------------------------------------------------------------------ */
