@@ -197,6 +197,7 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
+    t->status = status_report_open(t->rank);
 }
 
 void trainer_free(trainer_t *t) {
@@ -215,6 +216,7 @@ void trainer_free(trainer_t *t) {
     free(t->indices);
     free(t->host_logits);
     if (t->metrics) fclose(t->metrics);
+    status_report_close(t->status);
     memset(t, 0, sizeof *t);
 }
 
@@ -371,6 +373,8 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
     char eta[32], snap[256] = "", scaling[64] = "";
     format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
     if (t->snapshots) describe_snapshots(t, snap, sizeof snap);
+    status_report_publish(t->status, t->step, t->epoch + 1, loss, rate,
+                          t->last_snapshot_step > 0 ? t->last_snapshot_step : -1);
     if (t->rank != 0) return;
     loss_scale_t ls = {0};
     if (t->loss_scale) {

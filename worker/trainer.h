@@ -19,6 +19,7 @@
 #include "optimizer.h"
 #include "sampler.h"
 #include "snapshot.h"
+#include "status_report.h"
 #include "train_conf.h"
 
 typedef struct {
@@ -56,6 +57,7 @@ typedef struct {
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
+    status_report_t *status; /* progress for `ddprun status`, or NULL */
     /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); the
      * weights are in train.best_file */
     double best_value;
