@@ -4,8 +4,17 @@
 #define DDP_COMMON_CLOCK_H
 
 #include <stdint.h>
+#include <time.h>
 
 #define CLOCK_NEVER UINT64_MAX
+
+/* Monotonic seconds, for durations and rates (inline: the CUDA library uses it without linking
+ * this module). */
+static inline double clock_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 uint64_t clock_now_ms(void);
 /* now + timeout_ms; a negative timeout means CLOCK_NEVER. */

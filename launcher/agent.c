@@ -1,10 +1,12 @@
 /* agent: `ddprun [options] PROGRAM`, the per-node elastic agent, on one libuv loop. Hosts the
  * job's store when this node owns the rendezvous endpoint (embedded store_server), joins each
  * round (rendezvous.c, run on libuv's thread pool so the loop never blocks), runs the round's
- * local workers (workers.c), and ends the round on any failure anywhere: a local failure sets the
- * round's restart key, every agent WAITs on it, stops its workers and joins the next round until
- * --max-restarts is spent or the failure is permanent. Exits 0, or with the root-cause worker's code
- * (128+signal if killed) after a short summary.
+ * local workers (workers.c), watches the round's restart key and beats the heartbeat.
+ *
+ * Decides nothing itself: every callback becomes an agent_sm event, and the actions agent_sm_step
+ * returns (join, start or stop workers, report, the exit barrier, exit) become calls here. What
+ * this file owns is the work in flight: the store clients, the thread-pool jobs, the heartbeat
+ * clock, the root-cause summary's files, and closing everything at the end.
  *
  * One node (--standalone, or --nnodes 1) needs no rendezvous. Several nodes rendezvous through
  * the store: c10d (elastic MIN:MAX, heartbeats) or static (node 0 hosts MASTER_ADDR:MASTER_PORT,
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agent_sm.h"
 #include "clock.h"
 #include "commands.h"
 #include "ddp_error.h"
@@ -31,6 +34,17 @@
 #include "workers.h"
 
 #define STORE_LINGER_MS 5000
+#define EVENT_QUEUE_LEN 8
+
+/* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
+ * writes (a copy of what the action asked for, and the result), so the loop and the thread share
+ * nothing else while it runs. is_busy: queued, its after-callback not yet run. */
+typedef struct {
+    uv_work_t req;
+    bool is_busy;
+    int rc;
+    rdzv_result_t round; /* the round it is for */
+} job_t;
 
 typedef struct {
     uv_loop_t *loop;
@@ -43,46 +57,52 @@ typedef struct {
     char run_dir[1200];
     char master_addr[256];
     uint16_t master_port;
-    rdzv_result_t round; /* membership of the current round; .round is the attempt number */
-    rdzv_result_t joined; /* written by the join thread, taken over by the loop after it */
-    bool has_failure;    /* a local worker failed this round */
-    bool is_workers_done; /* every local worker ended and its output is drained */
-    bool is_starting_workers; /* inside workers_start */
-    worker_result_t root_cause;
-    int stop_signal;     /* a signal we were asked to stop with, 0 if none */
     int exit_code;
-    bool is_finished;
+    agent_sm_t sm; /* the round and every decision about it */
+    /* Events raised while actions are carried out (workers_start may end its set before it
+     * returns) wait here, in order, so that each step sees the state the last one left. */
+    agent_sm_event_t queue[EVENT_QUEUE_LEN];
+    int queue_head, queue_len;
+    bool is_dispatching;
     /* several nodes */
-    bool is_multi;
     rdzv_t rdzv;
-    store_client_t *ops, *watch; /* watch: blocked in the restart WAIT of the round */
-    store_client_t *hb;          /* heartbeats, with short deadlines */
-    uv_timer_t hb_timer;
-    uv_work_t hb_work;
-    bool is_hb_busy, is_hb_timer_open;
-    int hb_rc;
-    uint64_t hb_ok_ms;             /* last heartbeat the store took */
-    rdzv_result_t hb_round;        /* the round the beat in flight is for (a copy: threads) */
-    int64_t hb_seen[RDZV_MAX_NODES], hb_fresh[RDZV_MAX_NODES];
-    uint64_t hb_changed_ms[RDZV_MAX_NODES];
-    uv_work_t join_work, watch_work, report_work, finish_work;
-    bool is_joining, is_watching, is_reporting, is_finishing;
-    bool has_restart; /* the round's restart key was seen */
-    char restart_why[256];
-    rdzv_why_t report_why;
-    int failures; /* of the job so far: the restart budget (one node counts locally) */
-    /* the round that ended last: its size and why, to tell a lost node from a failure */
-    int last_round_nodes, last_restart_code;
-    bool is_refunded; /* this join gave the last restart back (join thread -> loop) */
-    /* a peer failure past the restart budget: joined only to see whether a node was lost */
-    bool is_budget_pending;
-    int join_rc, watch_rc, report_rc, finish_rc;
-    char join_err[512];
+    store_client_t *ops;   /* join, report, exit barrier: one at a time */
+    store_client_t *watch; /* blocked in the restart WAIT of the round */
+    store_client_t *hb;    /* heartbeats, with short deadlines */
+    struct join_job {
+        job_t job;
+        agent_sm_join_plan_t plan;
+        rdzv_result_t joined;
+        bool is_refunded;
+        char err[AGENT_SM_TEXT_BYTES];
+    } join;
+    struct {
+        job_t job;
+        char why[256]; /* the restart key's value */
+    } watching;
+    struct {
+        job_t job;
+        rdzv_why_t why;
+    } report;
+    job_t barrier;
+    /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
+    struct beat_job {
+        job_t job;
+        int64_t fresh[RDZV_MAX_NODES]; /* counters the beat read */
+        uv_timer_t timer;
+        bool is_timer_open;
+        uint64_t ok_ms; /* last heartbeat the store took */
+        int64_t seen[RDZV_MAX_NODES];
+        uint64_t changed_ms[RDZV_MAX_NODES];
+    } beat;
 } agent_t;
 
-static void maybe_advance(agent_t *a);
-static void begin_round(agent_t *a, int round);
-static void report_restart(agent_t *a, int code, bool is_permanent);
+static void dispatch(agent_t *a, const agent_sm_event_t *ev);
+
+static void post(agent_t *a, agent_sm_event_kind_t kind) {
+    agent_sm_event_t ev = {.kind = kind};
+    dispatch(a, &ev);
+}
 
 /* ---- ending ------------------------------------------------------------------------------- */
 
@@ -97,30 +117,31 @@ static void on_linger(uv_timer_t *t) {
     store_server_stop(a->store, NULL, NULL);
 }
 
+/* AGENT_ACT_EXIT: close what keeps the loop running; jobs still in flight close their own
+ * clients when they come back. */
 static void finish(agent_t *a, int code) {
-    if (a->is_finished) return;
-    a->is_finished = true;
     a->exit_code = code;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
-    if (a->is_hb_timer_open) {
-        uv_close((uv_handle_t *)&a->hb_timer, NULL);
-        a->is_hb_timer_open = false;
+    if (a->beat.is_timer_open) {
+        uv_close((uv_handle_t *)&a->beat.timer, NULL);
+        a->beat.is_timer_open = false;
     }
-    if (a->hb && !a->is_hb_busy) {
+    if (a->hb && !a->beat.job.is_busy) {
         store_client_destroy(a->hb);
         a->hb = NULL;
     }
-    if (a->watch && a->is_watching) store_client_interrupt(a->watch); /* end its WAIT too */
-    if (a->watch && !a->is_watching && !a->is_joining) {
+    if (a->watch && a->watching.job.is_busy)
+        store_client_interrupt(a->watch); /* end its WAIT too */
+    if (a->watch && !a->watching.job.is_busy && !a->join.job.is_busy) {
         store_client_destroy(a->watch);
         a->watch = NULL;
     }
-    if (a->ops && !a->is_joining && !a->is_reporting && !a->is_finishing) {
+    if (a->ops && !a->join.job.is_busy && !a->report.job.is_busy && !a->barrier.is_busy) {
         store_client_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
         a->ops = NULL;
     }
     if (!a->store) return;
-    if (!a->is_multi) {
+    if (!a->sm.cfg.is_multi) {
         store_server_stop(a->store, NULL, NULL);
         return;
     }
@@ -140,15 +161,14 @@ static void print_file_indented(const char *path, size_t max_bytes) {
     fprintf(stderr, "ddprun: error file %s:\n  %s\n", path, buf);
 }
 
-static void print_root_cause(agent_t *a) {
-    const worker_result_t *r = &a->root_cause;
+static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_result_t *round) {
     char how[64];
     if (r->term_signal)
         snprintf(how, sizeof how, "was killed by signal %d (%s)", r->term_signal, strsignal(r->term_signal));
     else snprintf(how, sizeof how, "exited with %d", r->exit_status);
     fprintf(stderr, "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
-                    "of %d\n", a->round.group_rank, r->rank, r->local_rank, r->pid, how,
-            a->round.round + 1, a->opts->max_restarts + 1);
+                    "of %d\n", round->group_rank, r->rank, r->local_rank, r->pid, how,
+            round->round + 1, a->opts->max_restarts + 1);
     const char *tail = a->workers ? workers_tail(a->workers, r->local_rank) : "";
     if (*tail) {
         const char *p = tail;
@@ -163,179 +183,164 @@ static void print_root_cause(agent_t *a) {
     }
     char error_file[1400];
     snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
-             a->round.round, r->local_rank);
+             round->round, r->local_rank);
     print_file_indented(error_file, 2048);
 }
 
 /* ---- workers ------------------------------------------------------------------------------ */
 
-static int failure_code(const worker_result_t *r) {
-    return r->term_signal ? 128 + r->term_signal : r->exit_status;
-}
-
-static bool failure_is_permanent(const worker_result_t *r) {
-    return !r->term_signal && ddp_exit_is_permanent(r->exit_status);
-}
-
-static void report_work_cb(uv_work_t *req) {
-    agent_t *a = req->data;
-    a->report_rc = rdzv_request_restart(&a->rdzv, a->ops, a->round.round, &a->report_why);
-}
-
-static void report_after_cb(uv_work_t *req, int status) {
-    (void)status;
-    agent_t *a = req->data;
-    a->is_reporting = false;
-    if (a->report_rc < 0)
-        LOG_ERROR("cannot tell the other agents to restart: %s", store_client_error(a->ops));
-    maybe_advance(a);
-}
-
-/* Tell every agent that this round ends (multi-node), with what the others need to decide.
- * code 0 is a membership change (a node arrived), which does not spend the restart budget. */
-static void report_restart(agent_t *a, int code, bool is_permanent) {
-    /* ops is busy while joining (not a member yet) or in the exit barrier (already done). */
-    if (!a->is_multi || a->is_reporting || a->is_joining || a->is_finishing) return;
-    a->report_why = (rdzv_why_t){.code = code, .is_permanent = is_permanent,
-                                 .node = a->round.group_rank,
-                                 .rank = code ? a->root_cause.rank : -1};
-    a->is_reporting = true;
-    a->report_work.data = a;
-    uv_queue_work(a->loop, &a->report_work, report_work_cb, report_after_cb);
-}
-
 static void on_worker_exit(workers_t *w, const worker_result_t *r, void *arg) {
     (void)w;
-    agent_t *a = arg;
-    bool is_failure = r->term_signal != 0 || r->exit_status != 0;
-    if (!is_failure || a->has_failure || a->stop_signal || a->has_restart) return;
-    a->has_failure = true;
-    a->root_cause = *r;
-    LOG_WARN("worker rank %d (pid %d) %s %d; stopping every worker", r->rank, r->pid,
-             r->term_signal ? "was killed by signal" : "exited with",
-             r->term_signal ? r->term_signal : r->exit_status);
-    workers_stop(a->workers, SIGTERM, a->opts->shutdown_timeout_s);
-    report_restart(a, failure_code(r), failure_is_permanent(r));
+    agent_sm_event_t ev = {.kind = AGENT_EV_WORKER_EXITED,
+                           .exit = {.rank = r->rank, .local_rank = r->local_rank, .pid = r->pid,
+                                    .exit_status = r->exit_status, .term_signal = r->term_signal}};
+    dispatch(arg, &ev);
 }
 
 static void on_workers_done(workers_t *w, void *arg) {
     agent_t *a = arg;
     if (w != a->workers) return; /* a previous round's set, already replaced */
-    a->is_workers_done = true;
-    maybe_advance(a);
+    post(a, AGENT_EV_WORKERS_DONE);
 }
 
-static int start_workers(agent_t *a) {
+/* AGENT_ACT_START_WORKERS. A start that fails stops the workers it started, which may end the set
+ * before workers_start returns: that WORKERS_DONE is queued ahead of START_FAILED. */
+static void start_workers(agent_t *a, const agent_sm_action_t *act) {
     char attempt_dir[1300], err[512];
-    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, a->round.round);
+    snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, act->round.round);
     workers_spec_t spec = {
         .opts = a->opts, .self_exe = a->self_exe, .run_id = a->opts->rdzv_id,
-        .attempt = a->round.round, .restart_count = a->failures,
-        .group_rank = a->round.group_rank,
-        .group_world_size = a->round.group_world_size, .rank_offset = a->round.rank_offset,
-        .world_size = a->round.world_size, .master_addr = a->master_addr,
+        .attempt = act->round.round, .restart_count = act->restart_count,
+        .group_rank = act->round.group_rank,
+        .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
+        .world_size = act->round.world_size, .master_addr = a->master_addr,
         .master_port = a->master_port, .attempt_dir = attempt_dir};
-    a->is_workers_done = false;
-    /* a start that fails stops the workers it started, which may call on_workers_done before we
-     * know it failed: the caller records the failure first, then advances */
-    a->is_starting_workers = true;
     int rc = workers_start(a->loop, &spec, on_worker_exit, on_workers_done, a, &a->workers, err,
                            sizeof err);
-    a->is_starting_workers = false;
-    if (rc < 0) LOG_ERROR("%s", err);
-    return rc;
+    if (rc == 0) {
+        post(a, AGENT_EV_START_OK);
+        return;
+    }
+    LOG_ERROR("%s", err);
+    agent_sm_event_t ev = {.kind = AGENT_EV_START_FAILED, .has_workers = a->workers != NULL};
+    dispatch(a, &ev);
 }
 
-/* ---- rounds ------------------------------------------------------------------------------- */
+/* ---- reports, the restart watch, the exit barrier ------------------------------------------ */
+
+static void report_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    a->report.job.rc =
+        rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
+}
+
+static void report_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->report.job.is_busy = false;
+    if (a->report.job.rc < 0)
+        LOG_ERROR("cannot tell the other agents to restart: %s", store_client_error(a->ops));
+    post(a, AGENT_EV_REPORT_DONE);
+}
 
 static void watch_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->watch_rc = rdzv_wait_restart(&a->rdzv, a->watch, a->round.round, a->restart_why,
-                                    sizeof a->restart_why);
+    a->watching.job.rc = rdzv_wait_restart(&a->rdzv, a->watch, a->watching.job.round.round,
+                                           a->watching.why, sizeof a->watching.why);
 }
 
 static void watch_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    a->is_watching = false;
-    if (a->is_finished) {
+    a->watching.job.is_busy = false;
+    if (a->sm.state == AGENT_SM_DONE) {
         store_client_destroy(a->watch);
         a->watch = NULL;
         return;
     }
-    if (a->watch_rc < 0) {
-        LOG_ERROR("lost the job's store while watching round %d: %s", a->round.round,
+    agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN};
+    if (a->watching.job.rc < 0) {
+        LOG_ERROR("lost the job's store while watching round %d: %s", a->watching.job.round.round,
                   store_client_error(a->watch));
-        snprintf(a->restart_why, sizeof a->restart_why,
-                 "code=%d permanent=1 failures=%d node=-1 rank=-1", DDP_EXIT_PEER_FAILURE,
-                 a->failures + 1);
+        ev.is_store_lost = true;
+    } else {
+        ev.is_valid = rdzv_record_why_parse(a->watching.why, strlen(a->watching.why), &ev.why);
+        if (ev.is_valid) rdzv_record_why_describe(&ev.why, ev.text, sizeof ev.text);
+        else snprintf(ev.text, sizeof ev.text, "an unreadable restart record");
     }
-    a->has_restart = true;
-    if (a->workers && !a->has_failure && !a->stop_signal) {
-        LOG_WARN("round %d ends (%s): stopping local workers", a->round.round, a->restart_why);
-        workers_stop(a->workers, SIGTERM, a->opts->shutdown_timeout_s);
-    }
-    maybe_advance(a);
+    dispatch(a, &ev);
 }
 
-/* ---- heartbeats: a node that stops beating (killed, partitioned) ends the round ----------- */
+static void finish_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    a->barrier.rc = rdzv_finish(&a->rdzv, a->ops, a->barrier.round.round,
+                                a->barrier.round.group_world_size,
+                                (int64_t)(a->opts->join_timeout_s * 1000));
+}
+
+static void finish_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->barrier.is_busy = false;
+    if (a->barrier.rc < 0)
+        LOG_WARN("not every node confirmed the end of the job: %s", store_client_error(a->ops));
+    post(a, AGENT_EV_FINISH_DONE);
+}
+
+/* ---- heartbeats --------------------------------------------------------------------------- */
 
 static void hb_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const ddprun_opts_t *o = a->opts;
-    a->hb_rc = 0;
+    a->beat.job.rc = 0;
     if (!a->hb) {
         int64_t limit_ms = (int64_t)(o->heartbeat_timeout_s * 1000);
         store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                                   .connect_timeout_ms = limit_ms, .op_timeout_ms = limit_ms,
                                   .max_value_bytes = o->store_max_value_bytes};
-        a->hb_rc = store_client_connect(&co, &a->hb);
-        if (a->hb_rc < 0) {
+        a->beat.job.rc = store_client_connect(&co, &a->hb);
+        if (a->beat.job.rc < 0) {
             store_client_destroy(a->hb);
             a->hb = NULL;
             return;
         }
     }
-    a->hb_rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->hb_round, a->hb_fresh);
+    a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.job.round, a->beat.fresh);
 }
 
+/* Judges staleness on this node's monotonic clock: counters, not the peers' clocks. */
 static void hb_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    a->is_hb_busy = false;
-    if (a->is_finished) {
+    struct beat_job *b = &a->beat;
+    b->job.is_busy = false;
+    if (a->sm.state == AGENT_SM_DONE) {
         store_client_destroy(a->hb);
         a->hb = NULL;
         return;
     }
-    if (a->has_restart || a->has_failure || a->stop_signal || !a->round.is_member ||
-        a->is_joining || a->hb_round.round != a->round.round)
-        return; /* the round this beat was for is over */
+    if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */
     uint64_t now = clock_now_ms();
     uint64_t limit_ms = (uint64_t)(a->opts->heartbeat_timeout_s * 1000);
-    if (a->hb_rc < 0) {
-        if (now - a->hb_ok_ms <= limit_ms) return;
+    if (b->job.rc < 0) {
+        if (now - b->ok_ms <= limit_ms) return;
         LOG_ERROR("the job's store at %s:%u took no heartbeat for %g s: leaving the job",
                   a->opts->rdzv_host, a->opts->rdzv_port, a->opts->heartbeat_timeout_s);
-        snprintf(a->restart_why, sizeof a->restart_why,
-                 "code=%d permanent=1 failures=%d node=-1 rank=-1", DDP_EXIT_PEER_FAILURE,
-                 a->failures + 1);
-        a->has_restart = true;
-        if (a->workers) workers_stop(a->workers, SIGTERM, a->opts->shutdown_timeout_s);
-        maybe_advance(a);
+        post(a, AGENT_EV_STORE_SILENT);
         return;
     }
-    a->hb_ok_ms = now;
-    const int64_t *counters = a->hb_fresh;
-    for (int i = 0; i < a->round.group_world_size; i++) {
-        if (i == a->round.group_rank) continue;
-        if (counters[i] != a->hb_seen[i]) {
-            a->hb_seen[i] = counters[i];
-            a->hb_changed_ms[i] = now;
-        } else if (now - a->hb_changed_ms[i] > limit_ms) {
+    b->ok_ms = now;
+    const rdzv_result_t *round = &a->sm.round;
+    for (int i = 0; i < round->group_world_size; i++) {
+        if (i == round->group_rank) continue;
+        if (b->fresh[i] != b->seen[i]) {
+            b->seen[i] = b->fresh[i];
+            b->changed_ms[i] = now;
+        } else if (now - b->changed_ms[i] > limit_ms) {
             LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", i,
-                     a->opts->heartbeat_timeout_s, a->round.round);
-            report_restart(a, 0, false);
+                     a->opts->heartbeat_timeout_s, round->round);
+            agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = i};
+            dispatch(a, &ev);
             return;
         }
     }
@@ -343,216 +348,148 @@ static void hb_after_cb(uv_work_t *req, int status) {
 
 static void on_hb_timer(uv_timer_t *t) {
     agent_t *a = t->data;
-    if (a->is_hb_busy || a->is_finished) return;
-    a->is_hb_busy = true;
-    a->hb_round = a->round;
-    a->hb_work.data = a;
-    uv_queue_work(a->loop, &a->hb_work, hb_work_cb, hb_after_cb);
+    if (a->beat.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
+    a->beat.job.is_busy = true;
+    a->beat.job.round = a->sm.round;
+    a->beat.job.req.data = a;
+    uv_queue_work(a->loop, &a->beat.job.req, hb_work_cb, hb_after_cb);
 }
 
 static void start_heartbeats(agent_t *a) {
+    struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
-    a->hb_ok_ms = now;
+    b->ok_ms = now;
     for (int i = 0; i < RDZV_MAX_NODES; i++) {
-        a->hb_seen[i] = -1;
-        a->hb_changed_ms[i] = now;
+        b->seen[i] = -1;
+        b->changed_ms[i] = now;
     }
-    if (!a->is_hb_timer_open) {
-        uv_timer_init(a->loop, &a->hb_timer);
-        a->hb_timer.data = a;
-        a->is_hb_timer_open = true;
+    if (!b->is_timer_open) {
+        uv_timer_init(a->loop, &b->timer);
+        b->timer.data = a;
+        b->is_timer_open = true;
     }
     uint64_t every = (uint64_t)(a->opts->keep_alive_interval_s * 1000);
-    uv_timer_start(&a->hb_timer, on_hb_timer, 0, every ? every : 1);
+    uv_timer_start(&b->timer, on_hb_timer, 0, every ? every : 1);
 }
+
+/* ---- joining ------------------------------------------------------------------------------ */
 
 static void join_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
+    struct join_job *j = &a->join;
     const ddprun_opts_t *o = a->opts;
-    a->join_rc = 0;
+    j->job.rc = 0;
+    j->is_refunded = false;
     store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                               .connect_timeout_ms = (int64_t)(o->join_timeout_s * 1000),
                               .op_timeout_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000),
                               .max_value_bytes = o->store_max_value_bytes};
     store_client_t **clients[2] = {&a->ops, &a->watch};
-    for (int i = 0; i < 2 && a->join_rc == 0; i++) {
+    for (int i = 0; i < 2 && j->job.rc == 0; i++) {
         if (*clients[i]) continue;
-        a->join_rc = store_client_connect(&co, clients[i]);
-        if (a->join_rc < 0)
-            snprintf(a->join_err, sizeof a->join_err, "%s", store_client_error(*clients[i]));
+        j->job.rc = store_client_connect(&co, clients[i]);
+        if (j->job.rc < 0) snprintf(j->err, sizeof j->err, "%s", store_client_error(*clients[i]));
     }
-    int round = a->joined.round, current = 0;
-    if (a->join_rc == 0 && (a->join_rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
-        snprintf(a->join_err, sizeof a->join_err, "%s", store_client_error(a->ops));
-    if (a->join_rc == 0)
-        a->join_rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &a->joined,
-                               a->join_err, sizeof a->join_err);
-    /* A node that vanished shows up first as its peers' workers failing ("peer failure"); once
-     * the next round has fewer nodes, that restart was a membership change, which (as torchrun)
-     * costs no restart: give it back, counted once in the store by the new round's node 0. */
-    a->is_refunded = a->join_rc == 0 && a->joined.is_member && a->last_round_nodes > 0 &&
-                     a->last_restart_code == DDP_EXIT_PEER_FAILURE &&
-                     a->joined.group_world_size < a->last_round_nodes && a->failures > 0;
-    if (a->is_refunded && a->joined.group_rank == 0)
-        a->join_rc = rdzv_refund_failure(&a->rdzv, a->ops);
+    int round = j->plan.round, current = 0;
+    if (j->job.rc == 0 && (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
+        snprintf(j->err, sizeof j->err, "%s", store_client_error(a->ops));
+    if (j->job.rc == 0)
+        j->job.rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
+                          sizeof j->err);
+    /* A lost node's restart is given back once, in the store, by the new round's node 0. */
+    j->is_refunded = j->job.rc == 0 && agent_sm_join_is_refund(&j->plan, &j->joined);
+    if (j->is_refunded && j->joined.group_rank == 0)
+        j->job.rc = rdzv_refund_failure(&a->rdzv, a->ops);
 }
 
 static void join_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
-    a->is_joining = false;
-    if (a->stop_signal) {
-        finish(a, 128 + a->stop_signal);
-        return;
-    }
-    if (a->join_rc < 0) {
-        fprintf(stderr, "ddprun: %s\n", a->join_err);
-        finish(a, 1);
-        return;
-    }
-    a->round = a->joined;
-    a->last_round_nodes = 0;
-    if (a->is_refunded) {
-        a->failures--;
-        LOG_INFO("round %d has a node fewer: the last restart was a lost node, not a failure, and "
-                 "does not count against --max-restarts (%d of %d used)", a->round.round,
-                 a->failures, a->opts->max_restarts);
-    } else if (a->is_budget_pending) {
-        fprintf(stderr, "ddprun: the job failed (%s), no node was lost, and its restarts "
-                        "(--max-restarts %d) are used up\n", a->restart_why, a->opts->max_restarts);
-        finish(a, DDP_EXIT_PEER_FAILURE);
-        return;
-    }
-    a->is_budget_pending = false;
-    a->is_watching = true;
-    a->watch_work.data = a;
-    uv_queue_work(a->loop, &a->watch_work, watch_work_cb, watch_after_cb);
-    if (!a->round.is_member) {
-        /* Arrived after the round closed: ask for a new round if there is room, else wait as a
-         * spare for the round's end; either way the watch above brings us to the next round. */
-        bool has_room = a->round.group_world_size < (int)a->opts->max_nodes;
-        LOG_INFO("round %d runs with %d nodes without this one; %s", a->round.round,
-                 a->round.group_world_size,
-                 has_room ? "asking for a new round" : "waiting for the next round");
-        if (has_room) report_restart(a, 0, false);
-        return;
-    }
-    LOG_INFO("round %d: node %d of %d, ranks %d-%d of %d", a->round.round, a->round.group_rank,
-             a->round.group_world_size, a->round.rank_offset,
-             a->round.rank_offset + a->opts->nproc_per_node - 1, a->round.world_size);
-    if (a->round.group_world_size > 1) start_heartbeats(a);
-    if (start_workers(a) < 0) {
-        a->has_failure = true;
-        a->root_cause = (worker_result_t){.exit_status = DDP_EXIT_EXEC_FAILED};
-        report_restart(a, DDP_EXIT_EXEC_FAILED, true);
-    }
+    struct join_job *j = &a->join;
+    j->job.is_busy = false;
+    agent_sm_event_t ev = {.kind = AGENT_EV_JOIN_DONE, .rc = j->job.rc, .joined = j->joined,
+                           .is_refunded = j->is_refunded};
+    snprintf(ev.text, sizeof ev.text, "%s", j->err);
+    dispatch(a, &ev);
 }
 
-static void begin_round(agent_t *a, int round) {
-    a->has_failure = a->has_restart = false;
-    a->restart_why[0] = '\0';
-    a->round.round = round;
-    if (!a->is_multi) {
-        a->round = (rdzv_result_t){.round = round, .group_world_size = 1, .is_member = true,
-                                   .world_size = a->opts->nproc_per_node};
-        if (start_workers(a) < 0) finish(a, DDP_EXIT_EXEC_FAILED);
-        return;
-    }
-    if (a->is_hb_timer_open) uv_timer_stop(&a->hb_timer); /* no beats between rounds */
-    a->joined.round = round;
-    a->is_joining = true;
-    a->join_work.data = a;
-    uv_queue_work(a->loop, &a->join_work, join_work_cb, join_after_cb);
+/* ---- carrying out the state machine's actions --------------------------------------------- */
+
+/* Queue a thread-pool job for `round`; the thread reads only the job and the agent's clients. */
+static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_work_cb work,
+                      uv_after_work_cb after) {
+    job->is_busy = true;
+    job->round = *round;
+    job->req.data = a;
+    uv_queue_work(a->loop, &job->req, work, after);
 }
 
-static void finish_work_cb(uv_work_t *req) {
-    agent_t *a = req->data;
-    a->finish_rc = rdzv_finish(&a->rdzv, a->ops, a->round.round, a->round.group_world_size,
-                               (int64_t)(a->opts->join_timeout_s * 1000));
-}
-
-static void finish_after_cb(uv_work_t *req, int status) {
-    (void)status;
-    agent_t *a = req->data;
-    a->is_finishing = false;
-    if (a->finish_rc < 0)
-        LOG_WARN("not every node confirmed the end of the job: %s", store_client_error(a->ops));
-    finish(a, 0);
-}
-
-/* Called whenever something settles: the local workers ended, the restart key was seen, a
- * report went out. Decides between the next round, success, and giving up. */
-static void maybe_advance(agent_t *a) {
-    if (a->is_finished || a->is_reporting || a->is_joining || a->is_finishing ||
-        a->is_starting_workers)
-        return;
-    if (a->workers && !a->is_workers_done) return;
-    bool is_failed = a->has_failure || a->has_restart || a->stop_signal;
-    if (!is_failed && !a->workers && a->is_multi && !a->round.is_member) return; /* a spare */
-    if (a->is_multi && is_failed && !a->has_restart && !a->stop_signal) return; /* await the key */
-    rdzv_why_t why = {0};
-    if (a->stop_signal) {
-        why = (rdzv_why_t){.code = 128 + a->stop_signal, .is_permanent = true};
-    } else if (a->has_restart) { /* several nodes: every agent decides from the same key */
-        if (!rdzv_why_parse(a->restart_why, &why))
-            why = (rdzv_why_t){.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true};
-        a->failures = why.failures;
-    } else if (a->has_failure) { /* one node */
-        why = (rdzv_why_t){.code = failure_code(&a->root_cause),
-                           .is_permanent = failure_is_permanent(&a->root_cause),
-                           .failures = ++a->failures};
-    }
-    int code = why.code;
-    bool is_permanent = why.is_permanent;
-    bool is_membership_change = is_failed && !a->stop_signal && code == 0;
-    /* past the budget, a peer failure may still be a lost node, which is no restart: the next
-     * round's size decides (join_after_cb) */
-    a->is_budget_pending = is_failed && !is_permanent && a->is_multi &&
-                           code == DDP_EXIT_PEER_FAILURE && why.failures > a->opts->max_restarts;
-    if (is_membership_change || a->is_budget_pending ||
-        (is_failed && !is_permanent && why.failures <= a->opts->max_restarts)) {
-        if (is_membership_change)
-            LOG_INFO("membership changes: every node joins round %d", a->round.round + 1);
+static void perform(agent_t *a, const agent_sm_action_t *act) {
+    switch (act->kind) {
+    case AGENT_ACT_SAY:
+        if (act->say == AGENT_SAY_PLAIN) fprintf(stderr, "ddprun: %s\n", act->text);
         else
-            LOG_WARN("restarting every worker (restart %d of %d)", why.failures,
-                     a->opts->max_restarts);
+            log_write(act->say == AGENT_SAY_WARN ? LOG_LEVEL_WARN : LOG_LEVEL_INFO, "%s",
+                      act->text);
+        return;
+    case AGENT_ACT_PRINT_ROOT_CAUSE: print_root_cause(a, &act->root, &act->round); return;
+    case AGENT_ACT_JOIN:
+        a->join.plan = act->plan;
+        queue_job(a, &a->join.job, &act->round, join_work_cb, join_after_cb);
+        return;
+    case AGENT_ACT_INTERRUPT_JOIN:
+        if (a->join.job.is_busy && a->ops) store_client_interrupt(a->ops);
+        return;
+    case AGENT_ACT_WATCH:
+        queue_job(a, &a->watching.job, &act->round, watch_work_cb, watch_after_cb);
+        return;
+    case AGENT_ACT_START_HEARTBEATS: start_heartbeats(a); return;
+    case AGENT_ACT_STOP_HEARTBEATS:
+        if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
+        return;
+    case AGENT_ACT_START_WORKERS: start_workers(a, act); return;
+    case AGENT_ACT_STOP_WORKERS:
+        if (a->workers) workers_stop(a->workers, act->signum, act->timeout_s);
+        return;
+    case AGENT_ACT_DESTROY_WORKERS:
         if (a->workers) workers_destroy(a->workers);
         a->workers = NULL;
-        a->last_round_nodes = a->round.is_member ? a->round.group_world_size : 0;
-        a->last_restart_code = code;
-        begin_round(a, a->round.round + 1);
         return;
-    }
-    if (is_failed) {
-        if (a->has_failure) print_root_cause(a);
-        else if (!a->stop_signal)
-            fprintf(stderr, "ddprun: the job failed on another node (%s)\n", a->restart_why);
-        if (is_permanent && !a->stop_signal) fprintf(stderr, "ddprun: exit %d is not retried\n", code);
-    }
-    if (a->workers) workers_destroy(a->workers);
-    a->workers = NULL;
-    if (a->is_multi && !is_failed) {
-        a->is_finishing = true;
-        a->finish_work.data = a;
-        uv_queue_work(a->loop, &a->finish_work, finish_work_cb, finish_after_cb);
+    case AGENT_ACT_REPORT:
+        a->report.why = act->why;
+        queue_job(a, &a->report.job, &act->round, report_work_cb, report_after_cb);
         return;
+    case AGENT_ACT_BARRIER:
+        queue_job(a, &a->barrier, &act->round, finish_work_cb, finish_after_cb);
+        return;
+    case AGENT_ACT_EXIT: finish(a, act->code); return;
     }
-    finish(a, code);
+}
+
+/* Feed one event to the state machine and carry out its actions. An event raised by one of those
+ * actions (synchronously, from inside a libuv call) is queued and stepped after them. */
+static void dispatch(agent_t *a, const agent_sm_event_t *ev) {
+    if (a->queue_len == EVENT_QUEUE_LEN) {
+        LOG_ERROR("bug: agent event queue full (%s dropped)", agent_sm_event_name(ev->kind));
+        abort();
+    }
+    a->queue[a->queue_len++] = *ev;
+    if (a->is_dispatching) return;
+    a->is_dispatching = true;
+    while (a->queue_head < a->queue_len) {
+        agent_sm_event_t e = a->queue[a->queue_head++];
+        agent_sm_actions_t acts;
+        LOG_DEBUG("agent: %s in %s", agent_sm_event_name(e.kind), agent_sm_state_name(a->sm.state));
+        agent_sm_step(&a->sm, &e, &acts);
+        for (int i = 0; i < acts.n; i++) perform(a, &acts.a[i]);
+    }
+    a->queue_head = a->queue_len = 0;
+    a->is_dispatching = false;
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
-    agent_t *a = h->data;
-    if (a->stop_signal) {
-        if (a->workers) workers_stop(a->workers, SIGKILL, 0); /* second signal: no more grace */
-        return;
-    }
-    LOG_WARN("%s received: forwarding it to the workers, SIGKILL after %g s", strsignal(signum),
-             a->opts->shutdown_timeout_s);
-    a->stop_signal = signum;
-    if (a->is_joining && a->ops) store_client_interrupt(a->ops);
-    if (a->workers) workers_stop(a->workers, signum, a->opts->shutdown_timeout_s);
-    report_restart(a, 128 + signum, true);
-    maybe_advance(a);
+    agent_sm_event_t ev = {.kind = AGENT_EV_SIGNAL, .signum = signum};
+    dispatch(h->data, &ev);
 }
 
 /* ---- start -------------------------------------------------------------------------------- */
@@ -593,7 +530,7 @@ static int host_store(agent_t *a) {
     }
     else rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
     /* without is_host=true, an endpoint that another agent holds makes us a client */
-    if (rc < 0 && a->is_multi && o->is_host != 1 && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
+    if (rc < 0 && a->sm.cfg.is_multi && o->is_host != 1 && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
         a->store = NULL; /* someone else hosts it: we are a client */
         rc = 0;
     } else if (rc < 0) {
@@ -643,7 +580,10 @@ int agent_main(ddprun_opts_t *o) {
     agent_t *a = &agent;
     a->opts = o;
     a->loop = uv_default_loop();
-    a->is_multi = o->max_nodes > 1;
+    agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1, .nproc_per_node = o->nproc_per_node,
+                             .max_nodes = (int)o->max_nodes, .max_restarts = o->max_restarts,
+                             .shutdown_timeout_s = o->shutdown_timeout_s};
+    agent_sm_init(&a->sm, &cfg);
     ssize_t n = readlink("/proc/self/exe", a->self_exe, sizeof a->self_exe - 1);
     if (n <= 0) {
         fprintf(stderr, "ddprun: cannot find its own executable: %s\n", strerror(errno));
@@ -677,7 +617,7 @@ int agent_main(ddprun_opts_t *o) {
         uv_signal_start(&a->sig_handles[i], on_signal, o->signals[i]);
     }
     signal(SIGPIPE, SIG_IGN);
-    begin_round(a, 0);
+    post(a, AGENT_EV_START);
     uv_run(a->loop, UV_RUN_DEFAULT);
     store_client_destroy(a->ops);
     store_client_destroy(a->watch);

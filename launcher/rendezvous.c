@@ -66,14 +66,15 @@ static void sleep_ms(int64_t ms) {
 int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char *err,
               size_t err_len) {
     const ddprun_opts_t *o = r->opts;
-    char k[256], record[64];
+    char k[256], record[RDZV_RECORD_MAX_BYTES];
     int64_t joined;
     key(r, k, sizeof k, round, "joined");
     int rc = store_client_add(c, k, 1, &joined);
     if (rc < 0) goto fail;
     int index = (int)joined - 1;
-    snprintf(record, sizeof record, "nproc=%d hint=%d host=%d", o->nproc_per_node,
-             r->node_rank_hint, r->is_store_host);
+    rdzv_node_record_t mine = {.nproc = o->nproc_per_node, .hint = r->node_rank_hint,
+                               .is_host = r->is_store_host};
+    if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
     char node_key[256];
     snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
     if ((rc = store_client_set(c, node_key, record, strlen(record))) < 0) goto fail;
@@ -120,20 +121,18 @@ int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char 
         uint8_t *v;
         size_t vn;
         if ((rc = store_client_get(c, node_key, &v, &vn)) < 0) break;
-        char text[64];
-        size_t tn = vn < sizeof text - 1 ? vn : sizeof text - 1;
-        memcpy(text, v, tn);
-        text[tn] = '\0';
+        rdzv_node_record_t rec;
+        bool is_ok = rdzv_record_node_parse((const char *)v, vn, &rec);
         free(v);
-        int is_host = 0;
         m[i].join_index = i;
-        if (sscanf(text, "nproc=%d hint=%d host=%d", &m[i].nproc, &m[i].hint, &is_host) != 3 ||
-            m[i].nproc < 1) {
-            snprintf(err, err_len, "round %d: node record %d is malformed: '%s'", round, i, text);
+        if (!is_ok) { /* never echoed: the bytes may be anything */
+            snprintf(err, err_len, "round %d: node record %d (%zu bytes) is malformed", round, i, vn);
             free(m);
             return DDP_EPROTO;
         }
-        m[i].is_host = is_host;
+        m[i].nproc = rec.nproc;
+        m[i].hint = rec.hint;
+        m[i].is_host = rec.is_host;
     }
     if (rc < 0) {
         free(m);
@@ -154,23 +153,15 @@ fail:
     return rc;
 }
 
-bool rdzv_why_parse(const char *text, rdzv_why_t *out) {
-    int perm = 0;
-    if (sscanf(text, "code=%d permanent=%d failures=%d node=%d rank=%d", &out->code, &perm,
-               &out->failures, &out->node, &out->rank) != 5)
-        return false;
-    out->is_permanent = perm != 0;
-    return true;
-}
-
 int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why_t *why) {
-    char k[256], failures_key[256], text[128];
+    char k[256], failures_key[256], text[RDZV_RECORD_MAX_BYTES];
     key(r, failures_key, sizeof failures_key, -1, "failures");
     int64_t failures;
     TRY(store_client_add(c, failures_key, 0, &failures));
     if (why->code != 0) failures++;
-    snprintf(text, sizeof text, "code=%d permanent=%d failures=%lld node=%d rank=%d", why->code,
-             why->is_permanent, (long long)failures, why->node, why->rank);
+    rdzv_why_t record = *why;
+    record.failures = (int)failures;
+    if (rdzv_record_why_format(&record, text, sizeof text) < 0) return -ENOSPC;
     key(r, k, sizeof k, round, "restart");
     uint8_t *cur;
     size_t n;

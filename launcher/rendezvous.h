@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "options.h"
+#include "rdzv_record.h"
 #include "store_client.h"
 
 #define RDZV_MAX_NODES 1024
@@ -39,22 +40,12 @@ int rdzv_current_round(rdzv_t *r, store_client_t *c, int *round);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). */
 int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char *err,
               size_t err_len);
-/* Why a round ended, as every agent reads it from the round's restart key. */
-typedef struct {
-    int code;          /* 0: a membership change, not a failure */
-    bool is_permanent; /* retrying cannot help: every agent exits with code */
-    int failures;      /* failures of the job so far, this one included: the restart budget */
-    int node, rank;    /* where it happened (-1: not a worker) */
-} rdzv_why_t;
-
 /* Ask every agent to end round `round`. The first report wins; later ones are ignored. The winner
  * of a failure report also advances the job-wide failure count. */
 int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why_t *why);
 /* Take one failure back from the job-wide count (a restart that turned out to be a lost node).
  * Call from one agent only. */
 int rdzv_refund_failure(rdzv_t *r, store_client_t *c);
-/* Parse a restart key's value; returns false if it is malformed. */
-bool rdzv_why_parse(const char *text, rdzv_why_t *out);
 /* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */
 int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len);
 /* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read every member's counter

@@ -1,15 +1,18 @@
 /* store_server: listener, connections, framing and every limit of the store (store_server.h).
- * What a decoded request does lives in store_ops.c. Loop thread only.
+ * A decoded request goes to store_ops.c, which returns what to send, whom to wake and whether to
+ * drop the peer; this file carries that out. Loop thread only.
  *
  * Memory per connection is bounded before it is spent: the input buffer grows only to the length
  * the codec has proven a frame needs (<= max_frame_bytes), replies queued for a peer that does
  * not read are capped by max_output_bytes, and all buffers together by max_total_buffer_bytes. */
-#include "store_conn.h"
+#include "store_server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +20,62 @@
 
 #include "clock.h"
 #include "ddp_error.h"
+#include "kv_table.h"
 #include "log.h"
+#include "store_ops.h"
+#include "store_proto.h"
 
 #define SWEEP_INTERVAL_MS   250u
 #define INPUT_CHUNK_BYTES   (64u * 1024u)
 #define INPUT_INITIAL_BYTES 4096u
 #define DROP_LOGS_PER_SEC   20u
+
+typedef struct store_peer {
+    struct store_peer *next;
+    uint8_t addr[16]; /* IPv4 mapped into IPv6 form */
+    unsigned n_conns;
+} store_peer_t;
+
+#define STORE_PEER_BUCKETS 1024u
+
+typedef struct store_conn {
+    uv_tcp_t tcp;
+    store_server_t *srv;
+    struct store_conn *prev, *next;
+    store_peer_t *peer;
+    char peer_name[64]; /* "addr:port" for log lines */
+    store_session_t session; /* the protocol state: store_ops.c's */
+    bool is_closing;
+    uint8_t *in;
+    size_t in_len, in_cap, in_need;
+    uint64_t accepted_ms;
+    uint64_t first_byte_ms; /* 0 until the peer sends something */
+    uint64_t frame_started_ms; /* 0 when no partial frame is buffered */
+    size_t out_queued;  /* reply bytes handed to libuv, not yet written */
+} store_conn_t;
+
+struct store_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_timer_t sweep_timer;
+    store_limits_t limits;
+    store_secret_t secret;
+    kv_table_t *table;
+    store_ops_t ops;
+    store_conn_t *conns;
+    store_peer_t *peers[STORE_PEER_BUCKETS];
+    unsigned n_conns;
+    unsigned fd_budget;      /* connections that fit in RLIMIT_NOFILE, leaving a reserve */
+    unsigned n_open_handles;
+    uint16_t port;
+    size_t buffered_bytes;
+    uint64_t n_requests, n_dropped;
+    uint64_t drop_log_window_ms;
+    unsigned drop_log_count, drop_log_suppressed;
+    void (*done_cb)(void *);
+    void *done_arg;
+    bool is_stopping;
+};
 
 static void conn_close(store_conn_t *c);
 static void on_server_handle_closed(uv_handle_t *h);
@@ -107,7 +160,9 @@ static bool drop_log_allowed(store_server_t *s) {
     return false;
 }
 
-void store_conn_drop(store_conn_t *c, const char *fmt, ...) {
+/* Log why and close: the only way a peer's misbehaviour ends. Rate-limited log lines. */
+__attribute__((format(printf, 2, 3))) static void conn_drop(store_conn_t *c,
+                                                           const char *fmt, ...) {
     if (c->is_closing) return;
     store_server_t *s = c->srv;
     s->n_dropped++;
@@ -143,8 +198,9 @@ static void on_write(uv_write_t *req, int status) {
     }
 }
 
-void store_conn_send(store_conn_t *c, const void *head, size_t head_len, const void *body,
-                     size_t body_len) {
+/* Queue reply bytes (head then body, either may be empty). Drops c past max_output_bytes. */
+static void conn_send(store_conn_t *c, const void *head, size_t head_len, const void *body,
+                      size_t body_len) {
     if (c->is_closing) return;
     uv_buf_t bufs[2] = {uv_buf_init((char *)(uintptr_t)head, (unsigned)head_len),
                         uv_buf_init((char *)(uintptr_t)body, (unsigned)body_len)};
@@ -160,18 +216,18 @@ void store_conn_send(store_conn_t *c, const void *head, size_t head_len, const v
     size_t rest = total - done;
     store_limits_t *lim = &c->srv->limits;
     if (c->out_queued + rest > lim->max_output_bytes) {
-        store_conn_drop(c, "%zu reply bytes unread, above the output limit of %zu bytes",
+        conn_drop(c, "%zu reply bytes unread, above the output limit of %zu bytes",
                         c->out_queued + rest, lim->max_output_bytes);
         return;
     }
     if (c->srv->buffered_bytes + rest > lim->max_total_buffer_bytes) {
-        store_conn_drop(c, "all connections together buffer more than %zu bytes",
+        conn_drop(c, "all connections together buffer more than %zu bytes",
                         lim->max_total_buffer_bytes);
         return;
     }
     write_req_t *w = malloc(sizeof *w + rest);
     if (!w) {
-        store_conn_drop(c, "out of memory queueing a %zu-byte reply", rest);
+        conn_drop(c, "out of memory queueing a %zu-byte reply", rest);
         return;
     }
     w->conn = c;
@@ -234,7 +290,7 @@ static void conn_close(store_conn_t *c) {
     if (c->is_closing) return;
     store_server_t *s = c->srv;
     c->is_closing = true;
-    store_ops_forget_waiter(c);
+    store_ops_forget_waiter(&c->session);
     if (c->prev) c->prev->next = c->next;
     else s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
@@ -269,17 +325,34 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     if (c->in_cap > c->in_len) *buf = uv_buf_init((char *)c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
 }
 
+static store_conn_t *conn_of(store_session_t *session) {
+    return (store_conn_t *)((char *)session - offsetof(store_conn_t, session));
+}
+
+/* What store_ops decided, in its order: wake, reply, drop. */
+static void apply_result(store_conn_t *c, store_ops_result_t *r) {
+    for (store_session_t *w = r->woken, *next; w; w = next) {
+        next = w->next_woken;
+        uint8_t stop = STORE_WAIT_STOP_WAITING;
+        conn_send(conn_of(w), &stop, 1, NULL, 0);
+    }
+    if (r->head_len) conn_send(c, r->head, r->head_len, r->body, r->body_len);
+    else if (r->body_len) conn_send(c, r->body, r->body_len, NULL, 0);
+    if (r->drop[0]) conn_drop(c, "%s", r->drop);
+    store_ops_result_free(r);
+}
+
 /* Decide what the connection speaks from its first bytes. Returns false to wait for more. */
 static bool detect_dialect(store_conn_t *c) {
-    c->dialect = store_proto_detect_dialect(c->in, c->in_len);
-    if (c->dialect == STORE_DIALECT_UNKNOWN) return false;
-    if (c->dialect == STORE_DIALECT_LEGACY) {
+    c->session.dialect = store_proto_detect_dialect(c->in, c->in_len);
+    if (c->session.dialect == STORE_DIALECT_UNKNOWN) return false;
+    if (c->session.dialect == STORE_DIALECT_LEGACY) {
         if (c->srv->secret.is_set) {
-            store_conn_drop(c, "legacy-numbering client (torch <= 2.1) refused: this store "
+            conn_drop(c, "legacy-numbering client (torch <= 2.1) refused: this store "
                                "requires ddprun's shared-secret authentication");
             return false;
         }
-        c->is_validated = true;
+        c->session.is_validated = true;
     }
     return true;
 }
@@ -288,32 +361,34 @@ static void process_input(store_conn_t *c) {
     store_server_t *s = c->srv;
     size_t off = 0;
     while (!c->is_closing && off < c->in_len) {
-        if (c->dialect == STORE_DIALECT_UNKNOWN) {
+        if (c->session.dialect == STORE_DIALECT_UNKNOWN) {
             if (off != 0) break; /* cannot happen: detection precedes the first frame */
             if (!detect_dialect(c)) break;
         }
         store_request_t req;
         size_t need = 0;
-        int rc = store_proto_decode_request(c->dialect, &s->limits, c->in + off, c->in_len - off,
-                                            &req, &need);
+        int rc = store_proto_decode_request(c->session.dialect, &s->limits, c->in + off,
+                                            c->in_len - off, &req, &need);
         if (rc == STORE_PROTO_NEED_MORE) {
             c->in_need = need;
             break;
         }
         if (rc < 0) {
-            store_conn_drop(c, "%s (limits: key %zu B, value %zu B, %llu keys/op, frame %zu B)",
+            conn_drop(c, "%s (limits: key %zu B, value %zu B, %llu keys/op, frame %zu B)",
                             store_proto_strerror(rc), s->limits.max_key_bytes,
                             s->limits.max_value_bytes,
                             (unsigned long long)s->limits.max_keys_per_op,
                             s->limits.max_frame_bytes);
             return;
         }
-        if (!c->is_validated && req.op != STORE_OP_VALIDATE) {
-            store_conn_drop(c, "%s", store_proto_strerror(STORE_PROTO_E_NOT_VALIDATED));
+        if (!c->session.is_validated && req.op != STORE_OP_VALIDATE) {
+            conn_drop(c, "%s", store_proto_strerror(STORE_PROTO_E_NOT_VALIDATED));
             return;
         }
         s->n_requests++;
-        store_ops_handle(c, &req);
+        store_ops_result_t res;
+        store_ops_handle(&s->ops, &c->session, &req, &res);
+        apply_result(c, &res);
         off += (size_t)rc;
         c->in_need = 0;
         c->frame_started_ms = 0;
@@ -333,7 +408,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     store_conn_t *c = stream->data;
     if (c->is_closing) return;
     if (nread == UV_ENOBUFS) {
-        store_conn_drop(c, "all connections together buffer more than %zu bytes",
+        conn_drop(c, "all connections together buffer more than %zu bytes",
                         c->srv->limits.max_total_buffer_bytes);
         return;
     }
@@ -416,7 +491,7 @@ static void on_connection(uv_stream_t *server, int status) {
     c->peer = peer;
     c->srv = s;
     c->tcp.data = c;
-    c->is_authed = !s->secret.is_set;
+    store_ops_session_init(&s->ops, &c->session);
     c->accepted_ms = clock_now_ms();
     c->next = s->conns;
     if (s->conns) s->conns->prev = c;
@@ -439,13 +514,13 @@ static void on_sweep(uv_timer_t *t) {
     for (store_conn_t *c = s->conns, *next; c; c = next) {
         next = c->next;
         if (c->frame_started_ms && now - c->frame_started_ms > lim->frame_timeout_ms) {
-            store_conn_drop(c, "partial frame (%zu of %zu bytes) held longer than %u ms",
+            conn_drop(c, "partial frame (%zu of %zu bytes) held longer than %u ms",
                             c->in_len, c->in_need, lim->frame_timeout_ms);
-        } else if (c->first_byte_ms && !c->is_validated &&
+        } else if (c->first_byte_ms && !c->session.is_validated &&
                    now - c->first_byte_ms > lim->validate_timeout_ms) {
-            store_conn_drop(c, "not validated within %u ms", lim->validate_timeout_ms);
-        } else if (!c->is_authed && now - c->accepted_ms > lim->validate_timeout_ms) {
-            store_conn_drop(c, "not authenticated within %u ms (this store requires the "
+            conn_drop(c, "not validated within %u ms", lim->validate_timeout_ms);
+        } else if (!c->session.is_authed && now - c->accepted_ms > lim->validate_timeout_ms) {
+            conn_drop(c, "not authenticated within %u ms (this store requires the "
                                "shared secret)", lim->validate_timeout_ms);
         }
     }
@@ -504,6 +579,7 @@ int store_server_start(uv_loop_t *loop, const store_server_opts_t *opts, store_s
         snprintf(err, err_len, "cannot create the store table: %s", strerror(-rc));
         return rc;
     }
+    store_ops_init(&s->ops, s->table, &s->limits, &s->secret);
     uv_tcp_init(loop, &s->listener);
     s->listener.data = s;
     s->n_open_handles = 1;

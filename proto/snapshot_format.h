@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #define SNAPSHOT_MAGIC "DDPSNAP\x01"  /* 8 bytes */
-#define SNAPSHOT_VERSION 2u
+#define SNAPSHOT_VERSION 3u
 #define SNAPSHOT_MAX_SECTIONS 8
 #define SNAPSHOT_FILE_PREFIX "snapshot-"
 #define SNAPSHOT_FILE_SUFFIX ".ddps"
@@ -55,6 +55,13 @@ typedef struct {
     uint32_t optimizer;      /* snapshot_optim_t */
     uint32_t reserved3;      /* 0 */
     uint64_t optim_steps;
+    /* the run itself: the best validation so far (train.best_by; NaN: none yet) and the step that
+     * reached it, so a crash never forgets it; the training wall time so far (train.hours) */
+    double best_value;
+    uint64_t best_step;
+    double elapsed_s;
+    uint32_t best_by;        /* train.best_by at save: 0 none, 1 val_loss, 2 val_top1 */
+    uint32_t reserved4;      /* 0 */
     /* the dynamic loss scaler (fp16): scale 1 and 0 steps when unused */
     double loss_scale;
     uint64_t loss_scale_good_steps;

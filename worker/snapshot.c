@@ -15,6 +15,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "clock.h"
+#include "fs.h"
+
 #define HEADER_CHECKED_BYTES offsetof(snapshot_header_t, header_checksum)
 
 static int failf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -384,6 +387,10 @@ int snapshot_inspect(const char *path, FILE *out) {
     else
         fprintf(out, "optimizer:   sgd lr %g momentum %g weight decay %g%s\n", h->lr, h->momentum,
                 h->weight_decay, h->is_nesterov ? " nesterov" : "");
+    if (h->best_by && h->best_value == h->best_value) /* NaN: no validation yet */
+        fprintf(out, "best:        %s %.17g at step %" PRIu64 "\n",
+                h->best_by == 1 ? "val_loss" : "val_top1", h->best_value, h->best_step);
+    fprintf(out, "elapsed:     %.3f s of training\n", h->elapsed_s);
     fprintf(out, "loss scale:  %g (%" PRIu64 " good steps)\n", h->loss_scale,
             h->loss_scale_good_steps);
     for (uint32_t i = 0; i < h->n_sections; i++)
@@ -416,12 +423,6 @@ struct snapshot_writer {
     char failure[1024];
 };
 
-static double monotonic_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void *writer_main(void *arg) {
     snapshot_writer_t *w = arg;
     pthread_mutex_lock(&w->mu);
@@ -442,7 +443,7 @@ static void *writer_main(void *arg) {
         } else {
             snprintf(w->last_path, sizeof w->last_path, "%s/" SNAPSHOT_FILE_PREFIX "%012" PRIu64
                      SNAPSHOT_FILE_SUFFIX, w->dir, w->data.header.step);
-            w->landed_s = monotonic_s();
+            w->landed_s = clock_now_s();
             w->landed_step = w->data.header.step;
             w->failure[0] = '\0';
         }
@@ -450,19 +451,6 @@ static void *writer_main(void *arg) {
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
-}
-
-static int mkdir_p(const char *path) {
-    char buf[2048];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -errno;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -errno;
-    return 0;
 }
 
 /* Leftovers of a crash mid-write: temp files nobody will rename. */
@@ -483,7 +471,7 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
                            bool has_second_moment, const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
                            size_t err_len) {
     *out = NULL;
-    int rc = mkdir_p(dir);
+    int rc = fs_mkdir_p(dir);
     if (rc < 0) return failf(err, err_len, "snapshot.dir: cannot create %s: %s", dir, strerror(-rc));
     if (access(dir, W_OK) < 0)
         return failf(err, err_len, "snapshot.dir: cannot write into %s: %s", dir, strerror(errno));

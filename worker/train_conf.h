@@ -20,6 +20,7 @@ typedef enum { BACKEND_CPU, BACKEND_CUDA } backend_kind_t;
 typedef enum { COLLECTIVE_AUTO, COLLECTIVE_RING, COLLECTIVE_NCCL } collective_kind_t;
 typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_FP16, PRECISION_BF16 } precision_t;
 typedef enum { LOSS_SCALING_AUTO, LOSS_SCALING_DYNAMIC, LOSS_SCALING_OFF } loss_scaling_t;
+typedef enum { BEST_BY_NONE, BEST_BY_VAL_LOSS, BEST_BY_VAL_TOP1 } best_by_t;
 /* The values are the snapshot header's (proto/snapshot_format.h, SNAPSHOT_OPTIM_*). */
 typedef enum { OPTIM_SGD, OPTIM_ADAM, OPTIM_ADAMW } optim_kind_t;
 
@@ -27,6 +28,7 @@ typedef struct {
     /* [model] */
     char model[32];          /* mlp, cnn, resnet18 ... resnet152, vgg11 ... vgg19_bn */
     int64_t width;           /* base channel count / hidden units */
+    int64_t model_classes;   /* 0: the dataset's class count */
     int model_stem;          /* model_stem_t's order: auto, imagenet, cifar */
     bool is_zero_init_residual;
     int64_t fc_width;        /* vgg classifier */
@@ -39,6 +41,7 @@ typedef struct {
     int64_t train_limit;     /* use only the first N training samples (0: all) */
     int64_t test_limit;      /* evaluate on the first N test samples (0: all) */
     int64_t height, width_px, channels, classes; /* synthetic data's shape */
+    double val_split;        /* fraction of train held out for validation (0: none) */
     bool is_augmented;       /* random crop with padding + horizontal flip */
     int64_t crop_padding;
     /* [optim] */
@@ -53,7 +56,7 @@ typedef struct {
     lr_scaling_t lr_scaling;
     /* [train] */
     int64_t batch_size;      /* per rank */
-    int64_t epochs, max_steps;
+    int64_t epochs, max_steps; /* max_steps -1: no limit; 0: only evaluate */
     double hours;            /* wall-clock budget, 0: none */
     int64_t eval_interval;   /* steps, 0: at the end of every epoch */
     int64_t seed;
@@ -63,6 +66,8 @@ typedef struct {
     int64_t threads;         /* 0: cores / workers on the node */
     char metrics_file[TRAIN_CONF_PATH_MAX];
     char params_file[TRAIN_CONF_PATH_MAX]; /* final params + BN statistics, raw fp32 */
+    best_by_t best_by;
+    char best_file[TRAIN_CONF_PATH_MAX];   /* the best weights by best_by, as params_file */
     int64_t log_interval;
     /* [snapshot] */
     char snapshot_dir[TRAIN_CONF_PATH_MAX];

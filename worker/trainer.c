@@ -13,18 +13,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <time.h>
+#include "clock.h"
 #include "exit_codes.h"
 #include "json_lines.h"
 #include "weights.h"
 
 #define BUCKET_BYTES (4u << 20)
 #define TOPK 5
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int die_rank = -1;
 static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
@@ -60,16 +55,10 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
     return p;
 }
 
-static void check_comm(trainer_t *t, int rc, const char *what) {
+void trainer__check_comm(trainer_t *t, int rc, const char *what) {
     if (rc < 0)
         trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
                     t->comm->err[0] ? comm_error(t->comm) : "collective error");
-}
-
-/* One metrics line (rank 0, when train.metrics_file is set); frees o. */
-static void write_metrics(trainer_t *t, cJSON *o) {
-    if (t->metrics) json_line_write(t->metrics, o);
-    else cJSON_Delete(o);
 }
 
 /* A resumed run appends: its metrics continue the interrupted run's. */
@@ -85,22 +74,24 @@ static void open_metrics(trainer_t *t, bool is_resumed) {
  * 150 MB is cheap); the cpu backend reads the host's arrays. */
 static void place_data(trainer_t *t) {
     backend_t *b = t->backend;
-    const dataset_t *splits[2] = {&t->data->train, &t->data->test};
     t->is_uploaded = b->ops->is_device(b, t->model.params);
-    for (int s = 0; s < 2; s++) {
-        const dataset_t *d = splits[s];
+    for (int s = 0; s < SPLIT_COUNT; s++) {
+        const dataset_t *d = data_split(t->data, (data_split_t)s);
+        if (d->n == 0) continue;
         if (!t->is_uploaded) {
             t->images[s] = d->images;
             t->labels[s] = d->labels;
             continue;
         }
         size_t n_bytes = (size_t)d->n * d->h * d->w * d->c;
-        uint8_t *images = b->ops->alloc(b, n_bytes), *labels = b->ops->alloc(b, (size_t)d->n);
+        size_t label_bytes = (size_t)d->n * sizeof *d->labels;
+        uint8_t *images = b->ops->alloc(b, n_bytes);
+        int32_t *labels = b->ops->alloc(b, label_bytes);
         if (!images || !labels)
             trainer_die(DDP_EXIT_BUG, "out of GPU memory for the %s set (%zu bytes)",
-                        s ? "test" : "training", n_bytes);
+                        data_split_name((data_split_t)s), n_bytes);
         b->ops->to_device(b, images, d->images, n_bytes);
-        b->ops->to_device(b, labels, d->labels, (size_t)d->n);
+        b->ops->to_device(b, labels, d->labels, label_bytes);
         t->images[s] = images;
         t->labels[s] = labels;
     }
@@ -136,6 +127,14 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     const char *progress = getenv("DDPRUN_PROGRESS_FILE");
     if (progress && *progress) progress_fd = open(progress, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     const dataset_t *tr = &data->train;
+    if (conf->model_classes && conf->model_classes != tr->classes)
+        trainer_die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
+                    (long long)conf->model_classes, tr->classes);
+    if (conf->best_by != BEST_BY_NONE && !conf->best_file[0])
+        trainer_die(DDP_EXIT_CONFIG, "train.best_by: set train.best_file, where the best weights go");
+    t->eval_split = data->val.n ? SPLIT_VAL : SPLIT_TEST;
+    t->best_value = NAN;
+    t->best_step = -1;
     char err[512];
     model_opts_t mo = {.name = conf->model, .width = (int)conf->width, .stem = (model_stem_t)conf->model_stem,
                        .fc_width = (int)conf->fc_width, .dropout = (float)conf->dropout,
@@ -158,15 +157,16 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     int64_t per_rank = sampler_rank_count(&t->sampler, 0);
     t->steps_per_epoch = (per_rank + conf->batch_size - 1) / conf->batch_size;
     int64_t by_epochs = conf->epochs * t->steps_per_epoch;
-    if (conf->epochs == 0 && conf->max_steps == 0 && conf->hours == 0)
-        trainer_die(DDP_EXIT_CONFIG, "train.epochs, train.max_steps and train.hours are all 0: "
-                                     "nothing to train");
-    if (conf->epochs == 0 && conf->max_steps == 0 &&
+    bool has_max_steps = conf->max_steps >= 0;
+    if (conf->epochs == 0 && !has_max_steps && conf->hours == 0)
+        trainer_die(DDP_EXIT_CONFIG, "train.epochs and train.hours are 0 and train.max_steps is "
+                                     "unlimited: nothing says when to stop");
+    if (conf->epochs == 0 && !has_max_steps &&
         (conf->schedule == SCHEDULE_COSINE || conf->schedule == SCHEDULE_ONE_CYCLE))
         trainer_die(DDP_EXIT_CONFIG, "optim.schedule: a cosine or one-cycle schedule needs the run's "
                                      "length: set train.epochs or train.max_steps besides train.hours");
-    t->total_steps = conf->max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps
-                                                                                    : by_epochs;
+    t->total_steps = has_max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps
+                                                                                : by_epochs;
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
     t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
@@ -191,9 +191,9 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
         if (t->rank == 0 && conf->model_init[0] &&
             weights_load(&t->model, conf->model_init, conf->is_init_skip_mismatched, stderr, err, sizeof err) < 0)
             trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
-        check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
+        trainer__check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
                    "broadcasting the initial parameters");
-        check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
+        trainer__check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
@@ -206,9 +206,9 @@ void trainer_free(trainer_t *t) {
     optimizer_free(&t->optim);
     model_free(&t->model);
     sampler_free(&t->sampler);
-    for (int s = 0; s < 2 && t->is_uploaded; s++) {
-        t->backend->ops->release(t->backend, t->images[s]);
-        t->backend->ops->release(t->backend, t->labels[s]);
+    for (int s = 0; s < SPLIT_COUNT && t->is_uploaded; s++) {
+        if (t->images[s]) t->backend->ops->release(t->backend, t->images[s]);
+        if (t->labels[s]) t->backend->ops->release(t->backend, t->labels[s]);
     }
     if (t->jobs) t->backend->ops->release(t->backend, t->jobs);
     free(t->host_jobs);
@@ -218,11 +218,11 @@ void trainer_free(trainer_t *t) {
     memset(t, 0, sizeof *t);
 }
 
-/* The samples at indices[0..n) of split 0 (train) or 1 (test), augmented, into the model's input
- * and labels. The host only makes the choices; the backend moves the pixels where they live. */
-static void load_batch(trainer_t *t, int split, const augment_t *aug, int64_t epoch,
+/* The samples at indices[0..n) of split, augmented, into the model's input and labels. The host
+ * only makes the choices; the backend moves the pixels where they live. */
+static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, int64_t epoch,
                        const int64_t *indices, int n) {
-    const dataset_t *d = split ? &t->data->test : &t->data->train;
+    const dataset_t *d = data_split(t->data, split);
     for (int i = 0; i < n; i++)
         t->host_jobs[i] = (augment_job_t){.index = indices[i],
                                           .choice = augment_choose(aug, epoch, indices[i])};
@@ -237,7 +237,7 @@ int trainer_step(trainer_t *t) {
     int64_t left = sampler_rank_count(&t->sampler, t->cursor);
     int n = (int)(left < c->batch_size ? left : c->batch_size);
     for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
-    load_batch(t, 0, &t->augment_train, t->epoch, t->indices, n);
+    load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
 
     model_t *m = &t->model;
     model_set_step(m, (uint64_t)c->seed, t->step, t->rank);
@@ -247,7 +247,7 @@ int trainer_step(trainer_t *t) {
     if (t->has_sync) {
         grad_sync_begin(&t->sync);
         model_backward(m, n, grad_sync_ready, &t->sync);
-        check_comm(t, grad_sync_finish(&t->sync), "the gradient all-reduce");
+        trainer__check_comm(t, grad_sync_finish(&t->sync), "the gradient all-reduce");
     } else {
         model_backward(m, n, NULL, NULL);
     }
@@ -274,20 +274,20 @@ static void count_hits(const float *logits, int classes, int label, double *top1
     if (above < TOPK) *top5 += 1;
 }
 
-eval_result_t trainer_evaluate(trainer_t *t) {
+eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     comm_t *comm = t->comm;
     model_t *m = &t->model;
     /* the running statistics are rank 0's, as DDP's buffer broadcast makes them */
-    check_comm(t, comm->ops->broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0),
+    trainer__check_comm(t, comm->ops->broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0),
                "broadcasting the batch-norm statistics");
-    const dataset_t *d = &t->data->test;
+    const dataset_t *d = data_split(t->data, split);
     int batch = (int)t->conf->batch_size, k = m->classes;
     double sums[4] = {0}; /* loss, top1, top5, samples */
     int64_t *indices = t->indices;
     for (int64_t pos = t->rank; pos < d->n;) {
         int n = 0;
         for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
-        load_batch(t, 1, &t->augment_eval, 0, indices, n);
+        load_batch(t, split, &t->augment_eval, 0, indices, n);
         model_forward(m, n, false);
         progress_beat();
         t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
@@ -303,10 +303,10 @@ eval_result_t trainer_evaluate(trainer_t *t) {
         }
         sums[3] += n;
     }
-    check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
+    trainer__check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
     double n = sums[3] > 0 ? sums[3] : 1;
     return (eval_result_t){.loss = sums[0] / n, .top1 = sums[1] / n, .top5 = sums[2] / n,
-                           .n = (int64_t)sums[3]};
+                           .n = (int64_t)sums[3], .split = split};
 }
 
 static void format_duration(double s, char *buf, size_t len) {
@@ -315,39 +315,17 @@ static void format_duration(double s, char *buf, size_t len) {
     else snprintf(buf, len, "%ld:%02ld", total / 60, total % 60);
 }
 
-static void report_eval(trainer_t *t, const eval_result_t *r, const char *event) {
-    if (t->rank != 0) return;
-    cJSON *o = json_line_new(event);
-    json_line_num(o, "top1", r->top1);
-    json_line_num(o, "top5", r->top5);
-    json_line_num(o, "loss", r->loss);
-    json_line_int(o, "step", t->step);
-    json_line_int(o, "epoch", t->epoch + 1);
-    json_line_int(o, "samples", r->n);
-    if (strcmp(event, "final") == 0) {
-        char *line = json_line_text(o); /* the same line on stdout as in the metrics file */
-        if (line) printf("%s\n", line);
-        cJSON_free(line);
-    } else {
-        printf("eval  step %lld  loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,
-               r->loss, 100 * r->top1, 100 * r->top5);
-    }
-    fflush(stdout);
-    write_metrics(t, o);
+double trainer__elapsed_s(const trainer_t *t) {
+    return t->elapsed_before_s + (t->start_s > 0 ? clock_now_s() - t->start_s : 0);
 }
 
-/* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. */
-static bool is_out_of_time(trainer_t *t, double start_s) {
+/* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. The budget
+ * counts the whole run's wall time, restarts included (the elapsed time is in snapshots). */
+static bool is_out_of_time(trainer_t *t) {
     if (t->conf->hours <= 0) return false;
-    uint8_t is_over = now_s() - start_s > t->conf->hours * 3600.0;
-    check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0), "agreeing on the time budget");
+    uint8_t is_over = trainer__elapsed_s(t) > t->conf->hours * 3600.0;
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0), "agreeing on the time budget");
     return is_over;
-}
-
-static void write_params(trainer_t *t, const char *path) {
-    char err[1024];
-    if (weights_save(&t->model, path, t->step, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_CONFIG, "train.params_file: %s", err);
 }
 
 static bool is_epoch_over(trainer_t *t) { return sampler_rank_count(&t->sampler, t->cursor) == 0; }
@@ -355,7 +333,7 @@ static bool is_epoch_over(trainer_t *t) { return sampler_rank_count(&t->sampler,
 /* Whether the run has nothing left: max_steps reached, or the last epoch's samples all used. */
 static bool is_run_over(trainer_t *t) {
     const train_conf_t *c = t->conf;
-    return (c->max_steps && t->step >= c->max_steps) ||
+    return (c->max_steps >= 0 && t->step >= c->max_steps) ||
            (c->epochs && (t->epoch >= c->epochs || (t->epoch + 1 == c->epochs && is_epoch_over(t))));
 }
 
@@ -366,7 +344,7 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
     double landed_s = snapshot_writer_landed(t->snapshots, &step, failure, sizeof failure);
     char landed[64] = "none yet";
     if (landed_s > 0)
-        snprintf(landed, sizeof landed, "%.0fs ago (step %llu)", now_s() - landed_s,
+        snprintf(landed, sizeof landed, "%.0fs ago (step %llu)", clock_now_s() - landed_s,
                  (unsigned long long)step);
     /* the system's reason ends the message ("cannot write PATH: No space left on device") */
     const char *reason = strrchr(failure, ':');
@@ -383,7 +361,7 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
      * the run on every rank (all reach this step), before it reports or snapshots garbage */
     if (!t->loss_scale) {
         double is_bad = !isfinite(loss);
-        check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
+        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
         if (is_bad > 0)
             trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s at step %lld (on %.0f of %d "
                         "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
@@ -400,9 +378,13 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
         snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale, ls.skipped_steps);
     }
     double lr = lr_at(&t->lr, t->step - 1);
-    printf("epoch %lld  step %lld/%lld  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n",
-           (long long)t->epoch + 1, (long long)t->step, (long long)t->total_steps, loss, lr, rate,
-           eta, scaling, snap);
+    char where[64]; /* a run bounded by time alone shows the time, not "step 10/0" */
+    if (t->total_steps) snprintf(where, sizeof where, "step %lld/%lld", (long long)t->step,
+                                 (long long)t->total_steps);
+    else snprintf(where, sizeof where, "step %lld  hours %.2f/%.2f", (long long)t->step,
+                  trainer__elapsed_s(t) / 3600, t->conf->hours);
+    printf("epoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n", (long long)t->epoch + 1,
+           where, loss, lr, rate, eta, scaling, snap);
     fflush(stdout);
     if (t->metrics) {
         cJSON *o = json_line_new("train");
@@ -415,14 +397,15 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
             json_line_num(o, "loss_scale", ls.scale);
             json_line_int(o, "skipped_steps", ls.skipped_steps);
         }
-        write_metrics(t, o);
+        trainer__write_metrics(t, o);
     }
 }
 
 eval_result_t trainer_run(trainer_t *t) {
     const train_conf_t *c = t->conf;
-    double start_s = now_s(), window_s = start_s;
-    int64_t window_samples = 0, window_steps = 0;
+    t->start_s = clock_now_s();
+    double window_s = t->start_s, epoch_s = t->start_s;
+    int64_t window_samples = 0, window_steps = 0, epoch_samples = 0;
     eval_result_t last = {0};
     int64_t last_eval_step = -1;
     bool is_done = is_run_over(t), was_over_at_start = is_done;
@@ -439,22 +422,29 @@ eval_result_t trainer_run(trainer_t *t) {
             t->epoch++;
             t->cursor = 0;
             sampler_set_epoch(&t->sampler, t->epoch);
+            epoch_s = clock_now_s();
+            epoch_samples = 0;
         }
-        window_samples += trainer_step(t);
+        int n = trainer_step(t);
+        window_samples += n;
+        epoch_samples += n;
         window_steps++;
         is_done = is_run_over(t);
         if (t->step % c->log_interval == 0 || is_done) {
-            log_window(t, window_samples, window_steps, now_s() - window_s);
-            window_s = now_s();
+            log_window(t, window_samples, window_steps, clock_now_s() - window_s);
+            window_s = clock_now_s();
             window_samples = window_steps = 0;
-            if (is_out_of_time(t, start_s)) is_done = true;
+            if (is_out_of_time(t)) is_done = true;
         }
-        bool is_eval_due = c->eval_interval ? t->step % c->eval_interval == 0 : is_epoch_over(t);
-        if (is_eval_due && !is_done) {
-            last = trainer_evaluate(t);
+        bool is_epoch_end = is_epoch_over(t);
+        bool is_eval_due = c->eval_interval ? t->step % c->eval_interval == 0 : is_epoch_end;
+        if (is_eval_due || is_done) {
+            last = trainer__validate(t);
             last_eval_step = t->step;
-            report_eval(t, &last, "eval");
         }
+        if (is_epoch_end)
+            trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
+                                  last_eval_step == t->step ? &last : NULL);
         int signum = 0;
         if (trainer__stop_requested(t, &signum)) {
             trainer__snapshot(t, true);
@@ -465,16 +455,20 @@ eval_result_t trainer_run(trainer_t *t) {
         }
         if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) trainer__snapshot(t, false);
     }
-    if (last_eval_step != t->step) last = trainer_evaluate(t);
-    report_eval(t, &last, "final");
+    /* max_steps 0, or a run resumed at its end: the weights as they are */
+    if (last_eval_step != t->step) last = trainer__validate(t);
     if (!isfinite(last.loss))
-        trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s at step %lld: the "
-                    "weights diverged", isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
+        trainer_die(DDP_EXIT_DIVERGED, "the validation loss is %s at step %lld: the weights "
+                    "diverged", isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
     if (t->rank == 0 && c->params_file[0]) {
-        write_params(t, c->params_file);
+        trainer__write_weights(t, c->params_file, "train.params_file");
         t->has_written_params = true;
     }
     if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
-    return last;
+    eval_result_t final = trainer__final(t, &last);
+    if (!isfinite(final.loss))
+        trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",
+                    isnan(final.loss) ? "NaN" : "inf");
+    return final;
 }

@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "dataset.h"
 #include "grad_sync.h"
+#include "json_lines.h"
 #include "lr_schedule.h"
 #include "model.h"
 #include "optimizer.h"
@@ -23,6 +24,7 @@
 typedef struct {
     double loss, top1, top5;
     int64_t n;
+    data_split_t split;
 } eval_result_t;
 
 typedef struct {
@@ -39,9 +41,10 @@ typedef struct {
     grad_sync_t sync;
     bool has_sync;
     loss_scale_t *loss_scale; /* the backend's copy of the dynamic loss scale; NULL: no scaling */
-    /* the train [0] and test [1] images and labels where the backend reads them: uploaded once to
-     * a GPU (is_uploaded), the host's own on the cpu backend */
-    uint8_t *images[2], *labels[2];
+    /* each split's images and labels (data_split_t) where the backend reads them: uploaded once
+     * to a GPU (is_uploaded), the host's own on the cpu backend; NULL for an absent split */
+    uint8_t *images[SPLIT_COUNT];
+    int32_t *labels[SPLIT_COUNT];
     bool is_uploaded;
     int64_t *indices;        /* (batch) dataset indices of the batch being assembled */
     augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
@@ -53,6 +56,14 @@ typedef struct {
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
+    /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); the
+     * weights are in train.best_file */
+    double best_value;
+    int64_t best_step;
+    /* train.hours: wall time of this run before this process (from its snapshot), and when this
+     * process began training (CLOCK_MONOTONIC) */
+    double elapsed_before_s, start_s;
+    data_split_t eval_split;
 } trainer_t;
 
 /* Everything a run needs, allocated here. Exits the process on failure (config, data, memory). */
@@ -61,8 +72,8 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
 /* Train until epochs, max_steps or hours run out, evaluate, report. Returns the final
  * evaluation; exits the process with DDP_EXIT_PEER_FAILURE if a collective fails. */
 eval_result_t trainer_run(trainer_t *t);
-/* Evaluate on this rank's shard of the test set, reduced over all ranks. */
-eval_result_t trainer_evaluate(trainer_t *t);
+/* Evaluate on this rank's shard of split, reduced over all ranks. */
+eval_result_t trainer_evaluate(trainer_t *t, data_split_t split);
 /* One training step on the next batch of this epoch (from the cursor), which it advances.
  * Returns the batch's sample count on this rank. */
 int trainer_step(trainer_t *t);
@@ -80,6 +91,25 @@ double trainer__snapshot(trainer_t *t, bool is_blocking);
  * *signum: SIGTERM if any rank received it, else SIGUSR1. */
 bool trainer__stop_requested(trainer_t *t, int *signum);
 void trainer__snapshot_free(trainer_t *t);
+/* A collective's result: on failure the worker exits with DDP_EXIT_PEER_FAILURE naming what. */
+void trainer__check_comm(trainer_t *t, int rc, const char *what);
+/* Training wall time of the whole run so far, restarts included (train.hours). */
+double trainer__elapsed_s(const trainer_t *t);
+
+/* trainer_eval.c, internal to the trainer: */
+/* Validate (on val, else test), report an "eval" event, and keep the weights when train.best_by
+ * says they are the best so far (rank 0 writes train.best_file). Every rank, the same step. */
+eval_result_t trainer__validate(trainer_t *t);
+/* The run's end: the test split (else the validation split) with the best weights when
+ * train.best_by kept any (loaded into the model on every rank), else the last; reports "final". */
+eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation);
+/* One "epoch" event: wall time and images/s of the epoch, and its validation when one ran. */
+void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const eval_result_t *val);
+/* The model's weights as a safetensors file (nn/weights, atomic); exit "io" naming key if not. */
+void trainer__write_weights(trainer_t *t, const char *path, const char *key);
+/* A metrics line (rank 0 with train.metrics_file); frees o. */
+void trainer__write_metrics(trainer_t *t, cJSON *o);
+
 /* The loss scaler's state, read from the backend (a synchronization); zeros without scaling. */
 loss_scale_t trainer__loss_scale(trainer_t *t);
 

@@ -4,11 +4,13 @@
  * a step boundary, then a blocking snapshot and exit). Runs on the trainer's thread. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "exit_codes.h"
 #include "json_lines.h"
 #include "trainer.h"
@@ -21,17 +23,6 @@ static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int signum) { stop_signal = signum; }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void check(trainer_t *t, int rc, const char *what) {
-    if (rc < 0)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
-                    t->comm->err[0] ? comm_error(t->comm) : "collective error");
-}
 
 /* Bytes reaching the disk are progress: a slow but moving snapshot write is no hang. */
 static void beat(void *arg) {
@@ -83,13 +74,17 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
     h->weight_decay = c->weight_decay;
     h->is_nesterov = c->is_nesterov;
     h->precision = (uint32_t)c->precision;
+    h->best_value = t->best_value;
+    h->best_step = t->best_step < 0 ? 0 : (uint64_t)t->best_step;
+    h->best_by = (uint32_t)c->best_by;
+    h->elapsed_s = trainer__elapsed_s(t);
     h->optimizer = (uint32_t)t->optim.kind;
 }
 
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
     t->last_snapshot_step = t->step;
     if (!t->snapshots) return 0;
-    double start = now_s();
+    double start = clock_now_s();
     snapshot_data_t *d;
     char err[1024];
     /* a failed earlier write is reported, not fatal: training goes on with the older snapshots */
@@ -112,7 +107,7 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     if (optimizer_has_second_moment(&t->optim))
         o->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
     snapshot_writer_submit(t->snapshots);
-    double stall = now_s() - start;
+    double stall = clock_now_s() - start;
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step, err,
                     t->has_written_params ? "the final weights are in train.params_file"
@@ -123,7 +118,7 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
         cJSON *event = json_line_new("snapshot");
         json_line_int(event, "step", t->step);
         json_line_num(event, "stall_ms", stall * 1e3);
-        if (is_blocking) json_line_num(event, "written_ms", (now_s() - start) * 1e3);
+        if (is_blocking) json_line_num(event, "written_ms", (clock_now_s() - start) * 1e3);
         json_line_write(t->metrics, event);
     }
     return stall;
@@ -132,7 +127,7 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
 bool trainer__stop_requested(trainer_t *t, int *signum) {
     if (!t->conf->snapshot_dir[0]) return false;
     double got[2] = {stop_signal == SIGTERM, stop_signal == SIGUSR1}; /* ranks that received each */
-    check(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 2), "agreeing on a stop signal");
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 2), "agreeing on a stop signal");
     *signum = got[0] > 0 ? SIGTERM : SIGUSR1; /* termination wins over a checkpoint request */
     return got[0] + got[1] > 0;
 }
@@ -169,6 +164,7 @@ static void check_compatible(const trainer_t *t, const snapshot_header_t *h, con
 bool trainer__resume(trainer_t *t) {
     if (!t->conf->snapshot_dir[0]) return false;
     int64_t where[5] = {0}; /* found, step, epoch, cursor, optimizer steps */
+    double run[3] = {NAN, -1, 0}; /* best value, its step, elapsed seconds */
     loss_scale_t ls = {0};
     snapshot_data_t d = {0};
     char path[4096];
@@ -184,11 +180,18 @@ bool trainer__resume(trainer_t *t) {
             where[2] = (int64_t)d.header.epoch;
             where[3] = (int64_t)d.header.cursor;
             where[4] = (int64_t)d.header.optim_steps;
+            run[2] = d.header.elapsed_s;
+            /* a best value judged by another measure would mislead: start that afresh */
+            if (d.header.best_by == (uint32_t)t->conf->best_by) {
+                run[0] = d.header.best_value;
+                run[1] = (double)d.header.best_step;
+            }
             ls.scale = (float)d.header.loss_scale;
             ls.good_steps = (uint32_t)d.header.loss_scale_good_steps;
         }
     }
-    check(t, t->comm->ops->broadcast(t->comm, where, sizeof where, 0), "broadcasting the resume point");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, where, sizeof where, 0), "broadcasting the resume point");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0), "broadcasting the run's state");
     if (!where[0]) return false;
     model_t *m = &t->model;
     const backend_i *o = t->backend->ops;
@@ -205,20 +208,23 @@ bool trainer__resume(trainer_t *t) {
         fflush(stdout);
         snapshot_data_free(&d);
     }
-    check(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
           "broadcasting the snapshot's parameters");
-    check(t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), 0),
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), 0),
           "broadcasting the snapshot's momentum");
-    check(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
           "broadcasting the snapshot's statistics");
     if (optimizer_has_second_moment(&t->optim)) {
-        check(t, t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq, m->n_params * sizeof(float), 0),
+        trainer__check_comm(t, t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq, m->n_params * sizeof(float), 0),
               "broadcasting the snapshot's second moment");
         optimizer_set_steps(&t->optim, (uint64_t)where[4]);
     }
     /* a snapshot without a scaler's state (0) leaves this run's initial scale */
-    check(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, 0), "broadcasting the loss scale");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, 0), "broadcasting the loss scale");
     if (t->loss_scale && ls.scale > 0) o->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
+    t->best_value = run[0];
+    t->best_step = (int64_t)run[1];
+    t->elapsed_before_s = run[2];
     t->step = t->last_snapshot_step = where[1];
     t->epoch = where[2];
     t->cursor = where[3];

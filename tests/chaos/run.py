@@ -263,7 +263,7 @@ def main():
             _, times[n] = run_reference(ddprun, ddpworker, probe,
                                         os.path.join(workdir, f"probe{n}"), workdir)
         per_step = max((times[512] - times[64]) / 448, 1e-4)
-        steps = max(64, int(max(args.duration, 10) * 0.8 / per_step))
+        steps = max(64, int(max(args.duration, 10) * 0.4 / per_step))
     conf = os.path.join(workdir, "chaos.conf")
     open(conf, "w").write(CONF.format(steps=steps))
     want, t_ref = run_reference(ddprun, ddpworker, conf, os.path.join(workdir, "reference"),

@@ -62,9 +62,17 @@ def test_two_ranks_train_and_rank0_reports_the_final_evaluation(ddprun, tmp_path
     assert r.returncode == 0, r.stderr
     events = [json.loads(line) for line in metrics.read_text().splitlines()]
     kinds = [e["event"] for e in events]
-    assert kinds.count("train") >= 4 and kinds.count("eval") == 1 and kinds[-1] == "final"
+    # a validation after each epoch (here on the test split: there is no val split), an epoch
+    # event with it, and the final evaluation, which reuses the last validation (same split,
+    # same weights)
+    assert kinds.count("train") >= 4 and kinds.count("eval") == 2 and kinds[-1] == "final"
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2], epochs
+    assert all(e["wall_s"] > 0 and e["img_per_s"] > 0 and e["split"] == "test" for e in epochs)
     final = events[-1]
     assert final["samples"] == 400 and final["step"] == 2 * 1024 // 64 and final["epoch"] == 2
+    assert final["split"] == "test" and final["weights"] == "last"
+    assert epochs[-1]["val_loss"] == final["loss"]
     assert final["top1"] > 0.6 and final["top5"] >= final["top1"], final
     steps = [e["step"] for e in events if e["event"] == "train"]
     assert steps == sorted(steps) and all(e["img_per_s"] > 0 for e in events if "img_per_s" in e)
@@ -128,7 +136,7 @@ def test_nothing_to_train_and_an_impossible_model_are_config_errors(ddpworker, t
     conf = small_conf(tmp_path, kind="synthetic", train_limit=64)
     r = subprocess.run([ddpworker, conf, "train.epochs=0"], capture_output=True, text=True,
                        timeout=60)
-    assert r.returncode == EXIT_CONFIG and "nothing to train" in r.stderr, r.stderr
+    assert r.returncode == EXIT_CONFIG and "nothing says when to stop" in r.stderr, r.stderr
     r = subprocess.run([ddpworker, conf, "model.name=cnn", "data.height=3", "data.width=3"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == EXIT_CONFIG and "too small" in r.stderr, r.stderr

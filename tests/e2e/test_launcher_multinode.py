@@ -95,7 +95,7 @@ def test_failure_on_one_node_restarts_every_node(ddprun, tmp_path):
     assert [r[0] for r in results] == [0, 0], [r[2] for r in results]
     for rank in range(4):
         assert load(tmp_path, rank, 2)["TORCHELASTIC_RESTART_COUNT"] == "2"
-    assert "round 0 ends (code=5" in results[0][2], "node 0 learns of node 1's failure"
+    assert "round 0 ends (exit 5 on node 1" in results[0][2], "node 0 learns of node 1's failure"
     assert time.monotonic() - t0 < 20
 
 
@@ -104,7 +104,7 @@ def test_restart_budget_is_job_wide_and_exit_code_reaches_every_node(ddprun, tmp
                          env={"FAIL_RANK": "1", "FAIL_CODE": "9"})
     assert [r[0] for r in results] == [9, 9], [r[2] for r in results]
     assert "root cause: node 0 rank 1" in results[0][2] and "attempt 2 of 2" in results[0][2]
-    assert "failed on another node (code=9" in results[1][2]
+    assert "failed on another node (exit 9 on node 0" in results[1][2]
     assert not (tmp_path / "rank0.attempt2.json").exists(), "no third attempt anywhere"
 
 
@@ -337,5 +337,5 @@ def test_a_lost_node_costs_no_restart(ddprun, tmp_path, lose_a_node):
             assert (tmp_path / f"seen.1.{rank}").read_text().split() == ["2", "0"]
     else:
         assert [a.returncode for a in survivors] == [75, 75, 75], errs
-        assert all("are used up" in e for e in errs), errs
+        assert all("the job failed (exit 75 " in e and "are used up" in e for e in errs), errs
         assert not (tmp_path / "seen.1.0").exists(), "no worker of a new round started"

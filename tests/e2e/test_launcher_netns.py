@@ -12,9 +12,9 @@ import pytest
 from conftest import free_port
 
 WORKER = r"""#!/bin/sh
-echo "$GROUP_WORLD_SIZE $WORLD_SIZE $MASTER_ADDR" > "$OUT_DIR/seen.$TORCHELASTIC_RESTART_COUNT.$RANK"
+echo "$GROUP_WORLD_SIZE $WORLD_SIZE $MASTER_ADDR" > "$OUT_DIR/seen.$DDPRUN_ATTEMPT.$RANK"
 trap 'echo stopped > "$OUT_DIR/stopped.$RANK"; exit 143' TERM
-[ "$TORCHELASTIC_RESTART_COUNT" = "0" ] && { sleep 60 & wait; }
+[ "$DDPRUN_ATTEMPT" = "0" ] && { sleep 60 & wait; }
 exit 0
 """
 

@@ -714,9 +714,10 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
     SKIP_WITHOUT_GPU();
     int h = 32, w = 32, c = 3, samples = 100, n = 64;
     size_t per = (size_t)h * w * c;
-    uint8_t *images = malloc(per * samples), labels[100];
+    uint8_t *images = malloc(per * samples);
+    int32_t labels[100];
     for (size_t i = 0; i < per * samples; i++) images[i] = (uint8_t)(rng_next(&seed) >> 56);
-    for (int i = 0; i < samples; i++) labels[i] = (uint8_t)(i % 10);
+    for (int i = 0; i < samples; i++) labels[i] = 999 - i; /* int32: beyond a byte's classes */
     augment_t a = {.is_random = true, .padding = 4, .seed = 9};
     for (int k = 0; k < c; k++) {
         a.mean[k] = 0.4914f - 0.01f * (float)k;
@@ -740,11 +741,12 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
             l = low_make();
             b = l.b;
         }
-        uint8_t *d_images = b->ops->alloc(b, per * samples), *d_labels = b->ops->alloc(b, samples);
+        uint8_t *d_images = b->ops->alloc(b, per * samples);
+        int32_t *d_labels = b->ops->alloc(b, sizeof labels);
         augment_job_t *d_jobs = b->ops->alloc(b, sizeof jobs);
         int32_t *d_out_labels = b->ops->alloc(b, sizeof got_labels);
         b->ops->to_device(b, d_images, images, per * samples);
-        b->ops->to_device(b, d_labels, labels, samples);
+        b->ops->to_device(b, d_labels, labels, sizeof labels);
         b->ops->to_device(b, d_jobs, jobs, sizeof jobs);
         float *out = flags[f] ? l.arena[ACTS] : b->ops->alloc(b, per * n * sizeof(float));
         b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, out, d_out_labels);

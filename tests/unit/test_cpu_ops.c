@@ -654,9 +654,10 @@ Test(cpu_ops, augment_batch_is_augment_sample_per_job) {
     backend_t *b = backend_cpu_create(2);
     int h = 6, w = 5, c = 3, samples = 40, n = 24;
     size_t per = (size_t)h * w * c;
-    uint8_t *images = malloc(per * samples), labels[40];
+    uint8_t *images = malloc(per * samples);
+    int32_t labels[40];
     for (size_t i = 0; i < per * samples; i++) images[i] = (uint8_t)(i * 37 + 11);
-    for (int i = 0; i < samples; i++) labels[i] = (uint8_t)(i % 10);
+    for (int i = 0; i < samples; i++) labels[i] = 997 - i; /* int32: beyond a byte's classes */
     augment_t a = {.is_random = true, .padding = 2, .seed = 5};
     for (int k = 0; k < c; k++) {
         a.mean[k] = 0.25f * (float)k;

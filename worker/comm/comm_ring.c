@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "comm.h"
 #include "ddp_error.h"
 
@@ -72,12 +73,6 @@ static void add_f64(void *dst, const void *src, size_t n) {
         d[i] += s[i];
 }
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int ring_fail(ring_t *r, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int ring_fail(ring_t *r, int rc, const char *fmt, ...) {
     r->failed_rc = rc;
@@ -104,7 +99,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
     const uint8_t *s = send_buf;
     uint8_t *d = recv_buf;
     size_t sent = 0, got = 0, fill = 0; /* fill: bytes of the current piece in scratch */
-    int64_t last_progress = now_ms();
+    int64_t last_progress = (int64_t)clock_now_ms();
     while (sent < send_len || got < recv_len) {
         struct pollfd p[2];
         int n = 0, send_at = -1, recv_at = -1;
@@ -116,7 +111,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
             p[n] = (struct pollfd){.fd = r->prev_fd, .events = POLLIN};
             recv_at = n++;
         }
-        int64_t left = r->timeout_ms - (now_ms() - last_progress);
+        int64_t left = r->timeout_ms - ((int64_t)clock_now_ms() - last_progress);
         int ready = left > 0 ? poll(p, (nfds_t)n, (int)(left > 1000000000 ? 1000000000 : left)) : 0;
         if (ready < 0 && errno == EINTR) continue;
         if (ready < 0)
@@ -133,7 +128,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
             ssize_t k = send(r->next_fd, s + sent, send_len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k > 0) {
                 sent += (size_t)k;
-                last_progress = now_ms();
+                last_progress = (int64_t)clock_now_ms();
             } else if (k < 0 && errno != EAGAIN && errno != EINTR) {
                 return ring_fail(r, DDP_ECLOSED,
                                  "sending to rank %d (%s, next) failed during %s: %s", next_rank(r),
@@ -147,7 +142,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
                             : recv(r->prev_fd, d + got, recv_len - got, MSG_DONTWAIT);
             if (k > 0) {
                 got += (size_t)k;
-                last_progress = now_ms();
+                last_progress = (int64_t)clock_now_ms();
                 fill += (size_t)k;
                 if (add && fill == piece_len) { /* piece_len is whole elements */
                     add(d + got - fill, r->scratch, piece_len / elem);
@@ -342,7 +337,7 @@ static int route_address(const char *store_host, char *out, size_t out_len) {
 
 static int wait_fd(int fd, short events, int64_t deadline_ms) {
     for (;;) {
-        int64_t left = deadline_ms - now_ms();
+        int64_t left = deadline_ms - (int64_t)clock_now_ms();
         if (left <= 0) return DDP_ETIMEOUT;
         struct pollfd p = {.fd = fd, .events = events};
         int rc = poll(&p, 1, (int)(left > 1000000 ? 1000000 : left));
@@ -412,7 +407,7 @@ static int connect_next(ring_t *r, const char *host, const char *port, const rin
             break;
         }
         close(fd);
-        if (rc == DDP_ETIMEOUT || now_ms() + delay_ms >= deadline_ms) {
+        if (rc == DDP_ETIMEOUT || (int64_t)clock_now_ms() + delay_ms >= deadline_ms) {
             rc = DDP_ETIMEOUT;
             break;
         }
@@ -451,7 +446,7 @@ static int accept_prev(ring_t *r, int listen_fd, uint64_t job_hash, int64_t dead
                       sizeof from_host);
         tune_socket(fd);
         ring_hello_t h;
-        int64_t hello_deadline = now_ms() + 5000 < deadline_ms ? now_ms() + 5000 : deadline_ms;
+        int64_t hello_deadline = (int64_t)clock_now_ms() + 5000 < deadline_ms ? (int64_t)clock_now_ms() + 5000 : deadline_ms;
         rc = io_all(fd, &h, sizeof h, false, hello_deadline);
         if (rc < 0) {
             snprintf(stray, sizeof stray, "a connection from %s sent no hello (%s)", from_host,
@@ -513,7 +508,7 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t 
     r->base = (comm_t){.ops = &ring_ops, .rank = o->rank, .world = o->world};
     r->next_fd = r->prev_fd = -1;
     r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 300000;
-    int64_t deadline_ms = now_ms() + r->timeout_ms;
+    int64_t deadline_ms = (int64_t)clock_now_ms() + r->timeout_ms;
     int listen_fd = -1, rc = 0;
     char host[64] = "127.0.0.1";
     if (o->advertise_host)

@@ -568,7 +568,7 @@ static void cpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growt
     loss_scale_next(ls, growth_interval);
 }
 
-static void cpu_augment_batch(backend_t *b, const uint8_t *images, const uint8_t *labels, int h,
+static void cpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h,
                               int w, int c, const augment_job_t *jobs, int n, augment_norm_t norm,
                               float *out, int32_t *labels_out) {
     (void)b;

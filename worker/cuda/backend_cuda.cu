@@ -293,7 +293,7 @@ static void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes
 
 /* augment_apply's arithmetic: the same rounded multiply and add (never an FMA), so the same bits. */
 template <typename T>
-__global__ void augment_kernel(const uint8_t *images, const uint8_t *labels, int h, int w, int c,
+__global__ void augment_kernel(const uint8_t *images, const int32_t *labels, int h, int w, int c,
                                const augment_job_t *jobs, int n, augment_norm_t norm, T *out, int32_t *labels_out) {
     size_t per = (size_t)h * w * c;
     GRID_STRIDE(o, per * n) {
@@ -308,7 +308,7 @@ __global__ void augment_kernel(const uint8_t *images, const uint8_t *labels, int
     }
 }
 
-static void gpu_augment_batch(backend_t *b, const uint8_t *images, const uint8_t *labels, int h, int w, int c,
+static void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w, int c,
                               const augment_job_t *jobs, int n, augment_norm_t norm, float *out, int32_t *labels_out) {
     size_t total = (size_t)h * w * c * n;
     if (!total) return;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "backend_cuda_internal.h"
+#include "clock.h"
 #include "comm.h"
 #include "comm_nccl.h"
 
@@ -32,12 +33,6 @@ typedef struct {
 
 static nccl_t *nccl_of(comm_t *c) { return (nccl_t *)c; }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int fail(nccl_t *n, const char *fmt, const char *what, const char *detail) {
     snprintf(n->base.err, sizeof n->base.err, fmt, what, detail);
     if (!n->is_broken) ncclCommAbort(n->nccl); /* frees peers blocked on us too */
@@ -49,7 +44,7 @@ static int fail(nccl_t *n, const char *fmt, const char *what, const char *detail
 static int wait_done(nccl_t *n, const char *what) {
     if (cudaEventRecord(n->done, n->stream) != cudaSuccess)
         return fail(n, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
-    double deadline = now_ms() + (double)n->timeout_ms;
+    double deadline = (clock_now_s() * 1e3) + (double)n->timeout_ms;
     for (;;) {
         cudaError_t rc = cudaEventQuery(n->done);
         if (rc == cudaSuccess) return 0;
@@ -58,7 +53,7 @@ static int wait_done(nccl_t *n, const char *what) {
         ncclCommGetAsyncError(n->nccl, &async);
         if (async != ncclSuccess && async != ncclInProgress)
             return fail(n, "%s failed: %s (a peer died or left)", what, ncclGetErrorString(async));
-        if (now_ms() > deadline) {
+        if ((clock_now_s() * 1e3) > deadline) {
             char ms[32];
             snprintf(ms, sizeof ms, "%lld", (long long)n->timeout_ms);
             return fail(n, "%s did not complete within %s ms (a peer died or hangs)", what, ms);
@@ -69,8 +64,8 @@ static int wait_done(nccl_t *n, const char *what) {
 
 /* A non-blocking communicator's call may return ncclInProgress: wait until it is queued. */
 static int settle(nccl_t *n, ncclResult_t rc, const char *what) {
-    double deadline = now_ms() + (double)n->timeout_ms;
-    while (rc == ncclInProgress && now_ms() < deadline) {
+    double deadline = (clock_now_s() * 1e3) + (double)n->timeout_ms;
+    while (rc == ncclInProgress && (clock_now_s() * 1e3) < deadline) {
         usleep(20);
         ncclCommGetAsyncError(n->nccl, &rc);
     }
@@ -199,8 +194,8 @@ extern "C" int comm_nccl_create(backend_t *backend, const void *id, int rank, in
     ncclUniqueId uid;
     memcpy(&uid, id, sizeof uid);
     ncclResult_t rc = ncclCommInitRankConfig(&n->nccl, world, uid, rank, &config);
-    double deadline = now_ms() + (double)timeout_ms;
-    while (rc == ncclInProgress && now_ms() < deadline) {
+    double deadline = (clock_now_s() * 1e3) + (double)timeout_ms;
+    while (rc == ncclInProgress && (clock_now_s() * 1e3) < deadline) {
         usleep(100);
         ncclCommGetAsyncError(n->nccl, &rc);
     }

@@ -67,7 +67,7 @@ int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t lim
         total += counts[i];
     }
     out->images = malloc((size_t)total * CIFAR_IMAGE);
-    out->labels = malloc((size_t)total);
+    out->labels = malloc((size_t)total * sizeof *out->labels);
     if (!out->images || !out->labels) {
         dataset_free(out);
         return dataset_fail(err, err_len, "%s: out of memory for %lld images", dir, (long long)total);

@@ -129,17 +129,27 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
                   images_path, (long long)n);
         goto done;
     }
-    if (read_claimed(fl, (size_t)n, &out->labels) < 0) {
+    uint8_t *raw_labels = NULL; /* IDX labels are bytes; ours are int32 end to end */
+    if (read_claimed(fl, (size_t)n, &raw_labels) < 0) {
         rc = dataset_fail(err, err_len, "%s: truncated: fewer than the %lld labels its header promises",
                   labels_path, (long long)n);
         goto done;
     }
+    out->labels = malloc((size_t)(n ? n : 1) * sizeof *out->labels);
+    if (!out->labels) {
+        free(raw_labels);
+        rc = dataset_fail(err, err_len, "%s: out of memory for %lld labels", labels_path,
+                          (long long)n);
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) out->labels[i] = raw_labels[i];
+    free(raw_labels);
     if ((rc = expect_end(fi, images_path, err, err_len)) < 0) goto done;
     if ((rc = expect_end(fl, labels_path, err, err_len)) < 0) goto done;
     for (int64_t i = 0; i < n; i++) {
         if (out->labels[i] >= classes) {
-            rc = dataset_fail(err, err_len, "%s: label %u of sample %lld is not below %d classes",
-                      labels_path, out->labels[i], (long long)i, classes);
+            rc = dataset_fail(err, err_len, "%s: label %d of sample %lld is not below %d classes",
+                      labels_path, (int)out->labels[i], (long long)i, classes);
             goto done;
         }
     }

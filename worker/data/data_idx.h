@@ -10,7 +10,7 @@
 
 typedef struct {
     uint8_t *images; /* (n, h, w, c) uint8 NHWC */
-    uint8_t *labels; /* (n) */
+    int32_t *labels; /* (n), in [0, classes) */
     int64_t n;
     int h, w, c;
     int classes;

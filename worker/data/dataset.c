@@ -21,7 +21,7 @@ static int synthetic(const train_conf_t *c, int64_t n, uint64_t stream, dataset_
     d->classes = (int)c->classes;
     size_t per = (size_t)d->h * d->w * d->c;
     d->images = malloc(per * (size_t)n);
-    d->labels = malloc((size_t)n);
+    d->labels = malloc((size_t)n * sizeof *d->labels);
     if (!d->images || !d->labels) {
         dataset_free(d);
         return dataset_fail(err, err_len, "synthetic data: out of memory for %lld images",
@@ -30,7 +30,7 @@ static int synthetic(const train_conf_t *c, int64_t n, uint64_t stream, dataset_
     for (int64_t i = 0; i < n; i++) {
         uint64_t state = rng_key((uint64_t)c->seed ^ stream, 0x73796e74ull /* "synt" */, (uint64_t)i);
         int label = (int)(rng_next(&state) % (uint64_t)d->classes);
-        d->labels[i] = (uint8_t)(label % 256);
+        d->labels[i] = label;
         uint8_t *img = d->images + per * (size_t)i;
         for (int y = 0; y < d->h; y++) {
             bool is_band = y * d->classes / d->h == label;
@@ -90,11 +90,78 @@ int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t 
     if (rc == 0 && d->train.c > AUGMENT_MAX_CHANNELS)
         rc = dataset_fail(err, err_len, "data: %d channels; at most %d are supported", d->train.c,
                           AUGMENT_MAX_CHANNELS);
+    if (rc == 0 && c->val_split > 0) {
+        char msg[512];
+        rc = data_hold_out(&d->train, c->val_split, &d->val, msg, sizeof msg);
+        if (rc < 0) dataset_fail(err, err_len, "data.val_split: %s", msg);
+    }
     if (rc < 0) data_splits_free(d);
     return rc;
 }
 
 void data_splits_free(data_splits_t *d) {
     dataset_free(&d->train);
+    dataset_free(&d->val);
     dataset_free(&d->test);
+}
+
+const dataset_t *data_split(const data_splits_t *d, data_split_t s) {
+    return s == SPLIT_TRAIN ? &d->train : s == SPLIT_VAL ? &d->val : &d->test;
+}
+
+const char *data_split_name(data_split_t s) {
+    return s == SPLIT_TRAIN ? "train" : s == SPLIT_VAL ? "val" : "test";
+}
+
+/* A copy of the samples of src whose is_held[i] equals want, in order. */
+static int copy_where(const dataset_t *src, const bool *is_held, bool want, int64_t n_out,
+                      dataset_t *out) {
+    size_t per = (size_t)src->h * src->w * src->c;
+    *out = (dataset_t){.n = n_out, .h = src->h, .w = src->w, .c = src->c, .classes = src->classes};
+    out->images = malloc(per * (size_t)n_out);
+    out->labels = malloc(sizeof *out->labels * (size_t)n_out);
+    if (!out->images || !out->labels) {
+        dataset_free(out);
+        return -1;
+    }
+    for (int64_t i = 0, j = 0; i < src->n; i++) {
+        if (is_held[i] != want) continue;
+        memcpy(out->images + per * (size_t)j, src->images + per * (size_t)i, per);
+        out->labels[j++] = src->labels[i];
+    }
+    return 0;
+}
+
+int data_hold_out(dataset_t *train, double fraction, dataset_t *val, char *err, size_t err_len) {
+    int64_t n = train->n, n_val = (int64_t)(fraction * (double)n + 0.5);
+    if (n_val < 1 || n_val >= n)
+        return dataset_fail(err, err_len, "%g of %lld training samples leaves %s empty", fraction,
+                            (long long)n, n_val < 1 ? "the validation split" : "training");
+    /* the first n_val of a permutation keyed by n alone: a seed does not move samples between
+     * train and val, so runs with different seeds validate on the same samples */
+    int64_t *order = malloc(sizeof *order * (size_t)n);
+    bool *is_held = calloc((size_t)n, sizeof *is_held);
+    int rc = order && is_held ? 0 : -1;
+    if (rc == 0) {
+        uint64_t state = rng_key(0x76616c73706c6974ull /* "valsplit" */, (uint64_t)n, 0);
+        for (int64_t i = 0; i < n; i++) order[i] = i;
+        for (int64_t i = n - 1; i > 0; i--) {
+            int64_t j = (int64_t)(rng_next(&state) % (uint64_t)(i + 1));
+            int64_t tmp = order[i];
+            order[i] = order[j];
+            order[j] = tmp;
+        }
+        for (int64_t i = 0; i < n_val; i++) is_held[order[i]] = true;
+        dataset_t kept;
+        rc = copy_where(train, is_held, true, n_val, val);
+        if (rc == 0 && (rc = copy_where(train, is_held, false, n - n_val, &kept)) < 0) dataset_free(val);
+        if (rc == 0) {
+            dataset_free(train);
+            *train = kept;
+        }
+    }
+    free(order);
+    free(is_held);
+    if (rc < 0) return dataset_fail(err, err_len, "out of memory holding out %lld samples", (long long)n_val);
+    return 0;
 }

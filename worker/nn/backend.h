@@ -64,9 +64,9 @@ typedef struct {
     void (*to_host)(backend_t *b, void *dst, const void *src, size_t n_bytes);
     /* A batch assembled where the dataset lives, so only the jobs cross to the device: for i < n,
      * sample i of out = augment_apply(&jobs[i].choice, norm, images' sample jobs[i].index) and
-     * labels_out[i] = labels[jobs[i].index]. images: (samples, h, w, c) uint8 NHWC, labels: uint8,
+     * labels_out[i] = labels[jobs[i].index]. images: (samples, h, w, c) uint8 NHWC, labels: int32,
      * jobs: backend memory; out: (n, h, w, c), an activation. Every backend gives the same bits. */
-    void (*augment_batch)(backend_t *b, const uint8_t *images, const uint8_t *labels, int h, int w,
+    void (*augment_batch)(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w,
                           int c, const augment_job_t *jobs, int n, augment_norm_t norm, float *out,
                           int32_t *labels_out);
     void (*fill)(backend_t *b, float *x, float value, size_t n_elems);

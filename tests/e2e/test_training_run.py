@@ -1,0 +1,145 @@
+"""What a run is made of, end to end on the cpu backend: train/val/test splits (data.val_split),
+int32 labels (1000 classes), model.classes, the best weights by validation kept across a restart
+(train.best_by, train.best_file), the test at the end with them, evaluation-only runs
+(train.max_steps = 0), and train.hours counted across restarts."""
+import json
+import re
+import subprocess
+
+import numpy as np
+
+import safetensors_file
+from conftest import clean_env
+
+EXIT_CONFIG = 78
+
+CONF = """[model]
+name = mlp
+width = 32
+[data]
+kind = synthetic
+height = 8
+width = 8
+channels = 1
+classes = {classes}
+train_limit = 512
+test_limit = 128
+[optim]
+lr = 0.05
+schedule = constant
+[train]
+batch_size = 32
+epochs = 2
+log_interval = 4
+"""
+
+
+def conf_file(tmp_path, classes=10):
+    path = tmp_path / "run.conf"
+    path.write_text(CONF.format(classes=classes))
+    return str(path)
+
+
+def worker(ddpworker, conf, *overrides, check=True):
+    r = subprocess.run([ddpworker, conf, *overrides], capture_output=True, text=True, timeout=300,
+                       env=clean_env())
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def events(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_held_out_validation_split_is_validated_and_the_test_set_tested(ddpworker, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    worker(ddpworker, conf_file(tmp_path), "data.val_split=0.25", f"train.metrics_file={metrics}")
+    ev = events(metrics)
+    evals = [e for e in ev if e["event"] == "eval"]
+    assert evals and all(e["split"] == "val" and e["samples"] == 128 for e in evals), evals
+    final = ev[-1]
+    assert final["event"] == "final" and final["split"] == "test" and final["samples"] == 128
+    # the held-out samples are not trained on: 384 of 512 remain, 12 steps of 32 per epoch
+    assert [e["step"] for e in ev if e["event"] == "epoch"] == [12, 24]
+
+
+def test_the_held_out_split_is_the_same_for_every_seed(ddpworker, tmp_path):
+    finals = []
+    for seed in (1, 2):
+        metrics = tmp_path / f"m{seed}.jsonl"
+        worker(ddpworker, conf_file(tmp_path), "data.val_split=0.5", "train.max_steps=0",
+               f"train.seed={seed}", f"train.metrics_file={metrics}")
+        finals.append([e for e in events(metrics) if e["event"] == "eval"][0])
+    # different initial weights, same validation samples: both see 256 of them
+    assert finals[0]["samples"] == finals[1]["samples"] == 256
+    assert finals[0]["loss"] != finals[1]["loss"]
+
+
+def test_a_thousand_classes_do_not_wrap(ddpworker, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    params = tmp_path / "p.bin"
+    worker(ddpworker, conf_file(tmp_path, classes=1000), "train.max_steps=4",
+           f"train.metrics_file={metrics}", f"train.params_file={params}")
+    # mlp 64 -> 32 -> 32 -> 1000: the classifier has 1000 outputs, not 1000 % 256
+    tensors = safetensors_file.load(str(params))
+    last = [v for k, v in tensors.items() if k.endswith(".weight")][-1]
+    assert last.shape == (1000, 32), {k: v.shape for k, v in tensors.items()}
+    r = worker(ddpworker, conf_file(tmp_path, classes=1000), "model.classes=100", check=False)
+    assert r.returncode == EXIT_CONFIG and "model.classes = 100, but the dataset has 1000" in r.stderr
+
+
+def test_max_steps_zero_only_evaluates_the_initial_weights(ddpworker, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    r = worker(ddpworker, conf_file(tmp_path), "train.max_steps=0", "data.val_split=0.25",
+               f"train.metrics_file={metrics}")
+    kinds = [e["event"] for e in events(metrics)]
+    assert kinds == ["eval", "final"], kinds
+    final = events(metrics)[-1]
+    assert final["step"] == 0 and final["split"] == "test" and final["weights"] == "last"
+    assert 1.5 < final["loss"] < 3.5, "an untrained 10-class model: about ln(10)"
+
+
+def test_the_best_weights_are_kept_across_a_restart_and_tested_at_the_end(ddpworker, tmp_path):
+    conf = conf_file(tmp_path)
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.bin", tmp_path / "m.jsonl"
+    common = ["data.val_split=0.25", "train.best_by=val_loss", f"train.best_file={best}",
+              "train.eval_interval=3", f"snapshot.dir={snap}", "snapshot.every=3",
+              f"train.metrics_file={metrics}"]
+    worker(ddpworker, conf, *common, "train.max_steps=9")        # the first part of the run
+    bests = [e for e in events(metrics) if e["event"] == "best"]
+    assert bests and best.exists()
+    # the snapshot carries the best value, so the rest of the run compares against it
+    latest = (snap / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True)
+    m = re.search(r"^best:\s+val_loss (\S+) at step (\d+)$", r.stdout, re.M)
+    assert m, r.stdout
+    assert float(m.group(1)) == bests[-1]["value"] and int(m.group(2)) == bests[-1]["step"]
+    before = bests[-1]
+    worker(ddpworker, conf, *common)                             # resumed to the end (24 steps)
+    ev = events(metrics)
+    after = [e for e in ev if e["event"] == "best" and e["step"] > 9]
+    assert all(e["value"] < before["value"] for e in after), "only a better one replaces it"
+    final = ev[-1]
+    winner = after[-1] if after else before
+    assert final["weights"] == "best" and final["best_step"] == winner["step"], final
+    assert final["best_value"] == winner["value"]
+    assert {k: v.shape for k, v in safetensors_file.load(str(best)).items()}, "a weights file"
+
+
+def test_hours_count_the_whole_run_across_restarts(ddpworker, tmp_path):
+    conf = conf_file(tmp_path)
+    snap = tmp_path / "snap"
+    # a budget already spent by an earlier part of the run: the resumed part stops at once
+    r = worker(ddpworker, conf, f"snapshot.dir={snap}", "snapshot.every=2", "train.max_steps=4",
+               "train.epochs=1000", "train.log_interval=1")
+    latest = (snap / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True)
+    elapsed = float(re.search(r"^elapsed:\s+(\S+) s", r.stdout, re.M).group(1))
+    assert elapsed > 0
+    hours = elapsed / 3600 * 0.5                                  # half of what was used already
+    r = worker(ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=0", "train.max_steps=-1",
+               "train.log_interval=1", f"train.hours={hours:.9f}", "optim.schedule=constant")
+    steps = [int(s) for s in re.findall(r"step (\d+)  hours", r.stdout)]
+    assert steps == [5], "one step (the budget is checked at log intervals), then the end: " + r.stdout
+    assert re.search(r"step 5  hours \d+\.\d\d/0\.00", r.stdout), r.stdout

@@ -1,0 +1,57 @@
+/* Unit tests of launcher/rdzv_record: the rendezvous' JSON records round-trip, and anything else
+ * from the store is refused whole. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "rdzv_record.h"
+
+Test(rdzv_record, node_and_why_round_trip) {
+    char text[RDZV_RECORD_MAX_BYTES];
+    rdzv_node_record_t n = {.nproc = 8, .hint = -1, .is_host = true}, n2;
+    cr_assert_gt(rdzv_record_node_format(&n, text, sizeof text), 0);
+    cr_assert(rdzv_record_node_parse(text, strlen(text), &n2), "%s", text);
+    cr_assert(n2.nproc == 8 && n2.hint == -1 && n2.is_host);
+    rdzv_why_t w = {.code = 75, .is_permanent = false, .failures = 3, .node = 1, .rank = 5}, w2;
+    cr_assert_gt(rdzv_record_why_format(&w, text, sizeof text), 0);
+    cr_assert_str_eq(text, "{\"code\":75,\"permanent\":false,\"failures\":3,\"node\":1,\"rank\":5}");
+    cr_assert(rdzv_record_why_parse(text, strlen(text), &w2));
+    cr_assert(w2.code == 75 && !w2.is_permanent && w2.failures == 3 && w2.node == 1 && w2.rank == 5);
+}
+
+Test(rdzv_record, malformed_records_are_refused) {
+    rdzv_why_t w;
+    rdzv_node_record_t n;
+    const char *bad_why[] = {
+        "", "{}", "[]", "null", "code=75 permanent=0 failures=1 node=0 rank=0",
+        "{\"code\":75,\"permanent\":false,\"failures\":1,\"node\":0}",            /* no rank */
+        "{\"code\":\"75\",\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}", /* a string */
+        "{\"code\":75.5,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}",   /* not whole */
+        "{\"code\":300,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}",    /* no exit code */
+        "{\"code\":75,\"permanent\":1,\"failures\":1,\"node\":0,\"rank\":0}",         /* not a bool */
+        "{\"code\":75,\"permanent\":false,\"failures\":-1,\"node\":0,\"rank\":0}",
+        "{\"code\":75,\"permanent\":false,\"failures\":1e300,\"node\":0,\"rank\":0}",
+    };
+    for (size_t i = 0; i < sizeof bad_why / sizeof bad_why[0]; i++)
+        cr_assert_not(rdzv_record_why_parse(bad_why[i], strlen(bad_why[i]), &w), "%s", bad_why[i]);
+    const char *bad_node[] = {"{\"nproc\":0,\"hint\":-1,\"host\":false}",
+                              "{\"nproc\":2,\"hint\":-2,\"host\":false}",
+                              "{\"nproc\":2,\"hint\":0}", "nproc=2 hint=0 host=1"};
+    for (size_t i = 0; i < sizeof bad_node / sizeof bad_node[0]; i++)
+        cr_assert_not(rdzv_record_node_parse(bad_node[i], strlen(bad_node[i]), &n), "%s", bad_node[i]);
+    /* not NUL-terminated, and never read past n_bytes */
+    char cut[] = {'{', '"', 'n', 'p'};
+    cr_assert_not(rdzv_record_node_parse(cut, sizeof cut, &n));
+    static char huge[RDZV_RECORD_MAX_BYTES + 2];
+    memset(huge, ' ', sizeof huge);
+    cr_assert_not(rdzv_record_why_parse(huge, sizeof huge, &w));
+}
+
+Test(rdzv_record, descriptions_are_for_people) {
+    char text[128];
+    rdzv_why_t w = {.code = 137, .is_permanent = false, .failures = 2, .node = 1, .rank = 3};
+    rdzv_record_why_describe(&w, text, sizeof text);
+    cr_assert_str_eq(text, "exit 137 on node 1 rank 3, failure 2 of the job");
+    w = (rdzv_why_t){.code = 0, .node = -1, .rank = -1};
+    rdzv_record_why_describe(&w, text, sizeof text);
+    cr_assert_str_eq(text, "a membership change");
+}
