@@ -38,7 +38,7 @@ static void add_ref(tensor_ref_t *refs, int *n, int layer, const char *prefix, p
     r->layer = layer;
     r->part = part;
     r->t = (safetensors_tensor_t){.name = r->name, .dtype = dtype, .ndim = ndim};
-    memcpy(r->t.shape, shape, sizeof(uint64_t) * (size_t)ndim);
+    if (ndim) memcpy(r->t.shape, shape, sizeof(uint64_t) * (size_t)ndim);
 }
 
 /* The model's state_dict in torchvision's order (the layers'). *refs: malloc'ed; at most 5 per
