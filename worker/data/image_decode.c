@@ -83,7 +83,7 @@ static int decode_jpeg(image_decoder_t *d, const uint8_t *bytes, size_t n, int m
     int n_factors = 0;
     tjscalingfactor *factors = tjGetScalingFactors(&n_factors);
     int best_w = w, best_h = h;
-    for (int i = 0; factors && i < n_factors; i++) {
+    for (int i = 0; factors && (min_w > 0 || min_h > 0) && i < n_factors; i++) {
         if (factors[i].num > factors[i].denom) continue; /* upscaling is the resize's work */
         int sw = TJSCALED(w, factors[i]), sh = TJSCALED(h, factors[i]);
         if (sw >= min_w && sh >= min_h && (int64_t)sw * sh < (int64_t)best_w * best_h) {
