@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An ImageNet-style JPEG folder made from Debian's Fashion-MNIST, for ddpworker's imagefolder
 tests and benchmarks: ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (optionally test/), the
-ten classes named as Fashion-MNIST's, RGB (the grey item tinted by class), upscaled to sides of
+ten classes named as Fashion-MNIST's, RGB (the grey item in a random tint: colour says nothing
+of the class), upscaled to sides of
 40-96 px at several aspect ratios, a few grayscale JPEGs and PNGs, and with --broken N, N corrupt,
 truncated or non-image files among the training images. Deterministic for a given --seed.
 
@@ -50,7 +51,7 @@ def write_split(root, split, images, labels, per_class, rng, broken):
         if n % 17 == 5:                       # a grayscale JPEG
             grey.resize(size, Image.BILINEAR).save(os.path.join(folder, f"{n:05d}.jpg"), quality=90)
             continue
-        tint = np.array(TINTS[label], np.float32) / 255
+        tint = np.array(TINTS[rng.randrange(len(TINTS))], np.float32) / 255
         rgb = (np.asarray(grey, np.float32)[..., None] * tint).astype(np.uint8)
         pic = Image.fromarray(rgb).resize(size, Image.BILINEAR)
         if n % 13 == 7:                       # a PNG among the JPEGs
