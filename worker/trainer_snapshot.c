@@ -172,6 +172,7 @@ bool trainer__resume(trainer_t *t) {
         char err[1024];
         int found = snapshot_find_latest(t->conf->snapshot_dir, stderr, &d, path, sizeof path, err,
                                          sizeof err);
+        if (found == SNAPSHOT_E_NEWER) trainer_die(DDP_EXIT_DATA, "snapshot.dir: %s", err);
         if (found < 0) trainer_die(DDP_EXIT_IO, "%s", err);
         if (found) {
             check_compatible(t, &d.header, path);
