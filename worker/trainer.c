@@ -397,7 +397,12 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
                         (long long)t->step, is_bad, t->world);
     }
     char eta[32], snap[256] = "", scaling[64] = "";
-    format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
+    double eta_s = t->total_steps ? steps_left * seconds / (double)steps : INFINITY;
+    if (t->conf->hours > 0) { /* whichever ends the run first */
+        double budget_left_s = t->conf->hours * 3600 - trainer__elapsed_s(t);
+        eta_s = fmin(eta_s, budget_left_s > 0 ? budget_left_s : 0);
+    }
+    format_duration(isfinite(eta_s) ? eta_s : 0, eta, sizeof eta);
     if (t->snapshots) describe_snapshots(t, snap, sizeof snap);
     status_report_publish(t->status, t->step, t->epoch + 1, loss, rate,
                           t->last_snapshot_step > 0 ? t->last_snapshot_step : -1);
@@ -408,11 +413,13 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
         snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale, ls.skipped_steps);
     }
     double lr = lr_at(&t->lr, t->step - 1);
-    char where[64]; /* a run bounded by time alone shows the time, not "step 10/0" */
-    if (t->total_steps) snprintf(where, sizeof where, "step %lld/%lld", (long long)t->step,
-                                 (long long)t->total_steps);
-    else snprintf(where, sizeof where, "step %lld  hours %.2f/%.2f", (long long)t->step,
-                  trainer__elapsed_s(t) / 3600, t->conf->hours);
+    /* "step 10/0" says nothing: a run without a step count shows none, and a time budget shows
+     * the whole run's hours against it */
+    char where[96], total[32] = "", hours[48] = "";
+    if (t->total_steps) snprintf(total, sizeof total, "/%lld", (long long)t->total_steps);
+    if (t->conf->hours > 0)
+        snprintf(hours, sizeof hours, "  hours %.2f/%.2f", trainer__elapsed_s(t) / 3600, t->conf->hours);
+    snprintf(where, sizeof where, "step %lld%s%s", (long long)t->step, total, hours);
     printf("epoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n", (long long)t->epoch + 1,
            where, loss, lr, rate, eta, scaling, snap);
     fflush(stdout);
@@ -492,7 +499,7 @@ eval_result_t trainer_run(trainer_t *t) {
                     "diverged", isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
     if (t->rank == 0 && c->params_file[0]) {
-        trainer__write_weights(t, c->params_file, "train.params_file");
+        trainer__write_weights(t, c->params_file, "train.params_file", NULL);
         t->has_written_params = true;
     }
     if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);

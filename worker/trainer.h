@@ -121,8 +121,15 @@ eval_result_t trainer__validate(trainer_t *t);
 eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation);
 /* One "epoch" event: wall time and images/s of the epoch, and its validation when one ran. */
 void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const eval_result_t *val);
-/* The model's weights as a safetensors file (nn/weights, atomic); exit "io" naming key if not. */
-void trainer__write_weights(trainer_t *t, const char *path, const char *key);
+/* The model's weights as a safetensors file (nn/weights, atomic), with tags (weights_save_tagged:
+ * key/value pairs, NULL-terminated, or NULL) in its metadata; exit "io" naming key if not. Every
+ * weights file the trainer writes goes through here. */
+void trainer__write_weights(trainer_t *t, const char *path, const char *key, const char *const *tags);
+/* Rank 0 at a resume: the best validation the snapshot recorded (*value NaN and *step -1: none),
+ * replaced by what train.best_file says of itself when that is a later best of this run (a crash
+ * came between writing it and the next snapshot), so the best is never forgotten nor replaced by a
+ * worse one; reset, with a warning, when the file is gone. */
+void trainer__recall_best(const trainer_t *t, double *value, int64_t *step);
 /* A metrics line (rank 0 with train.metrics_file); frees o. */
 void trainer__write_metrics(trainer_t *t, cJSON *o);
 
