@@ -188,28 +188,39 @@ static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
     }
 }
 
+/* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable (the build tree), else
+ * where `cmake --install` puts it relative to this executable (DDP_CUDA_LIB_RELDIR, e.g.
+ * ../lib/x86_64-linux-gnu/ddprun), so an installed tree works under any prefix or DESTDIR. The
+ * path returned is the one to try (the installed one when neither exists). */
+static void cuda_lib_path(char *path, size_t len) {
+    const char *env = getenv("DDPWORKER_CUDA_LIB");
+    if (env && *env) {
+        snprintf(path, len, "%s", env);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    int dir_len = slash ? (int)(slash - exe) : 1;
+    const char *dir = slash ? exe : ".";
+    snprintf(path, len, "%.*s/libddpworker_cuda.so", dir_len, dir);
+    if (access(path, F_OK) == 0) return;
+    snprintf(path, len, "%.*s/%s/libddpworker_cuda.so", dir_len, dir, DDP_CUDA_LIB_RELDIR);
+}
+
 static backend_t *make_backend(const train_conf_t *conf, int threads) {
     if (conf->backend == BACKEND_CPU) {
         backend_t *b = backend_cpu_create(threads);
         if (!b) trainer_die(DDP_EXIT_BUG, "out of memory for the cpu backend");
         return b;
     }
-    /* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable */
     char path[PATH_MAX];
-    const char *env = getenv("DDPWORKER_CUDA_LIB");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-        path[n > 0 ? n : 0] = '\0';
-        char *slash = strrchr(path, '/');
-        snprintf(slash ? slash + 1 : path, sizeof path - (size_t)(slash ? slash + 1 - path : 0),
-                 "libddpworker_cuda.so");
-    }
+    cuda_lib_path(path, sizeof path);
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib)
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
-                                     "cuDNN): %s", path, dlerror());
+                                     "cuDNN; packaged as ddprun-cuda): %s", path, dlerror());
     int (*device_count)(void) = (int (*)(void))dlsym(lib, "backend_cuda_device_count");
     backend_t *(*create)(int, unsigned, const char *, char *, size_t) =
         (backend_t * (*)(int, unsigned, const char *, char *, size_t)) dlsym(lib, "backend_cuda_create");
