@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "build_info.h"
 #include "commands.h"
 #include "log.h"
 #include "options.h"
@@ -18,7 +19,7 @@ int main(int argc, char **argv) {
         if (strcmp(cmd, "store-client") == 0) return store_cli_main(argc - 1, argv + 1);
         if (strcmp(cmd, "__shim") == 0) return worker_shim_main(argc, argv);
         if (strcmp(cmd, "--version") == 0) {
-            puts("ddprun " DDP_VERSION);
+            build_info_print("ddprun", stdout);
             return 0;
         }
     }

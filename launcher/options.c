@@ -408,7 +408,8 @@ void options_print_help(FILE *f) {
                      s->metavar ? s->metavar : "");
         fprintf(f, "  %-36s %s\n", left, s->help);
     }
-    fputs("  -h, --help                           this text\n", f);
+    fputs("      --version                        version, commit, backends and collectives\n"
+          "  -h, --help                           this text\n", f);
 }
 
 static void set_defaults(ddprun_opts_t *o) {

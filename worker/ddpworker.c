@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "build_info.h"
 #include "comm.h"
 #include "dataset.h"
 #include "snapshot.h"
@@ -25,6 +26,7 @@ static const char usage[] =
     "usage: ddpworker train.conf [section.key=value ...]\n"
     "       ddpworker --keys      every train.conf key with its default (see train.conf(5))\n"
     "       ddpworker inspect FILE   a snapshot's header, checksums and state hash\n"
+    "       ddpworker --version   version, commit, backends and collectives of this build\n"
     "Run by `ddprun [options] train.conf`, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...;\n"
     "run directly it trains as a world of one.\n";
 
@@ -246,6 +248,16 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? DDP_EXIT_USAGE : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        build_info_print("ddpworker", stdout);
+        if (build_info.has_cuda_backend) { /* a separate package: say whether it is there */
+            char path[PATH_MAX];
+            cuda_lib_path(path, sizeof path);
+            printf("cuda library: %s (%s)\n", path,
+                   access(path, R_OK) == 0 ? "present" : "missing: install ddprun-cuda");
+        }
+        return 0;
     }
     if (!strcmp(argv[1], "--keys")) {
         train_conf_print_keys(stdout);
