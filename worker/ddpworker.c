@@ -209,6 +209,8 @@ static void cuda_lib_path(char *path, size_t len) {
     snprintf(path, len, "%.*s/libddpworker_cuda.so", dir_len, dir);
     if (access(path, F_OK) == 0) return;
     snprintf(path, len, "%.*s/%s/libddpworker_cuda.so", dir_len, dir, DDP_CUDA_LIB_RELDIR);
+    char real[PATH_MAX]; /* /usr/lib/ddprun/..., not /usr/bin/../lib/ddprun/... */
+    if (realpath(path, real)) snprintf(path, len, "%s", real);
 }
 
 static backend_t *make_backend(const train_conf_t *conf, int threads) {
