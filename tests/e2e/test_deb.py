@@ -1,7 +1,7 @@
 """`cpack -G DEB` of the build tree under test: ddprun_<version>_<arch>.deb (and ddprun-cuda_...
 where the CUDA backend was built), whose Depends cover every library the binaries link; installed
-with dpkg -i on this machine, `ddprun --version` and a one-rank training of the installed example run
-from /usr, and dpkg --purge takes every file away again.
+with dpkg -i on this machine, `ddprun --version` and a one-rank training of the installed example
+run from /usr, and dpkg --purge takes every file away again.
 
 This machine may be someone's development machine: the test installs only when no ddprun package
 is installed already, and always purges what it installed (also when a check fails)."""
