@@ -37,6 +37,7 @@ _ddprun() {
     for word in $(_ddprun_flags "$cmd" "$sub"); do
         if [[ $word == =* ]]; then valued+=("${word#=}"); else flags+=("$word"); fi
     done
+    [[ $sub == plot ]] && valued+=(-o) # argparse shows it as `-o FILE, --output FILE`
 
     # the program (first word that is neither a flag nor a flag's value) ends ddprun's own flags
     local program="" after=0

@@ -65,7 +65,8 @@ def test_packages_are_named_and_filled_as_debian_expects(debs, build_dir):
     files = run("dpkg-deb", "-c", debs["ddprun"]).stdout
     for f in ("./usr/bin/ddprun", "./usr/bin/ddpworker", "./usr/share/man/man1/ddpworker.1",
               "./usr/share/man/man5/train.conf.5", "./usr/lib/systemd/system/ddprun-store.service",
-              "./usr/share/doc/ddprun/examples/fashion-mnist.conf"):
+              "./usr/share/doc/ddprun/examples/fashion-mnist.conf",
+              "./usr/share/ddprun/ddprun_plot.py"):
         assert f in files, f"{f} is not in ddprun's package:\n{files}"
     assert "libddpworker_cuda.so" not in files
     if "ddprun-cuda" in debs:
@@ -143,6 +144,12 @@ def test_installs_runs_and_purges_without_leftovers(debs, build_dir, tmp_path):
         assert t.returncode == 0, t.stdout + t.stderr
         final = [json.loads(line) for line in open(tmp_path / "m.jsonl")][-1]
         assert final["event"] == "final" and final["step"] == 5, final
+        h = run("ddprun", "plot", "--help", env=env)
+        assert "This script: /usr/share/ddprun/ddprun_plot.py" in " ".join(h.stdout.split()), \
+            h.stdout + h.stderr
+        p = run("ddprun", "plot", str(tmp_path / "m.jsonl"), "--csv", str(tmp_path / "m.csv"),
+                env=env)
+        assert p.returncode == 0 and "train_loss" in open(tmp_path / "m.csv").read(), p.stderr
     finally:
         installed = [p for p in PACKAGES if is_installed(p) or
                      run("dpkg-query", "-W", p).returncode == 0]
@@ -153,5 +160,5 @@ def test_installs_runs_and_purges_without_leftovers(debs, build_dir, tmp_path):
         assert run("dpkg-query", "-W", p).returncode != 0, f"dpkg still knows {p}"
     left = [f for f in files if os.path.lexists(f) and not os.path.isdir(f)]
     assert not left, f"left behind after dpkg --purge: {left}"
-    for d in ("/usr/share/doc/ddprun", "/usr/share/doc/ddprun/examples"):
+    for d in ("/usr/share/doc/ddprun", "/usr/share/ddprun"):
         assert not os.path.exists(d), f"{d} is left behind"

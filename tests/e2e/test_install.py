@@ -58,6 +58,7 @@ def test_install_puts_every_file_in_place(installed, build_dir):
     for rel in ("share/man/man1/ddprun.1", "share/man/man1/ddpworker.1",
                 "share/man/man5/train.conf.5", "share/bash-completion/completions/ddprun",
                 "share/doc/ddprun/README.md", "lib/systemd/system/ddprun-store.service",
+                "share/ddprun/ddprun_plot.py",
                 "lib/systemd/system/ddprun@.service"):
         assert os.path.isfile(os.path.join(installed, rel)), f"{rel} is not installed"
     shipped = sorted(os.path.basename(p)
@@ -112,6 +113,16 @@ def test_installed_ddprun_trains_the_installed_example(installed, tmp_path):
     final = [e for e in events if e["event"] == "final"]
     assert final and final[0]["step"] == 5, events
     assert len([e for e in events if e["event"] == "train"]) == 5
+    # ddprun plot runs the installed script (not the source tree's) on the run's metrics
+    plot = os.path.join(installed, "bin/ddprun")
+    r = subprocess.run([plot, "plot", "--help"], capture_output=True, text=True,
+                       env=installed_env(installed))
+    assert f"This script: {installed}/share/ddprun/ddprun_plot.py" in " ".join(r.stdout.split()), \
+        r.stdout + r.stderr
+    r = subprocess.run([plot, "plot", str(tmp_path / "m.jsonl"), "--csv", str(tmp_path / "m.csv")],
+                       capture_output=True, text=True, env=installed_env(installed))
+    assert r.returncode == 0, r.stderr
+    assert "train_loss" in (tmp_path / "m.csv").read_text()
 
 
 def test_installed_ddpworker_finds_the_installed_cuda_library(installed, build_dir, tmp_path):
@@ -127,7 +138,8 @@ def test_installed_ddpworker_finds_the_installed_cuda_library(installed, build_d
         assert r.returncode == 0 or "no GPU is visible" in r.stderr, r.stdout + r.stderr
     else:
         assert r.returncode == 78, r.stdout + r.stderr
-        assert f"{installed}/lib" in r.stderr and "ddprun/libddpworker_cuda.so" in r.stderr, r.stderr
+        assert f"{installed}/lib" in r.stderr, r.stderr
+        assert "ddprun/libddpworker_cuda.so" in r.stderr, r.stderr
 
 
 def man_page_text(path):
@@ -193,3 +205,6 @@ def test_bash_completion(installed, tmp_path):
     keys = complete(installed, [ddprun, "a.conf", "optim.l"], tmp_path)
     assert "optim.lr=" in keys, keys
     assert complete(installed, [ddprun, "store", "--po"], tmp_path) == {"--port", "--port-file"}
+    (tmp_path / "r.jsonl").write_text("")
+    assert complete(installed, [ddprun, "plot", ""], tmp_path) == {"r.jsonl"}
+    assert complete(installed, [ddprun, "plot", "r.jsonl", "--c"], tmp_path) == {"--csv"}
