@@ -66,7 +66,8 @@ def test_ddpworker_says_when_the_cuda_library_is_missing(ddpworker, build_dir, t
 
 
 def test_the_commit_is_unknown_outside_a_git_checkout(tmp_path):
-    """The source tree copied out of git (as a release tarball) configures with commit unknown."""
+    """The source tree copied out of git (as a release tarball) configures with commit unknown,
+    or the one given with -DDDP_GIT_COMMIT."""
     if not shutil.which("cmake"):
         pytest.skip("cmake is not on PATH")
     src = tmp_path / "src"
@@ -83,3 +84,10 @@ def test_the_commit_is_unknown_outside_a_git_checkout(tmp_path):
     generated = open(tmp_path / "b" / "common" / "build_info.c").read()
     assert '.git_commit = "unknown"' in generated
     assert ".has_cuda_backend = false" in generated
+    # a build without a checkout (a container) can be told the commit
+    r = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "b"),
+                        "-DDDP_GIT_COMMIT=0123456789ab"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    generated = open(tmp_path / "b" / "common" / "build_info.c").read()
+    assert '.git_commit = "0123456789ab"' in generated
