@@ -64,7 +64,8 @@ def engine():
                            capture_output=True, text=True, timeout=300)
         if r.returncode == 0:
             return base + glob_flags, flags, image
-        tried.append(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
+        err = r.stderr.strip()
+        tried.append(err.splitlines()[-1] if err else f"exit {r.returncode}")
     return f"{base[0]} cannot run a container here: {'; '.join(tried)}"
 
 
