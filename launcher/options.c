@@ -391,7 +391,8 @@ static const opt_spec_t opt_table[] = {
 
 void options_print_help(FILE *f) {
     fputs("usage: ddprun [options] PROGRAM [ARGS...]\n"
-          "       ddprun store|store-client ...   (ddprun store --help)\n\n"
+          "       ddprun store|store-client ...   (ddprun store --help)\n"
+          "       ddprun plot RUN.jsonl... -o curves.png|.svg [--csv curves.csv]\n\n"
           "Run PROGRAM on every node as torchrun does: train.conf runs the built-in trainer,\n"
           "script.py runs under python3 -u, anything else is executed. Options may also come from\n"
           "PET_<NAME> environment variables (PET_NPROC_PER_NODE=4); dashes and underscores are\n"
@@ -408,7 +409,8 @@ void options_print_help(FILE *f) {
                      s->metavar ? s->metavar : "");
         fprintf(f, "  %-36s %s\n", left, s->help);
     }
-    fputs("  -h, --help                           this text\n", f);
+    fputs("      --version                        version, commit, backends and collectives\n"
+          "  -h, --help                           this text\n", f);
 }
 
 static void set_defaults(ddprun_opts_t *o) {
