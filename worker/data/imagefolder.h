@@ -1,9 +1,11 @@
 /* imagefolder: an ImageFolder tree as torchvision reads it: ROOT/train/<class>/..., and optionally
- * ROOT/val/<class>/... and ROOT/test/<class>/...; classes are train's subfolders sorted by name
- * (byte order, as Python's sorted()), labels their index; files are those with torchvision's image
- * extensions (any case), in the order of torchvision's make_dataset (directories by path, files by
- * name, subfolders followed). val and test use train's classes by name: a class train lacks is an
- * error naming it. Scanning only: images are read by the loader. Main thread, at start-up. */
+ * ROOT/val/<class>/... and ROOT/test/<class>/...; classes are train's subfolders (hidden ones
+ * too, links followed) sorted by name (byte order, as Python's sorted()), labels their index;
+ * files are those with torchvision's IMG_EXTENSIONS (any case), in the order of torchvision's
+ * make_dataset (sorted(os.walk()): directories by whole path, then files by name, subfolders
+ * followed). val and test use train's classes by name: a class train lacks is an error naming
+ * it, and so is a class folder without images in any split (torchvision's "Found no valid file").
+ * Scanning only: images are read by the loader. Main thread, at start-up. */
 #ifndef DDP_WORKER_IMAGEFOLDER_H
 #define DDP_WORKER_IMAGEFOLDER_H
 

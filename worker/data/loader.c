@@ -57,7 +57,8 @@ static size_t sample_floats(const loader_t *l) { return (size_t)l->o.size * l->o
 
 /* The whole file into w->file. */
 static int read_file(worker_t *w, const char *path, size_t *n, char *err, size_t err_len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO named like an image must not block the open (it is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return snprintf(err, err_len, "cannot open: %s", strerror(errno)), -1;
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > MAX_FILE_BYTES) {
