@@ -26,7 +26,7 @@ fi
 set -euo pipefail
 
 packages=(libuv1 libuv1-dev libsodium23 libsodium-dev libxxhash0 libxxhash-dev
-          libcjson1 libcjson-dev libturbojpeg0 libturbojpeg0-dev libjpeg62-turbo
+          libcjson1 libcjson-dev libturbojpeg0 libturbojpeg0-dev libjpeg62-turbo libpng16-16 libpng-dev
           libcriterion3 libcriterion-dev libnanomsg5 libgit2-1.5 libboxfort-dev
           libhttp-parser2.9 libmbedcrypto7 libmbedtls14 libmbedx509-1 libssh2-1
           iproute2 libbpf1 libelf1 libmnl0 libcap2 libxtables12

@@ -24,8 +24,10 @@
 #include "clock.h"
 #include "commands.h"
 #include "ddp_error.h"
+#include "error_file.h"
 #include "exit_codes.h"
 #include "fs.h"
+#include "json_lines.h"
 #include "log.h"
 #include "options.h"
 #include "rendezvous.h"
@@ -83,6 +85,7 @@ typedef struct {
     struct {
         job_t job;
         rdzv_why_t why;
+        char failure[2048]; /* for `ddprun status`: the local failure's record, or "" */
     } report;
     job_t barrier;
     /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
@@ -151,16 +154,6 @@ static void finish(agent_t *a, int code) {
     uv_timer_start(&a->linger, on_linger, 100, 100);
 }
 
-static void print_file_indented(const char *path, size_t max_bytes) {
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char buf[4096];
-    size_t n = fread(buf, 1, max_bytes < sizeof buf - 1 ? max_bytes : sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    fprintf(stderr, "ddprun: error file %s:\n  %s\n", path, buf);
-}
-
 static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_result_t *round) {
     char how[64];
     if (r->term_signal)
@@ -184,7 +177,12 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
     char error_file[1400];
     snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
              round->round, r->local_rank);
-    print_file_indented(error_file, 2048);
+    /* a PyTorch script's @record left the exception and its traceback: the real root cause */
+    error_file_t ef;
+    int rc = error_file_read(error_file, &ef);
+    if (rc == 0) error_file_print(&ef, stderr);
+    else if (rc != -ENOENT)
+        fprintf(stderr, "ddprun: %s is not a PyTorch error file (ignored)\n", error_file);
 }
 
 /* ---- workers ------------------------------------------------------------------------------ */
@@ -228,8 +226,40 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
 
 /* ---- reports, the restart watch, the exit barrier ------------------------------------------ */
 
+/* A local worker's failure as `ddprun status` shows it: node, rank, exit code or signal, time, and
+ * the first lines of its error (the PyTorch error file's message, else the end of its stderr). */
+static void describe_failure(agent_t *a, const rdzv_result_t *round, char *out, size_t out_len) {
+    out[0] = '\0';
+    if (!a->sm.has_failure) return;
+    const agent_sm_exit_t *r = &a->sm.root_cause;
+    cJSON *o = json_line_new("failure");
+    json_line_int(o, "node", round->group_rank);
+    json_line_int(o, "rank", r->rank);
+    json_line_int(o, "round", round->round);
+    if (r->term_signal) json_line_int(o, "signal", r->term_signal);
+    else json_line_int(o, "exit_code", r->exit_status);
+    char error_file[1400];
+    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
+             round->round, r->local_rank);
+    error_file_t ef;
+    if (error_file_read(error_file, &ef) == 0) {
+        json_line_str(o, "error", ef.message);
+    } else if (a->workers) {
+        const char *tail = workers_tail(a->workers, r->local_rank);
+        size_t n = strlen(tail);
+        json_line_str(o, "error", n > 400 ? tail + n - 400 : tail);
+    }
+    char *text = json_line_text(o);
+    cJSON_Delete(o);
+    if (text && strlen(text) < out_len) strcpy(out, text);
+    cJSON_free(text);
+}
+
 static void report_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
+    const rdzv_result_t *round = &a->report.job.round;
+    if (a->report.failure[0]) /* best effort: status only */
+        rdzv_publish_failure(&a->rdzv, a->ops, round->round, round->group_rank, a->report.failure);
     a->report.job.rc =
         rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
 }
@@ -396,6 +426,10 @@ static void join_work_cb(uv_work_t *req) {
     if (j->job.rc == 0)
         j->job.rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
                           sizeof j->err);
+    if (j->job.rc == 0 && j->joined.is_member) { /* for `ddprun status`; best effort */
+        rdzv_publish_job(&a->rdzv, a->ops);
+        rdzv_publish_member(&a->rdzv, a->ops, &j->joined);
+    }
     /* A lost node's restart is given back once, in the store, by the new round's node 0. */
     j->is_refunded = j->job.rc == 0 && agent_sm_join_is_refund(&j->plan, &j->joined);
     if (j->is_refunded && j->joined.group_rank == 0)
@@ -457,6 +491,7 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         return;
     case AGENT_ACT_REPORT:
         a->report.why = act->why;
+        describe_failure(a, &act->round, a->report.failure, sizeof a->report.failure);
         queue_job(a, &a->report.job, &act->round, report_work_cb, report_after_cb);
         return;
     case AGENT_ACT_BARRIER:

@@ -7,6 +7,8 @@
 int store_cmd_main(int argc, char **argv);
 /* `ddprun store-client ...`: one store operation from the shell (store_cli.c). */
 int store_cli_main(int argc, char **argv);
+/* `ddprun status ...`: a running job's state from its store (status_cmd.c). */
+int status_cmd_main(int argc, char **argv);
 /* `ddprun __shim AGENT_PID -- PROGRAM ARGS`: the first process of each worker (worker_shim.c). */
 int worker_shim_main(int argc, char **argv);
 /* `ddprun plot RUN.jsonl... -o curves.png`: execs the plotting script (plot_cmd.c); returns only

@@ -17,6 +17,7 @@ int main(int argc, char **argv) {
         const char *cmd = argv[1];
         if (strcmp(cmd, "store") == 0) return store_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "store-client") == 0) return store_cli_main(argc - 1, argv + 1);
+        if (strcmp(cmd, "status") == 0) return status_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "plot") == 0) return plot_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "__shim") == 0) return worker_shim_main(argc, argv);
         if (strcmp(cmd, "--version") == 0) {

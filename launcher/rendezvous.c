@@ -1,4 +1,4 @@
-/* rendezvous: see rendezvous.h. Records are short text: "nproc=N hint=H host=0|1". */
+/* rendezvous: see rendezvous.h. Records are JSON objects (rdzv_record.h). */
 #include "rendezvous.h"
 
 #include <errno.h>
@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
 
 #include "ddp_error.h"
 
@@ -186,6 +189,51 @@ int rdzv_refund_failure(rdzv_t *r, store_client_t *c) {
     key(r, failures_key, sizeof failures_key, -1, "failures");
     int64_t failures;
     return store_client_add(c, failures_key, -1, &failures);
+}
+
+static int set_json(store_client_t *c, const char *k, cJSON *o) {
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) return -ENOMEM;
+    int rc = store_client_set(c, k, text, strlen(text));
+    cJSON_free(text);
+    return rc;
+}
+
+int rdzv_publish_job(rdzv_t *r, store_client_t *c) {
+    const ddprun_opts_t *o = r->opts;
+    char k[256];
+    key(r, k, sizeof k, -1, "job");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "backend", o->rdzv_backend);
+    cJSON_AddNumberToObject(j, "min_nodes", o->min_nodes);
+    cJSON_AddNumberToObject(j, "max_nodes", o->max_nodes);
+    cJSON_AddNumberToObject(j, "nproc_per_node", o->nproc_per_node);
+    cJSON_AddNumberToObject(j, "max_restarts", o->max_restarts);
+    return set_json(c, k, j);
+}
+
+int rdzv_publish_member(rdzv_t *r, store_client_t *c, const rdzv_result_t *round) {
+    char k[512], what[64], host[256] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(what, sizeof what, "member/%d", round->group_rank);
+    key(r, k, sizeof k, round->round, what);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "host", host);
+    cJSON_AddNumberToObject(j, "node", round->group_rank);
+    cJSON_AddNumberToObject(j, "first_rank", round->rank_offset);
+    cJSON_AddNumberToObject(j, "nproc", r->opts->nproc_per_node);
+    cJSON_AddNumberToObject(j, "world_size", round->world_size);
+    cJSON_AddNumberToObject(j, "agent_pid", getpid());
+    return set_json(c, k, j);
+}
+
+int rdzv_publish_failure(rdzv_t *r, store_client_t *c, int round, int group_rank,
+                         const char *failure_json) {
+    char k[512], what[64];
+    snprintf(what, sizeof what, "failure/%d", group_rank);
+    key(r, k, sizeof k, round, what);
+    return store_client_set(c, k, failure_json, strlen(failure_json));
 }
 
 int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len) {

@@ -46,6 +46,14 @@ int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why
 /* Take one failure back from the job-wide count (a restart that turned out to be a lost node).
  * Call from one agent only. */
 int rdzv_refund_failure(rdzv_t *r, store_client_t *c);
+/* For `ddprun status` (rdzv_status.h reads them): the job's settings under "job" (any agent; the
+ * same values from all), this member's record r<R>/member/<group_rank> (host, ranks, agent pid),
+ * and a local worker's failure r<R>/failure/<group_rank> (failure: a JSON object, by the agent
+ * whose worker failed). Each is one SET; 0 or a store error. */
+int rdzv_publish_job(rdzv_t *r, store_client_t *c);
+int rdzv_publish_member(rdzv_t *r, store_client_t *c, const rdzv_result_t *round);
+int rdzv_publish_failure(rdzv_t *r, store_client_t *c, int round, int group_rank,
+                         const char *failure_json);
 /* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */
 int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len);
 /* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read every member's counter

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -221,21 +222,72 @@ static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
     return 0;
 }
 
-/* The header alone, checked for magic, version, its checksum and a sane section table. */
+/* Versions 1 and 2 are this header with blocks missing that later versions inserted before the
+ * loss scale: version 2 added the optimizer's (kind, Adam's step count), version 3 the run's (best
+ * value and step, elapsed time). Everything else, sections included, is where it was. */
+#define OPTIM_BLOCK_AT offsetof(snapshot_header_t, optimizer)
+#define RUN_BLOCK_AT offsetof(snapshot_header_t, best_value)
+#define TAIL_AT offsetof(snapshot_header_t, loss_scale)
+
+static size_t header_bytes_of(uint32_t version) {
+    size_t missing = version >= 3 ? 0 : (TAIL_AT - RUN_BLOCK_AT) +
+                                            (version == 1 ? RUN_BLOCK_AT - OPTIM_BLOCK_AT : 0);
+    return sizeof(snapshot_header_t) - missing;
+}
+
+/* The header of an older version as this version's: an SGD run (v1) with no best value and no
+ * elapsed time recorded; version and header_bytes stay the file's. Checks its checksum. */
+static int read_legacy_header(int fd, const char *path, uint32_t version, snapshot_header_t *h,
+                              char *err, size_t err_len) {
+    uint8_t raw[sizeof *h];
+    size_t bytes = header_bytes_of(version), head = version == 1 ? OPTIM_BLOCK_AT : RUN_BLOCK_AT;
+    if (read_at(fd, raw, bytes, 0) < 0)
+        return failf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+    uint64_t checksum;
+    memcpy(&checksum, raw + bytes - sizeof checksum, sizeof checksum);
+    if (XXH3_64bits(raw, bytes - sizeof checksum) != checksum)
+        return failf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
+    memset(h, 0, sizeof *h);
+    memcpy(h, raw, head);
+    memcpy((uint8_t *)h + TAIL_AT, raw + head, bytes - head);
+    h->best_value = NAN; /* "none yet", as a run without train.best_by writes it */
+    return 0;
+}
+
+/* The header alone, checked for magic, version, its checksum and a sane section table. Versions 1
+ * and 2 are read too (read_legacy_header). */
 static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_header_t *h,
                        char *err, size_t err_len) {
-    if (file_bytes < sizeof *h)
+    struct {
+        char magic[8];
+        uint32_t version, header_bytes;
+    } id;
+    if (file_bytes < sizeof id || read_at(fd, &id, sizeof id, 0) < 0)
         return failf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
                      path, file_bytes);
-    if (read_at(fd, h, sizeof *h, 0) < 0)
-        return failf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
-    if (memcmp(h->magic, SNAPSHOT_MAGIC, sizeof h->magic) != 0)
+    if (memcmp(id.magic, SNAPSHOT_MAGIC, sizeof id.magic) != 0)
         return failf(err, err_len, "%s: not a ddpworker snapshot (bad magic)", path);
-    if (h->version != SNAPSHOT_VERSION || h->header_bytes != sizeof *h)
+    if (id.version > SNAPSHOT_VERSION && id.version < 1000) {
+        failf(err, err_len, "%s: snapshot version %u, written by a newer ddpworker; this one reads "
+              "versions 1 to %u: run the newer ddpworker, or move the file away", path, id.version,
+              SNAPSHOT_VERSION);
+        return SNAPSHOT_E_NEWER;
+    }
+    if (id.version < 1 || id.version > SNAPSHOT_VERSION || id.header_bytes != header_bytes_of(id.version))
         return failf(err, err_len, "%s: snapshot version %u (header %u bytes); this ddpworker "
-                     "reads version %u", path, h->version, h->header_bytes, SNAPSHOT_VERSION);
-    if (XXH3_64bits(h, HEADER_CHECKED_BYTES) != h->header_checksum)
-        return failf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
+                     "reads versions 1 to %u (corrupt)", path, id.version, id.header_bytes,
+                     SNAPSHOT_VERSION);
+    if (file_bytes < id.header_bytes)
+        return failf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
+                     path, file_bytes);
+    if (id.version < SNAPSHOT_VERSION) {
+        if (read_legacy_header(fd, path, id.version, h, err, err_len) < 0) return -1;
+    } else {
+        if (read_at(fd, h, sizeof *h, 0) < 0)
+            return failf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+        if (XXH3_64bits(h, HEADER_CHECKED_BYTES) != h->header_checksum)
+            return failf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
+    }
     if (h->optimizer > SNAPSHOT_OPTIM_ADAMW)
         return failf(err, err_len, "%s: unknown optimizer %u (corrupt)", path, h->optimizer);
     /* Adam counts only the steps it took: never more than the run's */
@@ -257,6 +309,10 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
     if (!(h->loss_scale >= 0 && h->loss_scale <= 3.0e38) || h->loss_scale_good_steps > UINT32_MAX)
         return failf(err, err_len, "%s: loss scale %g (%" PRIu64 " good steps) is out of range "
                      "(corrupt)", path, h->loss_scale, h->loss_scale_good_steps);
+    /* train.hours resumes from elapsed_s, and best_by says what best_value measures */
+    if (!(h->elapsed_s >= 0 && h->elapsed_s < 1e12) || h->best_by > 2)
+        return failf(err, err_len, "%s: elapsed %g s, best_by %u (corrupt)", path, h->elapsed_s,
+                     h->best_by);
     return 0;
 }
 
@@ -334,9 +390,15 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
     for (size_t i = 0; i < n && !found; i++) {
         snprintf(path_out, path_len, "%s/%s", dir, list[i].name);
         char why[1024];
-        if (snapshot_read(path_out, d, why, sizeof why) == 0) {
+        int read_rc = snapshot_read(path_out, d, why, sizeof why);
+        if (read_rc == 0) {
             found = 1;
             continue;
+        }
+        if (read_rc == SNAPSHOT_E_NEWER) { /* not damage: not ours to skip or move aside */
+            found = SNAPSHOT_E_NEWER;
+            snprintf(err, err_len, "%s", why);
+            break;
         }
         if (report) fprintf(report, "ddpworker: warning: skipping snapshot %s\n", why);
         quarantine(path_out, report);
@@ -372,7 +434,9 @@ int snapshot_inspect(const char *path, FILE *out) {
     time_t taken = (time_t)(h->unix_time_ms / 1000);
     char when[64];
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&taken));
-    fprintf(out, "file:        %s\nversion:     %u\ntaken:       %s\n", path, h->version, when);
+    fprintf(out, "file:        %s\nversion:     %u%s\ntaken:       %s\n", path, h->version,
+            h->version < SNAPSHOT_VERSION ? " (an older format: read without what it lacks)" : "",
+            when);
     fprintf(out, "step:        %" PRIu64 " (next to run)\nepoch:       %" PRIu64
             "\ncursor:      %" PRIu64 " of %" PRIu64 " samples\nseed:        %" PRIu64
             "\nworld size:  %u\n", h->step, h->epoch, h->cursor, h->train_samples, h->seed,

@@ -77,7 +77,7 @@ static void place_data(trainer_t *t) {
     t->is_uploaded = b->ops->is_device(b, t->model.params);
     for (int s = 0; s < SPLIT_COUNT; s++) {
         const dataset_t *d = data_split(t->data, (data_split_t)s);
-        if (d->n == 0) continue;
+        if (d->n == 0 || d->paths) continue; /* an image folder: the loader decodes its files */
         if (!t->is_uploaded) {
             t->images[s] = d->images;
             t->labels[s] = d->labels;
@@ -170,10 +170,13 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
     t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
     t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
     t->jobs = backend->ops->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
     if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
     place_data(t);
+    trainer__folder_init(t);
     t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
     init_loss_scale(t);
     if (t->world > 1) {
@@ -197,6 +200,7 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
+    t->status = status_report_open(t->rank);
 }
 
 void trainer_free(trainer_t *t) {
@@ -214,7 +218,11 @@ void trainer_free(trainer_t *t) {
     free(t->host_jobs);
     free(t->indices);
     free(t->host_logits);
+    free(t->next_indices);
+    free(t->host_labels);
+    trainer__folder_free(t);
     if (t->metrics) fclose(t->metrics);
+    status_report_close(t->status);
     memset(t, 0, sizeof *t);
 }
 
@@ -223,9 +231,11 @@ void trainer_free(trainer_t *t) {
 static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, int64_t epoch,
                        const int64_t *indices, int n) {
     const dataset_t *d = data_split(t->data, split);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         t->host_jobs[i] = (augment_job_t){.index = indices[i],
                                           .choice = augment_choose(aug, epoch, indices[i])};
+        t->host_labels[i] = d->labels[indices[i]];
+    }
     const backend_i *o = t->backend->ops;
     o->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
     o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
@@ -237,7 +247,16 @@ int trainer_step(trainer_t *t) {
     int64_t left = sampler_rank_count(&t->sampler, t->cursor);
     int n = (int)(left < c->batch_size ? left : c->batch_size);
     for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
-    load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
+    if (t->loader) {
+        /* the next batch of this epoch, to decode while this one trains */
+        int64_t next = t->cursor + (int64_t)n * t->world, next_left = sampler_rank_count(&t->sampler, next);
+        int next_n = (int)(next_left < c->batch_size ? next_left : c->batch_size);
+        for (int i = 0; i < next_n; i++) t->next_indices[i] = sampler_index(&t->sampler, next, i);
+        trainer__folder_batch(t, SPLIT_TRAIN, t->epoch, (uint64_t)t->step, t->indices, n,
+                              t->next_indices, next_n);
+    } else {
+        load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
+    }
 
     model_t *m = &t->model;
     model_set_step(m, (uint64_t)c->seed, t->step, t->rank);
@@ -284,17 +303,25 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     int batch = (int)t->conf->batch_size, k = m->classes;
     double sums[4] = {0}; /* loss, top1, top5, samples */
     int64_t *indices = t->indices;
-    for (int64_t pos = t->rank; pos < d->n;) {
+    /* each evaluation numbers its batches afresh above the last one's, for the loader */
+    uint64_t id = t->eval_batches;
+    for (int64_t pos = t->rank; pos < d->n; id++) {
         int n = 0;
         for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
-        load_batch(t, split, &t->augment_eval, 0, indices, n);
+        if (t->loader) {
+            int next_n = 0;
+            for (int64_t q = pos; next_n < batch && q < d->n; q += t->world) t->next_indices[next_n++] = q;
+            trainer__folder_batch(t, split, 0, id, indices, n, t->next_indices, next_n);
+        } else {
+            load_batch(t, split, &t->augment_eval, 0, indices, n);
+        }
         model_forward(m, n, false);
         progress_beat();
         t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
                                  (size_t)n * k * sizeof(float));
         for (int i = 0; i < n; i++) {
             const float *z = t->host_logits + (size_t)i * k;
-            int label = d->labels[indices[i]];
+            int label = t->host_labels[i];
             double zmax = z[0], sum_exp = 0;
             for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
             for (int j = 0; j < k; j++) sum_exp += exp(z[j] - zmax);
@@ -303,6 +330,7 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
         }
         sums[3] += n;
     }
+    t->eval_batches = id + 1; /* past the last one prefetched */
     trainer__check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
     double n = sums[3] > 0 ? sums[3] : 1;
     return (eval_result_t){.loss = sums[0] / n, .top1 = sums[1] / n, .top5 = sums[2] / n,
@@ -369,8 +397,15 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
                         (long long)t->step, is_bad, t->world);
     }
     char eta[32], snap[256] = "", scaling[64] = "";
-    format_duration(steps_left * seconds / (double)steps, eta, sizeof eta);
+    double eta_s = t->total_steps ? steps_left * seconds / (double)steps : INFINITY;
+    if (t->conf->hours > 0) { /* whichever ends the run first */
+        double budget_left_s = t->conf->hours * 3600 - trainer__elapsed_s(t);
+        eta_s = fmin(eta_s, budget_left_s > 0 ? budget_left_s : 0);
+    }
+    format_duration(isfinite(eta_s) ? eta_s : 0, eta, sizeof eta);
     if (t->snapshots) describe_snapshots(t, snap, sizeof snap);
+    status_report_publish(t->status, t->step, t->epoch + 1, loss, rate,
+                          t->last_snapshot_step > 0 ? t->last_snapshot_step : -1);
     if (t->rank != 0) return;
     loss_scale_t ls = {0};
     if (t->loss_scale) {
@@ -378,11 +413,13 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
         snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale, ls.skipped_steps);
     }
     double lr = lr_at(&t->lr, t->step - 1);
-    char where[64]; /* a run bounded by time alone shows the time, not "step 10/0" */
-    if (t->total_steps) snprintf(where, sizeof where, "step %lld/%lld", (long long)t->step,
-                                 (long long)t->total_steps);
-    else snprintf(where, sizeof where, "step %lld  hours %.2f/%.2f", (long long)t->step,
-                  trainer__elapsed_s(t) / 3600, t->conf->hours);
+    /* "step 10/0" says nothing: a run without a step count shows none, and a time budget shows
+     * the whole run's hours against it */
+    char where[96], total[32] = "", hours[48] = "";
+    if (t->total_steps) snprintf(total, sizeof total, "/%lld", (long long)t->total_steps);
+    if (t->conf->hours > 0)
+        snprintf(hours, sizeof hours, "  hours %.2f/%.2f", trainer__elapsed_s(t) / 3600, t->conf->hours);
+    snprintf(where, sizeof where, "step %lld%s%s", (long long)t->step, total, hours);
     printf("epoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n", (long long)t->epoch + 1,
            where, loss, lr, rate, eta, scaling, snap);
     fflush(stdout);
@@ -462,10 +499,19 @@ eval_result_t trainer_run(trainer_t *t) {
                     "diverged", isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
     if (t->rank == 0 && c->params_file[0]) {
-        trainer__write_weights(t, c->params_file, "train.params_file");
+        trainer__write_weights(t, c->params_file, "train.params_file", NULL);
         t->has_written_params = true;
     }
     if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
+    if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
+        double skipped = (double)loader_skipped(t->loader);
+        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
+                            "counting the skipped images");
+        t->skipped_images = (int64_t)skipped;
+        if (t->rank == 0 && skipped > 0)
+            printf("ddpworker: %lld image files could not be decoded and were replaced by the next "
+                   "that could (data.on_bad_image = skip)\n", (long long)t->skipped_images);
+    }
     eval_result_t final = trainer__final(t, &last);
     if (!isfinite(final.loss))
         trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",

@@ -14,11 +14,13 @@
 #include "dataset.h"
 #include "grad_sync.h"
 #include "json_lines.h"
+#include "loader.h"
 #include "lr_schedule.h"
 #include "model.h"
 #include "optimizer.h"
 #include "sampler.h"
 #include "snapshot.h"
+#include "status_report.h"
 #include "train_conf.h"
 
 typedef struct {
@@ -47,6 +49,11 @@ typedef struct {
     int32_t *labels[SPLIT_COUNT];
     bool is_uploaded;
     int64_t *indices;        /* (batch) dataset indices of the batch being assembled */
+    int64_t *next_indices;   /* (batch) the batch after it, decoded ahead (image folders) */
+    int32_t *host_labels;    /* (batch) the labels of the batch in the model, on the host */
+    loader_t *loader;        /* image folders: the decode threads; NULL otherwise */
+    uint64_t eval_batches;   /* batch numbers used by evaluations so far (the loader's ids) */
+    int64_t skipped_images;  /* data.on_bad_image = skip: files replaced, all ranks (at the end) */
     augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
     float *host_logits;      /* (batch, classes), evaluation */
     FILE *metrics;           /* rank 0, or NULL */
@@ -56,6 +63,7 @@ typedef struct {
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
+    status_report_t *status; /* progress for `ddprun status`, or NULL */
     /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); the
      * weights are in train.best_file */
     double best_value;
@@ -96,6 +104,14 @@ void trainer__check_comm(trainer_t *t, int rc, const char *what);
 /* Training wall time of the whole run so far, restarts included (train.hours). */
 double trainer__elapsed_s(const trainer_t *t);
 
+/* trainer_folder.c, internal to the trainer: an image folder's batches through the loader. */
+void trainer__folder_init(trainer_t *t);
+/* Batch id (the step, or the batch's number in an evaluation) of split into the model, submitting
+ * it if it is not yet, and the next one (next_n > 0) to decode meanwhile. */
+void trainer__folder_batch(trainer_t *t, data_split_t split, int64_t epoch, uint64_t id,
+                           const int64_t *indices, int n, const int64_t *next_indices, int next_n);
+void trainer__folder_free(trainer_t *t);
+
 /* trainer_eval.c, internal to the trainer: */
 /* Validate (on val, else test), report an "eval" event, and keep the weights when train.best_by
  * says they are the best so far (rank 0 writes train.best_file). Every rank, the same step. */
@@ -105,8 +121,15 @@ eval_result_t trainer__validate(trainer_t *t);
 eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation);
 /* One "epoch" event: wall time and images/s of the epoch, and its validation when one ran. */
 void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const eval_result_t *val);
-/* The model's weights as a safetensors file (nn/weights, atomic); exit "io" naming key if not. */
-void trainer__write_weights(trainer_t *t, const char *path, const char *key);
+/* The model's weights as a safetensors file (nn/weights, atomic), with tags (weights_save_tagged:
+ * key/value pairs, NULL-terminated, or NULL) in its metadata; exit "io" naming key if not. Every
+ * weights file the trainer writes goes through here. */
+void trainer__write_weights(trainer_t *t, const char *path, const char *key, const char *const *tags);
+/* Rank 0 at a resume: the best validation the snapshot recorded (*value NaN and *step -1: none),
+ * replaced by what train.best_file says of itself when that is a later best of this run (a crash
+ * came between writing it and the next snapshot), so the best is never forgotten nor replaced by a
+ * worse one; reset, with a warning, when the file is gone. */
+void trainer__recall_best(const trainer_t *t, double *value, int64_t *step);
 /* A metrics line (rank 0 with train.metrics_file); frees o. */
 void trainer__write_metrics(trainer_t *t, cJSON *o);
 

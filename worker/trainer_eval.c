@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "exit_codes.h"
 #include "trainer.h"
@@ -35,6 +36,7 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
     json_line_int(o, "samples", r->n);
     if (weights) {
         json_line_str(o, "weights", weights);
+        if (t->skipped_images) json_line_int(o, "skipped_images", t->skipped_images);
         if (t->best_step >= 0 && t->conf->best_by != BEST_BY_NONE) {
             json_line_int(o, "best_step", t->best_step);
             json_line_num(o, "best_value", t->best_value);
@@ -50,10 +52,87 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
     trainer__write_metrics(t, o);
 }
 
-void trainer__write_weights(trainer_t *t, const char *path, const char *key) {
-    char err[1024];
-    if (weights_save(&t->model, path, t->step, err, sizeof err) < 0)
+void trainer__write_weights(trainer_t *t, const char *path, const char *key, const char *const *tags) {
+    char err[2048];
+    if (weights_save_tagged(&t->model, path, t->step, tags, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "%s: %s", key, err);
+}
+
+/* What train.best_file says of itself in its metadata: which measure, its value (exact), the step,
+ * and the run (seed; the model is weights' own "model" tag). */
+#define TAG_BY "ddpworker.best_by"
+#define TAG_VALUE "ddpworker.best_value"
+#define TAG_STEP "ddpworker.best_step"
+#define TAG_SEED "ddpworker.seed"
+
+static const char *best_by_name(best_by_t by) {
+    return by == BEST_BY_VAL_LOSS ? "val_loss" : by == BEST_BY_VAL_TOP1 ? "val_top1" : "none";
+}
+
+static void write_best(trainer_t *t) {
+    char value[40], step[24], seed[24];
+    snprintf(value, sizeof value, "%.17g", t->best_value);
+    snprintf(step, sizeof step, "%lld", (long long)t->best_step);
+    snprintf(seed, sizeof seed, "%lld", (long long)t->conf->seed);
+    const char *tags[] = {TAG_BY, best_by_name(t->conf->best_by), TAG_VALUE, value, TAG_STEP, step,
+                          TAG_SEED, seed, NULL};
+    trainer__write_weights(t, t->conf->best_file, "train.best_file", tags);
+}
+
+/* The best file's own record, if it has one and it is this run's (measure, seed, model): 0, or -1
+ * (absent, another run's, unreadable: err says which when it matters). */
+static int read_best_tags(const trainer_t *t, double *value, int64_t *step, char *err, size_t err_len) {
+    const char *path = t->conf->best_file;
+    char by[32], v[64], s[32], seed[32], model[64];
+    const char *keys[] = {TAG_BY, TAG_VALUE, TAG_STEP, TAG_SEED, "model"};
+    char *outs[] = {by, v, s, seed, model};
+    size_t lens[] = {sizeof by, sizeof v, sizeof s, sizeof seed, sizeof model};
+    for (int i = 0; i < 5; i++) {
+        int rc = weights_read_tag(path, keys[i], outs[i], lens[i], err, err_len);
+        if (rc <= 0) {
+            if (rc == 0) snprintf(err, err_len, "%s: no '%s' in its metadata", path, keys[i]);
+            return -1;
+        }
+    }
+    char *end_v, *end_s;
+    *value = strtod(v, &end_v);
+    *step = strtoll(s, &end_s, 10);
+    if (strcmp(by, best_by_name(t->conf->best_by)) != 0 || strtoll(seed, NULL, 10) != t->conf->seed ||
+        strcmp(model, t->model.name) != 0 || *end_v || *end_s || !isfinite(*value) || *step < 0) {
+        snprintf(err, err_len, "%s: the best %s of another run (%s %s at step %s, seed %s, model %s)",
+                 path, by, by, v, s, seed, model);
+        return -1;
+    }
+    return 0;
+}
+
+void trainer__recall_best(const trainer_t *t, double *value, int64_t *step) {
+    if (t->conf->best_by == BEST_BY_NONE) return;
+    double file_value;
+    int64_t file_step;
+    char err[2048];
+    bool is_there = access(t->conf->best_file, F_OK) == 0;
+    if (is_there && read_best_tags(t, &file_value, &file_step, err, sizeof err) == 0) {
+        if (file_step > *step) {
+            printf("ddpworker: train.best_file holds the best %s of step %lld (%.6g), later than "
+                   "this snapshot's (step %lld): it stays the best so far\n",
+                   best_by_name(t->conf->best_by), (long long)file_step, file_value, (long long)*step);
+            fflush(stdout);
+            *value = file_value;
+            *step = file_step;
+        }
+        return;
+    }
+    if (*step < 0) return; /* nothing kept yet: whatever is there gets replaced */
+    if (!is_there) {
+        fprintf(stderr, "ddpworker: warning: train.best_file %s is gone: the best weights (step %lld) "
+                "are lost; the best so far starts afresh\n", t->conf->best_file, (long long)*step);
+        *value = NAN;
+        *step = -1;
+    } else {
+        fprintf(stderr, "ddpworker: warning: %s; keeping the snapshot's best (step %lld)\n", err,
+                (long long)*step);
+    }
 }
 
 static bool is_better(const trainer_t *t, const eval_result_t *r) {
@@ -71,9 +150,9 @@ eval_result_t trainer__validate(trainer_t *t) {
     t->best_value = t->conf->best_by == BEST_BY_VAL_LOSS ? r.loss : r.top1;
     t->best_step = t->step;
     if (t->rank != 0) return r;
-    trainer__write_weights(t, t->conf->best_file, "train.best_file");
+    write_best(t);
     cJSON *o = json_line_new("best");
-    json_line_str(o, "by", t->conf->best_by == BEST_BY_VAL_LOSS ? "val_loss" : "val_top1");
+    json_line_str(o, "by", best_by_name(t->conf->best_by));
     json_line_num(o, "value", t->best_value);
     json_line_int(o, "step", t->step);
     json_line_str(o, "file", t->conf->best_file);
@@ -85,10 +164,16 @@ eval_result_t trainer__validate(trainer_t *t) {
  * were best, possibly before a restart). */
 static void load_best(trainer_t *t) {
     model_t *m = &t->model;
-    char err[1024];
+    char err[2048];
     if (t->rank == 0 && weights_load(m, t->conf->best_file, false, stderr, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_DATA, "train.best_file (the best weights, of step %lld): %s",
                     (long long)t->best_step, err);
+    double value;
+    int64_t step;
+    if (t->rank == 0 && (read_best_tags(t, &value, &step, err, sizeof err) < 0 || step != t->best_step))
+        fprintf(stderr, "ddpworker: warning: train.best_file %s does not say it holds the best "
+                "weights of step %lld (replaced since?): testing it anyway\n", t->conf->best_file,
+                (long long)t->best_step);
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
                         "broadcasting the best weights");
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),

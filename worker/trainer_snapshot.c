@@ -172,6 +172,7 @@ bool trainer__resume(trainer_t *t) {
         char err[1024];
         int found = snapshot_find_latest(t->conf->snapshot_dir, stderr, &d, path, sizeof path, err,
                                          sizeof err);
+        if (found == SNAPSHOT_E_NEWER) trainer_die(DDP_EXIT_DATA, "snapshot.dir: %s", err);
         if (found < 0) trainer_die(DDP_EXIT_IO, "%s", err);
         if (found) {
             check_compatible(t, &d.header, path);
@@ -182,10 +183,15 @@ bool trainer__resume(trainer_t *t) {
             where[4] = (int64_t)d.header.optim_steps;
             run[2] = d.header.elapsed_s;
             /* a best value judged by another measure would mislead: start that afresh */
-            if (d.header.best_by == (uint32_t)t->conf->best_by) {
-                run[0] = d.header.best_value;
-                run[1] = (double)d.header.best_step;
+            double best_value = NAN;
+            int64_t best_step = -1;
+            if (d.header.best_by == (uint32_t)t->conf->best_by && !isnan(d.header.best_value)) {
+                best_value = d.header.best_value;
+                best_step = (int64_t)d.header.best_step;
             }
+            trainer__recall_best(t, &best_value, &best_step);
+            run[0] = best_value;
+            run[1] = (double)best_step;
             ls.scale = (float)d.header.loss_scale;
             ls.good_steps = (uint32_t)d.header.loss_scale_good_steps;
         }

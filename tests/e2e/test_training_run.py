@@ -3,10 +3,15 @@ int32 labels (1000 classes), model.classes, the best weights by validation kept 
 (train.best_by, train.best_file), the test at the end with them, evaluation-only runs
 (train.max_steps = 0), and train.hours counted across restarts."""
 import json
+import os
 import re
+import signal
 import subprocess
+import time
 
 import numpy as np
+
+import pytest
 
 import safetensors_file
 from conftest import clean_env
@@ -143,3 +148,108 @@ def test_hours_count_the_whole_run_across_restarts(ddpworker, tmp_path):
     steps = [int(s) for s in re.findall(r"step (\d+)  hours", r.stdout)]
     assert steps == [5], "one step (the budget is checked at log intervals), then the end: " + r.stdout
     assert re.search(r"step 5  hours \d+\.\d\d/0\.00", r.stdout), r.stdout
+
+
+KILL_CONF = """[model]
+name = cnn
+width = 8
+[data]
+kind = synthetic
+height = 16
+width = 16
+channels = 1
+classes = 10
+train_limit = 2048
+test_limit = 64
+val_split = 0.125
+[optim]
+lr = 0.02
+schedule = constant
+[train]
+batch_size = 32
+epochs = 6
+log_interval = 8
+eval_interval = 2
+best_by = val_loss
+[snapshot]
+every = 7
+keep = 2
+"""
+
+
+def worker_pids(conf):
+    """ddpworker processes running conf (not ddprun's shims, whose command lines hold it too)."""
+    r = subprocess.run(["pgrep", "-f", f"^[^ ]*worker/ddpworker {re.escape(conf)}"],
+                       capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+def newest_snapshot(snap):
+    steps = [int(m.group(1)) for n in os.listdir(snap) if (m := re.match(r"snapshot-(\d+)\.ddps$", n))]
+    return max(steps, default=-1)
+
+
+def test_a_best_written_after_the_last_snapshot_survives_a_kill_9(ddprun, ddpworker, tmp_path):
+    """The worker is SIGKILLed when its newest best weights (train.best_file) are newer than its
+    newest snapshot; ddprun restarts it from that snapshot. The resumed run takes the best value
+    from the file's own metadata, so it never forgets that best nor writes an equal or worse one
+    over it: the best values in the metrics only ever go down, and the end tests the last one."""
+    conf = tmp_path / "kill.conf"
+    conf.write_text(KILL_CONF)
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.safetensors", tmp_path / "m.jsonl"
+    job = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "2",
+                            str(conf), f"snapshot.dir={snap}", f"train.best_file={best}",
+                            f"train.metrics_file={metrics}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=clean_env(), start_new_session=True)
+    try:
+        killed = None
+        deadline = time.monotonic() + 120
+        while killed is None and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.005)
+            pids = worker_pids(str(conf))
+            if len(pids) != 1 or not snap.exists() or not metrics.exists():
+                continue
+            # frozen, the worker's files say exactly what a resume will find
+            os.kill(pids[0], signal.SIGSTOP)
+            bests = [e for e in events(metrics) if e["event"] == "best"]
+            newest = newest_snapshot(snap)
+            if newest > 0 and bests and bests[-1]["step"] > newest:
+                os.kill(pids[0], signal.SIGKILL)
+                killed = (bests[-1], newest)
+            else:
+                os.kill(pids[0], signal.SIGCONT)
+        assert killed, "no moment with a best newer than the newest snapshot"
+        out, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    lost_best, resumed_at = killed
+    assert job.returncode == 0, out
+    assert f"resuming from {snap}/snapshot-{resumed_at:012d}.ddps" in out, out
+    assert (f"train.best_file holds the best val_loss of step {lost_best['step']}" in out), out
+    ev = events(metrics)
+    values = [e["value"] for e in ev if e["event"] == "best"]
+    assert all(b < a for a, b in zip(values, values[1:])), values
+    final = ev[-1]
+    last = [e for e in ev if e["event"] == "best"][-1]
+    assert final["event"] == "final" and final["weights"] == "best", final
+    assert (final["best_step"], final["best_value"]) == (last["step"], last["value"]), (final, last)
+    assert last["value"] <= lost_best["value"]
+    _, meta, _ = safetensors_file.read_header(str(best))
+    assert float(meta["ddpworker.best_value"]) == last["value"], meta
+    assert int(meta["ddpworker.best_step"]) == last["step"], meta
+
+
+def test_a_lost_best_file_is_reported_and_the_best_starts_afresh(ddpworker, tmp_path):
+    conf = conf_file(tmp_path)
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.bin", tmp_path / "m.jsonl"
+    common = ["data.val_split=0.25", "train.best_by=val_top1", f"train.best_file={best}",
+              "train.eval_interval=3", f"snapshot.dir={snap}", f"train.metrics_file={metrics}"]
+    worker(ddpworker, conf, *common, "train.max_steps=9")
+    best.unlink()
+    r = worker(ddpworker, conf, *common)
+    assert f"train.best_file {best} is gone: the best weights (step" in r.stderr, r.stderr
+    final = events(metrics)[-1]
+    assert final["weights"] == "best" and final["best_step"] > 9 and best.exists(), final

@@ -71,3 +71,35 @@ def test_ddp_two_nodes_by_two_matches_torchrun(ddprun, tmp_path):
     tmp_path = tmp_path / f"try{attempt}"
     logs = "".join(open(p).read() for p in glob.glob(f"{tmp_path}/**/stdout.log", recursive=True))
     assert final_line("".join(out for out, _ in ours)) == final_line(logs)
+
+
+RECORDED = '''
+import os
+from torch.distributed.elastic.multiprocessing.errors import record
+
+def inner():
+    raise RuntimeError("boom from rank " + os.environ["RANK"])
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        inner()
+
+main()
+'''
+
+
+def test_the_exception_of_a_recorded_failure_is_the_root_cause(ddprun, tmp_path):
+    """As torchrun: a script whose main is decorated with torch's @record writes its exception to
+    TORCHELASTIC_ERROR_FILE; ddprun's summary shows that exception and its traceback."""
+    script = tmp_path / "recorded.py"
+    script.write_text(RECORDED)
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", str(script)],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHON_EXEC=sys.executable))
+    assert r.returncode == 1, r.stderr
+    summary = r.stderr[r.stderr.index("ddprun: root cause:"):]
+    assert "rank 1" in summary.splitlines()[0]
+    assert "ddprun: its error: RuntimeError: boom from rank 1" in summary, summary
+    assert "  Traceback (most recent call last):" in summary
+    assert 'raise RuntimeError("boom from rank " + os.environ["RANK"])' in summary

@@ -274,6 +274,50 @@ Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
     model_free(&m[1]);
 }
 
+/* ResNet-50 with the ImageNet stem (7x7/2 conv, padded max-pool, bottlenecks) and VGG-11 with batch
+ * norm (conv bias, adaptive pool from 1x1, dropout with the same masks): one training step on the
+ * GPU against the CPU reference. */
+static void one_step_case(const char *name, model_stem_t stem, int side) {
+    model_t m[2];
+    backend_t *bs[2] = {cpu, gpu};
+    enum { N = 8 };
+    size_t n_in = (size_t)N * side * side * 3;
+    float *x = random_host(n_in, 2);
+    int32_t labels[N] = {1, 2, 3, 4, 5, 6, 7, 0};
+    float *params[2], *logits[2], loss[2];
+    model_opts_t o = model_opts_default(name, 8);
+    o.stem = stem;
+    o.fc_width = 64;
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        char err[256];
+        cr_assert_eq(model_init_opts(&m[i], b, &o, side, side, 3, 10, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_params(&m[i], 5), 0);
+        b->ops->to_device(b, model_input(&m[i]), x, n_in * sizeof(float));
+        b->ops->to_device(b, m[i].labels, labels, sizeof labels);
+        model_set_step(&m[i], 3, 4, 0);
+        model_forward(&m[i], N, true);
+        logits[i] = down(b, model_logits(&m[i]), (size_t)N * 10);
+        model_loss(&m[i], N, 0.0f, 1.0f, NULL);
+        loss[i] = (float)model_take_loss(&m[i]);
+        model_backward(&m[i], N, NULL, NULL);
+        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.05f, 0.9f, 5e-4f, false, 1.0f,
+                         NULL);
+        params[i] = down(b, m[i].params, m[i].n_params);
+    }
+    expect_close(logits[0], logits[1], (size_t)N * 10, 1e-3, name);
+    cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "%s loss: cpu %g cuda %g", name, loss[0], loss[1]);
+    expect_close(params[0], params[1], m[0].n_params, 1e-3, name);
+    model_free(&m[0]);
+    model_free(&m[1]);
+}
+
+Test(backend_cuda, one_resnet50_and_vgg11_bn_step_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    one_step_case("resnet50", MODEL_STEM_IMAGENET, 64);
+    one_step_case("vgg11_bn", MODEL_STEM_AUTO, 32);
+}
+
 /* Narrow activations (parameters, gradients and statistics fp32): one step's loss and parameter
  * gradients against the fp32 CPU reference, within the narrow type's precision. fp16 runs at a loss
  * scale of 1024, as its training does, and the gradients are unscaled here. */
@@ -495,6 +539,66 @@ Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
 Test(backend_cuda, batchnorm_and_linear_in_fp16_match_cpu) {
     SKIP_WITHOUT_GPU();
     batchnorm_and_linear_low(BACKEND_CUDA_FP16);
+}
+
+/* The new ops on narrow activations: padded max-pool, adaptive pool, dropout and the conv bias,
+ * inputs rounded to the narrow type so that only the outputs' rounding differs. */
+static void pool_dropout_bias_low(unsigned flag) {
+    low_flag = flag;
+    pool_shape_t mp = {.n = 2, .h = 9, .w = 8, .c = 8, .size = 3, .stride = 2, .pad = 1, .oh = 5, .ow = 4};
+    pool_shape_t ap = {.n = 2, .h = 3, .w = 5, .c = 8, .oh = 7, .ow = 7};
+    size_t nx = 2 * 9 * 8 * 8, ny = 2 * 5 * 4 * 8, na = 2 * 3 * 5 * 8, no = 2 * 7 * 7 * 8, rows = 300;
+    int bc = 16;
+    float *x = rounded(random_host(nx, 1), nx), *dy = rounded(random_host(ny, 1), ny);
+    float *xa = rounded(random_host(na, 1), na), *dya = rounded(random_host(no, 1), no);
+    float *bias = random_host((size_t)bc, 1), *yb = rounded(random_host(rows * bc, 1), rows * bc);
+    enum { K = 8 };
+    float *out[2][K];
+    low_t l = low_make();
+    backend_t *bs[2] = {cpu, l.b};
+    for (int i = 0; i < 2; i++) {
+        backend_t *b = bs[i];
+        bool low = i == 1;
+#define PUT(which, host, n) (low ? low_put(&l, which, host, n) : up(b, host, n))
+        float *x_ = PUT(ACTS, x, nx), *y_ = PUT(ACTS, dy, ny), *dy_ = PUT(DACTS, dy, ny), *dx_ = PUT(DACTS, x, nx);
+        int32_t *am = b->ops->alloc(b, ny * sizeof(int32_t));
+        b->ops->maxpool_forward(b, &mp, x_, y_, am);
+        b->ops->maxpool_backward(b, &mp, am, dy_, dx_);
+        out[i][0] = down(b, y_, ny);
+        out[i][1] = down(b, dx_, nx);
+        float *xa_ = PUT(ACTS, xa, na), *ya = PUT(ACTS, dya, no), *dya_ = PUT(DACTS, dya, no);
+        float *dxa = PUT(DACTS, xa, na);
+        b->ops->avgpool_adaptive_forward(b, &ap, xa_, ya);
+        b->ops->avgpool_adaptive_backward(b, &ap, dya_, dxa);
+        out[i][2] = down(b, ya, no);
+        out[i][3] = down(b, dxa, na);
+        float *yd = PUT(ACTS, dya, no), *dxd = PUT(DACTS, dya, no);
+        b->ops->dropout_forward(b, ya, yd, no, 0.5f, 77);
+        b->ops->dropout_backward(b, dya_, dxd, no, 0.5f, 77);
+        out[i][4] = down(b, yd, no);
+        out[i][5] = down(b, dxd, no);
+        float *yb_ = PUT(ACTS, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc), *db = up(b, bias, (size_t)bc);
+        b->ops->bias_add(b, rows, bc, bias_, yb_);
+        out[i][6] = down(b, yb_, rows * bc);
+        b->ops->bias_backward(b, rows, bc, PUT(DACTS, yb, rows * bc), db);
+        out[i][7] = down(b, db, (size_t)bc);
+#undef PUT
+    }
+    const char *what[K] = {"narrow padded maxpool", "its backward", "narrow adaptive pool", "its backward",
+                           "narrow dropout", "its backward", "narrow bias add", "narrow bias gradient"};
+    size_t sizes[K] = {ny, nx, no, na, no, no, rows * bc, (size_t)bc};
+    for (int k = 0; k < K; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-2, what[k]);
+    l.b->ops->destroy(l.b);
+}
+
+Test(backend_cuda, pool_dropout_and_bias_in_bf16_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    pool_dropout_bias_low(BACKEND_CUDA_BF16);
+}
+
+Test(backend_cuda, pool_dropout_and_bias_in_fp16_match_cpu) {
+    SKIP_WITHOUT_GPU();
+    pool_dropout_bias_low(BACKEND_CUDA_FP16);
 }
 
 /* The loss scaler's ops on the GPU: the same flags, skips and scale sequence as the cpu backend,

@@ -36,6 +36,8 @@ Test(safetensors, parses_a_header_as_pytorch_writes_it) {
     cr_assert_eq(e->ndim, 0);
     cr_assert_eq(safetensors_elems(e->ndim, e->shape), 1);
     cr_assert_null(safetensors_find(&ix, "__metadata__"));
+    cr_assert_str_eq(safetensors_meta(&ix, "format"), "pt");
+    cr_assert_null(safetensors_meta(&ix, "producer"));
     safetensors_index_free(&ix);
 }
 

@@ -365,3 +365,91 @@ Test(snapshot, a_large_write_reports_progress_chunk_by_chunk) {
     free(d.params);
     free(d.momentum);
 }
+
+/* Files written by the ddpworker of each older version (the fuzz corpus of their day): they read
+ * as this version's header, lacking only what their version did not record. */
+Test(snapshot, versions_1_and_2_still_read) {
+    snapshot_data_t d;
+    char err[1024];
+    cr_assert_eq(snapshot_read(DDP_SOURCE_DIR "/tests/unit/data/snapshot_v1.ddps", &d, err, sizeof err),
+                 0, "%s", err);
+    const snapshot_header_t *h = &d.header;
+    cr_assert(h->version == 1 && h->step == 1 && h->cursor == 4 && h->train_samples == 8);
+    cr_assert(strcmp(h->model, "mlp") == 0 && h->width == 2 && h->n_params == 22 && h->n_buffers == 0);
+    cr_assert(h->lr == 0.1 && h->momentum == 0.9 && h->loss_scale == 1.0, "the tail moved into place");
+    cr_assert(h->optimizer == SNAPSHOT_OPTIM_SGD && h->optim_steps == 0 && d.second_moment == NULL);
+    cr_assert(isnan(h->best_value) && h->best_by == 0 && h->elapsed_s == 0, "no run state recorded");
+    cr_assert(h->n_sections == 3 && h->sections[0].offset == 464, "sections stay where they were");
+    snapshot_data_free(&d);
+    cr_assert_eq(snapshot_read(DDP_SOURCE_DIR "/tests/unit/data/snapshot_v2_adam.ddps", &d, err,
+                               sizeof err), 0, "%s", err);
+    cr_assert(h->version == 2 && h->step == 4 && h->n_params == 20 && h->n_buffers == 4);
+    cr_assert(h->optimizer == SNAPSHOT_OPTIM_ADAM && h->optim_steps == 3 && d.second_moment != NULL);
+    cr_assert(isnan(h->best_value) && h->elapsed_s == 0 && h->loss_scale == 0);
+    snapshot_data_free(&d);
+}
+
+Test(snapshot, an_old_header_with_a_flipped_byte_fails_its_checksum) {
+    char path[512], cmd[1200], err[1024];
+    snprintf(path, sizeof path, "%s/old.ddps", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", DDP_SOURCE_DIR "/tests/unit/data/snapshot_v1.ddps", path);
+    cr_assert_eq(system(cmd), 0);
+    damage(path, 300, 0);
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_read(path, &d, err, sizeof err), -1);
+    cr_assert(strstr(err, "header checksum"), "%s", err);
+}
+
+Test(snapshot, a_newer_version_is_refused_by_name) {
+    write_step(6, &keep_all);
+    char path[512], err[1024];
+    path_of(6, path, sizeof path);
+    FILE *f = fopen(path, "r+b");
+    uint32_t version = SNAPSHOT_VERSION + 1;
+    fseek(f, 8, SEEK_SET);
+    fwrite(&version, sizeof version, 1, f);
+    fclose(f);
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_read(path, &d, err, sizeof err), SNAPSHOT_E_NEWER);
+    cr_assert(strstr(err, path) && strstr(err, "snapshot version 4") &&
+              strstr(err, "reads versions 1 to 3") && strstr(err, "newer ddpworker"), "%s", err);
+    /* a resume stops at it instead of moving it aside and starting over from an older one */
+    write_step(2, &keep_all);
+    char found[512];
+    cr_assert_eq(snapshot_find_latest(dir, NULL, &d, found, sizeof found, err, sizeof err),
+                 SNAPSHOT_E_NEWER);
+    cr_assert(strstr(err, "newer ddpworker"), "%s", err);
+    cr_assert_eq(access(path, F_OK), 0, "left where it was");
+}
+
+/* train.best_by's value and train.hours' elapsed time: state a resume continues from. */
+Test(snapshot, the_run_state_round_trips_and_impossible_values_are_refused) {
+    snapshot_data_t d = sample(8);
+    d.header.best_value = 0.3125;
+    d.header.best_step = 6;
+    d.header.best_by = 2;
+    d.header.elapsed_s = 7201.5;
+    char err[1024], path[512];
+    cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
+    path_of(8, path, sizeof path);
+    snapshot_data_t got;
+    cr_assert_eq(snapshot_read(path, &got, err, sizeof err), 0, "%s", err);
+    cr_assert(got.header.best_value == 0.3125 && got.header.best_step == 6 &&
+              got.header.best_by == 2 && got.header.elapsed_s == 7201.5);
+    snapshot_data_free(&got);
+    char out[4096] = "";
+    FILE *f = fmemopen(out, sizeof out, "w");
+    cr_assert_eq(snapshot_inspect(path, f), 0);
+    fclose(f);
+    cr_assert(strstr(out, "best:        val_top1 0.3125 at step 6") &&
+              strstr(out, "elapsed:     7201.500 s"), "%s", out);
+    double elapsed[] = {-1, NAN, INFINITY};
+    for (int i = 0; i < 4; i++) {
+        d = sample(8);
+        if (i < 3) d.header.elapsed_s = elapsed[i];
+        else d.header.best_by = 3;
+        cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "case %d accepted", i);
+        cr_assert(strstr(err, path) && strstr(err, "(corrupt)"), "%s", err);
+    }
+}

@@ -146,3 +146,31 @@ Test(weights, another_shape_is_an_error_or_skipped_and_named) {
     model_free(&ten);
     model_free(&five);
 }
+
+/* Tags go to __metadata__ (where PyTorch ignores them) and read back by key; the weights load as
+ * if untagged. */
+Test(weights, tags_are_kept_in_the_metadata) {
+    model_t a, b;
+    char err[1024], value[64];
+    make(&a, "cnn", 4, 16, 3, 1);
+    make(&b, "cnn", 4, 16, 3, 2);
+    const char *path = path_of("tagged.safetensors");
+    const char *tags[] = {"ddpworker.best_value", "0.25", "ddpworker.best_step", "12", NULL};
+    cr_assert_eq(weights_save_tagged(&a, path, 12, tags, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(weights_read_tag(path, "ddpworker.best_value", value, sizeof value, err, sizeof err), 1);
+    cr_assert_str_eq(value, "0.25");
+    cr_assert_eq(weights_read_tag(path, "model", value, sizeof value, err, sizeof err), 1);
+    cr_assert_str_eq(value, "cnn");
+    cr_assert_eq(weights_read_tag(path, "ddpworker.nothing", value, sizeof value, err, sizeof err), 0);
+    cr_assert_eq(weights_load(&b, path, false, stderr, err, sizeof err), 0, "%s", err);
+    cr_assert(memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0);
+    cr_assert_eq(weights_read_tag(path_of("none.safetensors"), "model", value, sizeof value, err,
+                                  sizeof err), -1);
+    cr_assert(strstr(err, "none.safetensors"), "%s", err);
+    const char *too_many[2 * WEIGHTS_MAX_TAGS + 3] = {0};
+    for (int i = 0; i < 2 * WEIGHTS_MAX_TAGS + 2; i++) too_many[i] = "x";
+    cr_assert_eq(weights_save_tagged(&a, path, 12, too_many, err, sizeof err), -1);
+    cr_assert(strstr(err, "more than 8 tags"), "%s", err);
+    model_free(&a);
+    model_free(&b);
+}

@@ -4,6 +4,7 @@
  * Reductions accumulate in double. Loops run on OpenMP threads, split so that no result depends
  * on the thread count (a channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. */
 #include "backend.h"
+#include "backend_cpu_internal.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -168,11 +169,6 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
 
 /* ---- batch norm over rows = N*H*W, channels innermost ---- */
 
-/* Each thread owns a block of channels and walks every row for them in order. */
-#define FOR_CHANNEL_BLOCK(c, j0, j1)                                                              \
-    int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                  \
-    int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
-
 static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x,
                                         const float *gamma, const float *beta, float *y,
                                         float *save_mean, float *save_invstd, float *running_mean,
@@ -296,179 +292,6 @@ static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
     (void)b;
     #pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) dx[i] += dy[i];
-}
-
-/* ---- pooling ---- */
-
-static void cpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y,
-                                int32_t *argmax) {
-    (void)b;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < s->n; n++) {
-        const float *xn = x + (size_t)n * s->h * s->w * s->c;
-        for (int oy = 0; oy < s->oh; oy++) {
-            /* the window's rows and columns inside the input: the padding is -inf */
-            int y0 = oy * s->stride - s->pad, y1 = y0 + s->size;
-            y0 = y0 < 0 ? 0 : y0;
-            y1 = y1 > s->h ? s->h : y1;
-            for (int ox = 0; ox < s->ow; ox++) {
-                int x0 = ox * s->stride - s->pad, x1 = x0 + s->size;
-                x0 = x0 < 0 ? 0 : x0;
-                x1 = x1 > s->w ? s->w : x1;
-                size_t o = (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
-                for (int ch = 0; ch < s->c; ch++) {
-                    float best = -INFINITY;
-                    int32_t best_at = (y0 * s->w + x0) * s->c + ch;
-                    for (int iy = y0; iy < y1; iy++) {
-                        for (int ix = x0; ix < x1; ix++) {
-                            int at = (iy * s->w + ix) * s->c + ch;
-                            if (xn[at] > best || isnan(xn[at])) { /* as PyTorch: a NaN wins */
-                                best = xn[at];
-                                best_at = at;
-                            }
-                        }
-                    }
-                    y[o + ch] = best;
-                    argmax[o + ch] = best_at;
-                }
-            }
-        }
-    }
-}
-
-static void cpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
-                                 const float *dy, float *dx) {
-    (void)b;
-    size_t per_out = (size_t)s->oh * s->ow * s->c, per_in = (size_t)s->h * s->w * s->c;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < s->n; n++)
-        for (size_t i = 0; i < per_out; i++)
-            dx[n * per_in + argmax[n * per_out + i]] += dy[n * per_out + i];
-}
-
-static void cpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x,
-                                       float *y) {
-    (void)b;
-    for (int i = 0; i < n; i++) {
-        float *yi = y + (size_t)i * c;
-        for (int j = 0; j < c; j++) yi[j] = 0.0f;
-        for (int p = 0; p < hw; p++) {
-            const float *xp = x + ((size_t)i * hw + p) * c;
-            for (int j = 0; j < c; j++) yi[j] += xp[j];
-        }
-        for (int j = 0; j < c; j++) yi[j] /= (float)hw;
-    }
-}
-
-static void cpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy,
-                                        float *dx) {
-    (void)b;
-    for (int i = 0; i < n; i++) {
-        const float *dyi = dy + (size_t)i * c;
-        for (int p = 0; p < hw; p++) {
-            float *dxp = dx + ((size_t)i * hw + p) * c;
-            for (int j = 0; j < c; j++) dxp[j] += dyi[j] / (float)hw;
-        }
-    }
-}
-
-/* Adaptive average pooling's bins, as PyTorch: [floor(i * in / out), ceil((i + 1) * in / out)). */
-static inline int bin_start(int i, int in, int out) { return (int)((int64_t)i * in / out); }
-static inline int bin_end(int i, int in, int out) {
-    return (int)(((int64_t)(i + 1) * in + out - 1) / out);
-}
-
-static void cpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x,
-                                         float *y) {
-    (void)b;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < s->n; n++) {
-        const float *xn = x + (size_t)n * s->h * s->w * s->c;
-        for (int oy = 0; oy < s->oh; oy++) {
-            int y0 = bin_start(oy, s->h, s->oh), y1 = bin_end(oy, s->h, s->oh);
-            for (int ox = 0; ox < s->ow; ox++) {
-                int x0 = bin_start(ox, s->w, s->ow), x1 = bin_end(ox, s->w, s->ow);
-                float *yo = y + (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
-                float area = (float)((y1 - y0) * (x1 - x0));
-                for (int ch = 0; ch < s->c; ch++) {
-                    float sum = 0.0f;
-                    for (int iy = y0; iy < y1; iy++)
-                        for (int ix = x0; ix < x1; ix++) sum += xn[((size_t)iy * s->w + ix) * s->c + ch];
-                    yo[ch] = sum / area;
-                }
-            }
-        }
-    }
-}
-
-static void cpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy,
-                                          float *dx) {
-    (void)b;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < s->n; n++) {
-        float *dxn = dx + (size_t)n * s->h * s->w * s->c;
-        for (int oy = 0; oy < s->oh; oy++) {
-            int y0 = bin_start(oy, s->h, s->oh), y1 = bin_end(oy, s->h, s->oh);
-            for (int ox = 0; ox < s->ow; ox++) {
-                int x0 = bin_start(ox, s->w, s->ow), x1 = bin_end(ox, s->w, s->ow);
-                const float *dyo = dy + (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
-                float area = (float)((y1 - y0) * (x1 - x0));
-                for (int iy = y0; iy < y1; iy++)
-                    for (int ix = x0; ix < x1; ix++) {
-                        float *d = dxn + ((size_t)iy * s->w + ix) * s->c;
-                        for (int ch = 0; ch < s->c; ch++) d[ch] += dyo[ch] / area;
-                    }
-            }
-        }
-    }
-}
-
-/* ---- dropout and convolution bias ---- */
-
-static void cpu_dropout_forward(backend_t *b, const float *x, float *y, size_t n, float p,
-                                uint64_t key) {
-    (void)b;
-    uint32_t threshold = dropout_threshold(p);
-    float scale = dropout_scale(p);
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) y[i] = dropout_keeps(key, i, threshold) ? x[i] * scale : 0.0f;
-}
-
-static void cpu_dropout_backward(backend_t *b, const float *dy, float *dx, size_t n, float p,
-                                 uint64_t key) {
-    (void)b;
-    uint32_t threshold = dropout_threshold(p);
-    float scale = dropout_scale(p);
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++)
-        if (dropout_keeps(key, i, threshold)) dx[i] += dy[i] * scale;
-}
-
-static void cpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y) {
-    (void)b;
-#pragma omp parallel for schedule(static) if (rows * (size_t)c > 32768)
-    for (size_t i = 0; i < rows; i++) {
-        float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] += bias[j];
-    }
-}
-
-/* Each thread sums its channels over every row in order, 64 channels at a time. */
-static void cpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias) {
-    (void)b;
-#pragma omp parallel
-    {
-        FOR_CHANNEL_BLOCK(c, j0, j1)
-        for (int jb = j0; jb < j1; jb += 64) {
-            int je = jb + 64 < j1 ? jb + 64 : j1;
-            double sum[64] = {0};
-            for (size_t i = 0; i < rows; i++) {
-                const float *dyi = dy + i * (size_t)c;
-                for (int j = jb; j < je; j++) sum[j - jb] += dyi[j];
-            }
-            for (int j = jb; j < je; j++) dbias[j] += (float)sum[j - jb];
-        }
-    }
 }
 
 /* ---- linear ---- */
@@ -606,16 +429,16 @@ static const backend_i cpu_ops = {
     .relu_backward = cpu_relu_backward,
     .add_forward = cpu_add_forward,
     .accumulate = cpu_accumulate,
-    .maxpool_forward = cpu_maxpool_forward,
-    .maxpool_backward = cpu_maxpool_backward,
-    .avgpool_global_forward = cpu_avgpool_global_forward,
-    .avgpool_global_backward = cpu_avgpool_global_backward,
-    .avgpool_adaptive_forward = cpu_avgpool_adaptive_forward,
-    .avgpool_adaptive_backward = cpu_avgpool_adaptive_backward,
-    .dropout_forward = cpu_dropout_forward,
-    .dropout_backward = cpu_dropout_backward,
-    .bias_add = cpu_bias_add,
-    .bias_backward = cpu_bias_backward,
+    .maxpool_forward = backend_cpu__maxpool_forward,
+    .maxpool_backward = backend_cpu__maxpool_backward,
+    .avgpool_global_forward = backend_cpu__avgpool_global_forward,
+    .avgpool_global_backward = backend_cpu__avgpool_global_backward,
+    .avgpool_adaptive_forward = backend_cpu__avgpool_adaptive_forward,
+    .avgpool_adaptive_backward = backend_cpu__avgpool_adaptive_backward,
+    .dropout_forward = backend_cpu__dropout_forward,
+    .dropout_backward = backend_cpu__dropout_backward,
+    .bias_add = backend_cpu__bias_add,
+    .bias_backward = backend_cpu__bias_backward,
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .softmax_xent = cpu_softmax_xent,

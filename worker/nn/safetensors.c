@@ -136,6 +136,23 @@ static int check_unique(const safetensors_index_t *ix, char *err, size_t err_len
     return rc;
 }
 
+/* __metadata__'s strings into ix->meta (a file has one such object: a second is refused). */
+static int keep_meta(const cJSON *obj, safetensors_index_t *ix, char *err, size_t err_len) {
+    if (ix->meta) return failf(err, err_len, "__metadata__ appears twice");
+    int n = cJSON_GetArraySize(obj);
+    ix->meta = calloc((size_t)(2 * n + 1), sizeof *ix->meta);
+    if (!ix->meta) return failf(err, err_len, "out of memory for %d metadata entries", n);
+    for (const cJSON *m = obj->child; m; m = m->next) {
+        if (!m->string || !cJSON_IsString(m))
+            return failf(err, err_len, "__metadata__ '%s' is not a string", m->string ? m->string : "");
+        char **kv = &ix->meta[2 * ix->n_meta];
+        if (!(kv[0] = strdup(m->string)) || !(kv[1] = strdup(m->valuestring)))
+            return failf(err, err_len, "out of memory");
+        ix->n_meta++;
+    }
+    return 0;
+}
+
 int safetensors_parse_header(const char *header, size_t len, uint64_t data_len,
                              safetensors_index_t *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
@@ -157,8 +174,7 @@ int safetensors_parse_header(const char *header, size_t len, uint64_t data_len,
     for (const cJSON *t = rc == 0 ? root->child : NULL; t && rc == 0; t = t->next) {
         if (strcmp(t->string, "__metadata__") == 0) {
             if (!cJSON_IsObject(t)) rc = failf(err, err_len, "__metadata__ is not an object");
-            for (const cJSON *m = cJSON_IsObject(t) ? t->child : NULL; m && rc == 0; m = m->next)
-                if (!cJSON_IsString(m)) rc = failf(err, err_len, "__metadata__ '%s' is not a string", m->string);
+            else rc = keep_meta(t, out, err, err_len);
             continue;
         }
         size_t name_len = strlen(t->string);
@@ -257,9 +273,18 @@ const safetensors_entry_t *safetensors_find(const safetensors_index_t *ix, const
     return NULL;
 }
 
+const char *safetensors_meta(const safetensors_index_t *ix, const char *key) {
+    for (int i = 0; i < ix->n_meta; i++)
+        if (strcmp(ix->meta[2 * i], key) == 0) return ix->meta[2 * i + 1];
+    return NULL;
+}
+
 void safetensors_index_free(safetensors_index_t *ix) {
     for (int i = 0; i < ix->n; i++) free(ix->entries[i].name);
     free(ix->entries);
+    /* a failed keep_meta may leave a key without its value: the array is NULL-padded */
+    for (int i = 0; ix->meta && ix->meta[i]; i++) free(ix->meta[i]);
+    free(ix->meta);
     memset(ix, 0, sizeof *ix);
 }
 

@@ -42,6 +42,8 @@ typedef struct {
 typedef struct {
     safetensors_entry_t *entries;      /* in the header's order */
     int n;
+    char **meta;                       /* __metadata__: key, value, key, value, ... (n_meta pairs) */
+    int n_meta;
     uint64_t data_offset;              /* of the data section in the file: 8 + header length */
     uint64_t data_len;
 } safetensors_index_t;
@@ -83,6 +85,8 @@ int safetensors_read(int fd, const safetensors_index_t *ix, const safetensors_en
                      char *err, size_t err_len);
 /* The entry called name, or NULL. */
 const safetensors_entry_t *safetensors_find(const safetensors_index_t *ix, const char *name);
+/* The __metadata__ value of key (owned by ix), or NULL. */
+const char *safetensors_meta(const safetensors_index_t *ix, const char *key);
 void safetensors_index_free(safetensors_index_t *ix);
 
 /* Write n tensors to path atomically (a temporary file beside it, fsync, rename, fsync of the

@@ -38,7 +38,7 @@ static void add_ref(tensor_ref_t *refs, int *n, int layer, const char *prefix, p
     r->layer = layer;
     r->part = part;
     r->t = (safetensors_tensor_t){.name = r->name, .dtype = dtype, .ndim = ndim};
-    memcpy(r->t.shape, shape, sizeof(uint64_t) * (size_t)ndim);
+    if (ndim) memcpy(r->t.shape, shape, sizeof(uint64_t) * (size_t)ndim);
 }
 
 /* The model's state_dict in torchvision's order (the layers'). *refs: malloc'ed; at most 5 per
@@ -136,6 +136,17 @@ static float *host_copy(model_t *m) {
 }
 
 int weights_save(model_t *m, const char *path, int64_t steps, char *err, size_t err_len) {
+    return weights_save_tagged(m, path, steps, NULL, err, err_len);
+}
+
+int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char *const *tags,
+                        char *err, size_t err_len) {
+    const char *meta[8 + 2 * WEIGHTS_MAX_TAGS] = {"format", "pt", "producer", "ddpworker", "model", m->name};
+    for (int i = 0; tags && tags[i] && tags[i + 1]; i += 2) {
+        if (i >= 2 * WEIGHTS_MAX_TAGS) return failf(err, err_len, "%s: more than %d tags", path, WEIGHTS_MAX_TAGS);
+        meta[6 + i] = tags[i];
+        meta[7 + i] = tags[i + 1];
+    }
     tensor_ref_t *refs = NULL;
     int n = list_tensors(m, &refs);
     float *host = n >= 0 ? host_copy(m) : NULL;
@@ -149,7 +160,6 @@ int weights_save(model_t *m, const char *path, int64_t steps, char *err, size_t 
         failf(err, err_len, "%s: out of memory", path);
     } else {
         for (int i = 0; i < n; i++) t[i] = refs[i].t;
-        const char *meta[] = {"format", "pt", "producer", "ddpworker", "model", m->name, NULL};
         save_ctx_t ctx = {.m = m, .host = host, .refs = refs, .steps = steps};
         rc = safetensors_write(path, t, n, meta, fill_tensor, &ctx, err, err_len);
     }
@@ -157,6 +167,18 @@ int weights_save(model_t *m, const char *path, int64_t steps, char *err, size_t 
     free(host);
     free(refs);
     return rc;
+}
+
+int weights_read_tag(const char *path, const char *key, char *out, size_t out_len, char *err,
+                     size_t err_len) {
+    safetensors_index_t ix;
+    int fd = safetensors_open(path, &ix, err, err_len);
+    if (fd < 0) return -1;
+    close(fd);
+    const char *value = safetensors_meta(&ix, key);
+    if (value) snprintf(out, out_len, "%s", value);
+    safetensors_index_free(&ix);
+    return value != NULL;
 }
 
 /* ---- loading ---- */

@@ -20,6 +20,17 @@
  * rename), F32, every num_batches_tracked = steps (the training steps taken). Reads the arenas back
  * from the backend (synchronizes). Returns 0, or -1 with "PATH: why" in err. */
 int weights_save(model_t *m, const char *path, int64_t steps, char *err, size_t err_len);
+/* weights_save with tags: a NULL-terminated key, value, key, value, ... list (NULL: none; at most
+ * WEIGHTS_MAX_TAGS pairs) added to the file's __metadata__, where PyTorch ignores it: what the
+ * file says about itself (the trainer tags its best weights with their validation). */
+#define WEIGHTS_MAX_TAGS 8
+int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char *const *tags,
+                        char *err, size_t err_len);
+/* The __metadata__ value of key in the safetensors file at path, into out (cut to out_len - 1).
+ * Returns 1 when the file has it, 0 when not, -1 with "PATH: why" in err when path is not a
+ * readable safetensors file. Reads the header only. */
+int weights_read_tag(const char *path, const char *key, char *out, size_t out_len, char *err,
+                     size_t err_len);
 
 /* Load path into m's parameters and running statistics (uploaded to the backend), converting F16,
  * BF16 and F64 to fp32. Every tensor of m must be in the file with m's shape, and every tensor of

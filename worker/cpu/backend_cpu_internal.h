@@ -1,0 +1,36 @@
+/* backend_cpu_internal: what backend_cpu.c and backend_cpu_pool.c share (not part of backend_i):
+ * the ops backend_cpu_pool.c implements for the cpu backend's table, and the channel split of the
+ * per-channel reductions. */
+#ifndef DDP_WORKER_BACKEND_CPU_INTERNAL_H
+#define DDP_WORKER_BACKEND_CPU_INTERNAL_H
+
+#include <omp.h>
+
+#include "backend.h"
+
+/* Each thread owns a block of channels and walks every row for them in order. */
+#define FOR_CHANNEL_BLOCK(c, j0, j1)                                                               \
+    int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                   \
+    int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
+
+/* backend_cpu_pool.c: backend_i's ops of the same names */
+void backend_cpu__maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y,
+                                  int32_t *argmax);
+void backend_cpu__maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
+                                   const float *dy, float *dx);
+void backend_cpu__avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x,
+                                         float *y);
+void backend_cpu__avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy,
+                                          float *dx);
+void backend_cpu__avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x,
+                                           float *y);
+void backend_cpu__avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy,
+                                            float *dx);
+void backend_cpu__dropout_forward(backend_t *b, const float *x, float *y, size_t n, float p,
+                                  uint64_t key);
+void backend_cpu__dropout_backward(backend_t *b, const float *dy, float *dx, size_t n, float p,
+                                   uint64_t key);
+void backend_cpu__bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y);
+void backend_cpu__bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias);
+
+#endif
