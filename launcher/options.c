@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "endpoint.h"
+#include "slurm.h"
 #include "store_limits.h"
 
 typedef int (*opt_set_fn)(ddprun_opts_t *o, const char *value, char *err, size_t err_len);
@@ -521,7 +522,8 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
 int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
     char err[768];
     set_defaults(o);
-    int rc = apply_env(o, err, sizeof err);
+    int rc = slurm_apply_defaults(o, err, sizeof err); /* then PET_* and flags override them */
+    if (rc == 0) rc = apply_env(o, err, sizeof err);
     int i = 1;
     for (; rc == 0 && i < argc; i++) {
         const char *a = argv[i];
@@ -584,6 +586,11 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
             o->keep_alive_interval_s, o->read_timeout_s,
             o->is_host < 0 ? "auto" : o->is_host ? "true" : "false");
     fprintf(f, "start_method: %s\n", o->start_method);
+    if (o->slurm_job_id[0])
+        fprintf(f, "slurm: job %s, %d node(s), this node %d\n", o->slurm_job_id, o->slurm_nodes,
+                o->slurm_node_id);
+    else
+        fprintf(f, "slurm: none\n");
     fprintf(f, "standalone: %d\nmax_restarts: %d\nmonitor_interval: %g\nrole: %s\nlog_dir: %s\n",
             o->is_standalone, o->max_restarts, o->monitor_interval_s, o->role, o->log_dir);
     fprintf(f, "redirects:");

@@ -50,8 +50,10 @@ static int find_script(char *out, size_t len, char *tried, size_t tried_len) {
 int plot_cmd_main(int argc, char **argv) {
     char script[PATH_MAX], tried[3 * PATH_MAX + 64];
     if (find_script(script, sizeof script, tried, sizeof tried) < 0) {
-        fprintf(stderr, "ddprun plot: cannot find %s (looked in %s); reinstall ddprun or set "
-                        "DDPRUN_PLOT_SCRIPT\n", PLOT_SCRIPT, tried);
+        fprintf(stderr,
+                "ddprun plot: cannot find %s (looked in %s); reinstall ddprun or set "
+                "DDPRUN_PLOT_SCRIPT\n",
+                PLOT_SCRIPT, tried);
         return 1;
     }
     /* Debian's python3-matplotlib lives in /usr/bin/python3's path, which is not always the
@@ -67,10 +69,13 @@ int plot_cmd_main(int argc, char **argv) {
     }
     args[0] = python;
     args[1] = script;
-    for (int i = 1; i < argc; i++) args[i + 1] = argv[i];
+    for (int i = 1; i < argc; i++)
+        args[i + 1] = argv[i];
     execvp(python, args);
-    fprintf(stderr, "ddprun plot: cannot run %s %s: %s (set DDPRUN_PYTHON to a Python 3 "
-                    "interpreter)\n", python, script, strerror(errno));
+    fprintf(stderr,
+            "ddprun plot: cannot run %s %s: %s (set DDPRUN_PYTHON to a Python 3 "
+            "interpreter)\n",
+            python, script, strerror(errno));
     free(args);
     return 1;
 }

@@ -11,7 +11,7 @@ _ddprun_flags() {
     local cmd=$1 sub=$2 var="_ddprun_cache_${2//-/_}"
     if [[ -z ${!var-} ]]; then
         local m flags="" short re='^(-[[:alnum:]]), (.*)$'
-        local flag_re='(^|[[:space:]])(-[[:alnum:]], )?--[[:alnum:]][[:alnum:]_-]*'
+        local flag_re='(^|[[:space:][])(-[[:alnum:]], )?--[[:alnum:]][[:alnum:]_-]*'
         flag_re+='( [^[:space:](-][^[:space:]]*)?'
         while IFS= read -r m; do
             m=${m#"${m%%-*}"} # the match may start with the blank before the flag
@@ -30,7 +30,7 @@ _ddprun() {
     local cmd=${COMP_WORDS[0]} sub="" i start=1 word
     COMPREPLY=()
     case ${COMP_WORDS[1]-} in
-        store | store-client | plot) sub=${COMP_WORDS[1]}; start=2 ;;
+        store | store-client | status | plot) sub=${COMP_WORDS[1]}; start=2 ;;
     esac
 
     local -a flags=() valued=()
@@ -89,10 +89,10 @@ _ddprun() {
         return 0
     fi
     if [[ -z $sub && $COMP_CWORD -eq 1 ]]; then
-        COMPREPLY=($(compgen -W "store store-client plot" -- "$cur"))
+        COMPREPLY=($(compgen -W "store store-client status plot" -- "$cur"))
     fi
     case $sub in
-        store) return 0 ;;
+        store | status) return 0 ;;
         store-client)
             local ops="set get add compare-set append check wait num-keys delete multi-get
                        multi-set ping queue-push queue-pop queue-len"

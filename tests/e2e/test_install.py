@@ -205,6 +205,8 @@ def test_bash_completion(installed, tmp_path):
     keys = complete(installed, [ddprun, "a.conf", "optim.l"], tmp_path)
     assert "optim.lr=" in keys, keys
     assert complete(installed, [ddprun, "store", "--po"], tmp_path) == {"--port", "--port-file"}
+    assert complete(installed, [ddprun, "st"], tmp_path) == {"store", "store-client", "status"}
+    assert "--json" in complete(installed, [ddprun, "status", "--"], tmp_path)
     (tmp_path / "r.jsonl").write_text("")
     assert complete(installed, [ddprun, "plot", ""], tmp_path) == {"r.jsonl"}
     assert complete(installed, [ddprun, "plot", "r.jsonl", "--c"], tmp_path) == {"--csv"}
