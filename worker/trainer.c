@@ -200,6 +200,16 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
+    if (t->metrics) { /* where each run, or each restart of it, began (`ddprun plot` marks these) */
+        cJSON *o = json_line_new("start");
+        json_line_bool(o, "resumed", is_resumed);
+        json_line_int(o, "step", t->step);
+        json_line_int(o, "epoch", t->epoch + 1);
+        json_line_int(o, "world_size", t->world);
+        const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT");
+        if (restarts) json_line_int(o, "restart_count", strtoll(restarts, NULL, 10));
+        trainer__write_metrics(t, o);
+    }
     t->status = status_report_open(t->rank);
 }
 
