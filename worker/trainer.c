@@ -422,10 +422,25 @@ eval_result_t trainer_run(trainer_t *t) {
     bool is_done = is_run_over(t), was_over_at_start = is_done;
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
-               "batch %lld per rank%s\n", t->model.name, t->model.n_params, t->backend->ops->name,
-               t->world, (long long)t->data->train.n, (long long)t->steps_per_epoch,
-               (long long)c->batch_size, t->step ? ", resumed" : "");
+               "batch %lld per rank, lr %g%s\n", t->model.name, t->model.n_params,
+               t->backend->ops->name, t->world, (long long)t->data->train.n,
+               (long long)t->steps_per_epoch, (long long)c->batch_size, t->lr.base_lr,
+               t->step ? ", resumed" : "");
         fflush(stdout);
+        /* what this start trains with: lr after optim.lr_scaling, the splits' sizes */
+        cJSON *o = json_line_new("start");
+        json_line_int(o, "step", t->step);
+        json_line_int(o, "world", t->world);
+        json_line_int(o, "global_batch", c->batch_size * t->world);
+        json_line_int(o, "steps_per_epoch", t->steps_per_epoch);
+        json_line_num(o, "lr", t->lr.base_lr);
+        for (int s = 0; s < SPLIT_COUNT; s++) {
+            char key[24];
+            snprintf(key, sizeof key, "%s_samples", data_split_name((data_split_t)s));
+            json_line_int(o, key, data_split(t->data, (data_split_t)s)->n);
+        }
+        json_line_bool(o, "resumed", t->step > 0);
+        trainer__write_metrics(t, o);
     }
     sampler_set_epoch(&t->sampler, t->epoch);
     while (!is_done) {
