@@ -355,21 +355,36 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
     else if (landed_s > 0) snprintf(out, len, "  snapshot %s", landed);
 }
 
+/* Without loss scaling nothing skips a bad step: a training loss that is NaN or inf on any rank
+ * ends the run on every rank, before it reports or snapshots garbage (a snapshot of NaN weights
+ * would be what a rerun with a lower lr resumes from). loss: this rank's, summed or averaged over
+ * the steps since the last log, so one bad step anywhere in them shows. A collective: every rank
+ * calls it at the same step. */
+static void check_diverged(trainer_t *t, double loss) {
+    if (t->loss_scale) return;
+    double is_bad = !isfinite(loss);
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
+    if (is_bad > 0)
+        trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s by step %lld (on %.0f of %d "
+                    "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
+                    isnan(loss) ? "NaN" : isfinite(loss) ? "NaN or inf on another rank" : "inf",
+                    (long long)t->step, is_bad, t->world);
+}
+
+/* check_diverged before a snapshot between log steps: the loss so far in the window, read back
+ * without taking it (one float, at a snapshot, which reads the arenas back anyway). */
+static void check_diverged_now(trainer_t *t) {
+    if (t->loss_scale) return;
+    float loss_sum = 0.0f;
+    t->backend->ops->to_host(t->backend, &loss_sum, t->model.loss_sum, sizeof loss_sum);
+    check_diverged(t, loss_sum);
+}
+
 static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seconds) {
     double loss = model_take_loss(&t->model) / (double)samples;
     double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
     double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
-    /* without loss scaling nothing skips a bad step: a loss that is NaN or inf on any rank ends
-     * the run on every rank (all reach this step), before it reports or snapshots garbage */
-    if (!t->loss_scale) {
-        double is_bad = !isfinite(loss);
-        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
-        if (is_bad > 0)
-            trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s at step %lld (on %.0f of %d "
-                        "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
-                        isnan(loss) ? "NaN" : isfinite(loss) ? "NaN or inf" : "inf",
-                        (long long)t->step, is_bad, t->world);
-    }
+    check_diverged(t, loss);
     char eta[32], snap[256] = "", scaling[64] = "";
     double eta_s = t->total_steps ? steps_left * seconds / (double)steps : INFINITY;
     if (t->conf->hours > 0) { /* whichever ends the run first */
@@ -471,15 +486,20 @@ eval_result_t trainer_run(trainer_t *t) {
         if (is_epoch_end)
             trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
                                   last_eval_step == t->step ? &last : NULL);
+        bool is_log_step = t->step % c->log_interval == 0 || is_done; /* the loss was checked */
         int signum = 0;
         if (trainer__stop_requested(t, &signum)) {
+            if (!is_log_step) check_diverged_now(t);
             trainer__snapshot(t, true);
             if (t->rank == 0) printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n",
                                      signum, (long long)t->step);
             fflush(stdout);
             exit(128 + signum);
         }
-        if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) trainer__snapshot(t, false);
+        if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) {
+            if (!is_log_step) check_diverged_now(t);
+            trainer__snapshot(t, false);
+        }
     }
     /* max_steps 0, or a run resumed at its end: the weights as they are */
     if (last_eval_step != t->step) last = trainer__validate(t);
