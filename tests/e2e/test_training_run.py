@@ -1,7 +1,8 @@
 """What a run is made of, end to end on the cpu backend: train/val/test splits (data.val_split),
 int32 labels (1000 classes), model.classes, the best weights by validation kept across a restart
-(train.best_by, train.best_file), the test at the end with them, evaluation-only runs
-(train.max_steps = 0), and train.hours counted across restarts."""
+(train.best_by, train.best_file), also a best newer than the newest snapshot across a kill -9
+under ddprun and a best file that vanished, the test at the end with them, evaluation-only runs
+(train.max_steps = 0), the start event, and train.hours counted across restarts."""
 import json
 import os
 import re
