@@ -10,10 +10,6 @@ import signal
 import subprocess
 import time
 
-import numpy as np
-
-import pytest
-
 import safetensors_file
 from conftest import clean_env
 
