@@ -9,7 +9,8 @@
 
 #include "ini_file.h"
 
-/* KEY_PAIR: two numbers "a,b", each in [min, max) (torch's betas) into a double[2]. */
+/* KEY_PAIR: numbers "a,b[,c]", each in [min, max), into a double[2] (torch's betas) or double[3]
+ * (per-channel mean and std; values "auto" then also accepts auto, stored as NaN). */
 typedef enum { KEY_INT, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_PAIR } key_type_t;
 
 typedef struct {
@@ -49,7 +50,8 @@ static const key_spec_t keys[] = {
      "model.init: keep the drawn initial values of tensors whose shape differs (a new classifier "
      "head) or that the file lacks, naming them on stderr, instead of stopping"},
     {"data", "kind", KEY_ENUM, F(data_kind), 0, 0,
-     "fashion-mnist|mnist|cifar10|cifar100|synthetic", "fashion-mnist", "dataset"},
+     "fashion-mnist|mnist|cifar10|cifar100|synthetic|imagefolder", "fashion-mnist",
+     "dataset (imagefolder: data.dir holds train/<class>/<image> and val/, test/ alike)"},
     {"data", "dir", KEY_STRING, F(data_dir), 0, 0, NULL, "/usr/share/datasets/fashion-mnist",
      "where the dataset's files are"},
     {"data", "train_limit", KEY_INT, F(train_limit), 0, 1e12, NULL, "0",
@@ -66,6 +68,24 @@ static const key_spec_t keys[] = {
     {"data", "augment", KEY_BOOL, F(is_augmented), 0, 0, NULL, "false",
      "random crop with padding and horizontal flip"},
     {"data", "crop_padding", KEY_INT, F(crop_padding), 0, 64, NULL, "4", "padding of the crop"},
+    {"data", "image_size", KEY_INT, F(image_size), 8, 4096, NULL, "224",
+     "imagefolder: the side of the square samples"},
+    {"data", "train_transform", KEY_ENUM, F(train_transform), 0, 0, "random-resized-crop|resize",
+     "random-resized-crop", "imagefolder: torchvision's RandomResizedCrop (scale 0.08-1, ratio "
+     "3/4-4/3) and a horizontal flip, or a Resize to image_size x image_size"},
+    {"data", "eval_transform", KEY_ENUM, F(eval_transform), 0, 0, "resize-center-crop|resize",
+     "resize-center-crop", "imagefolder: the shorter side to int(image_size/0.875) then the "
+     "centre crop, or a Resize to image_size x image_size"},
+    {"data", "mean", KEY_PAIR, F(mean), -1e3, 1e3, "auto", "auto",
+     "per-channel mean (0..1 scale) subtracted (auto: ImageNet's for imagefolder, the dataset's "
+     "own otherwise)"},
+    {"data", "std", KEY_PAIR, F(std), 1e-6, 1e3, "auto", "auto",
+     "per-channel standard deviation divided by (auto: as data.mean)"},
+    {"data", "workers", KEY_INT, F(workers), 0, 1024, NULL, "0",
+     "imagefolder: decode threads per worker (0: the cores divided among the node's workers)"},
+    {"data", "on_bad_image", KEY_ENUM, F(on_bad_image), 0, 0, "error|skip", "error",
+     "imagefolder: a file that cannot be decoded stops the run naming it (exit 65), or is replaced "
+     "by the next sample that decodes and counted"},
     {"optim", "name", KEY_ENUM, F(optimizer), 0, 0, "sgd|adam|adamw", "sgd",
      "the optimizer, as torch.optim's SGD, Adam or AdamW"},
     {"optim", "lr", KEY_DOUBLE, F(lr), 0, 1e3, NULL, "0.1", "learning rate (before scaling)"},
@@ -175,18 +195,24 @@ static int set_value(train_conf_t *c, const key_spec_t *k, const char *v, char *
             return fail(err, el, k, "longer than %zu characters", k->size - 1);
         strcpy(field, v);
         return 0;
-    case KEY_PAIR: {
-        double x[2];
+    case KEY_PAIR: { /* as many numbers as the field holds doubles (2: betas, 3: mean/std) */
+        double x[8];
+        size_t n = k->size / sizeof(double);
+        if (k->values && strcmp(v, "auto") == 0) { /* "auto": NaN, which the user of it replaces */
+            for (size_t i = 0; i < n; i++) x[i] = NAN;
+            memcpy(field, x, n * sizeof(double));
+            return 0;
+        }
         const char *p = v;
-        for (int i = 0; i < 2; i++) {
+        for (size_t i = 0; i < n; i++) {
             x[i] = strtod(p, &end);
             if (end == p || !isfinite(x[i]) || x[i] < k->min || x[i] >= k->max ||
-                *end != (i ? '\0' : ','))
-                return fail(err, el, k, "'%s' is not two numbers in [%g, %g) separated by a comma",
-                            v, k->min, k->max);
+                *end != (i + 1 < n ? ',' : '\0'))
+                return fail(err, el, k, "'%s' is not %zu numbers in [%g, %g) separated by commas%s",
+                            v, n, k->min, k->max, k->values ? " (or auto)" : "");
             p = end + 1;
         }
-        memcpy(field, x, sizeof x);
+        memcpy(field, x, n * sizeof(double));
         return 0;
     }
     case KEY_ENUM: {

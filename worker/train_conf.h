@@ -15,7 +15,12 @@
 
 typedef enum { SCHEDULE_CONSTANT, SCHEDULE_STEP, SCHEDULE_COSINE, SCHEDULE_ONE_CYCLE } schedule_t;
 typedef enum { LR_SCALING_NONE, LR_SCALING_LINEAR, LR_SCALING_SQRT } lr_scaling_t;
-typedef enum { DATA_FASHION_MNIST, DATA_MNIST, DATA_CIFAR10, DATA_CIFAR100, DATA_SYNTHETIC } data_kind_t;
+typedef enum {
+    DATA_FASHION_MNIST, DATA_MNIST, DATA_CIFAR10, DATA_CIFAR100, DATA_SYNTHETIC, DATA_IMAGEFOLDER
+} data_kind_t;
+typedef enum { TRAIN_TRANSFORM_RANDOM_RESIZED_CROP, TRAIN_TRANSFORM_RESIZE } train_transform_t;
+typedef enum { EVAL_TRANSFORM_RESIZE_CENTER_CROP, EVAL_TRANSFORM_RESIZE } eval_transform_t;
+typedef enum { BAD_IMAGE_ERROR, BAD_IMAGE_SKIP } bad_image_t;
 typedef enum { BACKEND_CPU, BACKEND_CUDA } backend_kind_t;
 typedef enum { COLLECTIVE_AUTO, COLLECTIVE_RING, COLLECTIVE_NCCL } collective_kind_t;
 typedef enum { PRECISION_FP32, PRECISION_TF32, PRECISION_FP16, PRECISION_BF16 } precision_t;
@@ -44,6 +49,12 @@ typedef struct {
     double val_split;        /* fraction of train held out for validation (0: none) */
     bool is_augmented;       /* random crop with padding + horizontal flip */
     int64_t crop_padding;
+    int64_t image_size;      /* imagefolder */
+    train_transform_t train_transform;
+    eval_transform_t eval_transform;
+    double mean[3], std[3];  /* NaN: the dataset's own (auto) */
+    int64_t workers;         /* decode threads, 0: auto */
+    bad_image_t on_bad_image;
     /* [optim] */
     optim_kind_t optimizer;
     double lr, momentum, weight_decay, label_smoothing;

@@ -77,7 +77,7 @@ static void place_data(trainer_t *t) {
     t->is_uploaded = b->ops->is_device(b, t->model.params);
     for (int s = 0; s < SPLIT_COUNT; s++) {
         const dataset_t *d = data_split(t->data, (data_split_t)s);
-        if (d->n == 0) continue;
+        if (d->n == 0 || d->paths) continue; /* an image folder: the loader decodes its files */
         if (!t->is_uploaded) {
             t->images[s] = d->images;
             t->labels[s] = d->labels;
@@ -170,10 +170,13 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
     t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
     t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
     t->jobs = backend->ops->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
     if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
     place_data(t);
+    trainer__folder_init(t);
     t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
     init_loss_scale(t);
     if (t->world > 1) {
@@ -215,6 +218,9 @@ void trainer_free(trainer_t *t) {
     free(t->host_jobs);
     free(t->indices);
     free(t->host_logits);
+    free(t->next_indices);
+    free(t->host_labels);
+    trainer__folder_free(t);
     if (t->metrics) fclose(t->metrics);
     status_report_close(t->status);
     memset(t, 0, sizeof *t);
@@ -225,9 +231,11 @@ void trainer_free(trainer_t *t) {
 static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, int64_t epoch,
                        const int64_t *indices, int n) {
     const dataset_t *d = data_split(t->data, split);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         t->host_jobs[i] = (augment_job_t){.index = indices[i],
                                           .choice = augment_choose(aug, epoch, indices[i])};
+        t->host_labels[i] = d->labels[indices[i]];
+    }
     const backend_i *o = t->backend->ops;
     o->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
     o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
@@ -239,7 +247,16 @@ int trainer_step(trainer_t *t) {
     int64_t left = sampler_rank_count(&t->sampler, t->cursor);
     int n = (int)(left < c->batch_size ? left : c->batch_size);
     for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
-    load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
+    if (t->loader) {
+        /* the next batch of this epoch, to decode while this one trains */
+        int64_t next = t->cursor + (int64_t)n * t->world, next_left = sampler_rank_count(&t->sampler, next);
+        int next_n = (int)(next_left < c->batch_size ? next_left : c->batch_size);
+        for (int i = 0; i < next_n; i++) t->next_indices[i] = sampler_index(&t->sampler, next, i);
+        trainer__folder_batch(t, SPLIT_TRAIN, t->epoch, (uint64_t)t->step, t->indices, n,
+                              t->next_indices, next_n);
+    } else {
+        load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
+    }
 
     model_t *m = &t->model;
     model_set_step(m, (uint64_t)c->seed, t->step, t->rank);
@@ -286,17 +303,25 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     int batch = (int)t->conf->batch_size, k = m->classes;
     double sums[4] = {0}; /* loss, top1, top5, samples */
     int64_t *indices = t->indices;
-    for (int64_t pos = t->rank; pos < d->n;) {
+    /* each evaluation numbers its batches afresh above the last one's, for the loader */
+    uint64_t id = t->eval_batches;
+    for (int64_t pos = t->rank; pos < d->n; id++) {
         int n = 0;
         for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
-        load_batch(t, split, &t->augment_eval, 0, indices, n);
+        if (t->loader) {
+            int next_n = 0;
+            for (int64_t q = pos; next_n < batch && q < d->n; q += t->world) t->next_indices[next_n++] = q;
+            trainer__folder_batch(t, split, 0, id, indices, n, t->next_indices, next_n);
+        } else {
+            load_batch(t, split, &t->augment_eval, 0, indices, n);
+        }
         model_forward(m, n, false);
         progress_beat();
         t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
                                  (size_t)n * k * sizeof(float));
         for (int i = 0; i < n; i++) {
             const float *z = t->host_logits + (size_t)i * k;
-            int label = d->labels[indices[i]];
+            int label = t->host_labels[i];
             double zmax = z[0], sum_exp = 0;
             for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
             for (int j = 0; j < k; j++) sum_exp += exp(z[j] - zmax);
@@ -305,6 +330,7 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
         }
         sums[3] += n;
     }
+    t->eval_batches = id + 1; /* past the last one prefetched */
     trainer__check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
     double n = sums[3] > 0 ? sums[3] : 1;
     return (eval_result_t){.loss = sums[0] / n, .top1 = sums[1] / n, .top5 = sums[2] / n,
@@ -512,6 +538,15 @@ eval_result_t trainer_run(trainer_t *t) {
         t->has_written_params = true;
     }
     if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
+    if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
+        double skipped = (double)loader_skipped(t->loader);
+        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
+                            "counting the skipped images");
+        t->skipped_images = (int64_t)skipped;
+        if (t->rank == 0 && skipped > 0)
+            printf("ddpworker: %lld image files could not be decoded and were replaced by the next "
+                   "that could (data.on_bad_image = skip)\n", (long long)t->skipped_images);
+    }
     eval_result_t final = trainer__final(t, &last);
     if (!isfinite(final.loss))
         trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",

@@ -14,6 +14,7 @@
 #include "dataset.h"
 #include "grad_sync.h"
 #include "json_lines.h"
+#include "loader.h"
 #include "lr_schedule.h"
 #include "model.h"
 #include "optimizer.h"
@@ -48,6 +49,11 @@ typedef struct {
     int32_t *labels[SPLIT_COUNT];
     bool is_uploaded;
     int64_t *indices;        /* (batch) dataset indices of the batch being assembled */
+    int64_t *next_indices;   /* (batch) the batch after it, decoded ahead (image folders) */
+    int32_t *host_labels;    /* (batch) the labels of the batch in the model, on the host */
+    loader_t *loader;        /* image folders: the decode threads; NULL otherwise */
+    uint64_t eval_batches;   /* batch numbers used by evaluations so far (the loader's ids) */
+    int64_t skipped_images;  /* data.on_bad_image = skip: files replaced, all ranks (at the end) */
     augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
     float *host_logits;      /* (batch, classes), evaluation */
     FILE *metrics;           /* rank 0, or NULL */
@@ -97,6 +103,14 @@ void trainer__snapshot_free(trainer_t *t);
 void trainer__check_comm(trainer_t *t, int rc, const char *what);
 /* Training wall time of the whole run so far, restarts included (train.hours). */
 double trainer__elapsed_s(const trainer_t *t);
+
+/* trainer_folder.c, internal to the trainer: an image folder's batches through the loader. */
+void trainer__folder_init(trainer_t *t);
+/* Batch id (the step, or the batch's number in an evaluation) of split into the model, submitting
+ * it if it is not yet, and the next one (next_n > 0) to decode meanwhile. */
+void trainer__folder_batch(trainer_t *t, data_split_t split, int64_t epoch, uint64_t id,
+                           const int64_t *indices, int n, const int64_t *next_indices, int next_n);
+void trainer__folder_free(trainer_t *t);
 
 /* trainer_eval.c, internal to the trainer: */
 /* Validate (on val, else test), report an "eval" event, and keep the weights when train.best_by

@@ -36,6 +36,7 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
     json_line_int(o, "samples", r->n);
     if (weights) {
         json_line_str(o, "weights", weights);
+        if (t->skipped_images) json_line_int(o, "skipped_images", t->skipped_images);
         if (t->best_step >= 0 && t->conf->best_by != BEST_BY_NONE) {
             json_line_int(o, "best_step", t->best_step);
             json_line_num(o, "best_value", t->best_value);

@@ -173,7 +173,7 @@ Test(train_conf, optimizer_keys) {
         snprintf(text, sizeof text, "[optim]\nname = adam\nbetas = %s\n", bad_betas[i]);
         expect_error(text, NULL, 0, "optim.betas");
         char where[256]; /* file, line, key and value */
-        snprintf(where, sizeof where, "%s:3: optim.betas: '%s' is not two numbers in [0, 1)",
+        snprintf(where, sizeof where, "%s:3: optim.betas: '%s' is not 2 numbers in [0, 1)",
                  path, bad_betas[i]);
         cr_assert_eq(train_conf_load(path, NULL, 0, &c, err, sizeof err), -1);
         cr_assert(strstr(err, where), "'%s' lacks '%s'", err, where);

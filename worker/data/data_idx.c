@@ -186,5 +186,7 @@ int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, 
 void dataset_free(dataset_t *d) {
     free(d->images);
     free(d->labels);
+    for (int64_t i = 0; d->paths && i < d->n; i++) free(d->paths[i]);
+    free(d->paths);
     memset(d, 0, sizeof *d);
 }

@@ -11,6 +11,8 @@
 typedef struct {
     uint8_t *images; /* (n, h, w, c) uint8 NHWC */
     int32_t *labels; /* (n), in [0, classes) */
+    char **paths;    /* an image folder's files, (n); images is then NULL and the loader decodes
+                        them to h x w x c */
     int64_t n;
     int h, w, c;
     int classes;

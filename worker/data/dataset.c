@@ -2,10 +2,12 @@
  * band of rows), so a synthetic run's accuracy still says whether training works. */
 #include "dataset.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data_cifar.h"
+#include "imagefolder.h"
 #include "rng.h"
 
 #define SYNTHETIC_TRAIN_DEFAULT 10000
@@ -50,6 +52,27 @@ static void set_stats(data_splits_t *d, const float *mean, const float *std, int
     }
 }
 
+/* A split of an image folder as a dataset of files (the loader decodes them). */
+static void take_split(imagefolder_split_t *s, int size, int classes, dataset_t *out) {
+    *out = (dataset_t){.n = s->n, .h = size, .w = size, .c = 3, .classes = classes,
+                       .labels = s->labels, .paths = s->paths};
+    memset(s, 0, sizeof *s);
+}
+
+static int load_imagefolder(const train_conf_t *c, data_splits_t *d, char *err, size_t err_len) {
+    imagefolder_t f;
+    if (imagefolder_scan(c->data_dir, &f, err, err_len) < 0) return -1;
+    int size = (int)c->image_size;
+    take_split(&f.train, size, f.n_classes, &d->train);
+    take_split(&f.val, size, f.n_classes, &d->val);
+    take_split(&f.test, size, f.n_classes, &d->test);
+    imagefolder_free(&f);
+    if (d->val.n && c->val_split > 0)
+        return dataset_fail(err, err_len, "data.val_split: %s has a val/ folder already",
+                            c->data_dir);
+    return 0;
+}
+
 int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t err_len) {
     memset(d, 0, sizeof *d);
     int rc = 0;
@@ -86,6 +109,17 @@ int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t 
         set_stats(d, mean, std, 1);
         break;
     }
+    case DATA_IMAGEFOLDER: {
+        rc = load_imagefolder(c, d, err, err_len);
+        static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f};
+        static const float imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+        set_stats(d, imagenet_mean, imagenet_std, 3);
+        break;
+    }
+    }
+    for (int i = 0; i < 3; i++) { /* data.mean / data.std, unless auto */
+        if (!isnan(c->mean[i])) d->mean[i] = (float)c->mean[i];
+        if (!isnan(c->std[i])) d->std[i] = (float)c->std[i];
     }
     if (rc == 0 && d->train.c > AUGMENT_MAX_CHANNELS)
         rc = dataset_fail(err, err_len, "data: %d channels; at most %d are supported", d->train.c,
@@ -113,21 +147,24 @@ const char *data_split_name(data_split_t s) {
     return s == SPLIT_TRAIN ? "train" : s == SPLIT_VAL ? "val" : "test";
 }
 
-/* A copy of the samples of src whose is_held[i] equals want, in order. */
+/* A copy of the samples of src whose is_held[i] equals want, in order (pixels, or file paths). */
 static int copy_where(const dataset_t *src, const bool *is_held, bool want, int64_t n_out,
                       dataset_t *out) {
-    size_t per = (size_t)src->h * src->w * src->c;
+    size_t per = src->paths ? 0 : (size_t)src->h * src->w * src->c;
     *out = (dataset_t){.n = n_out, .h = src->h, .w = src->w, .c = src->c, .classes = src->classes};
-    out->images = malloc(per * (size_t)n_out);
     out->labels = malloc(sizeof *out->labels * (size_t)n_out);
-    if (!out->images || !out->labels) {
+    if (src->paths) out->paths = calloc((size_t)n_out, sizeof *out->paths);
+    else out->images = malloc(per * (size_t)n_out);
+    bool is_ok = out->labels && (out->paths || out->images);
+    for (int64_t i = 0, j = 0; is_ok && i < src->n; i++) {
+        if (is_held[i] != want) continue;
+        if (src->paths) is_ok = (out->paths[j] = strdup(src->paths[i])) != NULL;
+        else memcpy(out->images + per * (size_t)j, src->images + per * (size_t)i, per);
+        out->labels[j++] = src->labels[i];
+    }
+    if (!is_ok) {
         dataset_free(out);
         return -1;
-    }
-    for (int64_t i = 0, j = 0; i < src->n; i++) {
-        if (is_held[i] != want) continue;
-        memcpy(out->images + per * (size_t)j, src->images + per * (size_t)i, per);
-        out->labels[j++] = src->labels[i];
     }
     return 0;
 }

@@ -1,10 +1,13 @@
-/* image_decode: one image file's bytes to RGB pixels: JPEG through libjpeg-turbo's TurboJPEG API
- * (grayscale and CMYK converted to RGB, as PIL's .convert("RGB")), with DCT scaling so that a
- * large JPEG is decoded near the size the transform needs, and PNG through libpng's simplified
- * API (alpha dropped over black, 16-bit reduced). Bytes from disk are outside input: anything
- * corrupt, truncated or unknown is an error with a message, never a crash (fuzz_image_decode).
- * A decoder belongs to one thread; its buffer grows to the largest image and is then reused, so
- * a steady stream of images allocates nothing. */
+/* image_decode: one image file's bytes to RGB pixels as torchvision's ImageFolder gets them
+ * (PIL's Image.open(...).convert("RGB")): JPEG through libjpeg-turbo's TurboJPEG API (v2 API, as
+ * Debian 12's libjpeg-turbo 2.1 has; grayscale expanded, CMYK/YCCK converted with PIL's formula),
+ * with DCT scaling so that a large JPEG is decoded near the size the transform needs; PNG through
+ * libpng (palette and low bit depths expanded, alpha dropped as PIL drops it, 16-bit channels to
+ * their high byte, no gamma applied; a 16-bit grayscale PNG, which PIL clips to 255, is scaled
+ * instead). Bytes from disk are outside input: anything corrupt, truncated or unknown is an error
+ * with a message, never a crash (fuzz_image_decode). A decoder belongs to one thread; its buffers
+ * grow to the largest image and are then reused, so a steady stream of JPEGs allocates nothing
+ * (libpng allocates its own state per PNG). */
 #ifndef DDP_WORKER_IMAGE_DECODE_H
 #define DDP_WORKER_IMAGE_DECODE_H
 
@@ -17,7 +20,9 @@
 typedef struct {
     void *tj;          /* tjhandle, created on first use */
     uint8_t *pixels;   /* (height, width, 3) RGB of the last decode */
-    size_t capacity;
+    size_t capacity;   /* bytes at pixels (a CMYK JPEG needs 4 per pixel while it converts) */
+    uint8_t **rows;    /* a PNG's row pointers into pixels */
+    size_t rows_capacity;
 } image_decoder_t;
 
 typedef struct {
