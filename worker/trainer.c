@@ -209,16 +209,6 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
-    if (t->metrics) { /* where each run, or each restart of it, began (`ddprun plot` marks these) */
-        cJSON *o = json_line_new("start");
-        json_line_bool(o, "resumed", is_resumed);
-        json_line_int(o, "step", t->step);
-        json_line_int(o, "epoch", t->epoch + 1);
-        json_line_int(o, "world_size", t->world);
-        const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT");
-        if (restarts) json_line_int(o, "restart_count", strtoll(restarts, NULL, 10));
-        trainer__write_metrics(t, o);
-    }
     t->status = status_report_open(t->rank);
 }
 
@@ -400,21 +390,36 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
     else if (landed_s > 0) snprintf(out, len, "  snapshot %s", landed);
 }
 
+/* Without loss scaling nothing skips a bad step: a training loss that is NaN or inf on any rank
+ * ends the run on every rank, before it reports or snapshots garbage (a snapshot of NaN weights
+ * would be what a rerun with a lower lr resumes from). loss: this rank's, summed or averaged over
+ * the steps since the last log, so one bad step anywhere in them shows. A collective: every rank
+ * calls it at the same step. */
+static void check_diverged(trainer_t *t, double loss) {
+    if (t->loss_scale) return;
+    double is_bad = !isfinite(loss);
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
+    if (is_bad > 0)
+        trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s by step %lld (on %.0f of %d "
+                    "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
+                    isnan(loss) ? "NaN" : isfinite(loss) ? "NaN or inf on another rank" : "inf",
+                    (long long)t->step, is_bad, t->world);
+}
+
+/* check_diverged before a snapshot between log steps: the loss so far in the window, read back
+ * without taking it (one float, at a snapshot, which reads the arenas back anyway). */
+static void check_diverged_now(trainer_t *t) {
+    if (t->loss_scale) return;
+    float loss_sum = 0.0f;
+    t->backend->ops->to_host(t->backend, &loss_sum, t->model.loss_sum, sizeof loss_sum);
+    check_diverged(t, loss_sum);
+}
+
 static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seconds) {
     double loss = model_take_loss(&t->model) / (double)samples;
     double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
     double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
-    /* without loss scaling nothing skips a bad step: a loss that is NaN or inf on any rank ends
-     * the run on every rank (all reach this step), before it reports or snapshots garbage */
-    if (!t->loss_scale) {
-        double is_bad = !isfinite(loss);
-        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
-        if (is_bad > 0)
-            trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s at step %lld (on %.0f of %d "
-                        "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
-                        isnan(loss) ? "NaN" : isfinite(loss) ? "NaN or inf" : "inf",
-                        (long long)t->step, is_bad, t->world);
-    }
+    check_diverged(t, loss);
     char eta[32], snap[256] = "", scaling[64] = "";
     double eta_s = t->total_steps ? steps_left * seconds / (double)steps : INFINITY;
     if (t->conf->hours > 0) { /* whichever ends the run first */
@@ -491,10 +496,28 @@ eval_result_t trainer_run(trainer_t *t) {
     bool is_done = is_run_over(t), was_over_at_start = is_done;
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
-               "batch %lld per rank%s\n", t->model.name, t->model.n_params, t->backend->ops->name,
-               t->world, (long long)t->data->train.n, (long long)t->steps_per_epoch,
-               (long long)c->batch_size, t->step ? ", resumed" : "");
+               "batch %lld per rank, lr %g%s\n", t->model.name, t->model.n_params,
+               t->backend->ops->name, t->world, (long long)t->data->train.n,
+               (long long)t->steps_per_epoch, (long long)c->batch_size, t->lr.base_lr,
+               t->step ? ", resumed" : "");
         fflush(stdout);
+        /* what this start trains with: lr after optim.lr_scaling, the splits' sizes */
+        cJSON *o = json_line_new("start");
+        json_line_int(o, "step", t->step);
+        json_line_int(o, "world", t->world);
+        json_line_int(o, "global_batch", c->batch_size * t->world);
+        json_line_int(o, "steps_per_epoch", t->steps_per_epoch);
+        json_line_num(o, "lr", t->lr.base_lr);
+        for (int s = 0; s < SPLIT_COUNT; s++) {
+            char key[24];
+            snprintf(key, sizeof key, "%s_samples", data_split_name((data_split_t)s));
+            json_line_int(o, key, data_split(t->data, (data_split_t)s)->n);
+        }
+        json_line_bool(o, "resumed", t->step > 0);
+        json_line_int(o, "epoch", t->epoch + 1);
+        const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT"); /* `ddprun plot` marks these */
+        if (restarts) json_line_int(o, "restart_count", strtoll(restarts, NULL, 10));
+        trainer__write_metrics(t, o);
     }
     sampler_set_epoch(&t->sampler, t->epoch);
     while (!is_done) {
@@ -526,8 +549,10 @@ eval_result_t trainer_run(trainer_t *t) {
         if (is_epoch_end)
             trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
                                   last_eval_step == t->step ? &last : NULL);
+        bool is_log_step = t->step % c->log_interval == 0 || is_done; /* the loss was checked */
         int signum = 0;
         if (trainer__stop_requested(t, &signum)) {
+            if (!is_log_step) check_diverged_now(t);
             trainer__snapshot(t, true);
             trainer__end_progress_line();
             if (t->rank == 0) printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n",
@@ -535,7 +560,10 @@ eval_result_t trainer_run(trainer_t *t) {
             fflush(stdout);
             exit(128 + signum);
         }
-        if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) trainer__snapshot(t, false);
+        if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) {
+            if (!is_log_step) check_diverged_now(t);
+            trainer__snapshot(t, false);
+        }
     }
     /* max_steps 0, or a run resumed at its end: the weights as they are */
     if (last_eval_step != t->step) last = trainer__validate(t);

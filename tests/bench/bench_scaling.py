@@ -4,36 +4,22 @@ the learning rate scaled by the run's rule, and one table of what a user compare
 
     tests/bench/bench_scaling.py CONF [--ranks 1,2,4] [--lr-scaling sqrt] [section.key=value ...]
 
-Columns per world size: learning rate, global batch, steps per epoch, average epoch time, epochs
-run, scaling efficiency (epoch time at 1 rank / (epoch time here x ranks): 1.0 is linear), best
-validation loss, test loss and top-1 (the final event: the best weights with train.best_by).
-Figures come from each run's metrics file (epoch, eval and final events)."""
+Columns per world size: learning rate (after optim.lr_scaling, as the worker applied it), global
+batch, steps per epoch, average epoch time, epochs run, scaling efficiency (epoch time at 1 rank /
+(epoch time here x ranks): 1.0 is linear), best validation loss (validations on the val split:
+set data.val_split for datasets without one), test loss and top-1 (the final event: the best
+weights with train.best_by). Figures come from each run's metrics file (start, epoch, eval and
+final events). Runs one after another on this machine: with fewer cores than ranks the ranks share
+them, and the efficiency says so."""
 import argparse
 import json
-import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from build_paths import build_path  # noqa: E402
-
-
-def conf_value(conf_text, overrides, section, key, default):
-    for o in overrides:
-        if o.startswith(f"{section}.{key}="):
-            return o.split("=", 1)[1]
-    current = None
-    for line in conf_text.splitlines():
-        line = line.split(";")[0].strip()
-        m = re.match(r"^\[(.+)\]$", line)
-        if m:
-            current = m.group(1).strip()
-        elif current == section and "=" in line and line.split("=", 1)[0].strip() == key:
-            return line.split("=", 1)[1].strip()
-    return default
 
 
 def run(ddprun, conf, ranks, overrides, workdir):
@@ -43,9 +29,7 @@ def run(ddprun, conf, ranks, overrides, workdir):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"bench_scaling: {ranks} ranks failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    events = [json.loads(line) for line in open(metrics)]
-    header = re.search(r"(\d+) steps/epoch", r.stdout)
-    return events, int(header.group(1)) if header else 0
+    return [json.loads(line) for line in open(metrics)]
 
 
 def main():
@@ -61,25 +45,24 @@ def main():
     overrides = list(args.overrides)
     if args.lr_scaling:
         overrides.append(f"optim.lr_scaling={args.lr_scaling}")
-    text = open(args.conf).read()
-    lr = float(conf_value(text, overrides, "optim", "lr", "0.1"))
-    rule = conf_value(text, overrides, "optim", "lr_scaling", "none")
-    batch = int(conf_value(text, overrides, "train", "batch_size", "128"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as workdir:
         for ranks in [int(x) for x in args.ranks.split(",")]:
-            events, steps = run(ddprun, args.conf, ranks, overrides, workdir)
+            events = run(ddprun, args.conf, ranks, overrides, workdir)
+            start = [e for e in events if e["event"] == "start"][0]
             epochs = [e for e in events if e["event"] == "epoch"]
-            evals = [e["loss"] for e in events if e["event"] == "eval"
-                     and e["loss"] is not None]
+            if not epochs:
+                sys.exit(f"bench_scaling: {ranks} ranks ran no whole epoch: set train.epochs")
+            evals = [e["loss"] for e in events
+                     if e["event"] == "eval" and e["split"] == "val" and e["loss"] is not None]
             final = [e for e in events if e["event"] == "final"][-1]
-            factor = {"none": 1, "linear": ranks, "sqrt": math.sqrt(ranks)}[rule]
             rows.append({
-                "ranks": ranks, "lr": lr * factor, "global_batch": batch * ranks,
-                "steps_per_epoch": steps,
-                "epoch_s": sum(e["wall_s"] for e in epochs) / len(epochs) if epochs else 0,
+                "ranks": ranks, "lr": start["lr"], "global_batch": start["global_batch"],
+                "steps_per_epoch": start["steps_per_epoch"],
+                "epoch_s": sum(e["wall_s"] for e in epochs) / len(epochs),
                 "epochs": len(epochs), "best_val_loss": min(evals) if evals else None,
                 "test_loss": final["loss"], "top1": final["top1"], "split": final["split"],
+                "weights": final["weights"],
             })
     base = rows[0]["epoch_s"] * rows[0]["ranks"]
     for r in rows:
@@ -99,6 +82,8 @@ def main():
                else f"{r['best_val_loss']:.4f}"))
     print(line(f"{rows[0]['split'].capitalize()} loss", lambda r: f"{r['test_loss']:.4f}"))
     print(line(f"Top-1 {rows[0]['split']} accuracy", lambda r: f"{100 * r['top1']:.2f}%"))
+    print(f"\n{os.cpu_count()} cores; the final figures are of the {rows[0]['weights']} weights;"
+          f" best validation loss over the val split's validations ('-': no val split)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -292,6 +292,22 @@ def test_a_diverging_loss_ends_the_run_with_its_own_code_and_is_not_retried(ddpr
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["time"]), event
 
 
+def test_a_diverged_run_snapshots_no_nan_weights_between_log_steps(ddpworker, tmp_path):
+    """Snapshots every 2 steps, the loss logged every 50: the divergence is caught at the first
+    snapshot after it, so no snapshot holds NaN weights for a rerun (with a lower lr) to resume."""
+    conf = small_conf(tmp_path, kind="synthetic", model="cnn")
+    snap = tmp_path / "snap"
+    r = subprocess.run([ddpworker, conf, "optim.lr=1000", "train.log_interval=50",
+                        "train.max_steps=40", "train.epochs=10", f"snapshot.dir={snap}",
+                        "snapshot.every=2"],
+                       capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == EXIT_DIVERGED, r.stdout + r.stderr
+    m = re.search(r"the training loss is (NaN|inf) by step (\d+)", r.stderr)
+    assert m and int(m.group(2)) < 40 and int(m.group(2)) % 2 == 0, r.stderr
+    taken = [int(n[9:21]) for n in os.listdir(snap) if n.endswith(".ddps")] if snap.exists() else []
+    assert all(step < int(m.group(2)) for step in taken), (taken, r.stderr)
+
+
 def test_metrics_are_json_lines_with_utc_time(ddprun, tmp_path):
     conf = small_conf(tmp_path, kind="synthetic")
     metrics = tmp_path / "metrics.jsonl"

@@ -1,17 +1,14 @@
 """What a run is made of, end to end on the cpu backend: train/val/test splits (data.val_split),
 int32 labels (1000 classes), model.classes, the best weights by validation kept across a restart
-(train.best_by, train.best_file), the test at the end with them, evaluation-only runs
-(train.max_steps = 0), and train.hours counted across restarts."""
+(train.best_by, train.best_file), also a best newer than the newest snapshot across a kill -9
+under ddprun and a best file that vanished, the test at the end with them, evaluation-only runs
+(train.max_steps = 0), the start event, and train.hours counted across restarts."""
 import json
 import os
 import re
 import signal
 import subprocess
 import time
-
-import numpy as np
-
-import pytest
 
 import safetensors_file
 from conftest import clean_env
@@ -67,6 +64,10 @@ def test_a_held_out_validation_split_is_validated_and_the_test_set_tested(ddpwor
     assert final["event"] == "final" and final["split"] == "test" and final["samples"] == 128
     # the held-out samples are not trained on: 384 of 512 remain, 12 steps of 32 per epoch
     assert [e["step"] for e in ev if e["event"] == "epoch"] == [12, 24]
+    start = ev[0]
+    assert start["event"] == "start" and start["resumed"] is False, start
+    assert (start["train_samples"], start["val_samples"], start["test_samples"]) == (384, 128, 128)
+    assert (start["steps_per_epoch"], start["global_batch"], start["lr"]) == (12, 32, 0.05), start
 
 
 def test_the_held_out_split_is_the_same_for_every_seed(ddpworker, tmp_path):
@@ -210,13 +211,15 @@ def test_a_best_written_after_the_last_snapshot_survives_a_kill_9(ddprun, ddpwor
             pids = worker_pids(str(conf))
             if len(pids) != 1 or not snap.exists() or not metrics.exists():
                 continue
-            # frozen, the worker's files say exactly what a resume will find
+            # frozen, the worker's files say exactly what a resume will find (the best file's own
+            # metadata, not the metrics: its "best" line comes just after the file)
             os.kill(pids[0], signal.SIGSTOP)
-            bests = [e for e in events(metrics) if e["event"] == "best"]
             newest = newest_snapshot(snap)
-            if newest > 0 and bests and bests[-1]["step"] > newest:
+            meta = safetensors_file.read_header(str(best))[1] if best.exists() else {}
+            if newest > 0 and meta and int(meta["ddpworker.best_step"]) > newest:
                 os.kill(pids[0], signal.SIGKILL)
-                killed = (bests[-1], newest)
+                killed = ({"step": int(meta["ddpworker.best_step"]),
+                           "value": float(meta["ddpworker.best_value"])}, newest)
             else:
                 os.kill(pids[0], signal.SIGCONT)
         assert killed, "no moment with a best newer than the newest snapshot"

@@ -39,6 +39,12 @@ Test(safetensors, parses_a_header_as_pytorch_writes_it) {
     cr_assert_str_eq(safetensors_meta(&ix, "format"), "pt");
     cr_assert_null(safetensors_meta(&ix, "producer"));
     safetensors_index_free(&ix);
+    /* as a JSON map reads: the last of a key given twice, the last __metadata__ given twice */
+    const char *twice = "{\"__metadata__\":{\"a\":\"1\"},\"__metadata__\":{\"b\":\"2\",\"b\":\"3\"}}";
+    cr_assert_eq(parse(twice, 0, &ix, err), 0, "%s", err);
+    cr_assert_null(safetensors_meta(&ix, "a"));
+    cr_assert_str_eq(safetensors_meta(&ix, "b"), "3");
+    safetensors_index_free(&ix);
 }
 
 Test(safetensors, refuses_malformed_headers_naming_the_tensor) {

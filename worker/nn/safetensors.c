@@ -136,9 +136,12 @@ static int check_unique(const safetensors_index_t *ix, char *err, size_t err_len
     return rc;
 }
 
-/* __metadata__'s strings into ix->meta (a file has one such object: a second is refused). */
+/* __metadata__'s strings into ix->meta (of a key given twice, the last, as a JSON map reads). */
 static int keep_meta(const cJSON *obj, safetensors_index_t *ix, char *err, size_t err_len) {
-    if (ix->meta) return failf(err, err_len, "__metadata__ appears twice");
+    for (int i = 0; ix->meta && ix->meta[i]; i++) free(ix->meta[i]);
+    free(ix->meta);
+    ix->meta = NULL;
+    ix->n_meta = 0;
     int n = cJSON_GetArraySize(obj);
     ix->meta = calloc((size_t)(2 * n + 1), sizeof *ix->meta);
     if (!ix->meta) return failf(err, err_len, "out of memory for %d metadata entries", n);
@@ -274,7 +277,7 @@ const safetensors_entry_t *safetensors_find(const safetensors_index_t *ix, const
 }
 
 const char *safetensors_meta(const safetensors_index_t *ix, const char *key) {
-    for (int i = 0; i < ix->n_meta; i++)
+    for (int i = ix->n_meta - 1; i >= 0; i--) /* a key given twice: the last, as JSON maps read */
         if (strcmp(ix->meta[2 * i], key) == 0) return ix->meta[2 * i + 1];
     return NULL;
 }
