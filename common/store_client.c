@@ -330,6 +330,28 @@ static int handshake(store_client_t *c) {
     return auth_exchange(c);
 }
 
+static int keys_op(store_client_t *c, store_op_t op, const char *const *keys, size_t n,
+                   const void *const *vals, const size_t *val_lens, int64_t timeout_ms);
+
+/* After a handshake that got no answer: does the store answer a request of the legacy numbering
+ * (torch <= 2.1, which reads our VALIDATE as the start of a SET and then waits for its bytes)? A
+ * CHECK of no keys answers at once there. Leaves c disconnected in the current numbering. */
+static bool is_legacy_store(store_client_t *c, struct addrinfo *ai, uint64_t deadline_ms) {
+    store_dialect_t dialect = c->opts.dialect;
+    c->opts.dialect = STORE_DIALECT_LEGACY;
+    c->deadline_ms = deadline_ms;
+    bool is_legacy = false;
+    if (connect_once(c, ai) == 0) {
+        int left = clock_remaining_ms(deadline_ms);
+        store_reply_t r;
+        is_legacy = keys_op(c, STORE_OP_CHECK, NULL, 0, NULL, NULL, left < 0 ? 1000 : left) == 0 &&
+                    recv_reply(c, STORE_REPLY_U8, &r) == 0;
+    }
+    disconnect(c);
+    c->opts.dialect = dialect;
+    return is_legacy;
+}
+
 static bool is_retryable(int rc) {
     return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ENETUNREACH || rc == -EHOSTUNREACH ||
            rc == -ECONNABORTED || rc == DDP_ETIMEOUT || rc == DDP_ECLOSED || rc == -EAGAIN ||
@@ -353,14 +375,26 @@ static int reconnect(store_client_t *c) {
             c->deadline_ms = connect_deadline;
             rc = connect_once(c, ai);
             if (rc < 0) continue;
-            uint64_t handshake_deadline = clock_deadline_ms(HANDSHAKE_TIMEOUT_MS);
+            /* the handshake gets the shortest of its own bound and the caller's: half of what
+             * is left, so that a store of the legacy numbering can still be recognised */
+            int64_t wait_ms = HANDSHAKE_TIMEOUT_MS;
+            if (c->opts.op_timeout_ms > 0 && c->opts.op_timeout_ms < wait_ms) wait_ms = c->opts.op_timeout_ms;
+            int left = clock_remaining_ms(connect_deadline);
+            if (left >= 0 && left < wait_ms) wait_ms = left;
+            uint64_t handshake_deadline = clock_deadline_ms(wait_ms / 2 > 0 ? wait_ms / 2 : 1);
             if (handshake_deadline < c->deadline_ms) c->deadline_ms = handshake_deadline;
             rc = handshake(c);
             if (rc == DDP_ETIMEOUT) {
                 disconnect(c);
-                rc = fail(c, DDP_EPROTO, "accepted the connection but did not answer the "
-                                         "handshake within %d ms: is another program using "
-                                         "this port?", HANDSHAKE_TIMEOUT_MS);
+                if (is_legacy_store(c, ai, clock_deadline_ms(wait_ms / 2 > 0 ? wait_ms / 2 : 1)))
+                    rc = fail(c, DDP_EPROTO, "the store speaks the legacy numbering of PyTorch "
+                                             "<= 2.1 (it answers a legacy request, not our "
+                                             "handshake): use the legacy dialect (store-client "
+                                             "--legacy)");
+                else
+                    rc = fail(c, DDP_EPROTO, "accepted the connection but did not answer the "
+                                             "handshake within %lld ms: is another program using "
+                                             "this port?", (long long)wait_ms);
                 break;
             }
             if (rc == DDP_ECLOSED && c->is_plain) {

@@ -11,5 +11,8 @@ int store_cli_main(int argc, char **argv);
 int status_cmd_main(int argc, char **argv);
 /* `ddprun __shim AGENT_PID -- PROGRAM ARGS`: the first process of each worker (worker_shim.c). */
 int worker_shim_main(int argc, char **argv);
+/* `ddprun plot RUN.jsonl... -o curves.png`: execs the plotting script (plot_cmd.c); returns only
+ * when it cannot (1). */
+int plot_cmd_main(int argc, char **argv);
 
 #endif

@@ -1,9 +1,10 @@
-/* main: the ddprun executable's entry point: a subcommand (store, store-client, the worker
- * shim) or the launcher itself. */
+/* main: the ddprun executable's entry point: a subcommand (store, store-client, plot, the worker
+ * shim), --version, or the launcher itself. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "build_info.h"
 #include "commands.h"
 #include "log.h"
 #include "options.h"
@@ -17,9 +18,10 @@ int main(int argc, char **argv) {
         if (strcmp(cmd, "store") == 0) return store_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "store-client") == 0) return store_cli_main(argc - 1, argv + 1);
         if (strcmp(cmd, "status") == 0) return status_cmd_main(argc - 1, argv + 1);
+        if (strcmp(cmd, "plot") == 0) return plot_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "__shim") == 0) return worker_shim_main(argc, argv);
         if (strcmp(cmd, "--version") == 0) {
-            puts("ddprun " DDP_VERSION);
+            build_info_print("ddprun", stdout);
             return 0;
         }
     }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "endpoint.h"
+#include "slurm.h"
 #include "store_limits.h"
 
 typedef int (*opt_set_fn)(ddprun_opts_t *o, const char *value, char *err, size_t err_len);
@@ -391,7 +392,8 @@ static const opt_spec_t opt_table[] = {
 
 void options_print_help(FILE *f) {
     fputs("usage: ddprun [options] PROGRAM [ARGS...]\n"
-          "       ddprun store|store-client ...   (ddprun store --help)\n\n"
+          "       ddprun store|store-client ...   (ddprun store --help)\n"
+          "       ddprun plot RUN.jsonl... -o curves.png|.svg [--csv curves.csv]\n\n"
           "Run PROGRAM on every node as torchrun does: train.conf runs the built-in trainer,\n"
           "script.py runs under python3 -u, anything else is executed. Options may also come from\n"
           "PET_<NAME> environment variables (PET_NPROC_PER_NODE=4); dashes and underscores are\n"
@@ -408,7 +410,8 @@ void options_print_help(FILE *f) {
                      s->metavar ? s->metavar : "");
         fprintf(f, "  %-36s %s\n", left, s->help);
     }
-    fputs("  -h, --help                           this text\n", f);
+    fputs("      --version                        version, commit, backends and collectives\n"
+          "  -h, --help                           this text\n", f);
 }
 
 static void set_defaults(ddprun_opts_t *o) {
@@ -519,7 +522,8 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
 int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
     char err[768];
     set_defaults(o);
-    int rc = apply_env(o, err, sizeof err);
+    int rc = slurm_apply_defaults(o, err, sizeof err); /* then PET_* and flags override them */
+    if (rc == 0) rc = apply_env(o, err, sizeof err);
     int i = 1;
     for (; rc == 0 && i < argc; i++) {
         const char *a = argv[i];
@@ -582,6 +586,11 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
             o->keep_alive_interval_s, o->read_timeout_s,
             o->is_host < 0 ? "auto" : o->is_host ? "true" : "false");
     fprintf(f, "start_method: %s\n", o->start_method);
+    if (o->slurm_job_id[0])
+        fprintf(f, "slurm: job %s, %d node(s), this node %d\n", o->slurm_job_id, o->slurm_nodes,
+                o->slurm_node_id);
+    else
+        fprintf(f, "slurm: none\n");
     fprintf(f, "standalone: %d\nmax_restarts: %d\nmonitor_interval: %g\nrole: %s\nlog_dir: %s\n",
             o->is_standalone, o->max_restarts, o->monitor_interval_s, o->role, o->log_dir);
     fprintf(f, "redirects:");

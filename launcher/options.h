@@ -45,12 +45,15 @@ typedef struct {
     size_t store_max_value_bytes; /* the hosted store's value limit, which our clients respect too */
     double start_timeout_s;  /* 0: none; a worker must report progress this soon after its start */
     bool is_dry_run;
+    char slurm_job_id[64]; /* "" outside Slurm; else the allocation these defaults came from */
+    int slurm_nodes, slurm_node_id;
     char **program_argv; /* points into argv: the program and its arguments */
     int program_argc;
 } ddprun_opts_t;
 
-/* Parse argv (argv[0] is the program name) after the PET_* environment. Returns 0, 1 when --help
- * was printed (exit 0), or 2 after printing one line "ddprun: ..." to err (exit 2). */
+/* Parse argv (argv[0] is the program name) after the PET_* environment, itself after a Slurm
+ * allocation's defaults (slurm.h). Returns 0, 1 when --help was printed (exit 0), or 2 after
+ * printing one line "ddprun: ..." to err (exit 2). */
 int options_parse(int argc, char **argv, ddprun_opts_t *out, FILE *err);
 /* The agent: run PROGRAM as configured until done; returns the process exit code (agent.c). */
 int agent_main(ddprun_opts_t *o);

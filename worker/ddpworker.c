@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "build_info.h"
 #include "comm.h"
 #include "dataset.h"
 #include "snapshot.h"
@@ -25,6 +26,7 @@ static const char usage[] =
     "usage: ddpworker train.conf [section.key=value ...]\n"
     "       ddpworker --keys      every train.conf key with its default (see train.conf(5))\n"
     "       ddpworker inspect FILE   a snapshot's header, checksums and state hash\n"
+    "       ddpworker --version   version, commit, backends and collectives of this build\n"
     "Run by `ddprun [options] train.conf`, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...;\n"
     "run directly it trains as a world of one.\n";
 
@@ -188,28 +190,41 @@ static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
     }
 }
 
+/* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable (the build tree), else
+ * where `cmake --install` puts it relative to this executable (DDP_CUDA_LIB_RELDIR, e.g.
+ * ../lib/x86_64-linux-gnu/ddprun), so an installed tree works under any prefix or DESTDIR. The
+ * path returned is the one to try (the installed one when neither exists). */
+static void cuda_lib_path(char *path, size_t len) {
+    const char *env = getenv("DDPWORKER_CUDA_LIB");
+    if (env && *env) {
+        snprintf(path, len, "%s", env);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    int dir_len = slash ? (int)(slash - exe) : 1;
+    const char *dir = slash ? exe : ".";
+    snprintf(path, len, "%.*s/libddpworker_cuda.so", dir_len, dir);
+    if (access(path, F_OK) == 0) return;
+    snprintf(path, len, "%.*s/%s/libddpworker_cuda.so", dir_len, dir, DDP_CUDA_LIB_RELDIR);
+    char real[PATH_MAX]; /* /usr/lib/ddprun/..., not /usr/bin/../lib/ddprun/... */
+    if (realpath(path, real)) snprintf(path, len, "%s", real);
+}
+
 static backend_t *make_backend(const train_conf_t *conf, int threads) {
     if (conf->backend == BACKEND_CPU) {
         backend_t *b = backend_cpu_create(threads);
         if (!b) trainer_die(DDP_EXIT_BUG, "out of memory for the cpu backend");
         return b;
     }
-    /* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable */
     char path[PATH_MAX];
-    const char *env = getenv("DDPWORKER_CUDA_LIB");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
-    } else {
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-        path[n > 0 ? n : 0] = '\0';
-        char *slash = strrchr(path, '/');
-        snprintf(slash ? slash + 1 : path, sizeof path - (size_t)(slash ? slash + 1 - path : 0),
-                 "libddpworker_cuda.so");
-    }
+    cuda_lib_path(path, sizeof path);
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib)
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
-                                     "cuDNN): %s", path, dlerror());
+                                     "cuDNN; packaged as ddprun-cuda): %s", path, dlerror());
     int (*device_count)(void) = (int (*)(void))dlsym(lib, "backend_cuda_device_count");
     backend_t *(*create)(int, unsigned, const char *, char *, size_t) =
         (backend_t * (*)(int, unsigned, const char *, char *, size_t)) dlsym(lib, "backend_cuda_create");
@@ -235,6 +250,16 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? DDP_EXIT_USAGE : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        build_info_print("ddpworker", stdout);
+        if (build_info.has_cuda_backend) { /* a separate package: say whether it is there */
+            char path[PATH_MAX];
+            cuda_lib_path(path, sizeof path);
+            printf("cuda library: %s (%s)\n", path,
+                   access(path, R_OK) == 0 ? "present" : "missing: install ddprun-cuda");
+        }
+        return 0;
     }
     if (!strcmp(argv[1], "--keys")) {
         train_conf_print_keys(stdout);

@@ -38,6 +38,15 @@ static void progress_beat(void) {
 
 void trainer__progress_beat(void) { progress_beat(); }
 
+static int is_tty = -1;        /* stdout is a terminal (-1: not asked yet) */
+static bool is_line_open;      /* a progress line waits for its newline (terminals only) */
+
+void trainer__end_progress_line(void) {
+    if (!is_line_open) return;
+    putchar('\n');
+    is_line_open = false;
+}
+
 _Noreturn void trainer_die(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -200,6 +209,16 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
+    if (t->metrics) { /* where each run, or each restart of it, began (`ddprun plot` marks these) */
+        cJSON *o = json_line_new("start");
+        json_line_bool(o, "resumed", is_resumed);
+        json_line_int(o, "step", t->step);
+        json_line_int(o, "epoch", t->epoch + 1);
+        json_line_int(o, "world_size", t->world);
+        const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT");
+        if (restarts) json_line_int(o, "restart_count", strtoll(restarts, NULL, 10));
+        trainer__write_metrics(t, o);
+    }
     t->status = status_report_open(t->rank);
 }
 
@@ -420,8 +439,11 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
     if (t->conf->hours > 0)
         snprintf(hours, sizeof hours, "  hours %.2f/%.2f", trainer__elapsed_s(t) / 3600, t->conf->hours);
     snprintf(where, sizeof where, "step %lld%s%s", (long long)t->step, total, hours);
-    printf("epoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s\n", (long long)t->epoch + 1,
-           where, loss, lr, rate, eta, scaling, snap);
+    /* on a terminal, one line that updates; piped (ddprun, a file), a line per log interval */
+    if (is_tty < 0) is_tty = isatty(STDOUT_FILENO);
+    printf("%sepoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s%s", is_tty ? "\r\033[K" : "",
+           (long long)t->epoch + 1, where, loss, lr, rate, eta, scaling, snap, is_tty ? "" : "\n");
+    is_line_open = is_tty;
     fflush(stdout);
     if (t->metrics) {
         cJSON *o = json_line_new("train");
@@ -436,6 +458,27 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
         }
         trainer__write_metrics(t, o);
     }
+}
+
+/* Rank 0's closing lines: how long, how fast, how far, the best validation, restarts, snapshots. */
+static void report_summary(trainer_t *t, double this_attempt_s) {
+    if (t->rank != 0) return;
+    double total_s = trainer__elapsed_s(t), rate = this_attempt_s > 0 ? t->samples_trained * t->world / this_attempt_s : 0;
+    char total[32], attempt[32], best[128] = "";
+    format_duration(total_s, total, sizeof total);
+    format_duration(this_attempt_s, attempt, sizeof attempt);
+    const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT");
+    long n_restarts = restarts ? strtol(restarts, NULL, 10) : 0;
+    if (t->best_step >= 0 && t->conf->best_by != BEST_BY_NONE)
+        snprintf(best, sizeof best, "; best %s %.4f at step %lld",
+                 t->conf->best_by == BEST_BY_VAL_LOSS ? "val_loss" : "val_top1", t->best_value,
+                 (long long)t->best_step);
+    trainer__end_progress_line();
+    printf("ddpworker: done: %lld steps, %lld epochs, %s of training (%s in this attempt, %.0f img/s)"
+           "%s; %ld restart%s; %lld snapshot%s written in this attempt\n", (long long)t->step,
+           (long long)t->epoch + 1, total, attempt, rate, best, n_restarts, n_restarts == 1 ? "" : "s",
+           (long long)t->n_snapshots, t->n_snapshots == 1 ? "" : "s");
+    fflush(stdout);
 }
 
 eval_result_t trainer_run(trainer_t *t) {
@@ -463,6 +506,7 @@ eval_result_t trainer_run(trainer_t *t) {
             epoch_samples = 0;
         }
         int n = trainer_step(t);
+        t->samples_trained += n;
         window_samples += n;
         epoch_samples += n;
         window_steps++;
@@ -485,6 +529,7 @@ eval_result_t trainer_run(trainer_t *t) {
         int signum = 0;
         if (trainer__stop_requested(t, &signum)) {
             trainer__snapshot(t, true);
+            trainer__end_progress_line();
             if (t->rank == 0) printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n",
                                      signum, (long long)t->step);
             fflush(stdout);
@@ -508,11 +553,13 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
                             "counting the skipped images");
         t->skipped_images = (int64_t)skipped;
+        trainer__end_progress_line();
         if (t->rank == 0 && skipped > 0)
             printf("ddpworker: %lld image files could not be decoded and were replaced by the next "
                    "that could (data.on_bad_image = skip)\n", (long long)t->skipped_images);
     }
     eval_result_t final = trainer__final(t, &last);
+    report_summary(t, clock_now_s() - t->start_s);
     if (!isfinite(final.loss))
         trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",
                     isnan(final.loss) ? "NaN" : "inf");

@@ -64,6 +64,7 @@ typedef struct {
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
     status_report_t *status; /* progress for `ddprun status`, or NULL */
+    int64_t samples_trained, n_snapshots; /* by this rank in this process, for the summary */
     /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); the
      * weights are in train.best_file */
     double best_value;
@@ -136,6 +137,8 @@ void trainer__write_metrics(trainer_t *t, cJSON *o);
 /* The loss scaler's state, read from the backend (a synchronization); zeros without scaling. */
 loss_scale_t trainer__loss_scale(trainer_t *t);
 
+/* Before anything else goes to stdout: end the updating progress line a terminal shows. */
+void trainer__end_progress_line(void);
 /* One unit of progress for ddprun --hang-timeout; any thread (the snapshot writer beats too). */
 void trainer__progress_beat(void);
 

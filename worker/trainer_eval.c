@@ -42,9 +42,11 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
             json_line_num(o, "best_value", t->best_value);
         }
         char *line = json_line_text(o); /* the same line on stdout as in the metrics file */
+        trainer__end_progress_line();
         if (line) printf("%s\n", line);
         cJSON_free(line);
     } else {
+        trainer__end_progress_line();
         printf("eval  step %lld  %s loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,
                data_split_name(r->split), r->loss, 100 * r->top1, 100 * r->top5);
     }

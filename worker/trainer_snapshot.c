@@ -83,6 +83,7 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
 
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
     t->last_snapshot_step = t->step;
+    if (t->snapshots) t->n_snapshots++;
     if (!t->snapshots) return 0;
     double start = clock_now_s();
     snapshot_data_t *d;

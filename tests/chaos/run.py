@@ -14,6 +14,8 @@ directory, and no disk-full faults). While the duration lasts, every few seconds
   sigstop_worker SIGSTOP to a random worker (its peers' collective deadline ends the round)
   corrupt_newest a flipped byte in the newest snapshot (the next resume must skip it)
   disk_full      the snapshot filesystem filled for two seconds (root only)
+  partition      node 1's network link down for three seconds (root with iproute2: node 1 then runs
+                 in a network namespace of its own, behind a veth link to node 0's address)
 An agent that exits non-zero (its store vanished with node 0) is started again. When the
 duration is over, the job runs to its end; the report says what was injected and what it cost.
 """
@@ -22,6 +24,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,7 +59,44 @@ every = 8
 keep = 3
 """
 
-FAULTS = ["kill9_worker", "kill9_agent", "sigstop_worker", "corrupt_newest", "disk_full"]
+FAULTS = ["kill9_worker", "kill9_agent", "sigstop_worker", "corrupt_newest", "disk_full",
+          "partition"]
+
+
+class Netns:
+    """Node 1's own network namespace, linked to this one by a veth pair (root and iproute2)."""
+
+    def __init__(self):
+        self.tag = f"{os.getpid() % 10000}"
+        self.ns, self.host_if, self.ns_if = f"chaos{self.tag}", f"chh{self.tag}", f"chn{self.tag}"
+        net = f"10.{150 + os.getpid() % 50}.{os.getpid() % 250}"
+        self.host_addr, self.ns_addr = f"{net}.1", f"{net}.2"
+        self.is_up = False
+
+    def ip(self, *args, ns=None):
+        cmd = (["ip", "netns", "exec", ns] if ns else []) + ["ip"] + list(args)
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+    def create(self):
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            return False
+        if not self.ip("netns", "add", self.ns):
+            return False
+        ok = (self.ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if) and
+              self.ip("link", "set", self.ns_if, "netns", self.ns) and
+              self.ip("addr", "add", f"{self.host_addr}/24", "dev", self.host_if) and
+              self.ip("link", "set", self.host_if, "up") and
+              self.ip("addr", "add", f"{self.ns_addr}/24", "dev", self.ns_if, ns=self.ns) and
+              self.ip("link", "set", self.ns_if, "up", ns=self.ns) and
+              self.ip("link", "set", "lo", "up", ns=self.ns))
+        self.is_up = ok
+        if not ok:
+            self.destroy()
+        return ok
+
+    def destroy(self):
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
 def find_binaries(args):
@@ -69,9 +109,9 @@ def find_binaries(args):
     return ddprun, ddpworker
 
 
-def free_port():
+def free_port(host="127.0.0.1"):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -108,9 +148,11 @@ def snapshot_steps(snap):
 class Job:
     """Two agents of one c10d job; restarts an agent that died, as a supervisor would."""
 
-    def __init__(self, ddprun, conf, snap, workdir):
+    def __init__(self, ddprun, conf, snap, workdir, netns=None):
         self.ddprun, self.conf, self.snap, self.workdir = ddprun, conf, snap, workdir
-        self.port = free_port()
+        self.netns = netns
+        self.host = netns.host_addr if netns else "127.0.0.1"
+        self.port = free_port(self.host)
         self.agents = [None, None]
         self.starts = [0, 0]
         self.exits = []
@@ -121,9 +163,10 @@ class Job:
     def start(self, node):
         log = open(os.path.join(self.workdir, f"node{node}.{self.starts[node]}.log"), "w")
         self.starts[node] += 1
+        prefix = ["ip", "netns", "exec", self.netns.ns] if self.netns and node == 1 else []
         self.agents[node] = subprocess.Popen(
-            [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "chaos",
+            prefix + [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"{self.host}:{self.port}", "--rdzv-id", "chaos",
              "--max-restarts", "1000", "--hang-timeout", "20",
              "--rdzv-conf", "join_timeout=60,last_call_timeout=0.2,keep_alive_interval=0.2,"
                             "heartbeat_timeout=3",
@@ -216,6 +259,13 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
         except OSError:
             return None
         return f"snapshot step {steps[-1]}"
+    if kind == "partition":
+        if not job.netns:
+            return None
+        job.netns.ip("link", "set", job.netns.host_if, "down")
+        time.sleep(3)
+        job.netns.ip("link", "set", job.netns.host_if, "up")
+        return "node 1's link down for 3 s"
     if kind == "disk_full":
         if not has_tmpfs:
             return None
@@ -246,6 +296,7 @@ def main():
     p.add_argument("--report", default=None, help="write the summary here as JSON")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--steps", type=int, default=0, help="training steps (0: sized to --duration)")
+    p.add_argument("--no-netns", action="store_true", help="no network namespace: no partitions")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -275,8 +326,11 @@ def main():
     os.makedirs(snap, exist_ok=True)
     ports_before = listening_ports()
     faults = []
+    netns = Netns()
+    if args.no_netns or not netns.create():
+        netns = None
     t0 = time.monotonic()
-    job = Job(ddprun, conf, snap, workdir)
+    job = Job(ddprun, conf, snap, workdir, netns)
     ok = False
     try:
         next_fault = t0 + rng.uniform(2, 5)
@@ -296,6 +350,8 @@ def main():
             time.sleep(0.05)
     finally:
         job.kill_all()
+        if netns:
+            netns.destroy()
     elapsed = time.monotonic() - t0
 
     problems = []

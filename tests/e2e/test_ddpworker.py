@@ -304,3 +304,28 @@ def test_metrics_are_json_lines_with_utc_time(ddprun, tmp_path):
     assert all(e["time"].endswith("Z") for e in events)
     printed = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if '"final"' in line]
     assert json.loads(printed[0]) == events[-1]
+
+
+def test_progress_updates_one_line_on_a_terminal_and_prints_lines_when_piped(ddpworker, tmp_path):
+    import pty
+    conf = small_conf(tmp_path, kind="synthetic")
+    args = [ddpworker, conf, "train.max_steps=20", "train.log_interval=5"]
+    out = bytearray()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(ddpworker, args)
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    text = out.decode()
+    assert text.count("\r\x1b[Kepoch 1  step") == 4, repr(text)    # one line, rewritten
+    assert "step 20/20" in text and "\n{\"event\":\"final\"" in text.replace("\r\n", "\n")
+    piped = subprocess.run(args, capture_output=True, text=True, timeout=120).stdout
+    assert "\r" not in piped and piped.count("\nepoch 1  step") == 4, piped
+    assert "ddpworker: done: 20 steps" in piped

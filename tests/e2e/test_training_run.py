@@ -99,7 +99,7 @@ def test_max_steps_zero_only_evaluates_the_initial_weights(ddpworker, tmp_path):
     r = worker(ddpworker, conf_file(tmp_path), "train.max_steps=0", "data.val_split=0.25",
                f"train.metrics_file={metrics}")
     kinds = [e["event"] for e in events(metrics)]
-    assert kinds == ["eval", "final"], kinds
+    assert kinds == ["start", "eval", "final"], kinds
     final = events(metrics)[-1]
     assert final["step"] == 0 and final["split"] == "test" and final["weights"] == "last"
     assert 1.5 < final["loss"] < 3.5, "an untrained 10-class model: about ln(10)"

@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
         FILE *o = fopen(argv[4], "w");
         fprintf(o, "%g %g %g %g %d\n", p.x, p.y, p.w, p.h, p.is_flipped);
         fclose(o);
-        free(rgb); /* LeakSanitizer fails the ASan run's probe otherwise */
+        free(rgb);
         return 0;
     } else if (strcmp(kind, "resize") == 0 || strcmp(kind, "center") == 0) {
         size = atoi(argv[6]);
