@@ -4,9 +4,10 @@ DataLoader over torchvision's ImageFolder with the same transforms and the same 
 on the same JPEG folder, in one run; prints both rates and the ratio.
 
     tests/bench/bench_dataloader.py [--root DIR] [--size 128] [--workers N] [--epochs 3]
-        [--transform rrc|center] [--per-class 300]
+        [--transform rrc|center] [--per-class 300] [--sides 40-96]
 
-Without --root, a folder is made from Debian's Fashion-MNIST (tests/tools/make_jpeg_folder.py).
+Without --root, a folder is made from Debian's Fashion-MNIST (tests/tools/make_jpeg_folder.py;
+--sides 300-500 gives ImageNet's sizes, where decoding at a DCT scale pays).
 Both sides produce normalized fp32 batches: ours with its antialiased resample, theirs with
 PIL's (ImageFolder's default loader) then ToTensor and Normalize. Times include starting the
 workers; the DataLoader's are persistent across epochs, as ours are. Run with /usr/bin/python3."""
@@ -59,6 +60,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--transform", choices=["rrc", "center"], default="rrc")
     ap.add_argument("--per-class", type=int, default=300)
+    ap.add_argument("--sides", default="40-96", help="image sides of the generated folder, LO-HI")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-dataloader-") as tmp:
         root = args.root
@@ -66,12 +68,14 @@ def main():
             root = os.path.join(tmp, "folder")
             subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests", "tools",
                                                               "make_jpeg_folder.py"), root,
-                            "--per-class", str(args.per_class), "--val-per-class", "1"], check=True)
+                            "--per-class", str(args.per_class), "--val-per-class", "1",
+                            "--sides", args.sides], check=True)
         a = ours(root, args.size, args.batch, args.workers, args.epochs, args.transform)
         b = theirs(root, args.size, args.batch, args.workers, args.epochs, args.transform)
     ra, rb = a[0] / a[1], b[0] / b[1]
     print(f"images {a[0]} x {args.size}px, {args.transform}, {args.workers} workers, "
-          f"batch {args.batch}, {args.epochs} epochs")
+          f"batch {args.batch}, {args.epochs} epochs"
+          + ("" if args.root else f", generated sides {args.sides} px"))
     print(f"ddpworker loader      {ra:9.0f} img/s  ({a[1]:.2f} s)")
     print(f"PyTorch DataLoader    {rb:9.0f} img/s  ({b[1]:.2f} s)")
     print(f"ratio ddpworker/PyTorch {ra / rb:.2f}x")

@@ -47,7 +47,11 @@ def make_folder(tmp_path, *args):
 def test_a_jpeg_folder_trains_validates_and_tests(ddprun, tmp_path):
     root, conf = make_folder(tmp_path, "--test")
     metrics = tmp_path / "m.jsonl"
-    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", conf, "train.epochs=6",
+    # random-resized-crop on 200 images learns too slowly for a steady bound here (the final
+    # top-1 of 6 epochs spread over 0.14-0.34 across seeds); resize reaches 0.42-0.52 in 10
+    # epochs (6 seeds), and the tests below train with the default crop
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", conf, "train.epochs=10",
+                        "data.train_transform=resize", "optim.lr=0.1",
                         f"train.metrics_file={metrics}"], capture_output=True, text=True,
                        timeout=600, env=clean_env())
     assert r.returncode == 0, r.stdout + r.stderr
@@ -57,7 +61,7 @@ def test_a_jpeg_folder_trains_validates_and_tests(ddprun, tmp_path):
     final = events[-1]
     assert final["split"] == "test" and final["samples"] == 50
     assert all(e["loss"] is not None for e in events if e["event"] == "train")
-    assert final["top1"] > 0.3, "it learns something in 6 epochs of 200 images"
+    assert final["top1"] > 0.3, "it learns something in 10 epochs of 200 images (chance: 0.1)"
 
 
 def test_a_broken_file_is_an_error_naming_it_or_skipped_and_counted(ddpworker, tmp_path):
@@ -71,6 +75,17 @@ def test_a_broken_file_is_an_error_naming_it_or_skipped_and_counted(ddpworker, t
     assert r.returncode == 0, r.stderr
     final = json.loads([l for l in r.stdout.splitlines() if '"final"' in l][0])
     assert final["skipped_images"] == 3, final
+
+
+def test_limits_take_the_first_files_in_imagefolder_order(ddpworker, tmp_path):
+    root, conf = make_folder(tmp_path, "--test")
+    r = subprocess.run([ddpworker, conf, "data.train_limit=30", "data.test_limit=7",
+                        "train.epochs=1"], capture_output=True, text=True, timeout=600,
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr
+    final = json.loads([l for l in r.stdout.splitlines() if '"final"' in l][0])
+    # 30 training files are 2 steps of 16; the test split is cut to 7 files
+    assert final["step"] == 2 and final["split"] == "test" and final["samples"] == 7, final
 
 
 def test_folder_errors_name_what_is_wrong(ddpworker, tmp_path):

@@ -3,10 +3,12 @@
 tests and benchmarks: ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (optionally test/), the
 ten classes named as Fashion-MNIST's, RGB (the grey item in a random tint: colour says nothing
 of the class), upscaled to sides of
-40-96 px at several aspect ratios, a few grayscale JPEGs and PNGs, and with --broken N, N corrupt,
-truncated or non-image files among the training images. Deterministic for a given --seed.
+40-96 px (--sides LO-HI: e.g. 300-500 for ImageNet's sizes) at several aspect ratios, a few
+grayscale JPEGs and PNGs, and with --broken N, N corrupt, truncated or non-image files among the
+training images. Deterministic for a given --seed.
 
-    make_jpeg_folder.py ROOT [--per-class 50] [--val-per-class 10] [--test] [--broken 3]"""
+    make_jpeg_folder.py ROOT [--per-class 50] [--val-per-class 10] [--test] [--broken 3]
+        [--sides 40-96]"""
 import argparse
 import gzip
 import os
@@ -34,7 +36,7 @@ def read_idx(name):
                      "(apt-get install dataset-fashion-mnist)")
 
 
-def write_split(root, split, images, labels, per_class, rng, broken):
+def write_split(root, split, images, labels, per_class, rng, broken, sides=(40, 96)):
     counts = [0] * len(CLASSES)
     written = []
     for img, label in zip(images, labels):
@@ -44,7 +46,7 @@ def write_split(root, split, images, labels, per_class, rng, broken):
         counts[label] += 1
         folder = os.path.join(root, split, CLASSES[label])
         os.makedirs(folder, exist_ok=True)
-        side = rng.randrange(40, 97)
+        side = rng.randrange(sides[0], sides[1] + 1)
         aspect = rng.choice([1.0, 0.75, 4 / 3, 0.6, 1.6])
         size = (max(8, int(side * aspect)), side)
         grey = Image.fromarray(img)
@@ -82,15 +84,21 @@ def main():
     ap.add_argument("--test", action="store_true", help="also a test/ split")
     ap.add_argument("--broken", type=int, default=0, help="damaged training files")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sides", default="40-96", help="range of the side that the aspect ratio scales, in pixels (LO-HI)")
     args = ap.parse_args()
+    try:
+        sides = tuple(int(v) for v in args.sides.split("-"))
+        assert len(sides) == 2 and 8 <= sides[0] <= sides[1]
+    except (ValueError, AssertionError):
+        ap.error(f"--sides {args.sides}: expected LO-HI with 8 <= LO <= HI")
     rng = random.Random(args.seed)
     train_x, train_y = read_idx("train-images-idx3-ubyte"), read_idx("train-labels-idx1-ubyte")
     test_x, test_y = read_idx("t10k-images-idx3-ubyte"), read_idx("t10k-labels-idx1-ubyte")
-    write_split(args.root, "train", train_x, train_y, args.per_class, rng, args.broken)
+    write_split(args.root, "train", train_x, train_y, args.per_class, rng, args.broken, sides)
     half = len(test_y) // 2
-    write_split(args.root, "val", test_x[:half], test_y[:half], args.val_per_class, rng, 0)
+    write_split(args.root, "val", test_x[:half], test_y[:half], args.val_per_class, rng, 0, sides)
     if args.test:
-        write_split(args.root, "test", test_x[half:], test_y[half:], args.val_per_class, rng, 0)
+        write_split(args.root, "test", test_x[half:], test_y[half:], args.val_per_class, rng, 0, sides)
 
 
 if __name__ == "__main__":

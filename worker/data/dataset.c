@@ -53,19 +53,22 @@ static void set_stats(data_splits_t *d, const float *mean, const float *std, int
 }
 
 /* A split of an image folder as a dataset of files (the loader decodes them). */
-static void take_split(imagefolder_split_t *s, int size, int classes, dataset_t *out) {
+static void take_split(imagefolder_split_t *s, int size, int classes, int64_t limit,
+                       dataset_t *out) {
     *out = (dataset_t){.n = s->n, .h = size, .w = size, .c = 3, .classes = classes,
                        .labels = s->labels, .paths = s->paths};
     memset(s, 0, sizeof *s);
+    for (int64_t i = limit; limit > 0 && i < out->n; i++) free(out->paths[i]); /* the first N */
+    if (limit > 0 && limit < out->n) out->n = limit;
 }
 
 static int load_imagefolder(const train_conf_t *c, data_splits_t *d, char *err, size_t err_len) {
     imagefolder_t f;
     if (imagefolder_scan(c->data_dir, &f, err, err_len) < 0) return -1;
     int size = (int)c->image_size;
-    take_split(&f.train, size, f.n_classes, &d->train);
-    take_split(&f.val, size, f.n_classes, &d->val);
-    take_split(&f.test, size, f.n_classes, &d->test);
+    take_split(&f.train, size, f.n_classes, c->train_limit, &d->train);
+    take_split(&f.val, size, f.n_classes, c->test_limit, &d->val);
+    take_split(&f.test, size, f.n_classes, c->test_limit, &d->test);
     imagefolder_free(&f);
     if (d->val.n && c->val_split > 0)
         return dataset_fail(err, err_len, "data.val_split: %s has a val/ folder already",

@@ -136,8 +136,18 @@ static int make_coeffs(double x0, double len, int out_size, int first, int n, in
     return ksize;
 }
 
-/* The resampled, rounded window: a uint8 tensor's values after torchvision's resize (as floats). */
+/* Python's round() in fp32 for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits, so the
+ * FPU's round-to-nearest-even does the rounding (no libm call; exact, as -ffast-math is not on). */
+static inline float round_half_even(float v) {
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+/* The resampled, rounded window: a uint8 tensor's values after torchvision's resize (as floats),
+ * mirrored if the plan flips; then, with norm_scale, each value v becomes v * norm_scale[i] +
+ * norm_shift[i] for its position i in the row. */
 static int resample(const image_plan_t *p, const uint8_t *rgb, int width, int height, int size,
+                    const float *norm_scale, const float *norm_shift /* (size * 3), or NULL */,
                     image_scratch_t *s, float *out /* (size, size, 3) */) {
     /* taps are clamped to the box's pixels: torchvision crops before it resizes */
     int bx0 = (int)floor(p->x), bx1 = (int)ceil(p->x + p->w), by0 = (int)floor(p->y),
@@ -156,57 +166,72 @@ static int resample(const image_plan_t *p, const uint8_t *rgb, int width, int he
     float *rows = grow(s->rows, &s->rows_cap, sizeof *rows * (size_t)(row1 - row0 + 1) * size * 3);
     if (hk < 0 || !rows) return -1;
     s->rows = rows;
+    size_t row_len = (size_t)size * 3;
     for (int y = row0; y < row1; y++) {
         const uint8_t *src = rgb + (size_t)y * width * 3;
-        float *dst = rows + (size_t)(y - row0) * size * 3;
+        float *dst = rows + (size_t)(y - row0) * row_len;
         for (int i = 0; i < size; i++) {
             const float *k = s->coeffs + (size_t)i * hk;
-            int x0 = s->bounds[2 * i], taps = s->bounds[2 * i + 1];
-            float acc[3] = {0, 0, 0};
-            for (int t = 0; t < taps; t++)
-                for (int c = 0; c < 3; c++) acc[c] += k[t] * src[(size_t)(x0 + t) * 3 + c];
-            for (int c = 0; c < 3; c++) dst[i * 3 + c] = acc[c];
+            const uint8_t *in = src + (size_t)s->bounds[2 * i] * 3;
+            int taps = s->bounds[2 * i + 1];
+            float r = 0, g = 0, b = 0;
+            for (int t = 0; t < taps; t++, in += 3) {
+                r += k[t] * (float)in[0];
+                g += k[t] * (float)in[1];
+                b += k[t] * (float)in[2];
+            }
+            /* a flip mirrors the columns: done here, where each output column is written once */
+            float *o = dst + (size_t)(p->is_flipped ? size - 1 - i : i) * 3;
+            o[0] = r;
+            o[1] = g;
+            o[2] = b;
         }
     }
+    /* vertical: whole rows at a time (tap outer, column inner), so the loop vectorizes; the
+     * same sums in the same order as tap inner */
     for (int j = 0; j < size; j++) {
         const float *k = vc + (size_t)j * vk;
         int y0 = vb[2 * j], taps = vb[2 * j + 1];
-        for (int i = 0; i < size * 3; i++) {
-            float acc = 0;
-            for (int t = 0; t < taps; t++) acc += k[t] * rows[(size_t)(y0 - row0 + t) * size * 3 + i];
-            /* a uint8 tensor's resize ends rounded and clamped */
-            float v = nearbyintf(acc);
-            out[(size_t)j * size * 3 + i] = v < 0 ? 0 : v > 255 ? 255 : v;
+        float *restrict o = out + (size_t)j * row_len;
+        const float *restrict first = rows + (size_t)(y0 - row0) * row_len;
+        for (size_t i = 0; i < row_len; i++) o[i] = k[0] * first[i];
+        for (int t = 1; t < taps; t++) {
+            const float *restrict in = rows + (size_t)(y0 - row0 + t) * row_len;
+            float kt = k[t];
+            for (size_t i = 0; i < row_len; i++) o[i] += kt * in[i];
         }
+        /* a uint8 tensor's resize ends rounded and clamped */
+        for (size_t i = 0; i < row_len; i++) {
+            float v = round_half_even(o[i]);
+            o[i] = v < 0 ? 0 : v > 255 ? 255 : v;
+        }
+        if (norm_scale)
+            for (size_t i = 0; i < row_len; i++) o[i] = o[i] * norm_scale[i] + norm_shift[i];
     }
     return 0;
 }
 
 int image_apply(const image_plan_t *p, const uint8_t *rgb, int width, int height, int size,
                 const float mean[3], const float std[3], image_scratch_t *s, float *dst) {
-    if (resample(p, rgb, width, height, size, s, dst) < 0) return -1;
-    for (int y = 0; y < size; y++) {
-        float *row = dst + (size_t)y * size * 3;
-        if (p->is_flipped)
-            for (int a = 0, b = size - 1; a < b; a++, b--)
-                for (int c = 0; c < 3; c++) {
-                    float t = row[a * 3 + c];
-                    row[a * 3 + c] = row[b * 3 + c];
-                    row[b * 3 + c] = t;
-                }
-        for (int x = 0; x < size; x++)
-            for (int c = 0; c < 3; c++) row[x * 3 + c] = (row[x * 3 + c] / 255.0f - mean[c]) / std[c];
+    /* ToTensor then Normalize, (v / 255 - mean) / std, as one multiply and one add, laid out
+     * along a row (r g b r g b ...) so that the loop applying it vectorizes */
+    size_t row_len = (size_t)size * 3;
+    float *norm = grow(s->norm, &s->norm_cap, sizeof *norm * 2 * row_len);
+    if (!norm) return -1;
+    s->norm = norm;
+    for (size_t i = 0; i < row_len; i++) {
+        norm[i] = 1.0f / (255.0f * std[i % 3]);
+        norm[row_len + i] = -mean[i % 3] / std[i % 3];
     }
-    return 0;
+    return resample(p, rgb, width, height, size, norm, norm + row_len, s, dst);
 }
 
 int image_apply_u8(const image_plan_t *p, const uint8_t *rgb, int width, int height, int size,
                    image_scratch_t *s, uint8_t *dst) {
-    static const float zero[3] = {0, 0, 0}, one[3] = {1, 1, 1};
     float *tmp = malloc(sizeof *tmp * (size_t)size * size * 3);
     if (!tmp) return -1;
-    int rc = image_apply(p, rgb, width, height, size, zero, one, s, tmp);
-    for (size_t i = 0; rc == 0 && i < (size_t)size * size * 3; i++) dst[i] = (uint8_t)nearbyintf(tmp[i] * 255.0f);
+    int rc = resample(p, rgb, width, height, size, NULL, NULL, s, tmp);
+    for (size_t i = 0; rc == 0 && i < (size_t)size * size * 3; i++) dst[i] = (uint8_t)tmp[i];
     free(tmp);
     return rc;
 }
@@ -217,5 +242,6 @@ void image_scratch_free(image_scratch_t *s) {
     free(s->bounds);
     free(s->vcoeffs);
     free(s->vbounds);
+    free(s->norm);
     memset(s, 0, sizeof *s);
 }

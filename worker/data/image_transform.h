@@ -32,7 +32,8 @@ typedef struct {
     float *rows;                /* the horizontal pass */
     float *coeffs, *vcoeffs;    /* horizontal and vertical weights */
     int *bounds, *vbounds;
-    size_t rows_cap, coeffs_cap, bounds_cap, vcoeffs_cap, vbounds_cap;
+    float *norm;                /* the normalization's scale and shift along a row */
+    size_t rows_cap, coeffs_cap, bounds_cap, vcoeffs_cap, vbounds_cap, norm_cap;
 } image_scratch_t;
 
 /* The plan for an image of width x height: a pure function of (seed, epoch, index) for the random

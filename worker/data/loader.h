@@ -39,8 +39,9 @@ typedef struct {
 /* Returns 0, or -1 with err (out of memory, threads). */
 int loader_create(const loader_opts_t *o, loader_t **out, char *err, size_t err_len);
 /* Queue batch `id` (any number the caller chooses, unique among those in flight): samples
- * indices[0..n) of split d, transformed by kind, random plans keyed by (seed, epoch, index).
- * Blocks while every slot is in use. */
+ * indices[0..n) of split d (n <= batch_max; more are cut), transformed by kind, random plans keyed
+ * by (seed, epoch, index): a sample comes out the same whatever batch, rank or thread it is in.
+ * d must outlive the batch. Blocks while every slot is in use (until a loader_release). */
 void loader_submit(loader_t *l, uint64_t id, const dataset_t *d, image_transform_kind_t kind,
                    int64_t epoch, const int64_t *indices, int n);
 /* Whether batch id is queued or ready (not yet released). */
