@@ -116,7 +116,19 @@ static cJSON *gather(reader_t *r) {
             cJSON_Delete(why);
             continue;
         }
+        /* the root cause: a node's own failure beats its peers' "peer failure" (75) that it set
+         * off, whichever of them reached the restart key first */
         cJSON *detail = read_fmt(r, "r%d/failure/%d", k, number(why, "node", -1));
+        for (int g = 0; g < MAX_READ && (!detail || number(detail, "exit_code", 0) == 75); g++) {
+            cJSON *other = read_fmt(r, "r%d/failure/%d", k, g);
+            if (!other && g >= n_nodes) break;
+            if (other && number(other, "exit_code", 0) != 75) {
+                cJSON_Delete(detail);
+                detail = other;
+            } else {
+                cJSON_Delete(other);
+            }
+        }
         cJSON *failure = detail ? detail : why;
         if (detail) cJSON_Delete(why);
         cJSON_AddNumberToObject(failure, "round", k);
