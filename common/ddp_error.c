@@ -1,6 +1,9 @@
 /* ddp_error: see ddp_error.h. */
 #include "ddp_error.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #include <string.h>
 
 const char *ddp_strerror(int rc) {
@@ -13,4 +16,12 @@ const char *ddp_strerror(int rc) {
     case DDP_ECLOSED: return "connection closed by the peer";
     default: return rc < 0 && rc > -DDP_EBASE ? strerror(-rc) : "unknown error";
     }
+}
+
+int ddp_errf(char *err, size_t err_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+    return -1;
 }

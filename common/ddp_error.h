@@ -4,6 +4,8 @@
 #ifndef DDP_COMMON_DDP_ERROR_H
 #define DDP_COMMON_DDP_ERROR_H
 
+#include <stddef.h>
+
 #include <errno.h>
 
 enum {
@@ -29,5 +31,8 @@ enum {
 
 /* Message for 0, -errno or DDP_E*; never NULL. */
 const char *ddp_strerror(int rc);
+/* Format "what and where" into err (err_len bytes, always terminated) and return -1: the one
+ * helper behind every `return ddp_errf(err, err_len, ...)` of a parser or loader. */
+int ddp_errf(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif

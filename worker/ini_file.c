@@ -1,5 +1,6 @@
 /* ini_file: see ini_file.h. */
 #include "ini_file.h"
+#include "ddp_error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,15 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
@@ -47,7 +39,7 @@ static int check_text(const char *path, const char *text, size_t n, char *err, s
             line++;
             column = 0;
         } else if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) {
-            return fail(err, err_len, "%s:%d: byte 0x%02x at column %d: not a text file", path,
+            return ddp_errf(err, err_len, "%s:%d: byte 0x%02x at column %d: not a text file", path,
                         line, c, column);
         }
     }
@@ -72,36 +64,36 @@ int ini_file_parse_text(const char *path, char *text, size_t n_bytes, ini_file_c
         if (*s == '[') {
             char *close = strchr(s, ']');
             if (!close)
-                return fail(err, err_len, "%s:%d: section header '%.60s' is not closed with ']'",
+                return ddp_errf(err, err_len, "%s:%d: section header '%.60s' is not closed with ']'",
                             path, line, s);
             *close = '\0';
             char *rest = trim(close + 1);
             if (*rest && *rest != ';' && *rest != '#')
-                return fail(err, err_len, "%s:%d: text after the section header [%.60s]", path,
+                return ddp_errf(err, err_len, "%s:%d: text after the section header [%.60s]", path,
                             line, s + 1);
             char *name = trim(s + 1);
-            if (!*name) return fail(err, err_len, "%s:%d: empty section name '[]'", path, line);
+            if (!*name) return ddp_errf(err, err_len, "%s:%d: empty section name '[]'", path, line);
             if (strlen(name) >= sizeof section)
-                return fail(err, err_len, "%s:%d: section name longer than %zu bytes", path, line,
+                return ddp_errf(err, err_len, "%s:%d: section name longer than %zu bytes", path, line,
                             sizeof section - 1);
             strcpy(section, name);
             continue;
         }
         char *eq = s + strcspn(s, "=:");
         if (!*eq)
-            return fail(err, err_len, "%s:%d: '%.60s' is not 'key = value', '[section]' or a "
+            return ddp_errf(err, err_len, "%s:%d: '%.60s' is not 'key = value', '[section]' or a "
                         "comment", path, line, s);
         *eq = '\0';
         char *key = trim(s), *value = eq + 1;
         cut_inline_comment(value - 1);
         value = trim(value);
-        if (!*key) return fail(err, err_len, "%s:%d: a value without a key", path, line);
+        if (!*key) return ddp_errf(err, err_len, "%s:%d: a value without a key", path, line);
         if (!*section)
-            return fail(err, err_len, "%s:%d: key '%.60s' comes before any [section]", path, line,
+            return ddp_errf(err, err_len, "%s:%d: key '%.60s' comes before any [section]", path, line,
                         key);
         char msg[768];
         if (cb(user, section, key, value, line, msg, sizeof msg) < 0)
-            return fail(err, err_len, "%s:%d: %s", path, line, msg);
+            return ddp_errf(err, err_len, "%s:%d: %s", path, line, msg);
     }
     return 0;
 }
@@ -109,27 +101,27 @@ int ini_file_parse_text(const char *path, char *text, size_t n_bytes, ini_file_c
 int ini_file_parse(const char *path, ini_file_cb cb, void *user, char *err, size_t err_len) {
     /* O_NONBLOCK: a FIFO named as the config must not block the open */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int e = errno;
         close(fd);
-        return fail(err, err_len, "%s: cannot stat: %s", path, strerror(e));
+        return ddp_errf(err, err_len, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, err_len, "%s: %s, not a train.conf file", path,
+        return ddp_errf(err, err_len, "%s: %s, not a train.conf file", path,
                     S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
     }
     if ((size_t)st.st_size > INI_FILE_MAX_BYTES) {
         close(fd);
-        return fail(err, err_len, "%s: %lld bytes; a train.conf has at most %zu", path,
+        return ddp_errf(err, err_len, "%s: %lld bytes; a train.conf has at most %zu", path,
                     (long long)st.st_size, INI_FILE_MAX_BYTES);
     }
     char *text = malloc((size_t)st.st_size + 1);
     if (!text) {
         close(fd);
-        return fail(err, err_len, "%s: out of memory", path);
+        return ddp_errf(err, err_len, "%s: out of memory", path);
     }
     size_t n = 0;
     int read_errno = 0;
@@ -143,7 +135,7 @@ int ini_file_parse(const char *path, ini_file_cb cb, void *user, char *err, size
     close(fd);
     if (read_errno) {
         free(text);
-        return fail(err, err_len, "%s: cannot read: %s", path, strerror(read_errno));
+        return ddp_errf(err, err_len, "%s: cannot read: %s", path, strerror(read_errno));
     }
     int rc = ini_file_parse_text(path, text, n, cb, user, err, err_len);
     free(text);

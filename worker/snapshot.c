@@ -18,17 +18,9 @@
 
 #include "clock.h"
 #include "fs.h"
+#include "ddp_error.h"
 
 #define HEADER_CHECKED_BYTES offsetof(snapshot_header_t, header_checksum)
-
-static int failf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int failf(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Written in chunks, with progress reported after each: a large snapshot on a slow disk is work
  * going on, not a hang (ddprun --hang-timeout reads the worker's progress counter). */
@@ -63,7 +55,7 @@ static int write_atomically(const char *dir, const char *name, const void *const
     snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return failf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
+    if (fd < 0) return ddp_errf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
     int rc = 0;
     for (int i = 0; i < n_parts && rc == 0; i++) rc = write_all(fd, parts[i], sizes[i], progress);
     const char *step = "write";
@@ -81,11 +73,11 @@ static int write_atomically(const char *dir, const char *name, const void *const
     }
     if (rc < 0) {
         unlink(tmp);
-        return failf(err, err_len, "cannot %s %s: %s", step, strcmp(step, "rename") ? tmp : path,
+        return ddp_errf(err, err_len, "cannot %s %s: %s", step, strcmp(step, "rename") ? tmp : path,
                      strerror(-rc));
     }
     rc = fsync_dir(dir);
-    if (rc < 0) return failf(err, err_len, "cannot fsync directory %s: %s", dir, strerror(-rc));
+    if (rc < 0) return ddp_errf(err, err_len, "cannot fsync directory %s: %s", dir, strerror(-rc));
     return 0;
 }
 
@@ -175,7 +167,7 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
                                       SNAPSHOT_SECTION_BUFFERS, SNAPSHOT_SECTION_SECOND_MOMENT};
     h.n_sections = has_second_moment(&h) ? 4 : 3;
     if (h.n_sections == 4 && !d->second_moment)
-        return failf(err, err_len, "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
+        return ddp_errf(err, err_len, "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
                      "moment", h.step, h.optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw");
     uint64_t offset = sizeof h;
     for (uint32_t i = 0; i < h.n_sections; i++) {
@@ -242,11 +234,11 @@ static int read_legacy_header(int fd, const char *path, uint32_t version, snapsh
     uint8_t raw[sizeof *h];
     size_t bytes = header_bytes_of(version), head = version == 1 ? OPTIM_BLOCK_AT : RUN_BLOCK_AT;
     if (read_at(fd, raw, bytes, 0) < 0)
-        return failf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+        return ddp_errf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
     uint64_t checksum;
     memcpy(&checksum, raw + bytes - sizeof checksum, sizeof checksum);
     if (XXH3_64bits(raw, bytes - sizeof checksum) != checksum)
-        return failf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
+        return ddp_errf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
     memset(h, 0, sizeof *h);
     memcpy(h, raw, head);
     memcpy((uint8_t *)h + TAIL_AT, raw + head, bytes - head);
@@ -263,55 +255,55 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
         uint32_t version, header_bytes;
     } id;
     if (file_bytes < sizeof id || read_at(fd, &id, sizeof id, 0) < 0)
-        return failf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
+        return ddp_errf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
                      path, file_bytes);
     if (memcmp(id.magic, SNAPSHOT_MAGIC, sizeof id.magic) != 0)
-        return failf(err, err_len, "%s: not a ddpworker snapshot (bad magic)", path);
+        return ddp_errf(err, err_len, "%s: not a ddpworker snapshot (bad magic)", path);
     if (id.version > SNAPSHOT_VERSION && id.version < 1000) {
-        failf(err, err_len, "%s: snapshot version %u, written by a newer ddpworker; this one reads "
+        ddp_errf(err, err_len, "%s: snapshot version %u, written by a newer ddpworker; this one reads "
               "versions 1 to %u: run the newer ddpworker, or move the file away", path, id.version,
               SNAPSHOT_VERSION);
         return SNAPSHOT_E_NEWER;
     }
     if (id.version < 1 || id.version > SNAPSHOT_VERSION || id.header_bytes != header_bytes_of(id.version))
-        return failf(err, err_len, "%s: snapshot version %u (header %u bytes); this ddpworker "
+        return ddp_errf(err, err_len, "%s: snapshot version %u (header %u bytes); this ddpworker "
                      "reads versions 1 to %u (corrupt)", path, id.version, id.header_bytes,
                      SNAPSHOT_VERSION);
     if (file_bytes < id.header_bytes)
-        return failf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
+        return ddp_errf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
                      path, file_bytes);
     if (id.version < SNAPSHOT_VERSION) {
         if (read_legacy_header(fd, path, id.version, h, err, err_len) < 0) return -1;
     } else {
         if (read_at(fd, h, sizeof *h, 0) < 0)
-            return failf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+            return ddp_errf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
         if (XXH3_64bits(h, HEADER_CHECKED_BYTES) != h->header_checksum)
-            return failf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
+            return ddp_errf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
     }
     if (h->optimizer > SNAPSHOT_OPTIM_ADAMW)
-        return failf(err, err_len, "%s: unknown optimizer %u (corrupt)", path, h->optimizer);
+        return ddp_errf(err, err_len, "%s: unknown optimizer %u (corrupt)", path, h->optimizer);
     /* Adam counts only the steps it took: never more than the run's */
     if (has_second_moment(h) ? h->optim_steps > h->step : h->optim_steps != 0)
-        return failf(err, err_len, "%s: %" PRIu64 " optimizer steps at step %" PRIu64 " (corrupt)",
+        return ddp_errf(err, err_len, "%s: %" PRIu64 " optimizer steps at step %" PRIu64 " (corrupt)",
                      path, h->optim_steps, h->step);
     if (h->n_sections != (has_second_moment(h) ? 4u : 3u) || h->n_params > (1ull << 40) ||
         h->n_buffers > (1ull << 40))
-        return failf(err, err_len, "%s: unexpected section table (%u sections)", path, h->n_sections);
+        return ddp_errf(err, err_len, "%s: unexpected section table (%u sections)", path, h->n_sections);
     for (uint32_t i = 0; i < h->n_sections; i++) {
         const snapshot_section_t *s = &h->sections[i];
         if (s->kind < SNAPSHOT_SECTION_PARAMS || s->kind > SNAPSHOT_SECTION_SECOND_MOMENT ||
             s->n_bytes != section_floats(h, s->kind) * sizeof(float) || s->offset > file_bytes ||
             s->n_bytes > file_bytes - s->offset)
-            return failf(err, err_len, "%s: section %u lies outside the file's %" PRIu64
+            return ddp_errf(err, err_len, "%s: section %u lies outside the file's %" PRIu64
                          " bytes (truncated)", path, i, file_bytes);
     }
     /* 0 is "no loss scaling"; a scale the run cannot multiply by is damage, not state */
     if (!(h->loss_scale >= 0 && h->loss_scale <= 3.0e38) || h->loss_scale_good_steps > UINT32_MAX)
-        return failf(err, err_len, "%s: loss scale %g (%" PRIu64 " good steps) is out of range "
+        return ddp_errf(err, err_len, "%s: loss scale %g (%" PRIu64 " good steps) is out of range "
                      "(corrupt)", path, h->loss_scale, h->loss_scale_good_steps);
     /* train.hours resumes from elapsed_s, and best_by says what best_value measures */
     if (!(h->elapsed_s >= 0 && h->elapsed_s < 1e12) || h->best_by > 2)
-        return failf(err, err_len, "%s: elapsed %g s, best_by %u (corrupt)", path, h->elapsed_s,
+        return ddp_errf(err, err_len, "%s: elapsed %g s, best_by %u (corrupt)", path, h->elapsed_s,
                      h->best_by);
     return 0;
 }
@@ -334,31 +326,31 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
     memset(d, 0, sizeof *d);
     /* O_NONBLOCK: a FIFO named like a snapshot must not block the open (it is refused below) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return failf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    int rc = fstat(fd, &st) < 0    ? failf(err, err_len, "%s: %s", path, strerror(errno))
-             : !S_ISREG(st.st_mode) ? failf(err, err_len, "%s: not a regular file", path)
+    int rc = fstat(fd, &st) < 0    ? ddp_errf(err, err_len, "%s: %s", path, strerror(errno))
+             : !S_ISREG(st.st_mode) ? ddp_errf(err, err_len, "%s: not a regular file", path)
                                    : read_header(fd, path, (uint64_t)st.st_size, &d->header, err,
                                                  err_len);
     for (uint32_t i = 0; rc == 0 && i < d->header.n_sections; i++) {
         const snapshot_section_t *s = &d->header.sections[i];
         float **slot = section_slot(d, s->kind);
         if (*slot) {
-            rc = failf(err, err_len, "%s: section %s appears twice", path, section_name(s->kind));
+            rc = ddp_errf(err, err_len, "%s: section %s appears twice", path, section_name(s->kind));
             break;
         }
         *slot = malloc(s->n_bytes ? s->n_bytes : 1);
-        if (!*slot) rc = failf(err, err_len, "%s: out of memory", path);
+        if (!*slot) rc = ddp_errf(err, err_len, "%s: out of memory", path);
         else if (read_at(fd, *slot, s->n_bytes, s->offset) < 0)
-            rc = failf(err, err_len, "%s: cannot read section %s: %s", path, section_name(s->kind),
+            rc = ddp_errf(err, err_len, "%s: cannot read section %s: %s", path, section_name(s->kind),
                        strerror(errno));
         else if (XXH3_64bits(*slot, s->n_bytes) != s->checksum)
-            rc = failf(err, err_len, "%s: section %s checksum mismatch (corrupt or torn)", path,
+            rc = ddp_errf(err, err_len, "%s: section %s checksum mismatch (corrupt or torn)", path,
                        section_name(s->kind));
     }
     if (rc == 0 && (!d->params || !d->momentum || !d->buffers ||
                     (has_second_moment(&d->header) && !d->second_moment)))
-        rc = failf(err, err_len, "%s: a section is missing", path);
+        rc = ddp_errf(err, err_len, "%s: a section is missing", path);
     close(fd);
     if (rc < 0) snapshot_data_free(d);
     return rc;
@@ -385,7 +377,7 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
     size_t n;
     int rc = list_snapshots(dir, &list, &n);
     if (rc == -ENOENT) return 0;
-    if (rc < 0) return failf(err, err_len, "snapshot.dir %s: cannot list: %s", dir, strerror(-rc));
+    if (rc < 0) return ddp_errf(err, err_len, "snapshot.dir %s: cannot list: %s", dir, strerror(-rc));
     int found = 0;
     for (size_t i = 0; i < n && !found; i++) {
         snprintf(path_out, path_len, "%s/%s", dir, list[i].name);
@@ -536,12 +528,12 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
                            size_t err_len) {
     *out = NULL;
     int rc = fs_mkdir_p(dir);
-    if (rc < 0) return failf(err, err_len, "snapshot.dir: cannot create %s: %s", dir, strerror(-rc));
+    if (rc < 0) return ddp_errf(err, err_len, "snapshot.dir: cannot create %s: %s", dir, strerror(-rc));
     if (access(dir, W_OK) < 0)
-        return failf(err, err_len, "snapshot.dir: cannot write into %s: %s", dir, strerror(errno));
+        return ddp_errf(err, err_len, "snapshot.dir: cannot write into %s: %s", dir, strerror(errno));
     remove_temp_files(dir);
     snapshot_writer_t *w = calloc(1, sizeof *w);
-    if (!w) return failf(err, err_len, "out of memory");
+    if (!w) return ddp_errf(err, err_len, "out of memory");
     snprintf(w->dir, sizeof w->dir, "%s", dir);
     w->keep = *keep;
     w->data.header.n_params = n_params;
@@ -557,7 +549,7 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
         pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         snapshot_data_free(&w->data);
         free(w);
-        return failf(err, err_len, "snapshot: out of memory for %zu parameters", n_params);
+        return ddp_errf(err, err_len, "snapshot: out of memory for %zu parameters", n_params);
     }
     *out = w;
     return 0;

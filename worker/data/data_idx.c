@@ -12,14 +12,6 @@
 #define IDX_TYPE_UBYTE 0x08
 #define IDX_MAX_ELEMS  ((int64_t)1 << 34) /* 16 GiB of bytes: far beyond any dataset here */
 
-int dataset_fail(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* Read the `claimed` bytes a header promises into a buffer that grows with what actually arrives,
  * so a lying header costs at most twice the real data, not its claim. *out is malloc'd on 0. */
 static int read_claimed(gzFile f, size_t claimed, uint8_t **out) {

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ddp_error.h"
+
 typedef struct {
     uint8_t *images; /* (n, h, w, c) uint8 NHWC */
     int32_t *labels; /* (n), in [0, classes) */
@@ -27,6 +29,6 @@ int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, 
                  size_t err_len);
 void dataset_free(dataset_t *d);
 /* Format a loader error into err; returns -1 (the loaders' error return). */
-int dataset_fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define dataset_fail ddp_errf
 
 #endif

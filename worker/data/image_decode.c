@@ -1,6 +1,7 @@
 /* image_decode: see image_decode.h. libpng reports errors by longjmp: decode_png keeps everything
  * that must survive one (the decoder, the row pointers) outside its locals. */
 #include "image_decode.h"
+#include "ddp_error.h"
 
 #include <limits.h>
 #include <setjmp.h>
@@ -12,15 +13,6 @@
 
 #include <png.h>
 #include <turbojpeg.h>
-
-static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static bool is_jpeg(const uint8_t *b, size_t n) { return n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF; }
 
@@ -41,12 +33,12 @@ void image_decoder_free(image_decoder_t *d) {
 static int reserve(image_decoder_t *d, int width, int height, int channels, char *err,
                    size_t err_len) {
     if (width <= 0 || height <= 0 || (int64_t)width * height > IMAGE_DECODE_MAX_PIXELS)
-        return fail(err, err_len, "a %dx%d image is out of bounds (at most %lld pixels)", width,
+        return ddp_errf(err, err_len, "a %dx%d image is out of bounds (at most %lld pixels)", width,
                     height, (long long)IMAGE_DECODE_MAX_PIXELS);
     size_t need = (size_t)width * (size_t)height * (size_t)channels;
     if (need <= d->capacity) return 0;
     uint8_t *p = realloc(d->pixels, need);
-    if (!p) return fail(err, err_len, "out of memory for a %dx%d image", width, height);
+    if (!p) return ddp_errf(err, err_len, "out of memory for a %dx%d image", width, height);
     d->pixels = p;
     d->capacity = need;
     return 0;
@@ -55,27 +47,27 @@ static int reserve(image_decoder_t *d, int width, int height, int channels, char
 static int jpeg_header(image_decoder_t *d, const uint8_t *bytes, size_t n, int *w, int *h,
                        int *colorspace, char *err, size_t err_len) {
     if (!d->tj && !(d->tj = tjInitDecompress()))
-        return fail(err, err_len, "cannot start libjpeg-turbo: %s", tjGetErrorStr2(NULL));
+        return ddp_errf(err, err_len, "cannot start libjpeg-turbo: %s", tjGetErrorStr2(NULL));
     int subsamp;
     *w = *h = 0; /* a stream of tables alone "succeeds" without setting them */
     if (n > (size_t)ULONG_MAX ||
         tjDecompressHeader3(d->tj, bytes, (unsigned long)n, w, h, &subsamp, colorspace) != 0)
-        return fail(err, err_len, "not a readable JPEG: %s", tjGetErrorStr2(d->tj));
+        return ddp_errf(err, err_len, "not a readable JPEG: %s", tjGetErrorStr2(d->tj));
     if (*w == 0 && *h == 0)
-        return fail(err, err_len, "not a readable JPEG: no image in it (%zu bytes)", n);
+        return ddp_errf(err, err_len, "not a readable JPEG: no image in it (%zu bytes)", n);
     if (*w <= 0 || *h <= 0 || (int64_t)*w * *h > IMAGE_DECODE_MAX_PIXELS)
-        return fail(err, err_len, "a %dx%d JPEG is out of bounds", *w, *h);
+        return ddp_errf(err, err_len, "a %dx%d JPEG is out of bounds", *w, *h);
     return 0;
 }
 
 /* The big-endian width and height of a PNG's IHDR, which must come first. */
 static int png_header(const uint8_t *b, size_t n, int *w, int *h, char *err, size_t err_len) {
     if (n < 24 || memcmp(b + 12, "IHDR", 4) != 0)
-        return fail(err, err_len, "not a readable PNG: no IHDR chunk (%zu bytes)", n);
+        return ddp_errf(err, err_len, "not a readable PNG: no IHDR chunk (%zu bytes)", n);
     uint32_t pw = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
     uint32_t ph = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
     if (pw == 0 || ph == 0 || (uint64_t)pw * ph > (uint64_t)IMAGE_DECODE_MAX_PIXELS)
-        return fail(err, err_len, "a %ux%u PNG is out of bounds", pw, ph);
+        return ddp_errf(err, err_len, "a %ux%u PNG is out of bounds", pw, ph);
     *w = (int)pw;
     *h = (int)ph;
     return 0;
@@ -87,7 +79,7 @@ int image_decode_info(image_decoder_t *d, const uint8_t *bytes, size_t n_bytes, 
     if (is_jpeg(bytes, n_bytes))
         return jpeg_header(d, bytes, n_bytes, &out->width, &out->height, &colorspace, err, err_len);
     if (is_png(bytes, n_bytes)) return png_header(bytes, n_bytes, &out->width, &out->height, err, err_len);
-    return fail(err, err_len, "not a JPEG or PNG file (%zu bytes)", n_bytes);
+    return ddp_errf(err, err_len, "not a JPEG or PNG file (%zu bytes)", n_bytes);
 }
 
 /* PIL's CMYK -> RGB (Pillow 9's cmyk2rgb: c' = 255 - k - c (255 - k) / 255, rounded its way), of
@@ -139,7 +131,7 @@ static int decode_jpeg(image_decoder_t *d, const uint8_t *bytes, size_t n, int m
     if (tjDecompress2(d->tj, bytes, (unsigned long)n, d->pixels, best_w, 0, best_h,
                       is_cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_LIMITSCANS) != 0 &&
         !is_benign_warning(d->tj))
-        return fail(err, err_len, "a damaged JPEG: %s", tjGetErrorStr2(d->tj));
+        return ddp_errf(err, err_len, "a damaged JPEG: %s", tjGetErrorStr2(d->tj));
     if (is_cmyk) cmyk_to_rgb(d->pixels, (size_t)best_w * best_h);
     *width = best_w;
     *height = best_h;
@@ -193,11 +185,11 @@ static int decode_png(image_decoder_t *d, const uint8_t *bytes, size_t n, int *w
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         png_destroy_read_struct(&png, NULL, NULL);
-        return fail(err, err_len, "out of memory starting libpng");
+        return ddp_errf(err, err_len, "out of memory starting libpng");
     }
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_read_struct(&png, &info, NULL);
-        return fail(err, err_len, "a damaged PNG: %s", src.message);
+        return ddp_errf(err, err_len, "a damaged PNG: %s", src.message);
     }
     png_set_read_fn(png, &src, png_on_read);
     png_set_user_limits(png, (png_uint_32)w, (png_uint_32)h); /* IHDR as checked above */
@@ -228,5 +220,5 @@ int image_decode(image_decoder_t *d, const uint8_t *bytes, size_t n_bytes, int m
     if (is_jpeg(bytes, n_bytes))
         return decode_jpeg(d, bytes, n_bytes, min_width, min_height, width, height, err, err_len);
     if (is_png(bytes, n_bytes)) return decode_png(d, bytes, n_bytes, width, height, err, err_len);
-    return fail(err, err_len, "not a JPEG or PNG file (%zu bytes)", n_bytes);
+    return ddp_errf(err, err_len, "not a JPEG or PNG file (%zu bytes)", n_bytes);
 }

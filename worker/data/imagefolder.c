@@ -1,5 +1,6 @@
 /* imagefolder: see imagefolder.h. */
 #include "imagefolder.h"
+#include "ddp_error.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -12,15 +13,6 @@
 #include <sys/stat.h>
 
 #define MAX_DEPTH 16 /* symlink loops end here */
-
-static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static int by_string(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -76,14 +68,14 @@ static bool is_dir_path(const char *path) {
  * find_classes), sorted. */
 static int subdirs(const char *dir, list_t *out, char *err, size_t err_len) {
     DIR *d = opendir(dir);
-    if (!d) return fail(err, err_len, "%s: cannot open: %s", dir, strerror(errno));
+    if (!d) return ddp_errf(err, err_len, "%s: cannot open: %s", dir, strerror(errno));
     for (struct dirent *e; (e = readdir(d));) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (is_dir_path(path) && push(out, strdup(e->d_name)) < 0) {
             closedir(d);
-            return fail(err, err_len, "out of memory listing %s", dir);
+            return ddp_errf(err, err_len, "out of memory listing %s", dir);
         }
     }
     closedir(d);
@@ -108,21 +100,21 @@ static int by_dir_then_name(const void *a, const void *b) {
  * then names it as torchvision's loader would fail on it). Unsorted. */
 static int walk(const char *dir, int depth, list_t *files, char *err, size_t err_len) {
     if (depth > MAX_DEPTH)
-        return fail(err, err_len, "%s: nested more than %d deep (a link loop?)", dir, MAX_DEPTH);
+        return ddp_errf(err, err_len, "%s: nested more than %d deep (a link loop?)", dir, MAX_DEPTH);
     DIR *d = opendir(dir);
-    if (!d) return fail(err, err_len, "%s: cannot open: %s", dir, strerror(errno));
+    if (!d) return ddp_errf(err, err_len, "%s: cannot open: %s", dir, strerror(errno));
     int rc = 0;
     for (struct dirent *e; rc == 0 && (e = readdir(d));) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         char path[4096];
         if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) {
-            rc = fail(err, err_len, "%s/%s: path longer than %zu bytes", dir, e->d_name, sizeof path);
+            rc = ddp_errf(err, err_len, "%s/%s: path longer than %zu bytes", dir, e->d_name, sizeof path);
         } else if (e->d_type == DT_DIR || ((e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) &&
                                            is_dir_path(path))) {
             /* d_type spares a stat per file (1.3 million for ImageNet); links are followed */
             rc = walk(path, depth + 1, files, err, err_len);
         } else if (is_image_name(e->d_name) && push(files, strdup(path)) < 0) {
-            rc = fail(err, err_len, "out of memory listing %s", dir);
+            rc = ddp_errf(err, err_len, "out of memory listing %s", dir);
         }
     }
     closedir(d);
@@ -144,10 +136,10 @@ static int scan_split(const imagefolder_t *f, const char *root, const char *spli
     int rc = subdirs(dir, &classes, err, err_len);
     size_t *counts = rc == 0 ? calloc(classes.n + 1, sizeof *counts) : NULL;
     int *label_of = rc == 0 ? calloc(classes.n + 1, sizeof *label_of) : NULL;
-    if (rc == 0 && (!counts || !label_of)) rc = fail(err, err_len, "out of memory");
+    if (rc == 0 && (!counts || !label_of)) rc = ddp_errf(err, err_len, "out of memory");
     for (size_t c = 0; rc == 0 && c < classes.n; c++) {
         if ((label_of[c] = find_class(f, classes.items[c])) < 0) {
-            rc = fail(err, err_len, "%s/%s: class '%s' is not among %s/train's %d classes", dir,
+            rc = ddp_errf(err, err_len, "%s/%s: class '%s' is not among %s/train's %d classes", dir,
                       classes.items[c], classes.items[c], root, f->n_classes);
             break;
         }
@@ -160,16 +152,16 @@ static int scan_split(const imagefolder_t *f, const char *root, const char *spli
             qsort(files.items + before, counts[c], sizeof *files.items, by_dir_then_name);
         /* as torchvision's ImageFolder: "Found no valid file for the classes ..." */
         if (rc == 0 && counts[c] == 0)
-            rc = fail(err, err_len, "%s: class '%s' has no image files (%s)", class_dir,
+            rc = ddp_errf(err, err_len, "%s: class '%s' has no image files (%s)", class_dir,
                       classes.items[c], EXTENSIONS_TEXT);
     }
     if (rc == 0 && files.n == 0)
-        rc = fail(err, err_len, "%s: no image files in any class folder", dir);
+        rc = ddp_errf(err, err_len, "%s: no image files in any class folder", dir);
     if (rc == 0) {
         out->n = (int64_t)files.n;
         out->paths = files.items;
         out->labels = malloc(sizeof *out->labels * (files.n + 1));
-        if (!out->labels) rc = fail(err, err_len, "out of memory");
+        if (!out->labels) rc = ddp_errf(err, err_len, "out of memory");
         for (size_t c = 0, i = 0; rc == 0 && c < classes.n; c++)
             for (size_t k = 0; k < counts[c]; k++) out->labels[i++] = label_of[c];
         files.items = NULL;
@@ -192,7 +184,7 @@ static bool is_dir(const char *root, const char *split) {
 int imagefolder_scan(const char *root, imagefolder_t *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     if (!is_dir(root, "train"))
-        return fail(err, err_len, "%s: no train/ folder (an ImageFolder: train/<class>/<image>, "
+        return ddp_errf(err, err_len, "%s: no train/ folder (an ImageFolder: train/<class>/<image>, "
                     "and val/ or test/ alike)", root);
     char train_dir[4096];
     snprintf(train_dir, sizeof train_dir, "%s/train", root);
@@ -200,7 +192,7 @@ int imagefolder_scan(const char *root, imagefolder_t *out, char *err, size_t err
     if (subdirs(train_dir, &classes, err, err_len) < 0) return -1;
     if (classes.n == 0) {
         list_free(&classes);
-        return fail(err, err_len, "%s: no class folders", train_dir);
+        return ddp_errf(err, err_len, "%s: no class folders", train_dir);
     }
     out->classes = classes.items;
     out->n_classes = (int)classes.n;

@@ -2,6 +2,7 @@
  * places anything: lengths against the file, offsets against the data section, byte counts against
  * shape x dtype with overflow checks. */
 #include "safetensors.h"
+#include "ddp_error.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -22,15 +23,6 @@
 
 /* Whole numbers a double holds exactly: bigger offsets or dimensions are refused. */
 #define EXACT_MAX 9007199254740992.0 /* 2^53 */
-
-static int failf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int failf(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static const struct {
     const char *name;
@@ -69,42 +61,42 @@ static bool whole(const cJSON *v, uint64_t *out) {
 static int parse_entry(const cJSON *t, uint64_t data_len, safetensors_entry_t *e, char *err,
                        size_t err_len) {
     const char *name = t->string;
-    if (!cJSON_IsObject(t)) return failf(err, err_len, "tensor '%s': not a JSON object", name);
+    if (!cJSON_IsObject(t)) return ddp_errf(err, err_len, "tensor '%s': not a JSON object", name);
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(t, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
     const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
-    if (!cJSON_IsString(dtype)) return failf(err, err_len, "tensor '%s': no \"dtype\" string", name);
+    if (!cJSON_IsString(dtype)) return ddp_errf(err, err_len, "tensor '%s': no \"dtype\" string", name);
     int kind = -1;
     for (int i = 0; i < N_DTYPES && kind < 0; i++)
         if (strcmp(dtype->valuestring, dtypes[i].name) == 0) kind = i;
     if (kind < 0)
-        return failf(err, err_len, "tensor '%s': unknown dtype \"%.32s\"", name, dtype->valuestring);
+        return ddp_errf(err, err_len, "tensor '%s': unknown dtype \"%.32s\"", name, dtype->valuestring);
     e->dtype = (safetensors_dtype_t)kind;
-    if (!cJSON_IsArray(shape)) return failf(err, err_len, "tensor '%s': no \"shape\" array", name);
+    if (!cJSON_IsArray(shape)) return ddp_errf(err, err_len, "tensor '%s': no \"shape\" array", name);
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > SAFETENSORS_MAX_DIMS)
-        return failf(err, err_len, "tensor '%s': %d dimensions (at most %d)", name, ndim, SAFETENSORS_MAX_DIMS);
+        return ddp_errf(err, err_len, "tensor '%s': %d dimensions (at most %d)", name, ndim, SAFETENSORS_MAX_DIMS);
     e->ndim = ndim;
     uint64_t elems = 1;
     bool is_overflow = false;
     for (int i = 0; i < ndim; i++) {
         if (!whole(cJSON_GetArrayItem(shape, i), &e->shape[i]))
-            return failf(err, err_len, "tensor '%s': dimension %d is not a whole number", name, i);
+            return ddp_errf(err, err_len, "tensor '%s': dimension %d is not a whole number", name, i);
         if (e->shape[i] && elems > UINT64_MAX / e->shape[i]) is_overflow = true;
         elems *= e->shape[i];
     }
     uint64_t size = dtypes[kind].size;
     if (is_overflow || (elems && size > UINT64_MAX / elems))
-        return failf(err, err_len, "tensor '%s': its shape overflows 64 bits", name);
+        return ddp_errf(err, err_len, "tensor '%s': its shape overflows 64 bits", name);
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
         !whole(cJSON_GetArrayItem(offsets, 0), &e->begin) || !whole(cJSON_GetArrayItem(offsets, 1), &e->end))
-        return failf(err, err_len, "tensor '%s': \"data_offsets\" is not [begin, end]", name);
+        return ddp_errf(err, err_len, "tensor '%s': \"data_offsets\" is not [begin, end]", name);
     if (e->begin > e->end || e->end > data_len)
-        return failf(err, err_len, "tensor '%s': data_offsets [%llu, %llu] outside the %llu bytes of data",
+        return ddp_errf(err, err_len, "tensor '%s': data_offsets [%llu, %llu] outside the %llu bytes of data",
                      name, (unsigned long long)e->begin, (unsigned long long)e->end,
                      (unsigned long long)data_len);
     if (e->end - e->begin != elems * size)
-        return failf(err, err_len, "tensor '%s': %llu bytes for %llu elements of %s", name,
+        return ddp_errf(err, err_len, "tensor '%s': %llu bytes for %llu elements of %s", name,
                      (unsigned long long)(e->end - e->begin), (unsigned long long)elems, dtypes[kind].name);
     return 0;
 }
@@ -122,16 +114,16 @@ static int by_begin(const void *a, const void *b) {
 static int check_unique(const safetensors_index_t *ix, char *err, size_t err_len) {
     if (ix->n < 2) return 0;
     safetensors_entry_t *s = malloc(sizeof *s * (size_t)ix->n);
-    if (!s) return failf(err, err_len, "out of memory for %d tensors", ix->n);
+    if (!s) return ddp_errf(err, err_len, "out of memory for %d tensors", ix->n);
     memcpy(s, ix->entries, sizeof *s * (size_t)ix->n);
     int rc = 0;
     qsort(s, (size_t)ix->n, sizeof *s, by_name);
     for (int i = 1; i < ix->n && rc == 0; i++)
-        if (strcmp(s[i - 1].name, s[i].name) == 0) rc = failf(err, err_len, "tensor '%s' appears twice", s[i].name);
+        if (strcmp(s[i - 1].name, s[i].name) == 0) rc = ddp_errf(err, err_len, "tensor '%s' appears twice", s[i].name);
     qsort(s, (size_t)ix->n, sizeof *s, by_begin);
     for (int i = 1; i < ix->n && rc == 0; i++)
         if (s[i].begin < s[i - 1].end && s[i].begin < s[i].end) /* empty tensors overlap nothing */
-            rc = failf(err, err_len, "tensors '%s' and '%s' overlap in the data", s[i - 1].name, s[i].name);
+            rc = ddp_errf(err, err_len, "tensors '%s' and '%s' overlap in the data", s[i - 1].name, s[i].name);
     free(s);
     return rc;
 }
@@ -144,13 +136,13 @@ static int keep_meta(const cJSON *obj, safetensors_index_t *ix, char *err, size_
     ix->n_meta = 0;
     int n = cJSON_GetArraySize(obj);
     ix->meta = calloc((size_t)(2 * n + 1), sizeof *ix->meta);
-    if (!ix->meta) return failf(err, err_len, "out of memory for %d metadata entries", n);
+    if (!ix->meta) return ddp_errf(err, err_len, "out of memory for %d metadata entries", n);
     for (const cJSON *m = obj->child; m; m = m->next) {
         if (!m->string || !cJSON_IsString(m))
-            return failf(err, err_len, "__metadata__ '%s' is not a string", m->string ? m->string : "");
+            return ddp_errf(err, err_len, "__metadata__ '%s' is not a string", m->string ? m->string : "");
         char **kv = &ix->meta[2 * ix->n_meta];
         if (!(kv[0] = strdup(m->string)) || !(kv[1] = strdup(m->valuestring)))
-            return failf(err, err_len, "out of memory");
+            return ddp_errf(err, err_len, "out of memory");
         ix->n_meta++;
     }
     return 0;
@@ -161,33 +153,33 @@ int safetensors_parse_header(const char *header, size_t len, uint64_t data_len,
     memset(out, 0, sizeof *out);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(header, len, &end, false);
-    if (!root) return failf(err, err_len, "the header is not JSON");
+    if (!root) return ddp_errf(err, err_len, "the header is not JSON");
     int rc = 0;
     for (const char *p = end; p && p < header + len && rc == 0; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-            rc = failf(err, err_len, "the header has bytes after its JSON object (at byte %zu)", (size_t)(p - header));
-    if (rc == 0 && !cJSON_IsObject(root)) rc = failf(err, err_len, "the header is not a JSON object");
+            rc = ddp_errf(err, err_len, "the header has bytes after its JSON object (at byte %zu)", (size_t)(p - header));
+    if (rc == 0 && !cJSON_IsObject(root)) rc = ddp_errf(err, err_len, "the header is not a JSON object");
     int n = 0;
     for (const cJSON *t = rc == 0 ? root->child : NULL; t; t = t->next) {
-        if (!t->string) rc = failf(err, err_len, "the header has an unnamed member");
+        if (!t->string) rc = ddp_errf(err, err_len, "the header has an unnamed member");
         n += t->string && strcmp(t->string, "__metadata__") != 0;
     }
     if (rc == 0 && n > 0 && !(out->entries = calloc((size_t)n, sizeof *out->entries)))
-        rc = failf(err, err_len, "out of memory for %d tensors", n);
+        rc = ddp_errf(err, err_len, "out of memory for %d tensors", n);
     for (const cJSON *t = rc == 0 ? root->child : NULL; t && rc == 0; t = t->next) {
         if (strcmp(t->string, "__metadata__") == 0) {
-            if (!cJSON_IsObject(t)) rc = failf(err, err_len, "__metadata__ is not an object");
+            if (!cJSON_IsObject(t)) rc = ddp_errf(err, err_len, "__metadata__ is not an object");
             else rc = keep_meta(t, out, err, err_len);
             continue;
         }
         size_t name_len = strlen(t->string);
         if (name_len == 0 || name_len > SAFETENSORS_NAME_MAX) {
-            rc = failf(err, err_len, "a tensor name of %zu bytes (1 to %d)", name_len, SAFETENSORS_NAME_MAX);
+            rc = ddp_errf(err, err_len, "a tensor name of %zu bytes (1 to %d)", name_len, SAFETENSORS_NAME_MAX);
             break;
         }
         safetensors_entry_t *e = &out->entries[out->n];
         rc = parse_entry(t, data_len, e, err, err_len);
-        if (rc == 0 && !(e->name = strdup(t->string))) rc = failf(err, err_len, "out of memory");
+        if (rc == 0 && !(e->name = strdup(t->string))) rc = ddp_errf(err, err_len, "out of memory");
         if (rc == 0) out->n++;
     }
     cJSON_Delete(root);
@@ -199,11 +191,11 @@ int safetensors_parse_header(const char *header, size_t len, uint64_t data_len,
 
 /* The little-endian header length at p, checked against what follows it. */
 static int header_length(const uint8_t *p, uint64_t size, uint64_t *len, char *err, size_t err_len) {
-    if (size < 8) return failf(err, err_len, "%llu bytes: shorter than the 8-byte header length", (unsigned long long)size);
+    if (size < 8) return ddp_errf(err, err_len, "%llu bytes: shorter than the 8-byte header length", (unsigned long long)size);
     uint64_t n;
     memcpy(&n, p, sizeof n);
     if (n < 2 || n > SAFETENSORS_HEADER_MAX || n > size - 8)
-        return failf(err, err_len, "a header length of %llu bytes does not fit (the file has %llu, the limit is %llu)",
+        return ddp_errf(err, err_len, "a header length of %llu bytes does not fit (the file has %llu, the limit is %llu)",
                      (unsigned long long)n, (unsigned long long)size, (unsigned long long)SAFETENSORS_HEADER_MAX);
     *len = n;
     return 0;
@@ -235,23 +227,23 @@ static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
 int safetensors_open(const char *path, safetensors_index_t *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return failf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     uint8_t prefix[8];
     uint64_t n = 0;
     char why[512];
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        failf(err, err_len, "%s: not a regular file", path);
+        ddp_errf(err, err_len, "%s: not a regular file", path);
     } else if (read_at(fd, prefix, st.st_size < 8 ? (size_t)st.st_size : 8, 0) < 0 ||
                header_length(prefix, (uint64_t)st.st_size, &n, why, sizeof why) < 0) {
-        failf(err, err_len, "%s: not a safetensors file: %s", path, st.st_size < 8 ? "too short" : why);
+        ddp_errf(err, err_len, "%s: not a safetensors file: %s", path, st.st_size < 8 ? "too short" : why);
     } else {
         char *header = malloc((size_t)n);
         int rc = header ? read_at(fd, header, (size_t)n, 8) : -ENOMEM;
         if (rc < 0) {
-            failf(err, err_len, "%s: cannot read the %llu-byte header: %s", path, (unsigned long long)n, strerror(-rc));
+            ddp_errf(err, err_len, "%s: cannot read the %llu-byte header: %s", path, (unsigned long long)n, strerror(-rc));
         } else if (safetensors_parse_header(header, (size_t)n, (uint64_t)st.st_size - 8 - n, out, why, sizeof why) < 0) {
-            failf(err, err_len, "%s: %s", path, why);
+            ddp_errf(err, err_len, "%s: %s", path, why);
         } else {
             out->data_offset = 8 + n;
             free(header);
@@ -266,7 +258,7 @@ int safetensors_open(const char *path, safetensors_index_t *out, char *err, size
 int safetensors_read(int fd, const safetensors_index_t *ix, const safetensors_entry_t *e, void *buf,
                      char *err, size_t err_len) {
     int rc = read_at(fd, buf, (size_t)(e->end - e->begin), ix->data_offset + e->begin);
-    if (rc < 0) return failf(err, err_len, "tensor '%s': cannot read its bytes: %s", e->name, strerror(-rc));
+    if (rc < 0) return ddp_errf(err, err_len, "tensor '%s': cannot read its bytes: %s", e->name, strerror(-rc));
     return 0;
 }
 
@@ -349,29 +341,29 @@ int safetensors_write(const char *path, const safetensors_tensor_t *tensors, int
     uint64_t max_bytes;
     size_t header_len;
     char *header = build_header(tensors, n, metadata, &max_bytes, &header_len);
-    if (!header) return failf(err, err_len, "%s: cannot build the header (out of memory?)", path);
+    if (!header) return ddp_errf(err, err_len, "%s: cannot build the header (out of memory?)", path);
     void *buf = malloc(max_bytes ? (size_t)max_bytes : 1);
     char tmp[4200], why[512] = "";
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
     int rc = 0;
     if (!buf) {
-        rc = failf(err, err_len, "%s: out of memory for a %llu-byte tensor", path, (unsigned long long)max_bytes);
+        rc = ddp_errf(err, err_len, "%s: out of memory for a %llu-byte tensor", path, (unsigned long long)max_bytes);
     } else if (fd < 0) {
-        rc = failf(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+        rc = ddp_errf(err, err_len, "%s: cannot create %s: %s", path, tmp, strerror(errno));
     } else {
         uint64_t len = header_len;
         int io = write_all(fd, &len, sizeof len);
         if (io == 0) io = write_all(fd, header, header_len);
         for (int i = 0; i < n && io == 0 && rc == 0; i++) {
-            if (fill(arg, i, buf, why, sizeof why) < 0) rc = failf(err, err_len, "%s: %s", path, why);
+            if (fill(arg, i, buf, why, sizeof why) < 0) rc = ddp_errf(err, err_len, "%s: %s", path, why);
             else io = write_all(fd, buf, safetensors_elems(tensors[i].ndim, tensors[i].shape) *
                                              safetensors_dtype_size(tensors[i].dtype));
         }
         if (io == 0 && rc == 0 && fsync(fd) < 0) io = -errno;
         if (close(fd) < 0 && io == 0 && rc == 0) io = -errno;
         if (io == 0 && rc == 0 && rename(tmp, path) < 0) io = -errno;
-        if (io < 0) rc = failf(err, err_len, "%s: cannot write: %s", path, strerror(-io));
+        if (io < 0) rc = ddp_errf(err, err_len, "%s: cannot write: %s", path, strerror(-io));
         if (rc < 0) {
             unlink(tmp);
         } else { /* the rename lasts once the directory is on disk */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "ddp_error.h"
 
 /* What a state_dict tensor is in the model. */
 typedef enum { PART_WEIGHT, PART_BIAS, PART_RUNNING_MEAN, PART_RUNNING_VAR, PART_STEPS } part_t;
@@ -21,15 +22,6 @@ typedef struct {
     part_t part;
     safetensors_tensor_t t; /* t.name points at name */
 } tensor_ref_t;
-
-static int failf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int failf(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static void add_ref(tensor_ref_t *refs, int *n, int layer, const char *prefix, part_t part,
                     safetensors_dtype_t dtype, int ndim, const uint64_t *shape) {
@@ -143,7 +135,7 @@ int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char 
                         char *err, size_t err_len) {
     const char *meta[8 + 2 * WEIGHTS_MAX_TAGS] = {"format", "pt", "producer", "ddpworker", "model", m->name};
     for (int i = 0; tags && tags[i] && tags[i + 1]; i += 2) {
-        if (i >= 2 * WEIGHTS_MAX_TAGS) return failf(err, err_len, "%s: more than %d tags", path, WEIGHTS_MAX_TAGS);
+        if (i >= 2 * WEIGHTS_MAX_TAGS) return ddp_errf(err, err_len, "%s: more than %d tags", path, WEIGHTS_MAX_TAGS);
         meta[6 + i] = tags[i];
         meta[7 + i] = tags[i + 1];
     }
@@ -152,12 +144,12 @@ int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char 
     float *host = n >= 0 ? host_copy(m) : NULL;
     if (!host) {
         free(refs);
-        return failf(err, err_len, "%s: out of memory for a host copy of %zu parameters", path, m->n_params);
+        return ddp_errf(err, err_len, "%s: out of memory for a host copy of %zu parameters", path, m->n_params);
     }
     safetensors_tensor_t *t = malloc(sizeof *t * (size_t)(n + 1));
     int rc = -1;
     if (!t) {
-        failf(err, err_len, "%s: out of memory", path);
+        ddp_errf(err, err_len, "%s: out of memory", path);
     } else {
         for (int i = 0; i < n; i++) t[i] = refs[i].t;
         save_ctx_t ctx = {.m = m, .host = host, .refs = refs, .steps = steps};
@@ -283,7 +275,7 @@ typedef struct {
 /* A problem with one tensor: an error, or with is_skip a line on the log. Returns -1 or 0. */
 static int mismatch(load_ctx_t *c, const char *name, const char *why) {
     if (!c->is_skip)
-        return failf(c->err, c->err_len, "%s: tensor '%s': %s (model.init_skip_mismatched = true keeps the "
+        return ddp_errf(c->err, c->err_len, "%s: tensor '%s': %s (model.init_skip_mismatched = true keeps the "
                      "model's initial values instead)", c->path, name, why);
     if (c->log) fprintf(c->log, "ddpworker: model.init: %s: skipping tensor '%s': %s\n", c->path, name, why);
     return 0;
@@ -299,7 +291,7 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
     float *host = n >= 0 ? host_copy(m) : NULL;
     bool *is_used = calloc((size_t)ix.n + 1, sizeof *is_used);
     load_ctx_t c = {.m = m, .path = path, .is_skip = is_skip_mismatched, .log = log, .err = err, .err_len = err_len};
-    int rc = host && is_used ? 0 : failf(err, err_len, "%s: out of memory", path);
+    int rc = host && is_used ? 0 : ddp_errf(err, err_len, "%s: out of memory", path);
     int loaded = 0;
     char why[512];
     for (int i = 0; i < n && rc == 0; i++) {
@@ -317,9 +309,9 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
         if (r->part == PART_STEPS) continue; /* ddpworker keeps no such count */
         void *raw = malloc((size_t)(e->end - e->begin) + 1);
         if (!raw) {
-            rc = failf(err, err_len, "%s: out of memory for tensor '%s'", path, r->name);
+            rc = ddp_errf(err, err_len, "%s: out of memory for tensor '%s'", path, r->name);
         } else if (safetensors_read(fd, &ix, e, raw, why, sizeof why) < 0) {
-            rc = failf(err, err_len, "%s: %s", path, why);
+            rc = ddp_errf(err, err_len, "%s: %s", path, why);
         } else {
             float *dst = values_of(m, host, r);
             size_t count = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
@@ -331,7 +323,7 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
     for (int i = 0; i < ix.n && rc == 0; i++)
         if (!is_used[i]) rc = mismatch(&c, ix.entries[i].name, "not in the model");
     if (rc == 0 && loaded == 0 && n > 0)
-        rc = failf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
+        rc = ddp_errf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
     if (rc == 0) {
         backend_t *b = m->backend;
         b->ops->to_device(b, m->params, host, m->n_params * sizeof(float));
