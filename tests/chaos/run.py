@@ -202,12 +202,13 @@ def workers(conf):
     return [int(p) for p in r.stdout.split()]
 
 
-def run_reference(ddprun, ddpworker, conf, snap, workdir):
+def run_reference(ddprun, ddpworker, conf, snap, workdir, timeout=1800):
+    shutil.rmtree(snap, ignore_errors=True)  # a run sized again must not resume the last one
     t0 = time.monotonic()
     with open(os.path.join(workdir, "reference.log"), "w") as log:
         r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "4", conf,
                             f"snapshot.dir={snap}"], stdout=log, stderr=subprocess.STDOUT,
-                           env=clean_env(), timeout=1800)
+                           env=clean_env(), timeout=timeout)
     if r.returncode != 0:
         sys.exit(f"chaos: the reference run failed ({r.returncode}); see {workdir}/reference.log")
     return state(ddpworker, snap), time.monotonic() - t0
@@ -304,7 +305,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="ddprun-chaos-")
     print(f"chaos: seed {seed}, work directory {workdir}", flush=True)
 
-    # size the job: the faults must land while it trains, so it should outlast the duration
+    # size the job: the faults must land while it trains, so it should outlast the duration. Each
+    # fault costs some 2-4 s, so an uninterrupted run of 0.6x the duration lasts past it under faults
     steps = args.steps
     if not steps:  # the rate from two short runs, so start-up time does not count as training
         times = {}
@@ -314,11 +316,17 @@ def main():
             _, times[n] = run_reference(ddprun, ddpworker, probe,
                                         os.path.join(workdir, f"probe{n}"), workdir)
         per_step = max((times[512] - times[64]) / 448, 1e-4)
-        steps = max(64, int(max(args.duration, 10) * 0.4 / per_step))
+        steps = max(64, int(max(args.duration, 10) * 0.6 / per_step))
     conf = os.path.join(workdir, "chaos.conf")
-    open(conf, "w").write(CONF.format(steps=steps))
-    want, t_ref = run_reference(ddprun, ddpworker, conf, os.path.join(workdir, "reference"),
-                                workdir)
+    for attempt in range(3):
+        open(conf, "w").write(CONF.format(steps=steps))
+        want, t_ref = run_reference(ddprun, ddpworker, conf, os.path.join(workdir, "reference"),
+                                    workdir, timeout=max(1800, 3 * args.duration))
+        # the probes misjudge the rate on a loaded machine: a run far too short is sized again
+        if args.steps or t_ref >= 0.45 * args.duration or attempt == 2:
+            break
+        steps = int(steps * 0.6 * args.duration / max(t_ref, 1.0))
+        print(f"chaos: the reference took {t_ref:.1f} s, too short: {steps} steps", flush=True)
     print(f"chaos: {steps} steps, uninterrupted in {t_ref:.1f} s, state {want}", flush=True)
 
     snap = os.path.join(workdir, "snap")
