@@ -14,6 +14,7 @@ const char *ddp_strerror(int rc) {
     case DDP_ENOSECRET: return "the store requires a shared secret";
     case DDP_ETIMEOUT: return "timed out";
     case DDP_ECLOSED: return "connection closed by the peer";
+    case DDP_ELEASE: return "the etcd lease expired";
     default: return rc < 0 && rc > -DDP_EBASE ? strerror(-rc) : "unknown error";
     }
 }

@@ -15,6 +15,7 @@ enum {
     DDP_ENOSECRET = -(DDP_EBASE + 3), /* the store requires a secret we do not hold */
     DDP_ETIMEOUT = -(DDP_EBASE + 4),  /* a deadline passed */
     DDP_ECLOSED = -(DDP_EBASE + 5),   /* the peer closed the connection */
+    DDP_ELEASE = -(DDP_EBASE + 6),    /* our etcd lease expired: our ephemeral keys are gone */
 };
 
 #define TRY(expr)                                                                                  \

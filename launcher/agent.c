@@ -31,7 +31,7 @@
 #include "log.h"
 #include "options.h"
 #include "rendezvous.h"
-#include "store_client.h"
+#include "rdzv_kv.h"
 #include "store_server.h"
 #include "workers.h"
 
@@ -68,9 +68,12 @@ typedef struct {
     bool is_dispatching;
     /* several nodes */
     rdzv_t rdzv;
-    store_client_t *ops;   /* join, report, exit barrier: one at a time */
-    store_client_t *watch; /* blocked in the restart WAIT of the round */
-    store_client_t *hb;    /* heartbeats, with short deadlines */
+    bool is_etcd;          /* etcd: leases instead of heartbeat counters, a store per round */
+    rdzv_lease_t *lease;   /* etcd: this agent's, shared by its clients */
+    rdzv_kv_t *ops;        /* join, report, exit barrier: one at a time */
+    rdzv_kv_t *watch;      /* blocked in the restart WAIT of the round */
+    rdzv_kv_t *hb;         /* heartbeats (etcd: lease refreshes), with short deadlines */
+    rdzv_kv_t *alive;      /* etcd: blocked until a member's lease expires */
     struct join_job {
         job_t job;
         agent_sm_join_plan_t plan;
@@ -98,6 +101,11 @@ typedef struct {
         int64_t seen[RDZV_MAX_NODES];
         uint64_t changed_ms[RDZV_MAX_NODES];
     } beat;
+    struct {
+        job_t job;
+        int lost;      /* the join index whose lease expired, -1: none */
+        bool is_wanted; /* a round's liveness watch should run (restart it when it returns) */
+    } liveness;
 } agent_t;
 
 static void dispatch(agent_t *a, const agent_sm_event_t *ev);
@@ -130,17 +138,23 @@ static void finish(agent_t *a, int code) {
         a->beat.is_timer_open = false;
     }
     if (a->hb && !a->beat.job.is_busy) {
-        store_client_destroy(a->hb);
+        rdzv_kv_destroy(a->hb);
         a->hb = NULL;
     }
+    a->liveness.is_wanted = false;
+    if (a->alive && a->liveness.job.is_busy) a->alive->ops->interrupt(a->alive);
+    if (a->alive && !a->liveness.job.is_busy) {
+        rdzv_kv_destroy(a->alive);
+        a->alive = NULL;
+    }
     if (a->watch && a->watching.job.is_busy)
-        store_client_interrupt(a->watch); /* end its WAIT too */
+        a->watch->ops->interrupt(a->watch); /* end its WAIT too */
     if (a->watch && !a->watching.job.is_busy && !a->join.job.is_busy) {
-        store_client_destroy(a->watch);
+        rdzv_kv_destroy(a->watch);
         a->watch = NULL;
     }
     if (a->ops && !a->join.job.is_busy && !a->report.job.is_busy && !a->barrier.is_busy) {
-        store_client_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
+        rdzv_kv_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
         a->ops = NULL;
     }
     if (!a->store) return;
@@ -213,6 +227,10 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
         .world_size = act->round.world_size, .master_addr = a->master_addr,
         .master_port = a->master_port, .attempt_dir = attempt_dir};
+    if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
+        spec.master_addr = act->round.store_host;
+        spec.master_port = act->round.store_port;
+    }
     int rc = workers_start(a->loop, &spec, on_worker_exit, on_workers_done, a, &a->workers, err,
                            sizeof err);
     if (rc == 0) {
@@ -269,7 +287,7 @@ static void report_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     a->report.job.is_busy = false;
     if (a->report.job.rc < 0)
-        LOG_ERROR("cannot tell the other agents to restart: %s", store_client_error(a->ops));
+        LOG_ERROR("cannot tell the other agents to restart: %s", a->ops->ops->error(a->ops));
     post(a, AGENT_EV_REPORT_DONE);
 }
 
@@ -284,14 +302,14 @@ static void watch_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     a->watching.job.is_busy = false;
     if (a->sm.state == AGENT_SM_DONE) {
-        store_client_destroy(a->watch);
+        rdzv_kv_destroy(a->watch);
         a->watch = NULL;
         return;
     }
     agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN};
     if (a->watching.job.rc < 0) {
         LOG_ERROR("lost the job's store while watching round %d: %s", a->watching.job.round.round,
-                  store_client_error(a->watch));
+                  a->watch->ops->error(a->watch));
         ev.is_store_lost = true;
     } else {
         ev.is_valid = rdzv_record_why_parse(a->watching.why, strlen(a->watching.why), &ev.why);
@@ -313,29 +331,33 @@ static void finish_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     a->barrier.is_busy = false;
     if (a->barrier.rc < 0)
-        LOG_WARN("not every node confirmed the end of the job: %s", store_client_error(a->ops));
+        LOG_WARN("not every node confirmed the end of the job: %s", a->ops->ops->error(a->ops));
     post(a, AGENT_EV_FINISH_DONE);
 }
 
 /* ---- heartbeats --------------------------------------------------------------------------- */
+
+/* How long the store (etcd: our lease) may go without taking a heartbeat. */
+static double beat_limit_s(const agent_t *a) {
+    return a->is_etcd ? a->opts->lease_ttl_s : a->opts->heartbeat_timeout_s;
+}
 
 static void hb_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const ddprun_opts_t *o = a->opts;
     a->beat.job.rc = 0;
     if (!a->hb) {
-        int64_t limit_ms = (int64_t)(o->heartbeat_timeout_s * 1000);
-        store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
-                                  .connect_timeout_ms = limit_ms, .op_timeout_ms = limit_ms,
-                                  .max_value_bytes = o->store_max_value_bytes};
-        a->beat.job.rc = store_client_connect(&co, &a->hb);
+        int64_t limit_ms = (int64_t)(beat_limit_s(a) * 1000);
+        a->beat.job.rc = rdzv_kv_connect(o, a->lease, limit_ms, limit_ms, &a->hb);
         if (a->beat.job.rc < 0) {
-            store_client_destroy(a->hb);
+            if (a->hb) LOG_DEBUG("heartbeat: %s", a->hb->ops->error(a->hb));
+            rdzv_kv_destroy(a->hb);
             a->hb = NULL;
             return;
         }
     }
-    a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.job.round, a->beat.fresh);
+    if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+    else a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.job.round, a->beat.fresh);
 }
 
 /* Judges staleness on this node's monotonic clock: counters, not the peers' clocks. */
@@ -345,21 +367,31 @@ static void hb_after_cb(uv_work_t *req, int status) {
     struct beat_job *b = &a->beat;
     b->job.is_busy = false;
     if (a->sm.state == AGENT_SM_DONE) {
-        store_client_destroy(a->hb);
+        rdzv_kv_destroy(a->hb);
         a->hb = NULL;
         return;
     }
     if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */
     uint64_t now = clock_now_ms();
-    uint64_t limit_ms = (uint64_t)(a->opts->heartbeat_timeout_s * 1000);
+    uint64_t limit_ms = (uint64_t)(beat_limit_s(a) * 1000);
+    if (b->job.rc == DDP_ELEASE) {
+        LOG_ERROR("%s: leaving the job", a->hb->ops->error(a->hb));
+        post(a, AGENT_EV_STORE_SILENT);
+        return;
+    }
     if (b->job.rc < 0) {
         if (now - b->ok_ms <= limit_ms) return;
-        LOG_ERROR("the job's store at %s:%u took no heartbeat for %g s: leaving the job",
-                  a->opts->rdzv_host, a->opts->rdzv_port, a->opts->heartbeat_timeout_s);
+        if (a->is_etcd)
+            LOG_ERROR("etcd at %s took no lease refresh for %g s: leaving the job",
+                      a->opts->rdzv_endpoints, beat_limit_s(a));
+        else
+            LOG_ERROR("the job's store at %s:%u took no heartbeat for %g s: leaving the job",
+                      a->opts->rdzv_host, a->opts->rdzv_port, a->opts->heartbeat_timeout_s);
         post(a, AGENT_EV_STORE_SILENT);
         return;
     }
     b->ok_ms = now;
+    if (a->is_etcd) return; /* peers: their leases (liveness_after_cb) */
     const rdzv_result_t *round = &a->sm.round;
     for (int i = 0; i < round->group_world_size; i++) {
         if (i == round->group_rank) continue;
@@ -385,6 +417,68 @@ static void on_hb_timer(uv_timer_t *t) {
     uv_queue_work(a->loop, &a->beat.job.req, hb_work_cb, hb_after_cb);
 }
 
+/* ---- etcd: a member whose lease expired ends the round ------------------------------------- */
+
+static void liveness_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    a->liveness.lost = -1;
+    a->liveness.job.rc = 0;
+    if (!a->alive) {
+        int64_t limit_ms = (int64_t)(a->opts->lease_ttl_s * 1000);
+        a->liveness.job.rc = rdzv_kv_connect(a->opts, a->lease, limit_ms, limit_ms, &a->alive);
+        if (a->liveness.job.rc < 0) {
+            rdzv_kv_destroy(a->alive);
+            a->alive = NULL;
+            return;
+        }
+    }
+    /* in slices, so a watch that outlives its round ends by itself too */
+    a->liveness.job.rc = rdzv_wait_member_lost(&a->rdzv, a->alive, &a->liveness.job.round, 60000,
+                                               &a->liveness.lost);
+}
+
+static void start_liveness(agent_t *a);
+
+static void liveness_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->liveness.job.is_busy = false;
+    if (a->sm.state == AGENT_SM_DONE) {
+        rdzv_kv_destroy(a->alive);
+        a->alive = NULL;
+        return;
+    }
+    bool is_current = agent_sm_is_beating(&a->sm, a->liveness.job.round.round);
+    if (is_current && a->liveness.job.rc == 0 && a->liveness.lost >= 0) {
+        LOG_WARN("the node that joined round %d as #%d lost its etcd lease: ending the round "
+                 "without it", a->liveness.job.round.round, a->liveness.lost);
+        agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = a->liveness.lost};
+        dispatch(a, &ev);
+        return;
+    }
+    if (is_current && a->liveness.job.rc < 0 && a->liveness.job.rc != DDP_ETIMEOUT &&
+        a->liveness.job.rc != DDP_ECLOSED && a->alive)
+        LOG_DEBUG("liveness watch: %s", a->alive->ops->error(a->alive)); /* keep_alive judges */
+    if (a->liveness.is_wanted) start_liveness(a); /* the same round's next slice, or a new round */
+}
+
+static void start_liveness(agent_t *a) {
+    a->liveness.is_wanted = true;
+    if (a->liveness.job.is_busy) { /* the last round's watch: end it, its callback restarts */
+        if (a->liveness.job.round.round != a->sm.round.round && a->alive)
+            a->alive->ops->interrupt(a->alive);
+        return;
+    }
+    if (a->sm.round.group_world_size < 2 || !agent_sm_is_beating(&a->sm, a->sm.round.round)) {
+        a->liveness.is_wanted = false;
+        return;
+    }
+    a->liveness.job.is_busy = true;
+    a->liveness.job.round = a->sm.round;
+    a->liveness.job.req.data = a;
+    uv_queue_work(a->loop, &a->liveness.job.req, liveness_work_cb, liveness_after_cb);
+}
+
 static void start_heartbeats(agent_t *a) {
     struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
@@ -398,8 +492,11 @@ static void start_heartbeats(agent_t *a) {
         b->timer.data = a;
         b->is_timer_open = true;
     }
-    uint64_t every = (uint64_t)(a->opts->keep_alive_interval_s * 1000);
+    double every_s = a->opts->keep_alive_interval_s;
+    if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
+    uint64_t every = (uint64_t)(every_s * 1000);
     uv_timer_start(&b->timer, on_hb_timer, 0, every ? every : 1);
+    if (a->is_etcd) start_liveness(a);
 }
 
 /* ---- joining ------------------------------------------------------------------------------ */
@@ -410,19 +507,22 @@ static void join_work_cb(uv_work_t *req) {
     const ddprun_opts_t *o = a->opts;
     j->job.rc = 0;
     j->is_refunded = false;
-    store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
-                              .connect_timeout_ms = (int64_t)(o->join_timeout_s * 1000),
-                              .op_timeout_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000),
-                              .max_value_bytes = o->store_max_value_bytes};
-    store_client_t **clients[2] = {&a->ops, &a->watch};
+    rdzv_kv_t **clients[2] = {&a->ops, &a->watch};
     for (int i = 0; i < 2 && j->job.rc == 0; i++) {
         if (*clients[i]) continue;
-        j->job.rc = store_client_connect(&co, clients[i]);
-        if (j->job.rc < 0) snprintf(j->err, sizeof j->err, "%s", store_client_error(*clients[i]));
+        j->job.rc = rdzv_kv_connect(o, a->lease, (int64_t)(o->join_timeout_s * 1000),
+                                    (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000),
+                                    clients[i]);
+        if (j->job.rc < 0) {
+            snprintf(j->err, sizeof j->err, "%s", *clients[i] ? (*clients[i])->ops->error(*clients[i])
+                                                              : ddp_strerror(j->job.rc));
+            rdzv_kv_destroy(*clients[i]);
+            *clients[i] = NULL;
+        }
     }
     int round = j->plan.round, current = 0;
     if (j->job.rc == 0 && (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
-        snprintf(j->err, sizeof j->err, "%s", store_client_error(a->ops));
+        snprintf(j->err, sizeof j->err, "%s", a->ops->ops->error(a->ops));
     if (j->job.rc == 0)
         j->job.rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
                           sizeof j->err);
@@ -472,7 +572,7 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         queue_job(a, &a->join.job, &act->round, join_work_cb, join_after_cb);
         return;
     case AGENT_ACT_INTERRUPT_JOIN:
-        if (a->join.job.is_busy && a->ops) store_client_interrupt(a->ops);
+        if (a->join.job.is_busy && a->ops) a->ops->ops->interrupt(a->ops);
         return;
     case AGENT_ACT_WATCH:
         queue_job(a, &a->watching.job, &act->round, watch_work_cb, watch_after_cb);
@@ -480,6 +580,8 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
     case AGENT_ACT_START_HEARTBEATS: start_heartbeats(a); return;
     case AGENT_ACT_STOP_HEARTBEATS:
         if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
+        a->liveness.is_wanted = false;
+        if (a->liveness.job.is_busy && a->alive) a->alive->ops->interrupt(a->alive);
         return;
     case AGENT_ACT_START_WORKERS: start_workers(a, act); return;
     case AGENT_ACT_STOP_WORKERS:
@@ -547,10 +649,19 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return remove(path);
 }
 
-/* Host the store if this node owns the endpoint; another agent may already hold it. */
+/* Host the store if this node owns the endpoint; another agent may already hold it. On etcd every
+ * agent serves a store on a free port of --local-addr (else its host name), which the workers of
+ * the rounds where it is node 0 use. */
 static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
     store_server_opts_t so = {.host = o->rdzv_host, .port = o->rdzv_port};
+    char own_host[256] = "";
+    if (a->is_etcd) {
+        if (o->local_addr[0]) snprintf(own_host, sizeof own_host, "%s", o->local_addr);
+        else if (gethostname(own_host, sizeof own_host - 1) != 0) strcpy(own_host, "127.0.0.1");
+        so.host = own_host;
+        so.port = 0;
+    }
     store_limits_default(&so.limits);
     so.limits.max_value_bytes = o->store_max_value_bytes;
     size_t frame_needed = so.limits.max_key_bytes + so.limits.max_value_bytes + 32;
@@ -558,14 +669,15 @@ static int host_store(agent_t *a) {
     char err[512];
     bool is_static = strcmp(o->rdzv_backend, "static") == 0;
     int rc = 0;
-    bool is_host = o->is_host >= 0 ? o->is_host == 1 : !is_static || o->node_rank == 0;
+    bool is_host = a->is_etcd || (o->is_host >= 0 ? o->is_host == 1 : !is_static || o->node_rank == 0);
     if (!is_host) { /* node 0 hosts a static job's store; with is_host=false, someone else */
         rc = UV_EADDRINUSE;
         snprintf(err, sizeof err, "--rdzv-conf is_host=false, and a single node needs its own store");
     }
     else rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
     /* without is_host=true, an endpoint that another agent holds makes us a client */
-    if (rc < 0 && a->sm.cfg.is_multi && o->is_host != 1 && (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
+    if (rc < 0 && a->sm.cfg.is_multi && o->is_host != 1 && !a->is_etcd &&
+        (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
         a->store = NULL; /* someone else hosts it: we are a client */
         rc = 0;
     } else if (rc < 0) {
@@ -641,11 +753,25 @@ int agent_main(ddprun_opts_t *o) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;
     }
+    a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
+    if (a->is_etcd && !(a->lease = rdzv_lease_new((int64_t)(o->lease_ttl_s + 0.999)))) {
+        fprintf(stderr, "ddprun: --rdzv-backend etcd: %s\n",
+                rdzv_kv_has_etcd() ? "out of memory"
+                                   : "this ddprun was built without libcurl, so without etcd");
+        return 1;
+    }
     if (host_store(a) < 0) return 1;
-    rdzv_init(&a->rdzv, o, a->store != NULL);
-    LOG_INFO("run %s: %d worker(s), store %s %s port %u, logs in %s", o->rdzv_id,
-             o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
-             a->run_dir);
+    rdzv_init(&a->rdzv, o, a->store != NULL && !a->is_etcd);
+    if (a->is_etcd) {
+        rdzv_set_own_store(&a->rdzv, a->master_addr, a->master_port);
+        LOG_INFO("run %s: %d worker(s), rendezvous on etcd %s (lease %g s), this node's store on "
+                 "%s port %u for the rounds it leads, logs in %s", o->rdzv_id, o->nproc_per_node,
+                 o->rdzv_endpoints, o->lease_ttl_s, a->master_addr, a->master_port, a->run_dir);
+    } else {
+        LOG_INFO("run %s: %d worker(s), store %s %s port %u, logs in %s", o->rdzv_id,
+                 o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
+                 a->run_dir);
+    }
     for (int i = 0; i < o->n_signals; i++) {
         uv_signal_init(a->loop, &a->sig_handles[i]);
         a->sig_handles[i].data = a;
@@ -654,8 +780,9 @@ int agent_main(ddprun_opts_t *o) {
     signal(SIGPIPE, SIG_IGN);
     post(a, AGENT_EV_START);
     uv_run(a->loop, UV_RUN_DEFAULT);
-    store_client_destroy(a->ops);
-    store_client_destroy(a->watch);
+    rdzv_kv_destroy(a->ops);
+    rdzv_kv_destroy(a->watch);
+    rdzv_lease_free(a->lease);
     /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
     if (a->exit_code == 0 && !o->log_dir[0]) nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return a->exit_code;

@@ -121,17 +121,22 @@ static int set_node_rank(ddprun_opts_t *o, const char *v, char *err, size_t el) 
 }
 
 static int set_backend(ddprun_opts_t *o, const char *v, char *err, size_t el) {
-    if (strcmp(v, "c10d") && strcmp(v, "static"))
-        return errf(err, el, "--rdzv-backend: '%s' is not c10d or static", v);
+    if (strcmp(v, "etcd-v2") == 0)
+        return errf(err, el, "--rdzv-backend etcd-v2: etcd's v2 API is off by default since etcd "
+                             "3.4 and removed in 3.6; ddprun's etcd backend speaks the v3 API: "
+                             "use --rdzv-backend etcd");
+    if (strcmp(v, "etcd-v3") == 0) v = "etcd";
+    if (strcmp(v, "c10d") && strcmp(v, "static") && strcmp(v, "etcd"))
+        return errf(err, el, "--rdzv-backend: '%s' is not c10d, etcd or static", v);
     strcpy(o->rdzv_backend, v);
     return 0;
 }
 
+/* Kept as given: a list for etcd, HOST[:PORT] for the store (parsed in finish, once the backend
+ * is known whatever the order of the flags). */
 static int set_endpoint(ddprun_opts_t *o, const char *v, char *err, size_t el) {
-    char msg[256];
-    if (endpoint_parse(v, DDP_DEFAULT_STORE_PORT, o->rdzv_host, sizeof o->rdzv_host, &o->rdzv_port,
-                       msg, sizeof msg) < 0)
-        return errf(err, el, "--rdzv-endpoint: %s", msg);
+    if (copy_str(o->rdzv_endpoints, sizeof o->rdzv_endpoints, v, "--rdzv-endpoint", err, el) < 0)
+        return -EINVAL;
     o->has_rdzv_endpoint = true;
     return 0;
 }
@@ -150,6 +155,7 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
                 {"heartbeat_timeout", &o->heartbeat_timeout_s},
                 {"keep_alive_interval", &o->keep_alive_interval_s},
                 {"read_timeout", &o->read_timeout_s},
+                {"lease_ttl", &o->lease_ttl_s},
                 {"timeout", &o->join_timeout_s}};
     char buf[1024];
     if (copy_str(buf, sizeof buf, v, "--rdzv-conf", err, el) < 0) return -EINVAL;
@@ -164,6 +170,25 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
             else return errf(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
             continue;
         }
+        struct {
+            const char *key;
+            char *field;
+            size_t size;
+        } texts[] = {{"cacert", o->etcd_cacert, sizeof o->etcd_cacert},
+                     {"cert", o->etcd_cert, sizeof o->etcd_cert},
+                     {"key", o->etcd_key, sizeof o->etcd_key},
+                     {"user", o->etcd_user, sizeof o->etcd_user},
+                     {"password", o->etcd_password, sizeof o->etcd_password},
+                     {"password_file", o->etcd_password_file, sizeof o->etcd_password_file}};
+        size_t t = 0;
+        while (t < sizeof texts / sizeof texts[0] && strcmp(texts[t].key, item) != 0) t++;
+        if (t < sizeof texts / sizeof texts[0]) {
+            if (strlen(v2) >= texts[t].size) /* never echo the value: it may be a password */
+                return errf(err, el, "--rdzv-conf: %s is longer than %zu bytes", item,
+                            texts[t].size - 1);
+            strcpy(texts[t].field, v2);
+            continue;
+        }
         if (strcmp(item, "store_type") == 0) {
             if (strcasecmp(v2, "tcp") != 0)
                 return errf(err, el, "--rdzv-conf: store_type=%s: ddprun's rendezvous store is a "
@@ -175,7 +200,8 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
         if (i == n)
             return errf(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
                                  "close_timeout, heartbeat_timeout, keep_alive_interval, "
-                                 "read_timeout, is_host, store_type)", item);
+                                 "read_timeout, is_host, store_type; etcd: lease_ttl, cacert, "
+                                 "cert, key, user, password, password_file)", item);
         if (parse_seconds(eq + 1, keys[i].field) < 0)
             return errf(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
     }
@@ -348,13 +374,15 @@ static const opt_spec_t opt_table[] = {
     {"nnodes", 0, "N|MIN:MAX", "number of nodes, or a range for elastic jobs (1:1)", set_nnodes},
     {"nproc-per-node", 0, "N|cpu|gpu|auto", "workers per node (1)", set_nproc},
     {"node-rank", 0, "R", "this node's rank hint (static backend: its rank, default 0)", set_node_rank},
-    {"rdzv-backend", 0, "c10d|static", "rendezvous backend (static)", set_backend},
-    {"rdzv-endpoint", 0, "HOST[:PORT]", "the store of the rendezvous ([v6]:port too; port 29400)",
+    {"rdzv-backend", 0, "c10d|etcd|static", "rendezvous backend (static)", set_backend},
+    {"rdzv-endpoint", 0, "HOST[:PORT]", "the store of the rendezvous ([v6]:port too; port 29400); "
+                                        "etcd: H1[:2379],H2,... its members",
      set_endpoint},
     {"rdzv-id", 0, "ID", "job id shared by all nodes (none)", set_rdzv_id},
     {"rdzv-conf", 0, "K=V,...", "join_timeout, last_call_timeout, close_timeout, "
                                 "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), "
-                                "is_host (true|false), store_type (tcp)", set_rdzv_conf},
+                                "is_host (true|false), store_type (tcp); etcd: lease_ttl (10), "
+                                "cacert, cert, key, user, password_file", set_rdzv_conf},
     {"standalone", 0, NULL, "single node: own store on a free port, random job id", set_standalone},
     {"max-restarts", 0, "N", "restarts of the whole job before giving up (0)", set_max_restarts},
     {"monitor-interval", 0, "SECONDS", "how often workers are checked (0.1)", set_monitor},
@@ -428,6 +456,7 @@ static void set_defaults(ddprun_opts_t *o) {
     o->heartbeat_timeout_s = 30;
     o->keep_alive_interval_s = 5;
     o->read_timeout_s = 60; /* torch's c10d rendezvous default */
+    o->lease_ttl_s = 10;
     o->start_timeout_s = -1; /* not given: decided by the program (finish) */
     o->store_max_value_bytes = STORE_DEFAULT_MAX_VALUE_BYTES;
     o->is_host = -1;
@@ -479,6 +508,45 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
     return 0;
 }
 
+/* etcd: the endpoint list, the lease, TLS files that exist, and the password (from password=,
+ * password_file= or $DDPRUN_ETCD_PASSWORD) when there is a user. */
+static int finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
+    if (!o->has_rdzv_endpoint || !o->rdzv_endpoints[0])
+        return errf(err, el, "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
+    if (o->lease_ttl_s < 1 || o->lease_ttl_s > 3600)
+        return errf(err, el, "--rdzv-conf: lease_ttl=%g is not 1-3600 seconds", o->lease_ttl_s);
+    const char *files[] = {o->etcd_cacert, o->etcd_cert, o->etcd_key};
+    const char *names[] = {"cacert", "cert", "key"};
+    for (int i = 0; i < 3; i++)
+        if (files[i][0] && access(files[i], R_OK) != 0)
+            return errf(err, el, "--rdzv-conf: %s=%s: %s", names[i], files[i], strerror(errno));
+    if (!o->etcd_cert[0] != !o->etcd_key[0])
+        return errf(err, el, "--rdzv-conf: cert= and key= go together");
+    const char *env = getenv("DDPRUN_ETCD_PASSWORD");
+    if (o->etcd_password_file[0]) {
+        FILE *f = fopen(o->etcd_password_file, "r");
+        if (!f)
+            return errf(err, el, "--rdzv-conf: password_file=%s: %s", o->etcd_password_file,
+                        strerror(errno));
+        size_t n = fread(o->etcd_password, 1, sizeof o->etcd_password - 1, f);
+        bool is_long = n == sizeof o->etcd_password - 1 && fgetc(f) != EOF;
+        fclose(f);
+        o->etcd_password[n] = '\0';
+        o->etcd_password[strcspn(o->etcd_password, "\r\n")] = '\0';
+        if (is_long)
+            return errf(err, el, "--rdzv-conf: password_file=%s: longer than %zu bytes",
+                        o->etcd_password_file, sizeof o->etcd_password - 1);
+    } else if (!o->etcd_password[0] && env && strlen(env) < sizeof o->etcd_password) {
+        strcpy(o->etcd_password, env);
+    }
+    if (o->etcd_user[0] && !o->etcd_password[0])
+        return errf(err, el, "--rdzv-conf: user=%s needs a password (password_file=, "
+                             "$DDPRUN_ETCD_PASSWORD or password=)", o->etcd_user);
+    snprintf(o->rdzv_host, sizeof o->rdzv_host, "%.*s", (int)strcspn(o->rdzv_endpoints, ","),
+             o->rdzv_endpoints);
+    return 0;
+}
+
 /* --standalone and the backends' implied settings; errors for combinations torchrun rejects. */
 static int finish(ddprun_opts_t *o, char *err, size_t el) {
     if (o->start_timeout_s < 0) { /* only ddpworker is known to report progress from its start */
@@ -499,6 +567,17 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
         snprintf(o->rdzv_id, sizeof o->rdzv_id, "%02x%02x%02x%02x-%02x%02x%02x%02x", id[0], id[1],
                  id[2], id[3], id[4], id[5], id[6], id[7]);
     }
+    bool is_etcd = strcmp(o->rdzv_backend, "etcd") == 0;
+    if (o->has_rdzv_endpoint && !o->is_standalone && !is_etcd && o->rdzv_endpoints[0]) {
+        char msg[256];
+        if (strchr(o->rdzv_endpoints, ','))
+            return errf(err, el, "--rdzv-endpoint %s: a list of endpoints is for --rdzv-backend "
+                                 "etcd; %s takes one HOST[:PORT]", o->rdzv_endpoints, o->rdzv_backend);
+        if (endpoint_parse(o->rdzv_endpoints, DDP_DEFAULT_STORE_PORT, o->rdzv_host,
+                           sizeof o->rdzv_host, &o->rdzv_port, msg, sizeof msg) < 0)
+            return errf(err, el, "--rdzv-endpoint: %s", msg);
+    }
+    if (is_etcd && finish_etcd(o, err, el) < 0) return -EINVAL;
     if (strcmp(o->rdzv_backend, "static") == 0) {
         if (o->min_nodes != o->max_nodes)
             return errf(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
@@ -512,7 +591,8 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
         o->rdzv_port = o->master_port;
         o->has_rdzv_endpoint = true;
     } else if (!o->has_rdzv_endpoint) {
-        return errf(err, el, "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
+        return errf(err, el, "--rdzv-backend %s needs --rdzv-endpoint %s", o->rdzv_backend,
+                    is_etcd ? "HOST[:PORT],..." : "HOST[:PORT]");
     }
     if (o->is_no_python && o->is_module)
         return errf(err, el, "--no-python and --module exclude each other");
@@ -578,8 +658,14 @@ int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
 void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "nnodes: %u:%u\nnproc_per_node: %d\nnode_rank: %d\n", o->min_nodes, o->max_nodes,
             o->nproc_per_node, o->node_rank);
-    fprintf(f, "rdzv_backend: %s\nrdzv_endpoint: %s:%u\nrdzv_id: %s\n", o->rdzv_backend,
-            o->rdzv_host, o->rdzv_port, o->rdzv_id);
+    if (strcmp(o->rdzv_backend, "etcd") == 0)
+        fprintf(f, "rdzv_backend: etcd\nrdzv_endpoint: %s\nrdzv_id: %s\netcd: lease_ttl=%g,"
+                   "cacert=%s,cert=%s,key=%s,user=%s,password=%s\n", o->rdzv_endpoints,
+                o->rdzv_id, o->lease_ttl_s, o->etcd_cacert, o->etcd_cert, o->etcd_key,
+                o->etcd_user, o->etcd_password[0] ? "(set)" : "");
+    else
+        fprintf(f, "rdzv_backend: %s\nrdzv_endpoint: %s:%u\nrdzv_id: %s\n", o->rdzv_backend,
+                o->rdzv_host, o->rdzv_port, o->rdzv_id);
     fprintf(f, "rdzv_conf: join_timeout=%g,last_call_timeout=%g,close_timeout=%g,"
                "heartbeat_timeout=%g,keep_alive_interval=%g,read_timeout=%g,is_host=%s\n",
             o->join_timeout_s, o->last_call_timeout_s, o->close_timeout_s, o->heartbeat_timeout_s,

@@ -17,10 +17,15 @@ typedef struct {
     unsigned min_nodes, max_nodes;
     int nproc_per_node;
     int node_rank; /* -1: not given */
-    char rdzv_backend[16]; /* "c10d" or "static" */
-    char rdzv_host[256];
+    char rdzv_backend[16]; /* "c10d", "etcd" or "static" */
+    char rdzv_host[256];   /* c10d, static: the store; etcd: unused */
     uint16_t rdzv_port;
+    char rdzv_endpoints[1024]; /* --rdzv-endpoint as given (etcd: the member list) */
     bool has_rdzv_endpoint;
+    /* etcd (--rdzv-conf): lease_ttl, TLS and auth; the password never printed */
+    double lease_ttl_s;
+    char etcd_cacert[512], etcd_cert[512], etcd_key[512], etcd_user[128], etcd_password[256];
+    char etcd_password_file[512];
     char rdzv_id[128];
     double join_timeout_s, last_call_timeout_s, close_timeout_s, heartbeat_timeout_s,
         keep_alive_interval_s, read_timeout_s;

@@ -25,10 +25,10 @@ void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host) {
     snprintf(r->prefix, sizeof r->prefix, "/ddprun/%s", opts->rdzv_id);
 }
 
-static int get_int(store_client_t *c, const char *k, int64_t *out) {
+static int get_int(rdzv_kv_t *c, const char *k, int64_t *out) {
     uint8_t *v;
     size_t n;
-    TRY(store_client_get(c, k, &v, &n));
+    TRY(c->ops->get(c, k, &v, &n));
     char text[32];
     size_t m = n < sizeof text - 1 ? n : sizeof text - 1;
     memcpy(text, v, m);
@@ -39,11 +39,44 @@ static int get_int(store_client_t *c, const char *k, int64_t *out) {
     return end == text ? DDP_EPROTO : 0;
 }
 
-int rdzv_current_round(rdzv_t *r, store_client_t *c, int *round) {
+void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port) {
+    snprintf(r->own_store_host, sizeof r->own_store_host, "%s", host);
+    r->own_store_port = port;
+}
+
+/* etcd: node 0 offers its store for the round's workers; the others read where it is. */
+static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, char *err, size_t err_len) {
+    char k[256], addr[300];
+    key(r, k, sizeof k, out->round, "store");
+    if (out->group_rank == 0) {
+        snprintf(addr, sizeof addr, "%s:%u", r->own_store_host, r->own_store_port);
+        snprintf(out->store_host, sizeof out->store_host, "%s", r->own_store_host);
+        out->store_port = r->own_store_port;
+        return c->ops->set(c, k, addr, strlen(addr));
+    }
+    uint8_t *v;
+    size_t n;
+    TRY(c->ops->get(c, k, &v, &n));
+    char *colon = n < sizeof addr ? memrchr(v, ':', n) : NULL;
+    long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+    if (!colon || colon == (char *)v || port <= 0 || port > 65535 ||
+        (size_t)(colon - (char *)v) >= sizeof out->store_host) {
+        free(v);
+        snprintf(err, err_len, "round %d: the round's store address is malformed", out->round);
+        return DDP_EPROTO;
+    }
+    memcpy(out->store_host, v, (size_t)(colon - (char *)v));
+    out->store_host[colon - (char *)v] = '\0';
+    out->store_port = (uint16_t)port;
+    free(v);
+    return 0;
+}
+
+int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round) {
     char k[256];
     key(r, k, sizeof k, -1, "round");
     int64_t v;
-    TRY(store_client_add(c, k, 0, &v));
+    TRY(c->ops->add(c, k, 0, &v));
     *round = (int)v;
     return 0;
 }
@@ -66,40 +99,46 @@ static void sleep_ms(int64_t ms) {
     nanosleep(&ts, NULL);
 }
 
-int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char *err,
+int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
               size_t err_len) {
     const ddprun_opts_t *o = r->opts;
     char k[256], record[RDZV_RECORD_MAX_BYTES];
     int64_t joined;
     key(r, k, sizeof k, round, "joined");
-    int rc = store_client_add(c, k, 1, &joined);
+    int rc = c->ops->add(c, k, 1, &joined);
     if (rc < 0) goto fail;
     int index = (int)joined - 1;
+    if (c->ops->keep_alive) { /* etcd: membership lives as long as this agent's lease */
+        char alive[256], what[32];
+        snprintf(what, sizeof what, "alive/%d", index);
+        key(r, alive, sizeof alive, round, what);
+        if ((rc = c->ops->set_ephemeral(c, alive, "1", 1)) < 0) goto fail;
+    }
     rdzv_node_record_t mine = {.nproc = o->nproc_per_node, .hint = r->node_rank_hint,
                                .is_host = r->is_store_host};
     if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
     char node_key[256];
     snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
-    if ((rc = store_client_set(c, node_key, record, strlen(record))) < 0) goto fail;
+    if ((rc = c->ops->set(c, node_key, record, strlen(record))) < 0) goto fail;
     char closed_key[256];
     key(r, closed_key, sizeof closed_key, round, "closed");
     if (joined >= (int64_t)o->min_nodes) {
         /* MAX closes at once; MIN after a last call that lets more nodes in. */
         if (joined < (int64_t)o->max_nodes) {
             sleep_ms((int64_t)(o->last_call_timeout_s * 1000));
-            if ((rc = store_client_add(c, k, 0, &joined)) < 0) goto fail;
+            if ((rc = c->ops->add(c, k, 0, &joined)) < 0) goto fail;
         }
         char count[16];
         int n = (int)(joined < (int64_t)o->max_nodes ? joined : (int64_t)o->max_nodes);
         snprintf(count, sizeof count, "%d", n);
         uint8_t *cur;
         size_t cur_n;
-        rc = store_client_compare_set(c, closed_key, "", 0, count, strlen(count), &cur, &cur_n);
+        rc = c->ops->compare_set(c, closed_key, "", 0, count, strlen(count), &cur, &cur_n);
         if (rc < 0) goto fail;
         free(cur);
     }
     const char *keys[] = {closed_key};
-    rc = store_client_wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
+    rc = c->ops->wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
     if (rc == DDP_ETIMEOUT) {
         snprintf(err, err_len, "round %d did not gather --nnodes %u:%u within join_timeout=%gs "
                  "(%lld joined)", round, o->min_nodes, o->max_nodes, o->join_timeout_s,
@@ -116,6 +155,7 @@ int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char 
     out->round = round;
     out->group_world_size = (int)n_members;
     out->is_member = index < n_members;
+    out->join_index = index;
     if (!out->is_member) return 0;
     member_t *m = calloc((size_t)n_members, sizeof *m);
     if (!m) return -ENOMEM;
@@ -123,7 +163,7 @@ int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char 
         snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, i);
         uint8_t *v;
         size_t vn;
-        if ((rc = store_client_get(c, node_key, &v, &vn)) < 0) break;
+        if ((rc = c->ops->get(c, node_key, &v, &vn)) < 0) break;
         rdzv_node_record_t rec;
         bool is_ok = rdzv_record_node_parse((const char *)v, vn, &rec);
         free(v);
@@ -150,17 +190,21 @@ int rdzv_join(rdzv_t *r, store_client_t *c, int round, rdzv_result_t *out, char 
         out->world_size += m[i].nproc;
     }
     free(m);
+    if (r->own_store_host[0] && (rc = round_store(r, c, out, err, err_len)) < 0) {
+        if (rc != DDP_EPROTO) goto fail;
+        return rc;
+    }
     return 0;
 fail:
-    snprintf(err, err_len, "rendezvous round %d: %s", round, store_client_error(c));
+    snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
     return rc;
 }
 
-int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why_t *why) {
+int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *why) {
     char k[256], failures_key[256], text[RDZV_RECORD_MAX_BYTES];
     key(r, failures_key, sizeof failures_key, -1, "failures");
     int64_t failures;
-    TRY(store_client_add(c, failures_key, 0, &failures));
+    TRY(c->ops->add(c, failures_key, 0, &failures));
     if (why->code != 0) failures++;
     rdzv_why_t record = *why;
     record.failures = (int)failures;
@@ -168,39 +212,42 @@ int rdzv_request_restart(rdzv_t *r, store_client_t *c, int round, const rdzv_why
     key(r, k, sizeof k, round, "restart");
     uint8_t *cur;
     size_t n;
-    TRY(store_client_compare_set(c, k, "", 0, text, strlen(text), &cur, &n));
+    TRY(c->ops->compare_set(c, k, "", 0, text, strlen(text), &cur, &n));
     bool is_winner = n == strlen(text) && memcmp(cur, text, n) == 0;
     free(cur);
     if (is_winner && why->code != 0) {
         char count[24];
         snprintf(count, sizeof count, "%lld", (long long)failures);
-        TRY(store_client_set(c, failures_key, count, strlen(count)));
+        TRY(c->ops->set(c, failures_key, count, strlen(count)));
     }
-    /* The next round begins where agents that start late will look for it. */
+    /* The next round begins where agents that start late will look for it: round + 1, once,
+     * however many agents report at the same time (a compare-set, not an ADD). */
     key(r, k, sizeof k, -1, "round");
-    int64_t now;
-    TRY(store_client_add(c, k, 0, &now));
-    if (now == round) TRY(store_client_add(c, k, 1, &now));
+    char was[24], next[24];
+    snprintf(was, sizeof was, "%d", round);
+    snprintf(next, sizeof next, "%d", round + 1);
+    TRY(c->ops->compare_set(c, k, was, strlen(was), next, strlen(next), &cur, &n));
+    free(cur);
     return 0;
 }
 
-int rdzv_refund_failure(rdzv_t *r, store_client_t *c) {
+int rdzv_refund_failure(rdzv_t *r, rdzv_kv_t *c) {
     char failures_key[256];
     key(r, failures_key, sizeof failures_key, -1, "failures");
     int64_t failures;
-    return store_client_add(c, failures_key, -1, &failures);
+    return c->ops->add(c, failures_key, -1, &failures);
 }
 
-static int set_json(store_client_t *c, const char *k, cJSON *o) {
+static int set_json(rdzv_kv_t *c, const char *k, cJSON *o) {
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!text) return -ENOMEM;
-    int rc = store_client_set(c, k, text, strlen(text));
+    int rc = c->ops->set(c, k, text, strlen(text));
     cJSON_free(text);
     return rc;
 }
 
-int rdzv_publish_job(rdzv_t *r, store_client_t *c) {
+int rdzv_publish_job(rdzv_t *r, rdzv_kv_t *c) {
     const ddprun_opts_t *o = r->opts;
     char k[256];
     key(r, k, sizeof k, -1, "job");
@@ -213,7 +260,7 @@ int rdzv_publish_job(rdzv_t *r, store_client_t *c) {
     return set_json(c, k, j);
 }
 
-int rdzv_publish_member(rdzv_t *r, store_client_t *c, const rdzv_result_t *round) {
+int rdzv_publish_member(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round) {
     char k[512], what[64], host[256] = "";
     gethostname(host, sizeof host - 1);
     snprintf(what, sizeof what, "member/%d", round->group_rank);
@@ -228,26 +275,26 @@ int rdzv_publish_member(rdzv_t *r, store_client_t *c, const rdzv_result_t *round
     return set_json(c, k, j);
 }
 
-int rdzv_publish_failure(rdzv_t *r, store_client_t *c, int round, int group_rank,
+int rdzv_publish_failure(rdzv_t *r, rdzv_kv_t *c, int round, int group_rank,
                          const char *failure_json) {
     char k[512], what[64];
     snprintf(what, sizeof what, "failure/%d", group_rank);
     key(r, k, sizeof k, round, what);
-    return store_client_set(c, k, failure_json, strlen(failure_json));
+    return c->ops->set(c, k, failure_json, strlen(failure_json));
 }
 
-int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t why_len) {
+int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, int round, char *why, size_t why_len) {
     char k[256];
     key(r, k, sizeof k, round, "restart");
     const char *keys[] = {k};
     int rc;
     /* WAIT in slices: each slice is one bounded operation of the client. */
-    while ((rc = store_client_wait(c, keys, 1, 60000)) == DDP_ETIMEOUT) {
+    while ((rc = c->ops->wait(c, keys, 1, 60000)) == DDP_ETIMEOUT) {
     }
     if (rc < 0) return rc;
     uint8_t *v;
     size_t n;
-    TRY(store_client_get(c, k, &v, &n));
+    TRY(c->ops->get(c, k, &v, &n));
     size_t m = n < why_len - 1 ? n : why_len - 1;
     memcpy(why, v, m);
     why[m] = '\0';
@@ -255,22 +302,22 @@ int rdzv_wait_restart(rdzv_t *r, store_client_t *c, int round, char *why, size_t
     return 0;
 }
 
-int rdzv_finish(rdzv_t *r, store_client_t *c, int round, int n, int64_t timeout_ms) {
+int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
     char k[256], all[256];
     key(r, k, sizeof k, round, "done");
     key(r, all, sizeof all, round, "all_done");
     int64_t count;
-    TRY(store_client_add(c, k, 1, &count));
-    if (count >= n) TRY(store_client_set(c, all, "1", 1));
+    TRY(c->ops->add(c, k, 1, &count));
+    if (count >= n) TRY(c->ops->set(c, all, "1", 1));
     const char *keys[] = {all};
-    return store_client_wait(c, keys, 1, timeout_ms);
+    return c->ops->wait(c, keys, 1, timeout_ms);
 }
 
-int rdzv_heartbeat(rdzv_t *r, store_client_t *c, const rdzv_result_t *round, int64_t *counters) {
+int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters) {
     char k[256];
     snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
     int64_t mine;
-    TRY(store_client_add(c, k, 1, &mine));
+    TRY(c->ops->add(c, k, 1, &mine));
     int n = round->group_world_size;
     char **keys = calloc((size_t)n, sizeof *keys);
     uint8_t **vals = calloc((size_t)n, sizeof *vals);
@@ -281,7 +328,7 @@ int rdzv_heartbeat(rdzv_t *r, store_client_t *c, const rdzv_result_t *round, int
         if (!keys[i]) rc = -ENOMEM;
         else snprintf(keys[i], 256, "%s/r%d/hb/%d", r->prefix, round->round, i);
     }
-    if (rc == 0) rc = store_client_multi_get(c, (const char *const *)keys, (size_t)n, vals, lens);
+    if (rc == 0) rc = c->ops->multi_get(c, (const char *const *)keys, (size_t)n, vals, lens);
     for (int i = 0; i < n; i++) {
         if (rc == 0) {
             char text[32];
@@ -296,5 +343,30 @@ int rdzv_heartbeat(rdzv_t *r, store_client_t *c, const rdzv_result_t *round, int
     free(keys);
     free(vals);
     free(lens);
+    return rc;
+}
+
+int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,
+                          int *join_index) {
+    int n = round->group_world_size;
+    if (!c->ops->wait_gone || n < 2) return -ENOTSUP;
+    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    int *index_of = calloc((size_t)n, sizeof *index_of);
+    int rc = names && keys && index_of ? 0 : -ENOMEM, m = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (i == round->join_index) continue; /* our own lease is keep_alive's business */
+        char what[32];
+        snprintf(what, sizeof what, "alive/%d", i);
+        key(r, names[m], sizeof names[m], round->round, what);
+        keys[m] = names[m];
+        index_of[m++] = i;
+    }
+    int gone = -1;
+    if (rc == 0) rc = c->ops->wait_gone(c, keys, (size_t)m, timeout_ms, &gone);
+    *join_index = rc == 0 && gone >= 0 ? index_of[gone] : -1;
+    free(names);
+    free(keys);
+    free(index_of);
     return rc;
 }
