@@ -50,7 +50,7 @@ augment = true
 lr = 0.05
 [train]
 batch_size = 8
-epochs = 1000
+epochs = 0
 max_steps = {steps}
 log_interval = 16
 collective_timeout = 4
