@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "endpoint.h"
+#include "rdzv_kv.h"
 #include "slurm.h"
 #include "store_limits.h"
 
@@ -145,7 +146,7 @@ static int set_rdzv_id(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     return copy_str(o->rdzv_id, sizeof o->rdzv_id, v, "--rdzv-id", err, el);
 }
 
-static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     struct {
         const char *key;
         double *field;
@@ -156,6 +157,7 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
                 {"keep_alive_interval", &o->keep_alive_interval_s},
                 {"read_timeout", &o->read_timeout_s},
                 {"lease_ttl", &o->lease_ttl_s},
+                {"status_ttl", &o->status_ttl_s},
                 {"timeout", &o->join_timeout_s}};
     char buf[1024];
     if (copy_str(buf, sizeof buf, v, "--rdzv-conf", err, el) < 0) return -EINVAL;
@@ -200,8 +202,8 @@ static int set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el) 
         if (i == n)
             return errf(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
                                  "close_timeout, heartbeat_timeout, keep_alive_interval, "
-                                 "read_timeout, is_host, store_type; etcd: lease_ttl, cacert, "
-                                 "cert, key, user, password, password_file)", item);
+                                 "read_timeout, is_host, store_type; etcd: lease_ttl, status_ttl, "
+                                 "cacert, cert, key, user, password, password_file)", item);
         if (parse_seconds(eq + 1, keys[i].field) < 0)
             return errf(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
     }
@@ -382,7 +384,8 @@ static const opt_spec_t opt_table[] = {
     {"rdzv-conf", 0, "K=V,...", "join_timeout, last_call_timeout, close_timeout, "
                                 "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), "
                                 "is_host (true|false), store_type (tcp); etcd: lease_ttl (10), "
-                                "cacert, cert, key, user, password_file", set_rdzv_conf},
+                                "cacert, cert, key, user, password_file, status_ttl (3600)",
+                                options_set_rdzv_conf},
     {"standalone", 0, NULL, "single node: own store on a free port, random job id", set_standalone},
     {"max-restarts", 0, "N", "restarts of the whole job before giving up (0)", set_max_restarts},
     {"monitor-interval", 0, "SECONDS", "how often workers are checked (0.1)", set_monitor},
@@ -457,6 +460,7 @@ static void set_defaults(ddprun_opts_t *o) {
     o->keep_alive_interval_s = 5;
     o->read_timeout_s = 60; /* torch's c10d rendezvous default */
     o->lease_ttl_s = 10;
+    o->status_ttl_s = 3600;
     o->start_timeout_s = -1; /* not given: decided by the program (finish) */
     o->store_max_value_bytes = STORE_DEFAULT_MAX_VALUE_BYTES;
     o->is_host = -1;
@@ -510,11 +514,16 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
 
 /* etcd: the endpoint list, the lease, TLS files that exist, and the password (from password=,
  * password_file= or $DDPRUN_ETCD_PASSWORD) when there is a user. */
-static int finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
+int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
+    if (!rdzv_kv_has_etcd())
+        return errf(err, el, "--rdzv-backend etcd: this ddprun was built without libcurl, so "
+                             "without its etcd backend");
     if (!o->has_rdzv_endpoint || !o->rdzv_endpoints[0])
         return errf(err, el, "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
     if (o->lease_ttl_s < 1 || o->lease_ttl_s > 3600)
         return errf(err, el, "--rdzv-conf: lease_ttl=%g is not 1-3600 seconds", o->lease_ttl_s);
+    if (o->status_ttl_s < 1 || o->status_ttl_s > 30 * 86400)
+        return errf(err, el, "--rdzv-conf: status_ttl=%g is not 1 s - 30 days", o->status_ttl_s);
     const char *files[] = {o->etcd_cacert, o->etcd_cert, o->etcd_key};
     const char *names[] = {"cacert", "cert", "key"};
     for (int i = 0; i < 3; i++)
@@ -577,7 +586,7 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
                            sizeof o->rdzv_host, &o->rdzv_port, msg, sizeof msg) < 0)
             return errf(err, el, "--rdzv-endpoint: %s", msg);
     }
-    if (is_etcd && finish_etcd(o, err, el) < 0) return -EINVAL;
+    if (is_etcd && options_finish_etcd(o, err, el) < 0) return -EINVAL;
     if (strcmp(o->rdzv_backend, "static") == 0) {
         if (o->min_nodes != o->max_nodes)
             return errf(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
@@ -660,8 +669,8 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
             o->nproc_per_node, o->node_rank);
     if (strcmp(o->rdzv_backend, "etcd") == 0)
         fprintf(f, "rdzv_backend: etcd\nrdzv_endpoint: %s\nrdzv_id: %s\netcd: lease_ttl=%g,"
-                   "cacert=%s,cert=%s,key=%s,user=%s,password=%s\n", o->rdzv_endpoints,
-                o->rdzv_id, o->lease_ttl_s, o->etcd_cacert, o->etcd_cert, o->etcd_key,
+                   "status_ttl=%g,cacert=%s,cert=%s,key=%s,user=%s,password=%s\n",
+                o->rdzv_endpoints, o->rdzv_id, o->lease_ttl_s, o->status_ttl_s, o->etcd_cacert, o->etcd_cert, o->etcd_key,
                 o->etcd_user, o->etcd_password[0] ? "(set)" : "");
     else
         fprintf(f, "rdzv_backend: %s\nrdzv_endpoint: %s:%u\nrdzv_id: %s\n", o->rdzv_backend,

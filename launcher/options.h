@@ -24,6 +24,7 @@ typedef struct {
     bool has_rdzv_endpoint;
     /* etcd (--rdzv-conf): lease_ttl, TLS and auth; the password never printed */
     double lease_ttl_s;
+    double status_ttl_s; /* how long `ddprun status` finds a finished job on etcd */
     char etcd_cacert[512], etcd_cert[512], etcd_key[512], etcd_user[128], etcd_password[256];
     char etcd_password_file[512];
     char rdzv_id[128];
@@ -60,6 +61,10 @@ typedef struct {
  * allocation's defaults (slurm.h). Returns 0, 1 when --help was printed (exit 0), or 2 after
  * printing one line "ddprun: ..." to err (exit 2). */
 int options_parse(int argc, char **argv, ddprun_opts_t *out, FILE *err);
+/* --rdzv-conf K=V,... into o (ddprun status parses it too); 0 or -1 with the message in err. */
+int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el);
+/* etcd's settings checked and completed (the password from its file or the environment). */
+int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el);
 /* The agent: run PROGRAM as configured until done; returns the process exit code (agent.c). */
 int agent_main(ddprun_opts_t *o);
 /* The --help text, generated from the option table. */

@@ -37,6 +37,9 @@ typedef struct {
      * passes (DDP_ETIMEOUT). */
     int (*wait_gone)(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t timeout_ms,
                      int *gone);
+    /* Every key under prefix expires ttl_s from now (etcd: put again under a lease of that TTL);
+     * NULL for the store, whose keys end with it. */
+    int (*expire_prefix)(rdzv_kv_t *kv, const char *prefix, int64_t ttl_s);
     void (*interrupt)(rdzv_kv_t *kv);
     const char *(*error)(const rdzv_kv_t *kv);
     void (*destroy)(rdzv_kv_t *kv);

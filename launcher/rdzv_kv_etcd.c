@@ -284,6 +284,60 @@ static int kv_wait_gone(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_
     return rc;
 }
 
+typedef struct {
+    char **keys;
+    uint8_t **vals;
+    size_t *lens, n, cap;
+    bool is_short;
+} listing_t;
+
+static void collect(void *arg, const char *key, const uint8_t *v, size_t len) {
+    listing_t *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        char **k = realloc(l->keys, cap * sizeof *k);
+        if (k) l->keys = k;
+        uint8_t **vs = realloc(l->vals, cap * sizeof *vs);
+        if (vs) l->vals = vs;
+        size_t *ls = realloc(l->lens, cap * sizeof *ls);
+        if (ls) l->lens = ls;
+        if (!k || !vs || !ls) {
+            l->is_short = true;
+            return;
+        }
+        l->cap = cap;
+    }
+    l->keys[l->n] = strdup(key);
+    l->vals[l->n] = malloc(len + 1);
+    if (!l->keys[l->n] || !l->vals[l->n]) {
+        free(l->keys[l->n]);
+        free(l->vals[l->n]);
+        l->is_short = true;
+        return;
+    }
+    memcpy(l->vals[l->n], v, len);
+    l->lens[l->n++] = len;
+}
+
+static int kv_expire_prefix(rdzv_kv_t *kv, const char *prefix, int64_t ttl_s) {
+    etcd_kv_t *e = self(kv);
+    listing_t l = {0};
+    int64_t lease;
+    int rc = etcd_lease_grant(e->c, ttl_s, &lease);
+    if (rc == 0) rc = etcd_get_prefix(e->c, prefix, collect, &l, NULL);
+    if (rc == 0 && l.is_short) rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < l.n; i++)
+        rc = etcd_put(e->c, l.keys[i], l.vals[i], l.lens[i], lease);
+    for (size_t i = 0; i < l.n; i++) {
+        free(l.keys[i]);
+        free(l.vals[i]);
+    }
+    free(l.keys);
+    free(l.vals);
+    free(l.lens);
+    return rc < 0 && rc != -ENOMEM ? failed(e, rc) : rc;
+}
+
 static void kv_interrupt(rdzv_kv_t *kv) { etcd_interrupt(self(kv)->c); }
 
 static const char *kv_error(const rdzv_kv_t *kv) { return ((const etcd_kv_t *)kv)->error; }
@@ -296,7 +350,7 @@ static void kv_destroy(rdzv_kv_t *kv) {
 static const rdzv_kv_ops_t etcd_ops = {
     .set = kv_set, .get = kv_get, .add = kv_add, .compare_set = kv_compare_set, .wait = kv_wait,
     .multi_get = kv_multi_get, .set_ephemeral = kv_set_ephemeral, .keep_alive = kv_keep_alive,
-    .wait_gone = kv_wait_gone, .interrupt = kv_interrupt, .error = kv_error,
+    .wait_gone = kv_wait_gone, .expire_prefix = kv_expire_prefix, .interrupt = kv_interrupt, .error = kv_error,
     .destroy = kv_destroy};
 
 int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,

@@ -370,3 +370,29 @@ int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, i
     free(index_of);
     return rc;
 }
+
+int rdzv_retire(rdzv_t *r, rdzv_kv_t *c, int world_size) {
+    if (!c->ops->expire_prefix || !r->own_store_host[0]) return -ENOTSUP;
+    ddprun_opts_t store_opts = *r->opts; /* the same job, through this agent's own store */
+    strcpy(store_opts.rdzv_backend, "c10d");
+    snprintf(store_opts.rdzv_host, sizeof store_opts.rdzv_host, "%s", r->own_store_host);
+    store_opts.rdzv_port = r->own_store_port;
+    rdzv_kv_t *store = NULL;
+    int rc = rdzv_kv_connect(&store_opts, NULL, 5000, 5000, &store);
+    for (int rank = 0; rc == 0 && rank < world_size; rank++) {
+        char k[256], what[32];
+        snprintf(what, sizeof what, "progress/%d", rank);
+        key(r, k, sizeof k, -1, what);
+        const char *keys[] = {k};
+        uint8_t *v = NULL;
+        size_t n = 0;
+        rc = store->ops->multi_get(store, keys, 1, &v, &n);
+        if (rc == 0 && n > 0) rc = c->ops->set(c, k, v, n);
+        free(v);
+    }
+    rdzv_kv_destroy(store);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s/", r->prefix);
+    int expire_rc = c->ops->expire_prefix(c, prefix, (int64_t)r->opts->status_ttl_s);
+    return rc < 0 ? rc : expire_rc;
+}

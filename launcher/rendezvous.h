@@ -70,6 +70,10 @@ int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, int round, char *why, size_t why_
 /* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read every member's counter
  * (counters, not clocks: each agent judges staleness on its own monotonic clock). */
 int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters);
+/* etcd, node 0 after the exit barrier: copy the workers' progress records from this agent's
+ * store into etcd and let the job's keys expire in --rdzv-conf status_ttl, so that `ddprun status`
+ * still tells how the job ended. */
+int rdzv_retire(rdzv_t *r, rdzv_kv_t *c, int world_size);
 /* etcd: block until another member of the round lost its lease (*join_index: its join index),
  * or timeout_ms passes (DDP_ETIMEOUT). */
 int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,

@@ -15,17 +15,22 @@
 
 #include "commands.h"
 #include "endpoint.h"
-#include "store_client.h"
+#include "options.h"
+#include "rdzv_kv.h"
+#include "store_limits.h"
 
 static const char status_usage[] =
-    "usage: ddprun status --rdzv-endpoint HOST[:PORT] --rdzv-id JOB [--rdzv-backend c10d] [--json]\n"
+    "usage: ddprun status --rdzv-endpoint HOST[:PORT] --rdzv-id JOB [--rdzv-backend c10d|etcd]\n"
+    "                     [--rdzv-conf cacert=..,cert=..,key=..,user=..,password_file=..] [--json]\n"
     "                     [--timeout MS]\n"
-    "A running job's round, nodes, restarts, last failure and per-rank progress, from its store.\n";
+    "A job's round, nodes, restarts, last failure and per-rank progress, from its store (while it\n"
+    "runs) or from etcd (while it runs, and for --rdzv-conf status_ttl after it ended).\n";
 
 static const struct option status_options[] = {
     {"rdzv-endpoint", required_argument, NULL, 'e'}, {"rdzv_endpoint", required_argument, NULL, 'e'},
     {"rdzv-id", required_argument, NULL, 'i'},       {"rdzv_id", required_argument, NULL, 'i'},
     {"rdzv-backend", required_argument, NULL, 'b'},  {"rdzv_backend", required_argument, NULL, 'b'},
+    {"rdzv-conf", required_argument, NULL, 'c'},     {"rdzv_conf", required_argument, NULL, 'c'},
     {"json", no_argument, NULL, 'j'},                {"timeout", required_argument, NULL, 't'},
     {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
 };
@@ -33,24 +38,67 @@ static const struct option status_options[] = {
 #define MAX_READ 4096 /* keys read in one status */
 
 typedef struct {
-    store_client_t *c;
+    rdzv_kv_t *kv;       /* the job's rendezvous: the store, or etcd */
+    rdzv_kv_t *progress; /* etcd while the job runs: the round's store, where workers report */
+    const ddprun_opts_t *opts;
+    int64_t timeout_ms;
     char prefix[300];
 } reader_t;
 
-/* The JSON value of the key rel (under the job's prefix), or NULL when missing or not JSON. */
-static cJSON *read_key(reader_t *r, const char *rel) {
+/* The value of the key rel (under the job's prefix), malloc'd; NULL when missing. */
+static uint8_t *read_raw(reader_t *r, rdzv_kv_t *kv, const char *rel, size_t *n) {
     char k[512];
     snprintf(k, sizeof k, "%s/%s", r->prefix, rel);
     const char *keys[] = {k};
     uint8_t *val = NULL;
-    size_t n = 0;
-    if (store_client_multi_get(r->c, keys, 1, &val, &n) < 0 || n == 0) {
+    *n = 0;
+    if (kv->ops->multi_get(kv, keys, 1, &val, n) < 0 || *n == 0) {
         free(val);
         return NULL;
     }
-    cJSON *o = cJSON_ParseWithLength((const char *)val, n);
+    return val;
+}
+
+/* The JSON value of the key rel, or NULL when missing or not JSON. */
+static cJSON *read_key(reader_t *r, const char *rel) {
+    size_t n;
+    uint8_t *val = read_raw(r, r->kv, rel, &n);
+    cJSON *o = val ? cJSON_ParseWithLength((const char *)val, n) : NULL;
     free(val);
     return o;
+}
+
+/* A worker's progress: from the round's store while it is there, else etcd's copy. */
+static cJSON *read_progress(reader_t *r, int rank) {
+    char rel[64];
+    snprintf(rel, sizeof rel, "progress/%d", rank);
+    size_t n;
+    uint8_t *val = r->progress ? read_raw(r, r->progress, rel, &n) : NULL;
+    cJSON *o = val ? cJSON_ParseWithLength((const char *)val, n) : NULL;
+    free(val);
+    return o ? o : read_key(r, rel);
+}
+
+/* etcd: connect to the store node 0 of round `round` serves (HOST:PORT in r<R>/store). */
+static void open_round_store(reader_t *r, int round) {
+    char rel[64];
+    snprintf(rel, sizeof rel, "r%d/store", round);
+    size_t n;
+    uint8_t *val = read_raw(r, r->kv, rel, &n);
+    if (!val) return;
+    ddprun_opts_t o = *r->opts;
+    char text[300], msg[256];
+    snprintf(text, sizeof text, "%.*s", (int)n, (const char *)val);
+    free(val);
+    strcpy(o.rdzv_backend, "c10d");
+    if (endpoint_parse(text, 29400, o.rdzv_host, sizeof o.rdzv_host, &o.rdzv_port, msg,
+                       sizeof msg) < 0)
+        return;
+    int64_t t = r->timeout_ms < 2000 ? r->timeout_ms : 2000; /* gone when the job ended */
+    if (rdzv_kv_connect(&o, NULL, t, t, &r->progress) < 0) {
+        rdzv_kv_destroy(r->progress);
+        r->progress = NULL;
+    }
 }
 
 /* read_key of the key a printf format names. */
@@ -89,6 +137,7 @@ static cJSON *gather(reader_t *r) {
     int n_nodes = cJSON_IsNumber(closed) ? (int)closed->valuedouble : 0;
     cJSON_Delete(closed);
     cJSON_AddNumberToObject(out, "round", round < 0 ? 0 : round);
+    if (strcmp(r->opts->rdzv_backend, "etcd") == 0 && round >= 0) open_round_store(r, round);
     cJSON *restart = round >= 0 ? read_fmt(r, "r%d/restart", round) : NULL;
     cJSON *all_done = round >= 0 ? read_fmt(r, "r%d/all_done", round) : NULL;
     const char *state = !job ? "unknown" : all_done ? "finished" : restart ? "restarting"
@@ -137,7 +186,7 @@ static cJSON *gather(reader_t *r) {
     }
     cJSON *ranks = cJSON_AddArrayToObject(out, "ranks");
     for (int rank = 0; rank < world && rank < MAX_READ; rank++) {
-        cJSON *p = read_fmt(r, "progress/%d", rank);
+        cJSON *p = read_progress(r, rank);
         if (!p) continue;
         cJSON_AddNumberToObject(p, "rank", rank);
         cJSON_DeleteItemFromObjectCaseSensitive(p, "event");
@@ -188,8 +237,13 @@ static void print_table(const cJSON *s, const char *id) {
 }
 
 int status_cmd_main(int argc, char **argv) {
-    char host[256] = "", id[128] = "", msg[256];
-    uint16_t port = 0;
+    static ddprun_opts_t o; /* the rendezvous part of ddprun's options, as the agents had them */
+    memset(&o, 0, sizeof o);
+    strcpy(o.rdzv_backend, "c10d");
+    o.lease_ttl_s = 10;
+    o.status_ttl_s = 3600;
+    o.store_max_value_bytes = STORE_DEFAULT_MAX_VALUE_BYTES;
+    char msg[768];
     bool is_json = false;
     long timeout_ms = 10000;
     optind = 1;
@@ -197,16 +251,19 @@ int status_cmd_main(int argc, char **argv) {
     for (int opt; (opt = getopt_long(argc, argv, "+h", status_options, NULL)) != -1;) {
         switch (opt) {
         case 'h': fputs(status_usage, stdout); return 0;
-        case 'e':
-            if (endpoint_parse(optarg, 29400, host, sizeof host, &port, msg, sizeof msg) < 0) {
-                fprintf(stderr, "ddprun status: --rdzv-endpoint: %s\n", msg);
+        case 'e': snprintf(o.rdzv_endpoints, sizeof o.rdzv_endpoints, "%s", optarg); break;
+        case 'i': snprintf(o.rdzv_id, sizeof o.rdzv_id, "%s", optarg); break;
+        case 'b':
+            if (strcmp(optarg, "c10d") != 0 && strcmp(optarg, "static") != 0 &&
+                strcmp(optarg, "etcd") != 0) {
+                fprintf(stderr, "ddprun status: --rdzv-backend %s: c10d, etcd or static\n", optarg);
                 return 2;
             }
+            snprintf(o.rdzv_backend, sizeof o.rdzv_backend, "%s", optarg);
             break;
-        case 'i': snprintf(id, sizeof id, "%s", optarg); break;
-        case 'b':
-            if (strcmp(optarg, "c10d") != 0 && strcmp(optarg, "static") != 0) {
-                fprintf(stderr, "ddprun status: --rdzv-backend %s: c10d or static\n", optarg);
+        case 'c':
+            if (options_set_rdzv_conf(&o, optarg, msg, sizeof msg) < 0) {
+                fprintf(stderr, "ddprun status: %s\n", msg);
                 return 2;
             }
             break;
@@ -215,30 +272,40 @@ int status_cmd_main(int argc, char **argv) {
         default: fprintf(stderr, "ddprun status: unknown option %s\n%s", argv[optind - 1], status_usage); return 2;
         }
     }
-    if (!host[0] || !id[0] || timeout_ms <= 0) {
+    if (!o.rdzv_endpoints[0] || !o.rdzv_id[0] || timeout_ms <= 0) {
         fprintf(stderr, "ddprun status: --rdzv-endpoint and --rdzv-id are needed\n%s", status_usage);
         return 2;
     }
-    store_client_opts_t so = {.host = host, .port = port, .connect_timeout_ms = timeout_ms,
-                              .op_timeout_ms = timeout_ms};
-    reader_t r = {0};
-    snprintf(r.prefix, sizeof r.prefix, "/ddprun/%s", id);
-    if (store_client_connect(&so, &r.c) < 0) {
-        fprintf(stderr, "ddprun status: %s\n", store_client_error(r.c));
-        store_client_destroy(r.c);
+    bool is_etcd = strcmp(o.rdzv_backend, "etcd") == 0;
+    o.has_rdzv_endpoint = true;
+    if (is_etcd && options_finish_etcd(&o, msg, sizeof msg) < 0) {
+        fprintf(stderr, "ddprun status: %s\n", msg);
+        return 2;
+    }
+    if (!is_etcd && endpoint_parse(o.rdzv_endpoints, 29400, o.rdzv_host, sizeof o.rdzv_host,
+                                   &o.rdzv_port, msg, sizeof msg) < 0) {
+        fprintf(stderr, "ddprun status: --rdzv-endpoint: %s\n", msg);
+        return 2;
+    }
+    reader_t r = {.opts = &o, .timeout_ms = timeout_ms};
+    snprintf(r.prefix, sizeof r.prefix, "/ddprun/%s", o.rdzv_id);
+    if (rdzv_kv_connect(&o, NULL, timeout_ms, timeout_ms, &r.kv) < 0) {
+        fprintf(stderr, "ddprun status: %s\n", r.kv ? r.kv->ops->error(r.kv) : "cannot connect");
+        rdzv_kv_destroy(r.kv);
         return 1;
     }
     cJSON *s = gather(&r);
-    store_client_destroy(r.c);
+    rdzv_kv_destroy(r.kv);
+    rdzv_kv_destroy(r.progress);
     if (is_json) {
         char *text = cJSON_PrintUnformatted(s);
         printf("%s\n", text ? text : "{}");
         cJSON_free(text);
     } else {
-        print_table(s, id);
+        print_table(s, o.rdzv_id);
     }
     int rc = strcmp(str_of(s, "state", ""), "unknown") == 0 ? 1 : 0;
-    if (rc) fprintf(stderr, "ddprun status: no job '%s' in the store at %s:%u\n", id, host, port);
+    if (rc) fprintf(stderr, "ddprun status: no job '%s' at %s\n", o.rdzv_id, o.rdzv_endpoints);
     cJSON_Delete(s);
     return rc;
 }
