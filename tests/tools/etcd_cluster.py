@@ -284,7 +284,7 @@ class EtcdCluster:
         # clientAuth on the server cert too: etcd 3.4's JSON gateway dials its own gRPC port with
         # the server's cert, which --client-cert-auth then checks as a client cert.
         for name, cn, eku in (("server", "localhost", "serverAuth,clientAuth"),
-                              ("client", "root", "clientAuth")):
+                              ("client", "ddprun-test-client", "clientAuth")):
             with open(os.path.join(self.pki, f"{name}.ext"), "w") as f:
                 f.write(f"extendedKeyUsage={eku}\n")
                 if name == "server":
