@@ -20,9 +20,11 @@ while [ $# -gt 0 ]; do
 done
 
 packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev libxxhash-dev
-          zlib1g-dev libopenblas-dev libturbojpeg0-dev libcjson-dev libpng-dev dataset-fashion-mnist)
+          zlib1g-dev libopenblas-dev libturbojpeg0-dev libcjson-dev libpng-dev libcurl4-openssl-dev
+          dataset-fashion-mnist)
 if [ "$with_tests" = 1 ]; then
-    packages+=(libcriterion-dev python3 python3-pytest python3-torch python3-torchvision python3-matplotlib python3-yaml clang libclang-rt-14-dev iproute2)
+    packages+=(libcriterion-dev python3 python3-pytest python3-torch python3-torchvision python3-matplotlib python3-yaml clang libclang-rt-14-dev iproute2
+              etcd-server etcd-client openssl)
 fi
 
 missing=()
