@@ -15,6 +15,7 @@
 
 #include "clock.h"
 #include "ddp_error.h"
+#include "etcd_answer.h"
 #include "http.h"
 
 #define DEFAULT_PORT 2379
@@ -39,31 +40,6 @@ static char *b64(const void *data, size_t n) {
     char *out = malloc(cap);
     if (out) sodium_bin2base64(out, cap, data, n, sodium_base64_VARIANT_ORIGINAL);
     return out;
-}
-
-/* A base64 field into a malloc'd NUL-terminated buffer; a missing field is empty (proto3 JSON
- * leaves out empty values). False when it does not decode. */
-static bool unb64(const cJSON *field, uint8_t **out, size_t *n) {
-    const char *text = cJSON_IsString(field) ? field->valuestring : "";
-    size_t len = strlen(text);
-    *out = malloc(len + 1);
-    if (!*out) return false;
-    if (sodium_base642bin(*out, len + 1, text, len, NULL, n, NULL,
-                          sodium_base64_VARIANT_ORIGINAL) != 0) {
-        free(*out);
-        *out = NULL;
-        return false;
-    }
-    (*out)[*n] = 0;
-    return true;
-}
-
-/* int64s come as decimal strings; proto3 leaves out zeros. */
-static int64_t get_i64(const cJSON *o, const char *name) {
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (cJSON_IsString(f)) return strtoll(f->valuestring, NULL, 10);
-    if (cJSON_IsNumber(f)) return (int64_t)f->valuedouble;
-    return 0;
 }
 
 static void add_b64(cJSON *o, const char *name, const void *data, size_t n) {
@@ -242,7 +218,7 @@ static int call(etcd_t *c, const char *path, cJSON *body_obj, cJSON **json) {
         if (rc == 0) { /* an error answer: {"error": ..., "code": N, "message": ...} */
             const cJSON *m = cJSON_GetObjectItemCaseSensitive(a.json, "message");
             const char *message = cJSON_IsString(m) ? m->valuestring : "no message";
-            int code = (int)get_i64(a.json, "code");
+            int code = (int)etcd_answer_i64(a.json, "code");
             rc = fail(c, DDP_EPROTO, "etcd %s%s: HTTP %ld: %s", url, path, a.status, message);
             bool is_token = c->user && is_token_error(message) && !is_reauthed;
             cJSON_Delete(a.json);
@@ -282,7 +258,7 @@ static int authenticate(etcd_t *c, const char *url, int64_t timeout_ms) {
         snprintf(c->token, sizeof c->token, "%s", t->valuestring);
     } else {
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(a.json, "message");
-        int code = (int)get_i64(a.json, "code");
+        int code = (int)etcd_answer_i64(a.json, "code");
         rc = is_retryable_code(code) || a.status >= 500 ? -EIO : DDP_EAUTH;
         fail(c, rc, "etcd %s: authentication as '%s' failed: %s", url, c->user,
              cJSON_IsString(m) ? m->valuestring : "no token in the answer");
@@ -291,21 +267,7 @@ static int authenticate(etcd_t *c, const char *url, int64_t timeout_ms) {
     return rc;
 }
 
-static int64_t header_revision(const cJSON *answer) {
-    return get_i64(cJSON_GetObjectItemCaseSensitive(answer, "header"), "revision");
-}
-
 /* ---- key-value ----------------------------------------------------------------------------- */
-
-static bool read_kv(const cJSON *kv, etcd_value_t *out) {
-    size_t n;
-    if (!unb64(cJSON_GetObjectItemCaseSensitive(kv, "value"), &out->value, &n)) return false;
-    out->is_found = true;
-    out->len = n;
-    out->mod_revision = get_i64(kv, "mod_revision");
-    out->lease = get_i64(kv, "lease");
-    return true;
-}
 
 int etcd_get(etcd_t *c, const char *key, etcd_value_t *out, int64_t *revision) {
     memset(out, 0, sizeof *out);
@@ -314,10 +276,10 @@ int etcd_get(etcd_t *c, const char *key, etcd_value_t *out, int64_t *revision) {
     int rc = call(c, "/v3/kv/range", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
-    if (revision) *revision = header_revision(answer);
+    if (revision) *revision = etcd_answer_revision(answer);
     const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(answer, "kvs");
     const cJSON *kv = cJSON_IsArray(kvs) ? cJSON_GetArrayItem(kvs, 0) : NULL;
-    if (kv && !read_kv(kv, out)) rc = fail(c, DDP_EPROTO, "etcd: key %s: bad value encoding", key);
+    if (kv && !etcd_answer_kv(kv, out)) rc = fail(c, DDP_EPROTO, "etcd: key %s: bad value encoding", key);
     cJSON_Delete(answer);
     return rc;
 }
@@ -335,21 +297,9 @@ int etcd_get_prefix(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg, int
     int rc = call(c, "/v3/kv/range", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
-    if (revision) *revision = header_revision(answer);
-    const cJSON *kv;
-    cJSON_ArrayForEach(kv, cJSON_GetObjectItemCaseSensitive(answer, "kvs")) {
-        uint8_t *k;
-        size_t kn;
-        etcd_value_t v = {0};
-        if (!unb64(cJSON_GetObjectItemCaseSensitive(kv, "key"), &k, &kn) || !read_kv(kv, &v)) {
-            if (k) free(k);
-            rc = fail(c, DDP_EPROTO, "etcd: prefix %s: bad key or value encoding", prefix);
-            break;
-        }
-        fn(arg, (const char *)k, v.value, v.len);
-        free(k);
-        etcd_value_free(&v);
-    }
+    if (revision) *revision = etcd_answer_revision(answer);
+    if (!etcd_answer_each_kv(answer, fn, arg))
+        rc = fail(c, DDP_EPROTO, "etcd: prefix %s: bad key or value encoding", prefix);
     cJSON_Delete(answer);
     return rc;
 }
@@ -407,7 +357,7 @@ int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id) {
     int rc = call(c, "/v3/lease/grant", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
-    *id = get_i64(answer, "ID");
+    *id = etcd_answer_i64(answer, "ID");
     if (*id == 0) rc = fail(c, DDP_EPROTO, "etcd: lease grant without an ID");
     cJSON_Delete(answer);
     return rc;
@@ -420,7 +370,7 @@ int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s) {
     cJSON_Delete(body);
     if (rc < 0) return rc;
     /* a stream of one answer: {"result": {"ID": ..., "TTL": ...}}; TTL absent: expired */
-    *ttl_s = get_i64(cJSON_GetObjectItemCaseSensitive(answer, "result"), "TTL");
+    *ttl_s = etcd_answer_i64(cJSON_GetObjectItemCaseSensitive(answer, "result"), "TTL");
     cJSON_Delete(answer);
     return 0;
 }
@@ -436,93 +386,13 @@ int etcd_lease_revoke(etcd_t *c, int64_t id) {
 
 /* ---- watch --------------------------------------------------------------------------------- */
 
-typedef struct {
-    etcd_t *c;
-    etcd_event_fn fn;
-    void *arg;
-    char *line;          /* a message in arrival, up to '\n' */
-    size_t len, cap;
-    int64_t next_revision; /* resume from here on another member */
-    bool is_done, is_created, is_bad;
-    char error[256];
-} watch_t;
-
-/* One message of the stream: {"result": {"created": true, "events": [...], ...}} or
- * {"error": {...}}. */
-static void watch_message(watch_t *w, const char *text, size_t n) {
-    cJSON *m = cJSON_ParseWithLength(text, n);
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "result");
-    if (!r) {
-        const cJSON *e = cJSON_GetObjectItemCaseSensitive(m, "error");
-        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
-        snprintf(w->error, sizeof w->error, "%s", cJSON_IsString(msg) ? msg->valuestring
-                                                                      : "an unreadable message");
-        w->is_bad = true;
-        cJSON_Delete(m);
-        return;
-    }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "created"))) w->is_created = true;
-    if (get_i64(r, "compact_revision") > 0) {
-        snprintf(w->error, sizeof w->error, "revision %" PRId64 " was compacted", w->next_revision);
-        w->is_bad = true;
-    }
-    const cJSON *ev;
-    cJSON_ArrayForEach(ev, cJSON_GetObjectItemCaseSensitive(r, "events")) {
-        if (w->is_done) break;
-        const cJSON *kv = cJSON_GetObjectItemCaseSensitive(ev, "kv");
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(ev, "type");
-        uint8_t *k = NULL, *v = NULL;
-        size_t kn, vn;
-        if (!unb64(cJSON_GetObjectItemCaseSensitive(kv, "key"), &k, &kn) ||
-            !unb64(cJSON_GetObjectItemCaseSensitive(kv, "value"), &v, &vn)) {
-            free(k);
-            snprintf(w->error, sizeof w->error, "an event with a bad key or value encoding");
-            w->is_bad = true;
-            break;
-        }
-        int64_t rev = get_i64(kv, "mod_revision");
-        bool is_delete = cJSON_IsString(type) && strcmp(type->valuestring, "DELETE") == 0;
-        if (rev >= w->next_revision) w->next_revision = rev + 1;
-        if (w->fn(w->arg, is_delete ? ETCD_EVENT_DELETE : ETCD_EVENT_PUT, (const char *)k, v, vn,
-                  rev))
-            w->is_done = true;
-        free(k);
-        free(v);
-    }
-    cJSON_Delete(m);
-}
-
 static bool on_watch_chunk(void *arg, const char *data, size_t n) {
-    watch_t *w = arg;
-    for (size_t i = 0; i < n && !w->is_done && !w->is_bad; i++) {
-        if (data[i] == '\n') {
-            watch_message(w, w->line, w->len);
-            w->len = 0;
-            continue;
-        }
-        if (w->len + 1 >= w->cap) {
-            size_t cap = w->cap ? w->cap * 2 : 4096;
-            if (cap > (64u << 20)) {
-                snprintf(w->error, sizeof w->error, "a watch message over 64 MiB");
-                w->is_bad = true;
-                break;
-            }
-            char *l = realloc(w->line, cap);
-            if (!l) {
-                w->is_bad = true;
-                break;
-            }
-            w->line = l;
-            w->cap = cap;
-        }
-        w->line[w->len++] = data[i];
-    }
-    return !w->is_done && !w->is_bad;
+    return etcd_watch_stream_feed(arg, data, n);
 }
 
 int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revision,
                int64_t timeout_ms, etcd_event_fn fn, void *arg) {
-    watch_t w = {.c = c, .fn = fn, .arg = arg, .next_revision = start_revision};
+    etcd_watch_stream_t w = {.fn = fn, .arg = arg, .next_revision = start_revision};
     uint64_t deadline = clock_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     int rc = DDP_ETIMEOUT;
     while (!w.is_done) {
@@ -551,12 +421,11 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
         cJSON_Delete(body);
         if (!text) return fail(c, -ENOMEM, "etcd: out of memory");
         w.len = 0;
-        w.is_created = false;
         answer_t a = post_once(c, c->urls[c->current], "/v3/watch", text, (int64_t)(deadline - now),
                                on_watch_chunk, &w);
         cJSON_free(text);
         rc = a.rc;
-        if (w.len > 0 && !w.is_done && !w.is_bad) watch_message(&w, w.line, w.len); /* no '\n' */
+        etcd_watch_stream_end(&w);
         if (w.is_done) {
             rc = 0;
             break;
@@ -582,6 +451,6 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
         struct timespec ts = {0, RETRY_PAUSE_MS * 1000000L};
         nanosleep(&ts, NULL);
     }
-    free(w.line);
+    etcd_watch_stream_free(&w);
     return rc;
 }

@@ -283,14 +283,17 @@ class EtcdCluster:
                       "-addext", "keyUsage=critical,keyCertSign,cRLSign")
         # clientAuth on the server cert too: etcd 3.4's JSON gateway dials its own gRPC port with
         # the server's cert, which --client-cert-auth then checks as a client cert.
-        for name, cn, eku in (("server", "localhost", "serverAuth,clientAuth"),
-                              ("client", "ddprun-test-client", "clientAuth")):
+        # The client's has no CN: etcd's JSON gateway (what ddprun speaks) refuses a client
+        # certificate with a CN, which it could not map to a user ("CommonName of client sending a
+        # request against gateway will be ignored"); users then come from user= and a password.
+        for name, subj, eku in (("server", "/CN=localhost", "serverAuth,clientAuth"),
+                                ("client", "/O=ddprun-test-client", "clientAuth")):
             with open(os.path.join(self.pki, f"{name}.ext"), "w") as f:
                 f.write(f"extendedKeyUsage={eku}\n")
                 if name == "server":
                     f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
             self._openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                          "-subj", f"/CN={cn}")
+                          "-subj", subj)
             self._openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
                           "-CAcreateserial", "-days", "7", "-out", f"{name}.crt",
                           "-extfile", f"{name}.ext")
