@@ -91,6 +91,7 @@ typedef struct {
         char failure[2048]; /* for `ddprun status`: the local failure's record, or "" */
     } report;
     job_t barrier;
+    bool is_barrier_interrupted; /* a failure elsewhere: its client is then replaced */
     /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
     struct beat_job {
         job_t job;
@@ -333,8 +334,15 @@ static void finish_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->barrier.is_busy = false;
-    if (a->barrier.rc < 0)
+    if (a->is_barrier_interrupted) {
+        /* the next round's join connects again: an interrupted client is in no state to reuse
+         * (a WAIT left in flight, or an interrupt still pending if the barrier had just ended) */
+        a->is_barrier_interrupted = false;
+        rdzv_kv_destroy(a->ops);
+        a->ops = NULL;
+    } else if (a->barrier.rc < 0) {
         LOG_WARN("not every node confirmed the end of the job: %s", a->ops->ops->error(a->ops));
+    }
     post(a, AGENT_EV_FINISH_DONE);
 }
 
@@ -576,6 +584,12 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         return;
     case AGENT_ACT_INTERRUPT_JOIN:
         if (a->join.job.is_busy && a->ops) a->ops->ops->interrupt(a->ops);
+        return;
+    case AGENT_ACT_INTERRUPT_BARRIER:
+        if (a->barrier.is_busy && a->ops) {
+            a->ops->ops->interrupt(a->ops);
+            a->is_barrier_interrupted = true;
+        }
         return;
     case AGENT_ACT_WATCH:
         queue_job(a, &a->watching.job, &act->round, watch_work_cb, watch_after_cb);

@@ -262,6 +262,13 @@ static void on_worker_exited(agent_sm_t *sm, const agent_sm_exit_t *r, agent_sm_
 }
 
 static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_t *out) {
+    /* In the exit barrier this node's workers have succeeded: a membership change elsewhere is
+     * no reason to run them again, but a failure is (every worker restarts, or past the budget
+     * the job fails here too); the others could not gather the next round without this node. */
+    if (sm->state == AGENT_SM_FINISHING) {
+        if (ev->is_valid && !ev->is_store_lost && ev->why.code == 0) return;
+        push(out, AGENT_ACT_INTERRUPT_BARRIER);
+    }
     if (ev->is_store_lost) {
         restart_store_lost(sm);
     } else {
@@ -331,7 +338,15 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
         settle(sm, out);
         return;
     case AGENT_EV_FINISH_DONE:
-        if (sm->state == AGENT_SM_FINISHING) exit_with(sm, out, 0);
+        if (sm->state != AGENT_SM_FINISHING) return;
+        if (!sm->has_restart) {
+            exit_with(sm, out, 0);
+            return;
+        }
+        say(out, AGENT_SAY_WARN, "round %d ends (%s) after this node's workers succeeded",
+            sm->round.round, sm->restart_text);
+        sm->state = AGENT_SM_STOPPING;
+        decide(sm, out);
         return;
     }
 }

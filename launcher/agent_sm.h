@@ -87,6 +87,7 @@ typedef enum {
     AGENT_ACT_PRINT_ROOT_CAUSE, /* root, round: the summary with the worker's last lines */
     AGENT_ACT_JOIN,             /* plan: join round plan.round on the thread pool */
     AGENT_ACT_INTERRUPT_JOIN,   /* end the join in flight early (a signal) */
+    AGENT_ACT_INTERRUPT_BARRIER, /* end the exit barrier early (a failure elsewhere) */
     AGENT_ACT_WATCH,            /* round: WAIT on round.round's restart key */
     AGENT_ACT_START_HEARTBEATS, /* round */
     AGENT_ACT_STOP_HEARTBEATS,  /* no beats between rounds */

@@ -202,3 +202,60 @@ def test_tls_and_auth_with_a_password_file_and_a_wrong_password_said_plainly(ddp
         assert r.returncode != 0 and "authentication" in r.stderr, r.stderr
         assert "not-it" not in r.stdout + r.stderr
         assert time.monotonic() - t0 < 30
+
+
+# seen.<attempt>.<rank>: group world size, world size, group rank, TORCHELASTIC_RESTART_COUNT; in
+# attempt 0 the workers wait FIRST_ROUND_S, rank FAIL_RANK exits 3 in attempts below FAIL_UNTIL.
+ELASTIC_WORKER = r"""#!/bin/sh
+echo "$GROUP_WORLD_SIZE $WORLD_SIZE $GROUP_RANK $TORCHELASTIC_RESTART_COUNT" > "$OUT_DIR/seen.$DDPRUN_ATTEMPT.$RANK"
+[ "$RANK" = "${FAIL_RANK:-none}" ] && [ "$DDPRUN_ATTEMPT" -lt "${FAIL_UNTIL:-0}" ] && exit 3
+[ "$DDPRUN_ATTEMPT" = "0" ] && exec sleep "${FIRST_ROUND_S:-0}"
+exit 0
+"""
+
+
+def elastic_agents(ddprun, cluster, tmp_path, n, job, env_extra, max_restarts="5"):
+    worker = tmp_path / "elastic.sh"
+    worker.write_text(ELASTIC_WORKER)
+    worker.chmod(0o755)
+    env = {**clean_env(), "OUT_DIR": str(tmp_path), **env_extra}
+    return [subprocess.Popen(
+        [ddprun, "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", max_restarts,
+         "--rdzv-backend", "etcd", "--rdzv-endpoint", cluster.endpoints, "--rdzv-id", job,
+         "--rdzv-conf", "lease_ttl=3,last_call_timeout=0.3,join_timeout=60",
+         "--local-addr", "127.0.0.1", str(worker)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+
+
+def test_elastic_rules_as_on_c10d_scale_up_and_a_job_wide_restart_budget(ddprun, tmp_path):
+    """A third node arriving while two run gets a new round of three (not a restart: as torchrun,
+    TORCHELASTIC_RESTART_COUNT stays 0); a worker that fails restarts every node, each failure
+    counted once against the job-wide --max-restarts, and past it every agent gives up with the
+    worker's exit code."""
+    with etcd_cluster_or_skip(tmp_path / "etcd", members=1) as cluster:
+        up = tmp_path / "up"
+        up.mkdir()
+        agents = elastic_agents(ddprun, cluster, up, 2, "upjob", {"FIRST_ROUND_S": "30"})
+        deadline = time.monotonic() + 30
+        while not ((up / "seen.0.0").exists() and (up / "seen.0.1").exists()):
+            assert time.monotonic() < deadline, [a.poll() for a in agents]
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        agents += elastic_agents(ddprun, cluster, up, 1, "upjob", {"FIRST_ROUND_S": "30"})
+        errs = [a.communicate(timeout=60)[1] for a in agents]
+        assert [a.returncode for a in agents] == [0, 0, 0], errs
+        assert time.monotonic() - t0 < 15, "the 30 s first round was cut short by the new round"
+        for rank in range(3):
+            assert (up / f"seen.1.{rank}").read_text().split() == ["3", "3", str(rank), "0"]
+        assert all("restarting" not in e for e in errs), errs
+
+        # failures: rank 1 fails in attempts 0 and 1 with a budget of 1 -> the job fails with 3
+        fail = tmp_path / "fail"
+        fail.mkdir()
+        agents = elastic_agents(ddprun, cluster, fail, 2, "failjob",
+                                {"FAIL_RANK": "1", "FAIL_UNTIL": "2"}, max_restarts="1")
+        errs = [a.communicate(timeout=90)[1] for a in agents]
+        assert [a.returncode for a in agents] == [3, 3], errs
+        assert (fail / "seen.1.0").read_text().split() == ["2", "2", "0", "1"]
+        assert not (fail / "seen.2.0").exists(), "one restart only: the budget is job-wide"
+        assert any("restart 1 of 1" in e for e in errs), errs

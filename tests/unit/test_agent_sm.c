@@ -382,21 +382,48 @@ Test(agent_sm_nodes, malformed_key_is_a_permanent_peer_failure) {
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
 
-Test(agent_sm_nodes, failure_key_during_the_exit_barrier) {
+Test(agent_sm_nodes, failure_key_during_the_exit_barrier_restarts_this_node_too) {
+    /* this node's workers succeeded, another's failed: every worker restarts (the others could
+     * not gather the next round without this node) */
     setup(true, 3, 2);
     start_several(0, 2);
     EV(.kind = AGENT_EV_WORKERS_DONE);
     expect_state(AGENT_SM_FINISHING);
     key_seen(1, 0, 1, 1, 2);
-    expect(END);
+    expect(AGENT_ACT_INTERRUPT_BARRIER, END);
     expect_state(AGENT_SM_FINISHING);
     cr_assert_not(agent_sm_is_beating(&sm, 0));
     EV(.kind = AGENT_EV_PEER_SILENT, .node = 1);
     expect(END); /* the exit barrier holds the store connection */
     EV(.kind = AGENT_EV_FINISH_DONE);
-    expect_exit(0);
+    cr_assert(said("restarting every worker (restart 1 of 3)"));
+    cr_assert_not_null(find(AGENT_ACT_JOIN));
+    cr_assert_null(find(AGENT_ACT_EXIT));
+    expect_state(AGENT_SM_JOINING);
+}
+
+Test(agent_sm_nodes, failure_key_during_the_exit_barrier_past_the_budget_fails_here_too) {
+    setup(true, 1, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    key_seen(3, 0, 2, 1, 2); /* the second failure, budget 1 */
+    expect(AGENT_ACT_INTERRUPT_BARRIER, END);
+    EV(.kind = AGENT_EV_FINISH_DONE);
+    cr_assert(said("the job failed on another node"));
+    expect_exit(3);
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
     expect(END); /* DONE ignores everything */
+}
+
+Test(agent_sm_nodes, membership_change_during_the_exit_barrier_is_no_rerun) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    key_seen(0, 0, 0, 1, -1);
+    expect(END);
+    cr_assert(agent_sm_is_beating(&sm, 0), "still a member of the round it finished");
+    EV(.kind = AGENT_EV_FINISH_DONE);
+    expect_exit(0);
 }
 
 Test(agent_sm_nodes, join_failure) {
