@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "build_info.h"
 #include "comm.h"
+#include "cuda/cuda_api.h"
 #include "dataset.h"
 #include "snapshot.h"
 #include "exit_codes.h"
@@ -58,28 +59,22 @@ static long env_long(const char *name, long def, long min, long max) {
     return x;
 }
 
-static void *cuda_lib; /* libddpworker_cuda.so, when train.backend=cuda */
+static const ddpworker_cuda_api_t *cuda_api; /* libddpworker_cuda.so's, when train.backend=cuda */
 static int cuda_devices;
 
 /* Rank 0's fresh ncclUniqueId reaches the others through the store, under this round's prefix. */
 static comm_t *make_nccl(int rank, int world, store_client_t *store, const char *prefix,
                          int64_t timeout_ms, backend_t *backend) {
-    size_t (*id_bytes)(void) = (size_t (*)(void))dlsym(cuda_lib, "comm_nccl_id_bytes");
-    int (*unique_id)(void *, char *, size_t) =
-        (int (*)(void *, char *, size_t))dlsym(cuda_lib, "comm_nccl_unique_id");
-    int (*create)(backend_t *, const void *, int, int, int64_t, comm_t **, char *, size_t) =
-        (int (*)(backend_t *, const void *, int, int, int64_t, comm_t **, char *, size_t))dlsym(
-            cuda_lib, "comm_nccl_create");
-    if (!id_bytes || !unique_id || !create)
+    if (!cuda_api->nccl_id_bytes || !cuda_api->nccl_unique_id || !cuda_api->nccl_create)
         trainer_die(DDP_EXIT_CONFIG, "train.collective: nccl, but this libddpworker_cuda.so was built "
                                      "without NCCL (CMake did not find nccl.h and libnccl)");
     unsigned char id[1024];
-    size_t n = id_bytes();
+    size_t n = cuda_api->nccl_id_bytes();
     char err[512], key[600];
     if (n > sizeof id) trainer_die(DDP_EXIT_BUG, "an ncclUniqueId of %zu bytes", n);
     snprintf(key, sizeof key, "%snccl_id", prefix);
     if (rank == 0) {
-        if (unique_id(id, err, sizeof err) < 0) trainer_die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
+        if (cuda_api->nccl_unique_id(id, err, sizeof err) < 0) trainer_die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
         if (store && store_client_set(store, key, id, n) < 0)
             trainer_die(DDP_EXIT_PEER_FAILURE, "publishing the NCCL id: %s", store_client_error(store));
     } else {
@@ -93,7 +88,7 @@ static comm_t *make_nccl(int rank, int world, store_client_t *store, const char 
         free(val);
     }
     comm_t *comm = NULL;
-    if (create(backend, id, rank, world, timeout_ms, &comm, err, sizeof err) < 0)
+    if (cuda_api->nccl_create(backend, id, rank, world, timeout_ms, &comm, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the NCCL communicator: %s", err);
     return comm;
 }
@@ -225,12 +220,16 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     if (!lib)
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
                                      "cuDNN; packaged as ddprun-cuda): %s", path, dlerror());
-    int (*device_count)(void) = (int (*)(void))dlsym(lib, "backend_cuda_device_count");
-    backend_t *(*create)(int, unsigned, const char *, char *, size_t) =
-        (backend_t * (*)(int, unsigned, const char *, char *, size_t)) dlsym(lib, "backend_cuda_create");
-    if (!device_count || !create) trainer_die(DDP_EXIT_BUG, "%s: not a ddpworker backend", path);
-    cuda_lib = lib;
-    int devices = cuda_devices = device_count();
+    const ddpworker_cuda_api_t *api = dlsym(lib, DDPWORKER_CUDA_API_SYMBOL);
+    if (!api) trainer_die(DDP_EXIT_CONFIG, "%s: not a ddpworker backend (no %s)", path,
+                          DDPWORKER_CUDA_API_SYMBOL);
+    if (api->version != DDPWORKER_CUDA_API_VERSION || api->size != sizeof *api)
+        trainer_die(DDP_EXIT_CONFIG, "%s is from another build of ddprun (its table is version %u "
+                    "of %u bytes; this ddpworker needs version %u of %zu): install the matching "
+                    "ddprun-cuda", path, api->version, api->size, DDPWORKER_CUDA_API_VERSION,
+                    sizeof *api);
+    cuda_api = api;
+    int devices = cuda_devices = api->device_count();
     if (devices == 0) trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
     char err[512];
     int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
@@ -240,7 +239,7 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
                      : conf->precision == PRECISION_BF16 ? 2u /* BACKEND_CUDA_BF16 */
                      : conf->precision == PRECISION_FP16 ? 4u /* BACKEND_CUDA_FP16 */
                                                          : 0u;
-    backend_t *b = create(device, flags, cache[0] ? cache : NULL, err, sizeof err);
+    backend_t *b = api->backend_create(device, flags, cache[0] ? cache : NULL, err, sizeof err);
     if (!b) trainer_die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
     return b;
 }

@@ -270,6 +270,37 @@ def test_gpu_only_settings_on_the_cpu_backend_are_config_errors(ddpworker, tmp_p
     assert message in r.stderr, r.stderr
 
 
+FAKE_CUDA_LIB = r"""
+#include <stdint.h>
+#include <stddef.h>
+struct table { uint32_t version, size; void *fns[5]; };
+%s
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+@pytest.mark.parametrize("body, message", [
+    ("const struct table ddpworker_cuda_api = {999, sizeof(struct table), {0}};",
+     "from another build of ddprun (its table is version 999"),
+    ("const struct table ddpworker_cuda_api = {1, 8, {0}};", "version 1 of 8 bytes"),
+    ("int unrelated = 1;", "not a ddpworker backend (no ddpworker_cuda_api)"),
+])
+def test_a_cuda_library_from_another_build_is_refused_plainly(ddpworker, tmp_path, body, message):
+    """ddpworker takes libddpworker_cuda.so's one versioned table (cuda/cuda_api.h) and refuses a
+    library whose table is missing, of another version or of another size, naming the file."""
+    src = tmp_path / "fake.c"
+    src.write_text(FAKE_CUDA_LIB % body)
+    lib = tmp_path / "libddpworker_cuda.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    conf = write_conf(tmp_path / "cuda.conf", "[data]\nkind = synthetic\ntrain_limit = 64\n"
+                                              "[train]\nbackend = cuda\nmax_steps = 1\n")
+    env = {k: v for k, v in clean_env().items() if k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([ddpworker, conf], capture_output=True, text=True, timeout=60,
+                       env={**env, "DDPWORKER_CUDA_LIB": str(lib)})
+    assert r.returncode == EXIT_CONFIG, r.stderr
+    assert message in r.stderr and str(lib) in r.stderr, r.stderr
+
+
 EXIT_DIVERGED = 80
 
 

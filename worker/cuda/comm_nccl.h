@@ -1,5 +1,5 @@
 /* comm_nccl: comm_i over NCCL for the cuda backend, one GPU per rank (comm_nccl.cu). Built into
- * libddpworker_cuda.so when CMake finds NCCL; ddpworker reaches it through dlsym. */
+ * libddpworker_cuda.so when CMake finds NCCL; ddpworker reaches it through cuda_api.h's table. */
 #ifndef DDP_WORKER_COMM_NCCL_H
 #define DDP_WORKER_COMM_NCCL_H
 
