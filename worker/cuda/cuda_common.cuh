@@ -1,0 +1,236 @@
+/* cuda_common: what every file of the CUDA backend shares (backend_cuda.cu, cuda_memory.cu,
+ * cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_pool.cu, cuda_linear.cu,
+ * cuda_loss_optim.cu): the backend's state (gpu_t), the narrow-type dispatch, the checked-call
+ * macros, the element access and launch helpers, and each file's ops for the table that
+ * backend_cuda.cu assembles. Files are split by op family, as llm.c splits its llmc/ headers. */
+#ifndef DDP_WORKER_CUDA_COMMON_CUH
+#define DDP_WORKER_CUDA_COMMON_CUH
+
+#include "backend_cuda.h"
+#include "backend_cuda_internal.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exit_codes.h"
+
+#define CHECK_CUDA(x) check_cuda((x), #x, __FILE__, __LINE__)
+#define CHECK_CUDNN(x) check_cudnn((x), #x, __FILE__, __LINE__)
+#define CHECK_CUBLAS(x) check_cublas((x), #x, __FILE__, __LINE__)
+
+static inline void fail_at(const char *what, const char *msg, const char *file, int line) {
+    fprintf(stderr, "ddpworker: %s:%d: %s: %s\n", file, line, what, msg);
+    exit(DDP_EXIT_BUG);
+}
+static inline void check_cuda(cudaError_t rc, const char *what, const char *file, int line) {
+    if (rc != cudaSuccess) fail_at(what, cudaGetErrorString(rc), file, line);
+}
+static inline void check_cudnn(cudnnStatus_t rc, const char *what, const char *file, int line) {
+    if (rc != CUDNN_STATUS_SUCCESS) fail_at(what, cudnnGetErrorString(rc), file, line);
+}
+static inline void check_cublas(cublasStatus_t rc, const char *what, const char *file, int line) {
+    if (rc != CUBLAS_STATUS_SUCCESS) fail_at(what, cublasGetStatusString(rc), file, line);
+}
+
+#define CONV_CACHE 128
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+/* The narrow type activations and their gradients are stored in, if any. */
+typedef enum { LOW_NONE, LOW_BF16, LOW_FP16 } low_kind_t;
+
+typedef struct {
+    conv_shape_t shape;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    bool is_sized; /* the workspace has room for these */
+} conv_algos_t;
+
+typedef struct {
+    backend_t base;
+    int device;
+    cudaStream_t stream;
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    void *workspace;
+    size_t workspace_bytes;
+    cudnnTensorDescriptor_t x_desc, y_desc;
+    cudnnFilterDescriptor_t w_desc;
+    cudnnConvolutionDescriptor_t conv_desc;
+    conv_algos_t algos[CONV_CACHE];
+    int n_algos;
+    float *bn_partials; /* batch-norm reductions: chunks x C partial sums, twice */
+    size_t bn_partials_len;
+    float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
+    bool is_tf32;
+    low_kind_t low;        /* activations and their gradients in bf16 or fp16 (BACKEND_CUDA_BF16/FP16) */
+    int sm_count;
+    /* the model's arenas (mark_arenas): activations are recognised by address */
+    const float *params;
+    size_t n_params;
+    const char *acts, *dacts;
+    size_t act_bytes;
+    void *shadow;          /* low: the parameters in the narrow type, refreshed before each forward */
+    void *dw_scratch;      /* low: a convolution's filter gradient before it joins the fp32 arena */
+    float *stage;          /* low: fp32 staging for uploads and read-backs of activations */
+    size_t stage_bytes;
+    float *wide[3];        /* low: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
+    size_t wide_bytes[3];
+    char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
+    char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
+} gpu_t;
+
+#define BN_PARTIALS_FLOATS ((size_t)2 << 20)
+#define BN_MAX_CHANNELS 65536
+
+static inline gpu_t *gpu_of(backend_t *b) { return (gpu_t *)b; }
+
+static inline bool in_range(const void *p, const char *base, size_t n_bytes) {
+    return base && (const char *)p >= base && (const char *)p < base + n_bytes;
+}
+
+/* Whether p is an activation (or its gradient) stored in the narrow type. Every activation tensor
+ * keeps the slot of n floats the model gave it; narrow, its n values fill the first half. */
+static inline bool is_low(const gpu_t *g, const void *p) {
+    return g->low != LOW_NONE && (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
+}
+
+/* Runs the statement with `Low` naming the narrow type of this backend (bf16 or fp16); LOW and
+ * CLOW cast to it. Both types are 2 bytes, so every buffer of them is sized alike. */
+#define WITH_LOW(g, ...) \
+    do { \
+        if ((g)->low == LOW_FP16) { \
+            typedef f16 Low; \
+            __VA_ARGS__; \
+        } else { \
+            typedef bf16 Low; \
+            __VA_ARGS__; \
+        } \
+    } while (0)
+#define LOW(p) ((Low *)(p))
+#define CLOW(p) ((const Low *)(p))
+#define LOW_BYTES 2
+
+/* The narrow copy of parameters at w (inside the parameter arena). */
+static const void *shadow_of(const gpu_t *g, const float *w) {
+    return (const char *)g->shadow + (size_t)(w - g->params) * LOW_BYTES;
+}
+
+static inline unsigned blocks_for(size_t n) {
+    size_t blocks = (n + 255) / 256;
+    return (unsigned)(blocks > 65535 * 16 ? 65535 * 16 : blocks < 1 ? 1 : blocks);
+}
+
+
+/* ---- element access and launches (templates over the activation type: float, bf16 or fp16;
+ * math in float) ---- */
+
+#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
+                               i += (size_t)gridDim.x * blockDim.x)
+
+static __device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
+static __device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+static __device__ __forceinline__ float ld(const f16 *p, size_t i) { return __half2float(p[i]); }
+static __device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
+static __device__ __forceinline__ void st(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+static __device__ __forceinline__ void st(f16 *p, size_t i, float v) { p[i] = __float2half(v); }
+static __device__ __forceinline__ void add_at(float *p, float v) { atomicAdd(p, v); }
+static __device__ __forceinline__ void add_at(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
+static __device__ __forceinline__ void add_at(f16 *p, float v) { atomicAdd(p, __float2half(v)); }
+
+
+template <typename S, typename D> __global__ void convert_kernel(const S *x, D *y, size_t n) {
+    GRID_STRIDE(i, n) st(y, i, ld(x, i));
+}
+/* an fp32 gradient joins a narrow one */
+template <typename T> __global__ void add_wide_kernel(const float *x, T *y, size_t n) {
+    GRID_STRIDE(i, n) st(y, i, ld(y, i) + x[i]);
+}
+/* a narrow filter gradient joins the fp32 gradient arena */
+template <typename T> __global__ void add_low_kernel(const T *x, float *y, size_t n) {
+    GRID_STRIDE(i, n) y[i] += ld(x, i);
+}
+
+#define LAUNCH(kernel, n, ...) \
+    do { \
+        kernel<<<blocks_for(n), 256, 0, gpu_of(b)->stream>>>(__VA_ARGS__); \
+        CHECK_CUDA(cudaGetLastError()); \
+    } while (0)
+
+/* ---- ops, by file ---- */
+
+/* cuda_memory.cu */
+void *gpu_alloc(backend_t *b, size_t n_bytes);
+void gpu_release(backend_t *b, void *p);
+bool gpu_is_device(backend_t *b, const void *p);
+int gpu_reserve_workspace(backend_t *b, size_t n_bytes);
+/* Device scratch grown on first use (the first step) and kept. */
+float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes);
+void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes);
+void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes);
+int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts);
+void gpu_prepare_forward(backend_t *b);
+/* cuda_elementwise.cu */
+void gpu_fill(backend_t *b, float *x, float v, size_t n);
+void gpu_scale(backend_t *b, float *x, float f, size_t n);
+void gpu_relu_forward(backend_t *b, const float *x, float *y, size_t n);
+void gpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n);
+void gpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n);
+void gpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n);
+void gpu_dropout_forward(backend_t *b, const float *x, float *y, size_t n, float p, uint64_t key);
+void gpu_dropout_backward(backend_t *b, const float *dy, float *dx, size_t n, float p, uint64_t key);
+/* cuda_data.cu */
+void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w, int c,
+                       const augment_job_t *jobs, int n, augment_norm_t norm, float *out, int32_t *labels_out);
+/* cuda_conv.cu */
+/* The convolution algorithms found in earlier runs (g->cache_path), at start. */
+void gpu_algo_cache_load(gpu_t *g);
+void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y);
+void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
+                         const float *dy, float *dx, float *dw);
+/* cuda_norm.cu */
+void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                                 const float *beta, float *y, float *save_mean, float *save_invstd,
+                                 float *running_mean, float *running_var, float momentum, float eps);
+void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                                const float *beta, float *y, const float *running_mean,
+                                const float *running_var, float eps);
+void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                            const float *save_mean, const float *save_invstd, const float *dy, float *dx,
+                            float *dgamma, float *dbeta);
+void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y);
+void gpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias);
+/* cuda_pool.cu */
+void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax);
+void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,
+                          float *dx);
+void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y);
+void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx);
+void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y);
+void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy, float *dx);
+/* cuda_linear.cu */
+void gpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
+                        const float *bias, float *y);
+void gpu_linear_backward(backend_t *b, int n, int in, int out, const float *x, const float *w,
+                         const float *dy, float *dx, float *dw, float *dbias);
+/* cuda_loss_optim.cu */
+void gpu_softmax_xent(backend_t *b, int n, int k, const float *logits, const int32_t *labels, float smoothing,
+                      float grad_scale, const loss_scale_t *ls, float *dlogits, float *loss_sum);
+void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                  float momentum, float wd, bool is_nesterov, float grad_scale, const loss_scale_t *ls);
+void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
+                   size_t n, const adam_hparams_t *h, float grad_scale, const loss_scale_t *ls,
+                   adam_count_t *count);
+void gpu_loss_scale_check(backend_t *b, const float *x, size_t n, loss_scale_t *ls);
+void gpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growth_interval);
+
+#endif

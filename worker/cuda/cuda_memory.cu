@@ -1,0 +1,111 @@
+/* cuda_memory: device memory, the workspace, host<->device copies (fp32 on the host side
+ * always; narrow activations converted on the device) and the model's arenas. */
+#include "cuda_common.cuh"
+
+/* ---- memory ---- */
+
+void *gpu_alloc(backend_t *b, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    void *p = NULL;
+    if (cudaMalloc(&p, n_bytes ? n_bytes : 1) != cudaSuccess) return NULL;
+    CHECK_CUDA(cudaMemsetAsync(p, 0, n_bytes, g->stream));
+    return p;
+}
+
+void gpu_release(backend_t *b, void *p) {
+    CHECK_CUDA(cudaStreamSynchronize(gpu_of(b)->stream));
+    CHECK_CUDA(cudaFree(p));
+}
+
+bool gpu_is_device(backend_t *b, const void *p) {
+    (void)b;
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        cudaGetLastError(); /* not a pointer CUDA knows: host memory */
+        return false;
+    }
+    return attr.type == cudaMemoryTypeDevice;
+}
+
+int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (n_bytes <= g->workspace_bytes) return 0;
+    CHECK_CUDA(cudaStreamSynchronize(g->stream));
+    if (g->workspace) CHECK_CUDA(cudaFree(g->workspace));
+    g->workspace = NULL;
+    g->workspace_bytes = 0;
+    if (cudaMalloc(&g->workspace, n_bytes) != cudaSuccess) return -12; /* -ENOMEM */
+    g->workspace_bytes = n_bytes;
+    return 0;
+}
+
+
+/* ---- copies: fp32 on the host side always; narrow activations are converted on the device ---- */
+
+/* Device scratch grown on first use (the first step) and kept. */
+float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
+    if (n_bytes > *have) {
+        CHECK_CUDA(cudaStreamSynchronize(g->stream));
+        if (*buf) CHECK_CUDA(cudaFree(*buf));
+        *buf = NULL;
+        *have = 0;
+        CHECK_CUDA(cudaMalloc(buf, n_bytes));
+        *have = n_bytes;
+    }
+    return *buf;
+}
+
+/* fp32 staging for converting copies. */
+static float *stage(gpu_t *g, size_t n_bytes) { return gpu_grown(g, &g->stage, &g->stage_bytes, n_bytes); }
+
+void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (!n_bytes) return;
+    /* from pageable memory the copy has read src before it returns, so src may be reused */
+    if (!is_low(g, dst)) {
+        CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
+        return;
+    }
+    float *s = stage(g, n_bytes);
+    CHECK_CUDA(cudaMemcpyAsync(s, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
+    size_t n = n_bytes / sizeof(float);
+    WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), n, s, LOW(dst), n));
+}
+
+void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (n_bytes && is_low(g, src)) {
+        float *s = stage(g, n_bytes);
+        size_t n = n_bytes / sizeof(float);
+        WITH_LOW(g, LAUNCH((convert_kernel<Low, float>), n, CLOW(src), s, n));
+        src = s;
+    }
+    if (n_bytes) CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->stream));
+}
+
+/* ---- the model's arenas (bf16 and fp16 modes) ---- */
+
+int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts) {
+    gpu_t *g = gpu_of(b);
+    g->params = params;
+    g->n_params = n_params;
+    g->acts = (const char *)acts;
+    g->dacts = (const char *)dacts;
+    g->act_bytes = n_acts * sizeof(float);
+    if (g->low == LOW_NONE) return 0;
+    size_t bytes = (n_params ? n_params : 1) * LOW_BYTES;
+    if (cudaMalloc(&g->shadow, bytes) != cudaSuccess || cudaMalloc(&g->dw_scratch, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return -12; /* -ENOMEM */
+    }
+    return 0;
+}
+
+/* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
+void gpu_prepare_forward(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (g->low != LOW_NONE && g->n_params)
+        WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), g->n_params, g->params, LOW(g->shadow), g->n_params));
+}
+

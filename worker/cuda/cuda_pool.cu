@@ -1,0 +1,139 @@
+/* cuda_pool: max pooling, global and adaptive average pooling. */
+#include "cuda_common.cuh"
+
+/* ---- pooling ---- */
+
+/* cells of the window outside the input are -inf (nn.MaxPool2d's padding); a NaN wins, as on cpu */
+template <typename T> __global__ void maxpool_kernel(pool_shape_t s, const T *x, T *y, int32_t *argmax) {
+    size_t n_out = (size_t)s.n * s.oh * s.ow * s.c;
+    GRID_STRIDE(o, n_out) {
+        int ch = (int)(o % s.c);
+        size_t pix = o / s.c;
+        int ox = (int)(pix % s.ow), oy = (int)(pix / s.ow % s.oh), n = (int)(pix / ((size_t)s.ow * s.oh));
+        const T *xn = x + (size_t)n * s.h * s.w * s.c;
+        int y0 = oy * s.stride - s.pad, y1 = min(y0 + s.size, s.h), x0 = ox * s.stride - s.pad;
+        int x1 = min(x0 + s.size, s.w);
+        y0 = max(y0, 0);
+        x0 = max(x0, 0);
+        float best = -INFINITY;
+        int32_t best_at = (y0 * s.w + x0) * s.c + ch;
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) {
+                int at = (iy * s.w + ix) * s.c + ch;
+                float v = ld(xn, at);
+                if (v > best || isnan(v)) {
+                    best = v;
+                    best_at = at;
+                }
+            }
+        st(y, o, best);
+        argmax[o] = best_at;
+    }
+}
+
+template <typename T>
+__global__ void maxpool_backward_kernel(pool_shape_t s, const int32_t *argmax, const T *dy, T *dx) {
+    size_t per_out = (size_t)s.oh * s.ow * s.c, per_in = (size_t)s.h * s.w * s.c;
+    GRID_STRIDE(o, per_out * s.n) add_at(&dx[o / per_out * per_in + argmax[o]], ld(dy, o));
+}
+
+void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax) {
+    size_t n = (size_t)s->n * s->oh * s->ow * s->c;
+    if (!n) return;
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_kernel<Low>, n, *s, CLOW(x), LOW(y), argmax));
+    else LAUNCH(maxpool_kernel<float>, n, *s, x, y, argmax);
+}
+
+void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,
+                                 float *dx) {
+    size_t n = (size_t)s->n * s->oh * s->ow * s->c;
+    if (!n) return;
+    if (is_low(gpu_of(b), dy)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_backward_kernel<Low>, n, *s, argmax, CLOW(dy), LOW(dx)));
+    else LAUNCH(maxpool_backward_kernel<float>, n, *s, argmax, dy, dx);
+}
+
+template <typename T> __global__ void avgpool_kernel(int n, int hw, int c, const T *x, T *y) {
+    GRID_STRIDE(o, (size_t)n * c) {
+        size_t i = o / c, ch = o % c;
+        float sum = 0.0f;
+        for (int p = 0; p < hw; p++) sum += ld(x, (i * hw + p) * c + ch);
+        st(y, o, sum / (float)hw);
+    }
+}
+
+template <typename T> __global__ void avgpool_backward_kernel(int n, int hw, int c, const T *dy, T *dx) {
+    GRID_STRIDE(o, (size_t)n * hw * c) {
+        size_t ch = o % c, i = o / ((size_t)hw * c);
+        st(dx, o, ld(dx, o) + ld(dy, i * c + ch) / (float)hw);
+    }
+}
+
+void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y) {
+    if (!n || !c) return;
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_kernel<Low>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y)));
+    else LAUNCH(avgpool_kernel<float>, (size_t)n * c, n, hw, c, x, y);
+}
+
+void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx) {
+    if (!n || !c) return;
+    if (is_low(gpu_of(b), dy))
+        WITH_LOW(gpu_of(b), LAUNCH(avgpool_backward_kernel<Low>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx)));
+    else LAUNCH(avgpool_backward_kernel<float>, (size_t)n * hw * c, n, hw, c, dy, dx);
+}
+
+/* ---- adaptive average pooling (PyTorch's bins), dropout, convolution bias ---- */
+
+__device__ __forceinline__ int bin_start(int i, int in, int out) { return (int)((long long)i * in / out); }
+__device__ __forceinline__ int bin_end(int i, int in, int out) {
+    return (int)(((long long)(i + 1) * in + out - 1) / out);
+}
+
+template <typename T> __global__ void avgpool_adaptive_kernel(pool_shape_t s, const T *x, T *y) {
+    GRID_STRIDE(o, (size_t)s.n * s.oh * s.ow * s.c) {
+        int ch = (int)(o % s.c);
+        size_t pix = o / s.c;
+        int ox = (int)(pix % s.ow), oy = (int)(pix / s.ow % s.oh), n = (int)(pix / ((size_t)s.ow * s.oh));
+        int y0 = bin_start(oy, s.h, s.oh), y1 = bin_end(oy, s.h, s.oh);
+        int x0 = bin_start(ox, s.w, s.ow), x1 = bin_end(ox, s.w, s.ow);
+        const T *xn = x + (size_t)n * s.h * s.w * s.c;
+        float sum = 0.0f; /* the cpu backend's order: rows, then columns */
+        for (int iy = y0; iy < y1; iy++)
+            for (int ix = x0; ix < x1; ix++) sum += ld(xn, ((size_t)iy * s.w + ix) * s.c + ch);
+        st(y, o, sum / (float)((y1 - y0) * (x1 - x0)));
+    }
+}
+
+/* One thread per input value gathers from the output cells whose bins hold it: rows
+ * [floor(iy * OH / H), ceil((iy + 1) * OH / H)), columns alike. No atomics. */
+template <typename T> __global__ void avgpool_adaptive_backward_kernel(pool_shape_t s, const T *dy, T *dx) {
+    GRID_STRIDE(i, (size_t)s.n * s.h * s.w * s.c) {
+        int ch = (int)(i % s.c);
+        size_t pix = i / s.c;
+        int ix = (int)(pix % s.w), iy = (int)(pix / s.w % s.h), n = (int)(pix / ((size_t)s.w * s.h));
+        const T *dyn = dy + (size_t)n * s.oh * s.ow * s.c;
+        float sum = 0.0f;
+        for (int oy = bin_start(iy, s.oh, s.h); oy < bin_end(iy, s.oh, s.h); oy++) {
+            int y0 = bin_start(oy, s.h, s.oh), y1 = bin_end(oy, s.h, s.oh);
+            for (int ox = bin_start(ix, s.ow, s.w); ox < bin_end(ix, s.ow, s.w); ox++) {
+                int x0 = bin_start(ox, s.w, s.ow), x1 = bin_end(ox, s.w, s.ow);
+                sum += ld(dyn, ((size_t)oy * s.ow + ox) * s.c + ch) / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+        st(dx, i, ld(dx, i) + sum);
+    }
+}
+
+void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y) {
+    size_t n = (size_t)s->n * s->oh * s->ow * s->c;
+    if (!n) return;
+    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_kernel<Low>, n, *s, CLOW(x), LOW(y)));
+    else LAUNCH(avgpool_adaptive_kernel<float>, n, *s, x, y);
+}
+
+void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy, float *dx) {
+    size_t n = (size_t)s->n * s->h * s->w * s->c;
+    if (!n) return;
+    if (is_low(gpu_of(b), dy))
+        WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_backward_kernel<Low>, n, *s, CLOW(dy), LOW(dx)));
+    else LAUNCH(avgpool_adaptive_backward_kernel<float>, n, *s, dy, dx);
+}
