@@ -127,6 +127,12 @@ static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result
                 return DDP_EPROTO;
             }
         }
+        if (delta == 0 && v.is_found) { /* a read: writing the same count back would only
+                                           contend with the ADDs that change it */
+            etcd_value_free(&v);
+            *result = now;
+            return 0;
+        }
         char text[24];
         snprintf(text, sizeof text, "%" PRId64, now + delta);
         bool is_put;

@@ -259,3 +259,16 @@ def test_elastic_rules_as_on_c10d_scale_up_and_a_job_wide_restart_budget(ddprun,
         assert (fail / "seen.1.0").read_text().split() == ["2", "2", "0", "1"]
         assert not (fail / "seen.2.0").exists(), "one restart only: the budget is job-wide"
         assert any("restart 1 of 1" in e for e in errs), errs
+
+
+def test_one_node_on_etcd_runs_on_a_store_of_its_own(ddprun, tmp_path):
+    """--nnodes 1 meets nobody: the endpoint is etcd's, never an address to bind a store on."""
+    program = tmp_path / "w.sh"
+    program.write_text("#!/bin/sh\necho rank $RANK of $WORLD_SIZE at $MASTER_ADDR:$MASTER_PORT\n")
+    program.chmod(0o755)
+    r = subprocess.run([ddprun, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "etcd",
+                        "--rdzv-endpoint", "127.0.0.1:1,127.0.0.1:2", "--rdzv-id", "solo",
+                        "--local-addr", "127.0.0.1", str(program)],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert "rank 1 of 2 at 127.0.0.1:" in r.stdout, r.stdout
