@@ -127,12 +127,11 @@ seed = 1
 """
 
 
-@pytest.mark.skipif(os.environ.get("DDP_SLOW_TESTS") != "1",
-                    reason="about 5 minutes on 2 cores (release build), 2-3x that under ASan; "
-                           "opt in with DDP_SLOW_TESTS=1")
 def test_resnet18_imagenet_stem_reaches_90_percent_on_the_jpeg_folder(ddprun, tmp_path):
     """ResNet-18 with the ImageNet stem on 40000 JPEGs made from Fashion-MNIST (48 px), validated on
-    3000 of its test images: >= 90% top-1 on the CPU (measured 91.40% in 4m26s, 2026-11-25)."""
+    3000 of its test images: >= 90% top-1 on the CPU (measured 91.40% in 4m26s with a release
+    build; 13m49s with tests/run.sh's ASan build on 2 cores shared with two other jobs, 2026-11-25:
+    CI runs it)."""
     root = tmp_path / "folder"
     subprocess.run(["/usr/bin/python3", MAKE, str(root), "--per-class", "4000",
                     "--val-per-class", "300"], check=True)
