@@ -1,5 +1,5 @@
 """ddpworker's cuda backend end to end, on a GPU machine (every test skips where there is none):
-convergence on Fashion-MNIST, several ranks sharing one GPU through the ring (equal to one rank with
+convergence on Fashion-MNIST and on a JPEG folder (the data path feeding the GPU), several ranks sharing one GPU through the ring (equal to one rank with
 their whole batch), and kill -9 with a resume from the newest snapshot. tests/gpu/run.sh runs
 them there; the per-op checks against the CPU backend are tests/unit/test_backend_cuda.c."""
 import json
@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -175,3 +176,49 @@ def test_nccl_with_two_ranks_on_one_gpu_fails_fast_and_clearly(ddprun, cuda_lib,
     assert r.returncode != 0
     assert "NCCL" in r.stderr, r.stderr[-2000:]
     assert time.monotonic() - t0 < 120
+
+
+JPEG_CONF = """[model]
+name = resnet18
+width = 16
+stem = imagenet
+[data]
+kind = imagefolder
+dir = {root}
+image_size = 48
+train_transform = resize
+eval_transform = resize
+[optim]
+lr = 0.1
+momentum = 0.9
+nesterov = true
+weight_decay = 0.0005
+label_smoothing = 0.1
+schedule = one-cycle
+[train]
+batch_size = 64
+epochs = 5
+log_interval = 100
+seed = 1
+backend = cuda
+"""
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_jpeg_folder_path_trains_resnet18_imagenet_stem_to_90_percent_on_the_gpu(
+        ddpworker, cuda_lib, tmp_path, precision):
+    """The JPEG data path (decode threads, resize, the batch uploaded) feeding the GPU: the CPU
+    reference of tests/e2e/test_imagefolder.py (91.40% on the CPU), on cuda in bf16 and fp16."""
+    root = tmp_path / "folder"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests/tools/make_jpeg_folder.py"),
+                    str(root), "--per-class", "4000", "--val-per-class", "300"], check=True)
+    conf = tmp_path / "jpeg.conf"
+    conf.write_text(JPEG_CONF.format(root=root))
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run([ddpworker, str(conf), f"precision.mode={precision}",
+                        f"train.metrics_file={metrics}"], capture_output=True, text=True,
+                       timeout=1200, env=one_rank_env())
+    assert r.returncode == 0, r.stderr
+    final = final_of(metrics)
+    assert final["split"] == "val" and final["samples"] == 3000, final
+    assert final["top1"] >= 0.90, final
