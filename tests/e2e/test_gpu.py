@@ -1,7 +1,8 @@
 """ddpworker's cuda backend end to end, on a GPU machine (every test skips where there is none):
-convergence on Fashion-MNIST and on a JPEG folder (the data path feeding the GPU), several ranks sharing one GPU through the ring (equal to one rank with
-their whole batch), and kill -9 with a resume from the newest snapshot. tests/gpu/run.sh runs
-them there; the per-op checks against the CPU backend are tests/unit/test_backend_cuda.c."""
+convergence on Fashion-MNIST and on a JPEG folder (the data path feeding the GPU), several ranks
+sharing one GPU through the ring (equal to one rank with their whole batch), and kill -9 with a
+resume from the newest snapshot. tests/gpu/run.sh runs them there; the per-op checks against the
+CPU backend are tests/unit/test_backend_cuda.c."""
 import json
 import os
 import shutil

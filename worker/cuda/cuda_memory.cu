@@ -42,7 +42,6 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
 
 /* ---- copies: fp32 on the host side always; narrow activations are converted on the device ---- */
 
-/* Device scratch grown on first use (the first step) and kept. */
 float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
     if (n_bytes > *have) {
         CHECK_CUDA(cudaStreamSynchronize(g->stream));
