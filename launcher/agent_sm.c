@@ -264,9 +264,11 @@ static void on_worker_exited(agent_sm_t *sm, const agent_sm_exit_t *r, agent_sm_
 static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_t *out) {
     /* In the exit barrier this node's workers have succeeded: a membership change elsewhere is
      * no reason to run them again, but a failure is (every worker restarts, or past the budget
-     * the job fails here too); the others could not gather the next round without this node. */
+     * the job fails here too); the others could not gather the next round without this node.
+     * A watch that lost the store is left to the barrier, which ends when the last member's
+     * done lets the store host go. */
     if (sm->state == AGENT_SM_FINISHING) {
-        if (ev->is_valid && !ev->is_store_lost && ev->why.code == 0) return;
+        if (ev->is_store_lost || !ev->is_valid || ev->why.code == 0) return;
         push(out, AGENT_ACT_INTERRUPT_BARRIER);
     }
     if (ev->is_store_lost) {

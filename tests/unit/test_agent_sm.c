@@ -422,6 +422,8 @@ Test(agent_sm_nodes, membership_change_during_the_exit_barrier_is_no_rerun) {
     key_seen(0, 0, 0, 1, -1);
     expect(END);
     cr_assert(agent_sm_is_beating(&sm, 0), "still a member of the round it finished");
+    EV(.kind = AGENT_EV_RESTART_SEEN, .is_store_lost = true); /* the store host left */
+    expect(END);
     EV(.kind = AGENT_EV_FINISH_DONE);
     expect_exit(0);
 }
