@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <sodium.h>
 
 #include "clock.h"
 #include "ddp_error.h"
@@ -111,9 +114,18 @@ static int kv_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
     return 0;
 }
 
+/* After a lost compare-and-swap: a random pause of up to 2^lost ms (32 at most). Every attempt is
+ * a raft proposal, and N agents retrying at once (a round's joins) would make N^2 of them. */
+static void contention_pause(int lost) {
+    uint32_t cap_ms = 1u << (lost < 5 ? lost : 5);
+    uint32_t us = randombytes_uniform(cap_ms * 1000);
+    struct timespec ts = {0, (long)us * 1000L};
+    nanosleep(&ts, NULL);
+}
+
 static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
     etcd_kv_t *e = self(kv);
-    for (;;) { /* a lost race reads again: someone else's ADD landed first */
+    for (int lost = 0;; contention_pause(++lost)) { /* someone else's ADD landed first */
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
         if (rc < 0) return failed(e, rc);
@@ -162,7 +174,7 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
                           const void *desired, size_t desired_len, uint8_t **current,
                           size_t *current_len) {
     etcd_kv_t *e = self(kv);
-    for (;;) {
+    for (int lost = 0;; contention_pause(++lost)) {
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
         if (rc < 0) return failed(e, rc);
