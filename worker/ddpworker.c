@@ -298,7 +298,7 @@ int main(int argc, char **argv) {
     if (load.rc < 0) {
         fprintf(stderr, "ddpworker: rank %d: %s\n", rank, load.err);
         comm->ops->destroy(comm);
-        backend->ops->destroy(backend);
+        backend->mem->destroy(backend);
         return DDP_EXIT_DATA;
     }
     data_splits_t data = load.data;
@@ -308,7 +308,7 @@ int main(int argc, char **argv) {
     trainer_run(&t);
     trainer_free(&t);
     comm->ops->destroy(comm);
-    backend->ops->destroy(backend);
+    backend->mem->destroy(backend);
     data_splits_free(&data);
     return 0;
 }

@@ -15,8 +15,8 @@ int optimizer_init(optimizer_t *o, const train_conf_t *c, backend_t *b, size_t n
     o->beta2 = c->betas[1];
     o->eps = c->eps;
     if (!optimizer_has_second_moment(o)) return 0;
-    o->exp_avg_sq = b->ops->alloc(b, (n_params ? n_params : 1) * sizeof(float));
-    o->count = b->ops->alloc(b, sizeof *o->count);
+    o->exp_avg_sq = b->mem->alloc(b, (n_params ? n_params : 1) * sizeof(float));
+    o->count = b->mem->alloc(b, sizeof *o->count);
     if (!o->exp_avg_sq || !o->count) {
         optimizer_free(o);
         return -1;
@@ -25,8 +25,8 @@ int optimizer_init(optimizer_t *o, const train_conf_t *c, backend_t *b, size_t n
 }
 
 void optimizer_free(optimizer_t *o) {
-    if (o->exp_avg_sq) o->backend->ops->release(o->backend, o->exp_avg_sq);
-    if (o->count) o->backend->ops->release(o->backend, o->count);
+    if (o->exp_avg_sq) o->backend->mem->release(o->backend, o->exp_avg_sq);
+    if (o->count) o->backend->mem->release(o->backend, o->count);
     memset(o, 0, sizeof *o);
 }
 
@@ -51,14 +51,14 @@ void optimizer_step(optimizer_t *o, float *params, const float *grads, float *mo
 uint64_t optimizer_steps(optimizer_t *o) {
     if (!o->count) return 0;
     adam_count_t c;
-    o->backend->ops->to_host(o->backend, &c, o->count, sizeof c);
+    o->backend->mem->to_host(o->backend, &c, o->count, sizeof c);
     return c.step;
 }
 
 void optimizer_set_steps(optimizer_t *o, uint64_t steps) {
     if (!o->count) return;
     adam_count_t c = {.step = steps}; /* the bias corrections are derived afresh every step */
-    o->backend->ops->to_device(o->backend, o->count, &c, sizeof c);
+    o->backend->mem->to_device(o->backend, o->count, &c, sizeof c);
 }
 
 const char *optimizer_name(uint32_t kind) {

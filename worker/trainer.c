@@ -83,7 +83,7 @@ static void open_metrics(trainer_t *t, bool is_resumed) {
  * 150 MB is cheap); the cpu backend reads the host's arrays. */
 static void place_data(trainer_t *t) {
     backend_t *b = t->backend;
-    t->is_uploaded = b->ops->is_device(b, t->model.params);
+    t->is_uploaded = b->mem->is_device(b, t->model.params);
     for (int s = 0; s < SPLIT_COUNT; s++) {
         const dataset_t *d = data_split(t->data, (data_split_t)s);
         if (d->n == 0 || d->paths) continue; /* an image folder: the loader decodes its files */
@@ -94,13 +94,13 @@ static void place_data(trainer_t *t) {
         }
         size_t n_bytes = (size_t)d->n * d->h * d->w * d->c;
         size_t label_bytes = (size_t)d->n * sizeof *d->labels;
-        uint8_t *images = b->ops->alloc(b, n_bytes);
-        int32_t *labels = b->ops->alloc(b, label_bytes);
+        uint8_t *images = b->mem->alloc(b, n_bytes);
+        int32_t *labels = b->mem->alloc(b, label_bytes);
         if (!images || !labels)
             trainer_die(DDP_EXIT_BUG, "out of GPU memory for the %s set (%zu bytes)",
                         data_split_name((data_split_t)s), n_bytes);
-        b->ops->to_device(b, images, d->images, n_bytes);
-        b->ops->to_device(b, labels, d->labels, label_bytes);
+        b->mem->to_device(b, images, d->images, n_bytes);
+        b->mem->to_device(b, labels, d->labels, label_bytes);
         t->images[s] = images;
         t->labels[s] = labels;
     }
@@ -111,15 +111,15 @@ static void init_loss_scale(trainer_t *t) {
     if (c->loss_scaling == LOSS_SCALING_OFF ||
         (c->loss_scaling == LOSS_SCALING_AUTO && c->precision != PRECISION_FP16))
         return;
-    t->loss_scale = t->backend->ops->alloc(t->backend, sizeof *t->loss_scale);
+    t->loss_scale = t->backend->mem->alloc(t->backend, sizeof *t->loss_scale);
     if (!t->loss_scale) trainer_die(DDP_EXIT_BUG, "out of memory for the loss scale");
     loss_scale_t start = {.scale = (float)c->loss_scale_init};
-    t->backend->ops->to_device(t->backend, t->loss_scale, &start, sizeof start);
+    t->backend->mem->to_device(t->backend, t->loss_scale, &start, sizeof start);
 }
 
 loss_scale_t trainer__loss_scale(trainer_t *t) {
     loss_scale_t s = {0};
-    if (t->loss_scale) t->backend->ops->to_host(t->backend, &s, t->loss_scale, sizeof s);
+    if (t->loss_scale) t->backend->mem->to_host(t->backend, &s, t->loss_scale, sizeof s);
     return s;
 }
 
@@ -182,7 +182,7 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
     t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
     t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
-    t->jobs = backend->ops->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
+    t->jobs = backend->mem->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
     if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
     place_data(t);
     trainer__folder_init(t);
@@ -215,15 +215,15 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
 void trainer_free(trainer_t *t) {
     trainer__snapshot_free(t);
     if (t->has_sync) grad_sync_free(&t->sync);
-    if (t->loss_scale) t->backend->ops->release(t->backend, t->loss_scale);
+    if (t->loss_scale) t->backend->mem->release(t->backend, t->loss_scale);
     optimizer_free(&t->optim);
     model_free(&t->model);
     sampler_free(&t->sampler);
     for (int s = 0; s < SPLIT_COUNT && t->is_uploaded; s++) {
-        if (t->images[s]) t->backend->ops->release(t->backend, t->images[s]);
-        if (t->labels[s]) t->backend->ops->release(t->backend, t->labels[s]);
+        if (t->images[s]) t->backend->mem->release(t->backend, t->images[s]);
+        if (t->labels[s]) t->backend->mem->release(t->backend, t->labels[s]);
     }
-    if (t->jobs) t->backend->ops->release(t->backend, t->jobs);
+    if (t->jobs) t->backend->mem->release(t->backend, t->jobs);
     free(t->host_jobs);
     free(t->indices);
     free(t->host_logits);
@@ -326,7 +326,7 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
         }
         model_forward(m, n, false);
         progress_beat();
-        t->backend->ops->to_host(t->backend, t->host_logits, model_logits(m),
+        t->backend->mem->to_host(t->backend, t->host_logits, model_logits(m),
                                  (size_t)n * k * sizeof(float));
         for (int i = 0; i < n; i++) {
             const float *z = t->host_logits + (size_t)i * k;
@@ -411,7 +411,7 @@ static void check_diverged(trainer_t *t, double loss) {
 static void check_diverged_now(trainer_t *t) {
     if (t->loss_scale) return;
     float loss_sum = 0.0f;
-    t->backend->ops->to_host(t->backend, &loss_sum, t->model.loss_sum, sizeof loss_sum);
+    t->backend->mem->to_host(t->backend, &loss_sum, t->model.loss_sum, sizeof loss_sum);
     check_diverged(t, loss_sum);
 }
 
@@ -497,7 +497,7 @@ eval_result_t trainer_run(trainer_t *t) {
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
                "batch %lld per rank, lr %g%s\n", t->model.name, t->model.n_params,
-               t->backend->ops->name, t->world, (long long)t->data->train.n,
+               t->backend->mem->name, t->world, (long long)t->data->train.n,
                (long long)t->steps_per_epoch, (long long)c->batch_size, t->lr.base_lr,
                t->step ? ", resumed" : "");
         fflush(stdout);

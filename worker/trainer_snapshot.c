@@ -101,12 +101,12 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     clock_gettime(CLOCK_REALTIME, &wall);
     d->header.unix_time_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
     const model_t *m = &t->model;
-    const backend_i *o = t->backend->ops;
-    o->to_host(t->backend, d->params, m->params, m->n_params * sizeof(float));
-    o->to_host(t->backend, d->momentum, m->momentum, m->n_params * sizeof(float));
-    o->to_host(t->backend, d->buffers, m->buffers, m->n_buffers * sizeof(float));
+    const backend_memory_i *mem = t->backend->mem;
+    mem->to_host(t->backend, d->params, m->params, m->n_params * sizeof(float));
+    mem->to_host(t->backend, d->momentum, m->momentum, m->n_params * sizeof(float));
+    mem->to_host(t->backend, d->buffers, m->buffers, m->n_buffers * sizeof(float));
     if (optimizer_has_second_moment(&t->optim))
-        o->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
+        mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
     snapshot_writer_submit(t->snapshots);
     double stall = clock_now_s() - start;
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
@@ -201,13 +201,13 @@ bool trainer__resume(trainer_t *t) {
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0), "broadcasting the run's state");
     if (!where[0]) return false;
     model_t *m = &t->model;
-    const backend_i *o = t->backend->ops;
+    const backend_memory_i *mem = t->backend->mem;
     if (t->rank == 0) {
-        o->to_device(t->backend, m->params, d.params, m->n_params * sizeof(float));
-        o->to_device(t->backend, m->momentum, d.momentum, m->n_params * sizeof(float));
-        o->to_device(t->backend, m->buffers, d.buffers, m->n_buffers * sizeof(float));
+        mem->to_device(t->backend, m->params, d.params, m->n_params * sizeof(float));
+        mem->to_device(t->backend, m->momentum, d.momentum, m->n_params * sizeof(float));
+        mem->to_device(t->backend, m->buffers, d.buffers, m->n_buffers * sizeof(float));
         if (optimizer_has_second_moment(&t->optim))
-            o->to_device(t->backend, t->optim.exp_avg_sq, d.second_moment,
+            mem->to_device(t->backend, t->optim.exp_avg_sq, d.second_moment,
                          m->n_params * sizeof(float));
         printf("ddpworker: resuming from %s: step %lld, epoch %lld, %lld samples into it (saved by "
                "%u ranks, now %d)\n", path, (long long)where[1], (long long)where[2] + 1,
@@ -228,7 +228,7 @@ bool trainer__resume(trainer_t *t) {
     }
     /* a snapshot without a scaler's state (0) leaves this run's initial scale */
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, 0), "broadcasting the loss scale");
-    if (t->loss_scale && ls.scale > 0) o->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
+    if (t->loss_scale && ls.scale > 0) mem->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
     t->best_value = run[0];
     t->best_step = (int64_t)run[1];
     t->elapsed_before_s = run[2];

@@ -104,6 +104,6 @@ int main(int argc, char **argv) {
     }
     write_file(dir, "params2.f32", m.params, m.n_params * sizeof(float));
     model_free(&m);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
     return 0;
 }

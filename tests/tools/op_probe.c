@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     int a[8] = {0};
     for (int i = 2; i < argc - 1 && i - 2 < 8; i++) a[i - 2] = atoi(argv[i]);
     backend_t *b = backend_cpu_create(1);
-    if (!b || b->ops->reserve_workspace(b, 64 << 20) < 0) return 1;
+    if (!b || b->mem->reserve_workspace(b, 64 << 20) < 0) return 1;
     const backend_i *o = b->ops;
     if (!strcmp(op, "conv") && argc == 11) {
         conv_shape_t s = {.n = a[0], .h = a[1], .w = a[2], .c = a[3], .k = a[4], .r = a[5], .s = a[5],
@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
     } else {
         return usage();
     }
-    b->ops->destroy(b);
+    b->mem->destroy(b);
     for (int i = 0; i < n_owned; i++) free(owned[i]);
     return 0;
 }

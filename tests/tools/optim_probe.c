@@ -84,6 +84,6 @@ int main(int argc, char **argv) {
     }
     optimizer_free(&opt);
     model_free(&m);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
     return 0;
 }

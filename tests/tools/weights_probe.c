@@ -101,6 +101,6 @@ int main(int argc, char **argv) {
     }
     free(x);
     model_free(&m);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
     return rc;
 }

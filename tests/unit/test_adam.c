@@ -66,7 +66,7 @@ static void against_reference(bool is_decoupled, double weight_decay) {
         cr_assert(fabs(v[i] - r.v[i]) <= 1e-6 * fmax(1e-6, fabs(r.v[i])), "v %d: %.9g, want %.9g",
                   i, v[i], r.v[i]);
     }
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 Test(adam, adam_with_l2_weight_decay_matches_the_reference) { against_reference(false, 0.05); }
@@ -86,7 +86,7 @@ Test(adam, l2_and_decoupled_weight_decay_differ) {
     }
     cr_assert(p[0][1] != p[1][1] && p[0][0] != p[1][0], "adam %g %g, adamw %g %g", p[0][0],
               p[0][1], p[1][0], p[1][1]);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* m_hat = g and v_hat = g^2 at step 1: the update is lr * g / (|g| + eps). */
@@ -100,7 +100,7 @@ Test(adam, the_first_step_moves_each_parameter_by_lr) {
     cr_assert_float_eq(p[1], 0.51f, 1e-6);
     cr_assert_eq(p[2], 0.5f, "no gradient, no move (0 / eps)");
     cr_assert_float_eq(c.step_size, 0.1f, 1e-7); /* lr / (1 - 0.9) */
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 Test(adam, a_power_of_two_loss_scale_unscales_exactly_and_a_skipped_step_changes_nothing) {
@@ -131,7 +131,7 @@ Test(adam, a_power_of_two_loss_scale_unscales_exactly_and_a_skipped_step_changes
     cr_assert(!memcmp(p, rp, sizeof p) && !memcmp(m, rm, sizeof m) && !memcmp(v, rv, sizeof v),
               "a skipped step changes no parameter and neither moment");
     cr_assert(!memcmp(&c, &before, sizeof c), "nor the step count");
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* The parallel pass is the element-wise function, whatever the thread count. */
@@ -156,5 +156,5 @@ Test(adam, the_parallel_pass_gives_the_element_wise_bits) {
     cr_assert(!memcmp(p, q, n * sizeof *p) && !memcmp(m, qm, n * sizeof *m) &&
               !memcmp(v, qv, n * sizeof *v));
     free(p), free(m), free(v), free(g), free(q), free(qm), free(qv);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }

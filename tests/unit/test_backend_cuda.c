@@ -19,12 +19,12 @@ static void setup(void) {
     cpu = backend_cpu_create(1);
     gpu = backend_cuda_create(0, 0, NULL, err, sizeof err);
     cr_assert_not_null(gpu, "%s", err);
-    cr_assert_eq(cpu->ops->reserve_workspace(cpu, 64 << 20), 0);
+    cr_assert_eq(cpu->mem->reserve_workspace(cpu, 64 << 20), 0);
 }
 
 static void teardown(void) {
-    if (gpu) gpu->ops->destroy(gpu);
-    if (cpu) cpu->ops->destroy(cpu);
+    if (gpu) gpu->mem->destroy(gpu);
+    if (cpu) cpu->mem->destroy(cpu);
 }
 
 TestSuite(backend_cuda, .init = setup, .fini = teardown, .timeout = 120);
@@ -45,14 +45,14 @@ static float *random_host(size_t n, float scale) {
 
 /* Backend copies of host arrays; `on` returns them back to the host. */
 static float *up(backend_t *b, const float *host, size_t n) {
-    float *d = b->ops->alloc(b, n * sizeof(float));
-    b->ops->to_device(b, d, host, n * sizeof(float));
+    float *d = b->mem->alloc(b, n * sizeof(float));
+    b->mem->to_device(b, d, host, n * sizeof(float));
     return d;
 }
 
 static float *down(backend_t *b, const float *dev, size_t n) {
     float *h = malloc((n ? n : 1) * sizeof *h);
-    b->ops->to_host(b, h, dev, n * sizeof(float));
+    b->mem->to_host(b, h, dev, n * sizeof(float));
     return h;
 }
 
@@ -141,7 +141,7 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         float *x_ = up(b, x, nx), *y_ = up(b, dy, ny), *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx);
-        int32_t *am = b->ops->alloc(b, ny * sizeof(int32_t));
+        int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
         b->ops->maxpool_forward(b, &ps, x_, y_, am);
         b->ops->maxpool_backward(b, &ps, am, dy_, dx_);
         out[i][0] = down(b, y_, ny);
@@ -157,8 +157,8 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
         b->ops->linear_backward(b, 6, 20, 7, lx_, lw_, ldy_, ldx, ldw, ldb);
         out[i][4] = down(b, ldx, nl);
         out[i][5] = down(b, ldw, nw);
-        int32_t *lab = b->ops->alloc(b, sizeof labels);
-        b->ops->to_device(b, lab, labels, sizeof labels);
+        int32_t *lab = b->mem->alloc(b, sizeof labels);
+        b->mem->to_device(b, lab, labels, sizeof labels);
         float *loss = up(b, lb, 1), *dlog = up(b, ldy, no);
         b->ops->softmax_xent(b, 6, 7, ly, lab, 0.1f, 2.0f, NULL, dlog, loss);
         out[i][6] = down(b, dlog, no);
@@ -194,7 +194,7 @@ Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         float *x_ = up(b, x, nx), *y_ = up(b, dy, ny), *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx);
-        int32_t *am = b->ops->alloc(b, ny * sizeof(int32_t));
+        int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
         b->ops->maxpool_forward(b, &mp, x_, y_, am);
         b->ops->maxpool_backward(b, &mp, am, dy_, dx_);
         out[i][0] = down(b, y_, ny);
@@ -229,8 +229,8 @@ Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
 
 /* A device copy of a loss scaler starting at scale. */
 static loss_scale_t *device_loss_scale(backend_t *b, float scale) {
-    loss_scale_t start = {.scale = scale}, *ls = b->ops->alloc(b, sizeof *ls);
-    b->ops->to_device(b, ls, &start, sizeof start);
+    loss_scale_t start = {.scale = scale}, *ls = b->mem->alloc(b, sizeof *ls);
+    b->mem->to_device(b, ls, &start, sizeof start);
     return ls;
 }
 
@@ -245,8 +245,8 @@ static float resnet18_forward_backward(backend_t *b, model_t *m, const float *x,
     char err[256];
     cr_assert_eq(model_init(m, b, "resnet18", 8, 16, 16, 3, 10, STEP_N, err, sizeof err), 0, "%s", err);
     cr_assert_eq(model_init_params(m, 5), 0);
-    b->ops->to_device(b, model_input(m), x, STEP_INPUT * sizeof(float));
-    b->ops->to_device(b, m->labels, labels, STEP_N * sizeof(int32_t));
+    b->mem->to_device(b, model_input(m), x, STEP_INPUT * sizeof(float));
+    b->mem->to_device(b, m->labels, labels, STEP_N * sizeof(int32_t));
     model_forward(m, STEP_N, true);
     if (logits) *logits = down(b, model_logits(m), (size_t)STEP_N * 10);
     model_loss(m, STEP_N, 0.1f, 1.0f, ls);
@@ -293,8 +293,8 @@ static void one_step_case(const char *name, model_stem_t stem, int side) {
         char err[256];
         cr_assert_eq(model_init_opts(&m[i], b, &o, side, side, 3, 10, N, err, sizeof err), 0, "%s", err);
         cr_assert_eq(model_init_params(&m[i], 5), 0);
-        b->ops->to_device(b, model_input(&m[i]), x, n_in * sizeof(float));
-        b->ops->to_device(b, m[i].labels, labels, sizeof labels);
+        b->mem->to_device(b, model_input(&m[i]), x, n_in * sizeof(float));
+        b->mem->to_device(b, m[i].labels, labels, sizeof labels);
         model_set_step(&m[i], 3, 4, 0);
         model_forward(&m[i], N, true);
         logits[i] = down(b, model_logits(&m[i]), (size_t)N * 10);
@@ -371,7 +371,7 @@ static void resnet18_step_low(unsigned flag, const char *name, double bound) {
               overall, worst_layer, worst);
     model_free(&m[0]);
     model_free(&m[1]);
-    gpu16->ops->destroy(gpu16);
+    gpu16->mem->destroy(gpu16);
 }
 
 Test(backend_cuda, one_resnet18_step_in_bf16_is_close_to_cpu) {
@@ -420,15 +420,15 @@ static low_t low_make(void) {
     l.b = backend_cuda_create(0, low_flag, NULL, err, sizeof err);
     cr_assert_not_null(l.b, "%s", err);
     size_t n = (size_t)1 << 20;
-    for (int i = 0; i < 3; i++) l.arena[i] = l.b->ops->alloc(l.b, n * sizeof(float));
-    cr_assert_eq(l.b->ops->mark_arenas(l.b, l.arena[PARAMS], n, l.arena[ACTS], l.arena[DACTS], n), 0);
+    for (int i = 0; i < 3; i++) l.arena[i] = l.b->mem->alloc(l.b, n * sizeof(float));
+    cr_assert_eq(l.b->mem->mark_arenas(l.b, l.arena[PARAMS], n, l.arena[ACTS], l.arena[DACTS], n), 0);
     return l;
 }
 
 static float *low_put(low_t *l, int which, const float *host, size_t n) {
     float *p = l->arena[which] + l->used[which];
     l->used[which] += n;
-    l->b->ops->to_device(l->b, p, host, n * sizeof(float));
+    l->b->mem->to_device(l->b, p, host, n * sizeof(float));
     return p;
 }
 
@@ -450,7 +450,7 @@ static void conv_case_low(int n, int h, int w, int c, int k, int size, int strid
     backend_t *b = l.b;
     float *lx = low_put(&l, ACTS, x, nx), *lw = low_put(&l, PARAMS, wt, nw), *ly = low_put(&l, ACTS, dy, ny);
     float *ldy = low_put(&l, DACTS, dy, ny), *ldx = low_put(&l, DACTS, dx0, nx), *ldw = up(b, dw0, nw);
-    b->ops->prepare_forward(b);
+    b->mem->prepare_forward(b);
     b->ops->conv2d_forward(b, &s, lx, lw, ly);
     b->ops->conv2d_backward(b, &s, lx, lw, ldy, ldx, ldw);
     got[0] = down(b, ly, ny);
@@ -459,7 +459,7 @@ static void conv_case_low(int n, int h, int w, int c, int k, int size, int strid
     expect_close(want[0], got[0], ny, 1e-2, "narrow conv forward");
     expect_close(want[1], got[1], nx, 1e-2, "narrow conv backward data");
     expect_close(want[2], got[2], nw, 1e-2, "narrow conv backward filter");
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 static void conv_cases_low(unsigned flag) {
@@ -514,7 +514,7 @@ static void batchnorm_and_linear_low(unsigned flag) {
         float *lw_ = low ? low_put(&l, PARAMS, lw, nw) : up(b, lw, nw), *lb_ = up(b, lb, 7);
         float *ldy_ = low ? low_put(&l, DACTS, ldy, no) : up(b, ldy, no);
         float *ldx = low ? low_put(&l, DACTS, lx, nl) : up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
-        if (low) b->ops->prepare_forward(b);
+        if (low) b->mem->prepare_forward(b);
         b->ops->linear_forward(b, 6, 24, 7, lx_, lw_, lb_, ly);
         out[i][5] = down(b, ly, no);
         b->ops->linear_backward(b, 6, 24, 7, lx_, lw_, ldy_, ldx, ldw, ldb);
@@ -528,7 +528,7 @@ static void batchnorm_and_linear_low(unsigned flag) {
     size_t sizes[9] = {nx, 2 * (size_t)c, nx, (size_t)c, (size_t)c, no, nl, nw, 7};
     double tol[9] = {1e-2, 1e-4, 2e-2, 1e-3, 1e-3, 1e-2, 1e-2, 1e-3, 1e-3};
     for (int k = 0; k < 9; k++) expect_close(out[0][k], out[1][k], sizes[k], tol[k], what[k]);
-    l.b->ops->destroy(l.b);
+    l.b->mem->destroy(l.b);
 }
 
 Test(backend_cuda, batchnorm_and_linear_in_bf16_match_cpu) {
@@ -561,7 +561,7 @@ static void pool_dropout_bias_low(unsigned flag) {
         bool low = i == 1;
 #define PUT(which, host, n) (low ? low_put(&l, which, host, n) : up(b, host, n))
         float *x_ = PUT(ACTS, x, nx), *y_ = PUT(ACTS, dy, ny), *dy_ = PUT(DACTS, dy, ny), *dx_ = PUT(DACTS, x, nx);
-        int32_t *am = b->ops->alloc(b, ny * sizeof(int32_t));
+        int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
         b->ops->maxpool_forward(b, &mp, x_, y_, am);
         b->ops->maxpool_backward(b, &mp, am, dy_, dx_);
         out[i][0] = down(b, y_, ny);
@@ -588,7 +588,7 @@ static void pool_dropout_bias_low(unsigned flag) {
                            "narrow dropout", "its backward", "narrow bias add", "narrow bias gradient"};
     size_t sizes[K] = {ny, nx, no, na, no, no, rows * bc, (size_t)bc};
     for (int k = 0; k < K; k++) expect_close(out[0][k], out[1][k], sizes[k], 1e-2, what[k]);
-    l.b->ops->destroy(l.b);
+    l.b->mem->destroy(l.b);
 }
 
 Test(backend_cuda, pool_dropout_and_bias_in_bf16_match_cpu) {
@@ -615,17 +615,17 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
         loss_scale_t *ls = device_loss_scale(b, 1024.0f);
         float *g_ = up(b, g, n), *p_ = up(b, p, n), *m_ = up(b, m, n);
         b->ops->loss_scale_check(b, g_, n, ls); /* clean: a step with 1/1024 of the gradient */
-        b->ops->to_host(b, &got[i][0], ls, sizeof *ls);
+        b->mem->to_host(b, &got[i][0], ls, sizeof *ls);
         b->ops->sgd_step(b, p_, g_, m_, n, 0.1f, 0.9f, 5e-4f, true, 0.5f, ls);
         b->ops->loss_scale_update(b, ls, 1); /* interval 1: doubles */
-        b->ops->to_host(b, &got[i][1], ls, sizeof *ls);
+        b->mem->to_host(b, &got[i][1], ls, sizeof *ls);
         float bad = NAN;
-        b->ops->to_device(b, g_ + n - 7, &bad, sizeof bad);
+        b->mem->to_device(b, g_ + n - 7, &bad, sizeof bad);
         b->ops->loss_scale_check(b, g_, n, ls);
-        b->ops->to_host(b, &got[i][2], ls, sizeof *ls);
+        b->mem->to_host(b, &got[i][2], ls, sizeof *ls);
         b->ops->sgd_step(b, p_, g_, m_, n, 0.1f, 0.9f, 5e-4f, true, 0.5f, ls); /* skipped */
         b->ops->loss_scale_update(b, ls, 1);
-        b->ops->to_host(b, &got[i][3], ls, sizeof *ls);
+        b->mem->to_host(b, &got[i][3], ls, sizeof *ls);
         out[i][0] = down(b, p_, n);
         out[i][1] = down(b, m_, n);
     }
@@ -647,8 +647,8 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         loss_scale_t *ls = device_loss_scale(b, 65536.0f);
-        int32_t *lab = b->ops->alloc(b, rows * sizeof *lab);
-        b->ops->to_device(b, lab, labels, rows * sizeof *lab);
+        int32_t *lab = b->mem->alloc(b, rows * sizeof *lab);
+        b->mem->to_device(b, lab, labels, rows * sizeof *lab);
         float *z = up(b, logits, (size_t)rows * k), *d = up(b, logits, (size_t)rows * k);
         float *loss = up(b, logits, 1);
         b->ops->softmax_xent(b, rows, k, z, lab, 0.0f, 1.0f, ls, d, loss);
@@ -675,10 +675,10 @@ static void adam_case(bool is_decoupled) {
         backend_t *b = bs[i];
         loss_scale_t *ls = device_loss_scale(b, 1024.0f);
         float *p_ = up(b, p, n), *m_ = up(b, zeros, n), *v_ = up(b, zeros, n), *g_ = up(b, zeros, n);
-        adam_count_t *c = b->ops->alloc(b, sizeof *c);
+        adam_count_t *c = b->mem->alloc(b, sizeof *c);
         for (int s = 0; s < 4; s++) {
             h.lr = 1e-3 * (s + 1);
-            b->ops->to_device(b, g_, grads[s], n * sizeof(float));
+            b->mem->to_device(b, g_, grads[s], n * sizeof(float));
             b->ops->loss_scale_check(b, g_, n, ls);
             b->ops->adam_step(b, p_, g_, m_, v_, n, &h, 0.5f, ls, c);
             b->ops->loss_scale_update(b, ls, 1000);
@@ -686,7 +686,7 @@ static void adam_case(bool is_decoupled) {
         out[i][0] = down(b, p_, n);
         out[i][1] = down(b, m_, n);
         out[i][2] = down(b, v_, n);
-        b->ops->to_host(b, &count[i], c, sizeof *c);
+        b->mem->to_host(b, &count[i], c, sizeof *c);
     }
     cr_assert(count[0].step == 3 && count[1].step == 3, "steps counted: cpu %llu, cuda %llu",
               (unsigned long long)count[0].step, (unsigned long long)count[1].step);
@@ -741,24 +741,24 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
             l = low_make();
             b = l.b;
         }
-        uint8_t *d_images = b->ops->alloc(b, per * samples);
-        int32_t *d_labels = b->ops->alloc(b, sizeof labels);
-        augment_job_t *d_jobs = b->ops->alloc(b, sizeof jobs);
-        int32_t *d_out_labels = b->ops->alloc(b, sizeof got_labels);
-        b->ops->to_device(b, d_images, images, per * samples);
-        b->ops->to_device(b, d_labels, labels, sizeof labels);
-        b->ops->to_device(b, d_jobs, jobs, sizeof jobs);
-        float *out = flags[f] ? l.arena[ACTS] : b->ops->alloc(b, per * n * sizeof(float));
+        uint8_t *d_images = b->mem->alloc(b, per * samples);
+        int32_t *d_labels = b->mem->alloc(b, sizeof labels);
+        augment_job_t *d_jobs = b->mem->alloc(b, sizeof jobs);
+        int32_t *d_out_labels = b->mem->alloc(b, sizeof got_labels);
+        b->mem->to_device(b, d_images, images, per * samples);
+        b->mem->to_device(b, d_labels, labels, sizeof labels);
+        b->mem->to_device(b, d_jobs, jobs, sizeof jobs);
+        float *out = flags[f] ? l.arena[ACTS] : b->mem->alloc(b, per * n * sizeof(float));
         b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, out, d_out_labels);
-        b->ops->to_host(b, got, out, per * n * sizeof(float));
-        b->ops->to_host(b, got_labels, d_out_labels, sizeof got_labels);
+        b->mem->to_host(b, got, out, per * n * sizeof(float));
+        b->mem->to_host(b, got_labels, d_out_labels, sizeof got_labels);
         for (size_t i = 0; i < per * n; i++) {
             float expect = flags[f] ? round_low(want[i]) : want[i];
             cr_assert(memcmp(&got[i], &expect, sizeof expect) == 0, "flags %u value %zu: cpu %.9g cuda %.9g",
                       flags[f], i, expect, got[i]);
         }
         cr_assert(memcmp(got_labels, want_labels, sizeof got_labels) == 0, "labels, flags %u", flags[f]);
-        if (flags[f]) b->ops->destroy(b);
+        if (flags[f]) b->mem->destroy(b);
     }
     free(images);
     free(want);

@@ -385,13 +385,13 @@ static void fake_to_device(backend_t *b, void *dst, const void *src, size_t n) {
     memcpy(dst, src, n);
 }
 
-static const backend_i fake_ops = {.name = "fake device", .is_device = fake_is_device,
-                                   .to_host = fake_to_host, .to_device = fake_to_device};
+static const backend_memory_i fake_mem = {.name = "fake device", .is_device = fake_is_device,
+                                          .to_host = fake_to_host, .to_device = fake_to_device};
 
 static int staged_collectives(comm_t *ring, int rank, int world) {
     size_t n = (3u << 20) + 5; /* 12 MiB of floats: two stage chunks and a bit */
     char *device = calloc(n * sizeof(double) + 64, 1);
-    fake_device_t fake = {.base = {.ops = &fake_ops}, .device = device, .device_bytes = n * sizeof(double) + 64};
+    fake_device_t fake = {.base = {.mem = &fake_mem}, .device = device, .device_bytes = n * sizeof(double) + 64};
     comm_t *c = NULL;
     if (comm_staged_create(ring, &fake.base, &c) < 0) return 1;
     float *f = (float *)device;

@@ -93,7 +93,7 @@ static void free_check(op_check_t *c) {
     }
     free(c->y);
     free(c->r);
-    c->b->ops->destroy(c->b);
+    c->b->mem->destroy(c->b);
 }
 
 static op_check_t *new_check(void) {
@@ -101,7 +101,7 @@ static op_check_t *new_check(void) {
     memset(&c, 0, sizeof c);
     c.b = backend_cpu_create(1);
     cr_assert_not_null(c.b);
-    cr_assert_eq(c.b->ops->reserve_workspace(c.b, 1 << 20), 0);
+    cr_assert_eq(c.b->mem->reserve_workspace(c.b, 1 << 20), 0);
     return &c;
 }
 
@@ -207,7 +207,7 @@ Test(cpu_ops, batchnorm_statistics_and_eval_follow_pytorch) {
     cr_assert_float_eq(y[3], 2.0 * 3.0 / sqrt(3.5 + 1e-5) + 0.5, 1e-5);
     c->b->ops->batchnorm_forward_eval(c->b, 4, 1, x, &g, &beta, y, running, running + 1, 1e-5f);
     cr_assert_float_eq(y[0], 2.0 * (1.0 - 0.3) / sqrt(running[1] + 1e-5) + 0.5, 1e-5);
-    c->b->ops->destroy(c->b);
+    c->b->mem->destroy(c->b);
 }
 
 /* A channel whose mean is large next to its spread (a near-constant activation): folding the mean
@@ -215,7 +215,7 @@ Test(cpu_ops, batchnorm_statistics_and_eval_follow_pytorch) {
  * offset. Forward and backward against double-precision arithmetic on the same floats. */
 Test(cpu_ops, batchnorm_keeps_precision_when_the_mean_dwarfs_the_spread) {
     backend_t *b = backend_cpu_create(1);
-    cr_assert_eq(b->ops->reserve_workspace(b, 1 << 20), 0);
+    cr_assert_eq(b->mem->reserve_workspace(b, 1 << 20), 0);
     enum { ROWS = 64 };
     float x[ROWS], dy[ROWS], y[ROWS], dx[ROWS] = {0}, g = 1.5f, beta = 0.25f, dg = 0, db = 0;
     float running[2] = {0, 1}, save[2];
@@ -245,7 +245,7 @@ Test(cpu_ops, batchnorm_keeps_precision_when_the_mean_dwarfs_the_spread) {
     /* the saved mean itself is rounded to fp32 (~3e-5 here, 1e-2 of the spread): that bounds y */
     cr_assert(worst_y < 2e-2, "forward: max error %g", worst_y);
     cr_assert(worst_dx < 1e-4 * scale_dx, "backward: max error %g of %g", worst_dx, scale_dx);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* ---- elementwise, pooling, linear ---- */
@@ -317,7 +317,7 @@ Test(cpu_ops, maxpool_padding_never_wins) {
         cr_assert_eq(y[i], want[i], "y[%d] = %g", i, y[i]);
         cr_assert_eq(argmax[i], want_at[i], "argmax[%d] = %d", i, argmax[i]);
     }
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 static void gap_fwd(op_check_t *c) { c->b->ops->avgpool_global_forward(c->b, c->n, c->rows, c->ch, c->in[0], c->y); }
@@ -376,7 +376,7 @@ Test(cpu_ops, adaptive_avgpool_bins_follow_pytorch) {
     b->ops->avgpool_adaptive_forward(b, &s, x, y7); /* [0,1) three times, [0,2), [1,2) three times */
     float want[7] = {1, 1, 1, 1.5f, 2, 2, 2};
     for (int i = 0; i < 7; i++) cr_assert_float_eq(y7[i], want[i], 1e-6, "y[%d] = %g", i, y7[i]);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* ---- dropout ---- */
@@ -428,7 +428,7 @@ Test(cpu_ops, dropout_scales_survivors_and_drops_about_p) {
     free(x);
     free(y);
     free(y2);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* ---- convolution bias ---- */
@@ -526,7 +526,7 @@ Test(cpu_ops, linear_of_100m_parameters, .timeout = 60) {
     free(dy);
     free(dx);
     free(db);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* ---- loss: y is the summed loss, r = [1/n] so the objective is the mean loss ---- */
@@ -574,7 +574,7 @@ Test(cpu_ops, softmax_cross_entropy_value) {
     /* torch: (1 - eps) * nll + eps * mean_j(-log p_j) */
     double smooth = 0.7 * (lse - 2.0) + 0.3 * ((lse - 1.0) + (lse - 2.0) + (lse - 0.5)) / 3;
     cr_assert_float_eq(loss, smooth, 1e-6);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 Test(cpu_ops, sgd_step_follows_torch_optim_sgd) {
@@ -590,7 +590,7 @@ Test(cpu_ops, sgd_step_follows_torch_optim_sgd) {
             cr_assert_float_eq(p, rp, 1e-6, "nesterov %d step %d", nesterov, step);
         }
     }
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 Test(cpu_ops, loss_scale_check_finds_an_inf_or_a_nan_anywhere) {
@@ -613,7 +613,7 @@ Test(cpu_ops, loss_scale_check_finds_an_inf_or_a_nan_anywhere) {
     b->ops->loss_scale_check(b, x, n, &ls);
     cr_assert_eq(ls.found_inf, 1);
     free(x);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 Test(cpu_ops, sgd_step_unscales_and_skips_an_overflowed_step) {
@@ -634,7 +634,7 @@ Test(cpu_ops, sgd_step_unscales_and_skips_an_overflowed_step) {
         cr_assert_eq(p[i], rp[i], "a skipped step changes no parameter");
         cr_assert_eq(m[i], rm[i], "nor the momentum");
     }
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 Test(cpu_ops, softmax_xent_multiplies_the_gradient_by_the_loss_scale) {
@@ -646,7 +646,7 @@ Test(cpu_ops, softmax_xent_multiplies_the_gradient_by_the_loss_scale) {
     b->ops->softmax_xent(b, 2, 3, logits, labels, 0.1f, 1.0f, &ls, ds, &loss_s);
     cr_assert_eq(loss, loss_s, "the loss itself is not scaled");
     for (int i = 0; i < 6; i++) cr_assert_eq(ds[i], d[i] * 65536.0f);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }
 
 /* The batch op is augment_sample per job, labels gathered alongside, in any order of indices. */
@@ -679,5 +679,5 @@ Test(cpu_ops, augment_batch_is_augment_sample_per_job) {
     free(images);
     free(out);
     free(want);
-    b->ops->destroy(b);
+    b->mem->destroy(b);
 }

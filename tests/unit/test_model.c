@@ -16,7 +16,7 @@ static void setup(void) {
     cr_assert_not_null(backend);
 }
 
-static void teardown(void) { backend->ops->destroy(backend); }
+static void teardown(void) { backend->mem->destroy(backend); }
 
 TestSuite(model, .init = setup, .fini = teardown);
 

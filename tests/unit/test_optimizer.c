@@ -15,7 +15,7 @@ static void setup(void) {
     train_conf_default(&conf);
 }
 
-static void teardown(void) { b->ops->destroy(b); }
+static void teardown(void) { b->mem->destroy(b); }
 
 TestSuite(optimizer, .init = setup, .fini = teardown, .timeout = 30);
 

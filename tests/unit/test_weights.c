@@ -26,7 +26,7 @@ static void teardown(void) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
-    backend->ops->destroy(backend);
+    backend->mem->destroy(backend);
 }
 
 TestSuite(weights, .init = setup, .fini = teardown, .timeout = 60);

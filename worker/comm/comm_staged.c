@@ -29,14 +29,14 @@ static int fail(staged_t *s, int rc) {
 typedef int (*chunk_fn)(comm_t *inner, void *host, size_t n_bytes, int root);
 
 static int through_host(staged_t *s, void *data, size_t n_bytes, size_t unit, int root, chunk_fn fn) {
-    const backend_i *o = s->backend->ops;
+    const backend_memory_i *mem = s->backend->mem;
     size_t chunk = STAGE_BYTES / unit * unit;
     for (size_t at = 0; at < n_bytes; at += chunk) {
         size_t n = n_bytes - at < chunk ? n_bytes - at : chunk;
-        o->to_host(s->backend, s->host, (unsigned char *)data + at, n);
+        mem->to_host(s->backend, s->host, (unsigned char *)data + at, n);
         int rc = fn(s->inner, s->host, n, root);
         if (rc < 0) return fail(s, rc);
-        o->to_device(s->backend, (unsigned char *)data + at, s->host, n);
+        mem->to_device(s->backend, (unsigned char *)data + at, s->host, n);
     }
     return 0;
 }
@@ -55,7 +55,7 @@ static int broadcast_chunk(comm_t *inner, void *host, size_t n_bytes, int root) 
     return inner->ops->broadcast(inner, host, n_bytes, root);
 }
 
-static bool is_device(staged_t *s, const void *p) { return s->backend->ops->is_device(s->backend, p); }
+static bool is_device(staged_t *s, const void *p) { return s->backend->mem->is_device(s->backend, p); }
 
 static int staged_allreduce_f32(comm_t *c, float *data, size_t n) {
     staged_t *s = staged_of(c);

@@ -410,7 +410,7 @@ static void cpu_destroy(backend_t *b) {
     free(c);
 }
 
-static const backend_i cpu_ops = {
+static const backend_memory_i cpu_mem = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .release = cpu_release,
@@ -418,6 +418,10 @@ static const backend_i cpu_ops = {
     .reserve_workspace = cpu_reserve_workspace,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .destroy = cpu_destroy,
+};
+
+static const backend_i cpu_ops = {
     .fill = cpu_fill,
     .scale = cpu_scale,
     .conv2d_forward = cpu_conv2d_forward,
@@ -447,12 +451,12 @@ static const backend_i cpu_ops = {
     .loss_scale_check = cpu_loss_scale_check,
     .loss_scale_update = cpu_loss_scale_update,
     .augment_batch = cpu_augment_batch,
-    .destroy = cpu_destroy,
 };
 
 backend_t *backend_cpu_create(int threads) {
     cpu_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
+    c->base.mem = &cpu_mem;
     c->base.ops = &cpu_ops;
     if (threads > 0) {
         openblas_set_num_threads(threads);

@@ -27,18 +27,25 @@ static void gpu_destroy(backend_t *b) {
     free(g);
 }
 
+static backend_memory_i make_mem(void) {
+    backend_memory_i m;
+    memset(&m, 0, sizeof m);
+    m.name = "cuda";
+    m.alloc = gpu_alloc;
+    m.release = gpu_release;
+    m.is_device = gpu_is_device;
+    m.mark_arenas = gpu_mark_arenas;
+    m.prepare_forward = gpu_prepare_forward;
+    m.reserve_workspace = gpu_reserve_workspace;
+    m.to_device = gpu_to_device;
+    m.to_host = gpu_to_host;
+    m.destroy = gpu_destroy;
+    return m;
+}
+
 static backend_i make_ops(void) {
     backend_i o;
     memset(&o, 0, sizeof o);
-    o.name = "cuda";
-    o.alloc = gpu_alloc;
-    o.release = gpu_release;
-    o.is_device = gpu_is_device;
-    o.mark_arenas = gpu_mark_arenas;
-    o.prepare_forward = gpu_prepare_forward;
-    o.reserve_workspace = gpu_reserve_workspace;
-    o.to_device = gpu_to_device;
-    o.to_host = gpu_to_host;
     o.augment_batch = gpu_augment_batch;
     o.fill = gpu_fill;
     o.scale = gpu_scale;
@@ -68,10 +75,10 @@ static backend_i make_ops(void) {
     o.adam_step = gpu_adam_step;
     o.loss_scale_check = gpu_loss_scale_check;
     o.loss_scale_update = gpu_loss_scale_update;
-    o.destroy = gpu_destroy;
     return o;
 }
 
+static const backend_memory_i gpu_mem = make_mem();
 static const backend_i gpu_ops = make_ops();
 
 cudaStream_t backend_cuda_stream(backend_t *b) { return gpu_of(b)->stream; }
@@ -98,6 +105,7 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
         snprintf(err, err_len, "out of memory");
         return NULL;
     }
+    g->base.mem = &gpu_mem;
     g->base.ops = &gpu_ops;
     g->device = device;
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));

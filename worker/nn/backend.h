@@ -1,6 +1,8 @@
-/* backend: the compute a training step needs, behind one table of function pointers (backend_i)
- * plus an opaque context, so the model and the trainer run unchanged on the CPU reference backend
- * (cpu/backend_cpu.c) and on the CUDA backend. Only a backend's own files include vendor headers.
+/* backend: the compute a training step needs, behind two tables of function pointers (memory,
+ * backend_memory_i: where tensors live, copies, the arenas, the backend's lifetime; compute,
+ * backend_i: the ops) plus an opaque context, so the model and the trainer run unchanged on the CPU
+ * reference backend (cpu/backend_cpu.c) and on the CUDA backend. Only a backend's own files include
+ * vendor headers.
  *
  * Conventions every backend keeps:
  * - Tensors are fp32 NHWC in memory the backend allocated ("device" memory; host memory on cpu).
@@ -44,6 +46,8 @@ typedef struct {
     int oh, ow;
 } pool_shape_t;
 
+/* The backend's memory and lifetime: where tensors live, how bytes cross to and from the host,
+ * the model's arenas. */
 typedef struct {
     const char *name;
     /* Zeroed memory for the whole run, or NULL when out of memory. */
@@ -62,6 +66,11 @@ typedef struct {
     void (*to_device)(backend_t *b, void *dst, const void *src, size_t n_bytes);
     /* Waits for every queued op, then copies. */
     void (*to_host)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    void (*destroy)(backend_t *b);
+} backend_memory_i;
+
+/* The compute: every op of a training step, on tensors in the backend's memory. */
+typedef struct {
     /* A batch assembled where the dataset lives, so only the jobs cross to the device: for i < n,
      * sample i of out = augment_apply(&jobs[i].choice, norm, images' sample jobs[i].index) and
      * labels_out[i] = labels[jobs[i].index]. images: (samples, h, w, c) uint8 NHWC, labels: int32,
@@ -160,10 +169,10 @@ typedef struct {
     void (*loss_scale_check)(backend_t *b, const float *x, size_t n_elems, loss_scale_t *ls);
     /* loss_scale_next on the device's copy, after the step's sgd_step. */
     void (*loss_scale_update)(backend_t *b, loss_scale_t *ls, uint32_t growth_interval);
-    void (*destroy)(backend_t *b);
 } backend_i;
 
 struct backend {
+    const backend_memory_i *mem;
     const backend_i *ops;
 };
 

@@ -143,8 +143,8 @@ int model_init_params(model_t *m, uint64_t seed) {
     }
     init_params(m, seed, host_params, host_buffers);
     backend_t *bk = m->backend;
-    bk->ops->to_device(bk, m->params, host_params, m->n_params * sizeof(float));
-    bk->ops->to_device(bk, m->buffers, host_buffers, m->n_buffers * sizeof(float));
+    bk->mem->to_device(bk, m->params, host_params, m->n_params * sizeof(float));
+    bk->mem->to_device(bk, m->buffers, host_buffers, m->n_buffers * sizeof(float));
     free(host_params);
     free(host_buffers);
     return 0;
@@ -156,7 +156,7 @@ void model_free(model_t *m) {
         void *mem[] = {m->params, m->grads, m->momentum, m->buffers, m->acts,
                        m->dacts, m->scratch, m->labels, m->loss_sum};
         for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
-            if (mem[i]) bk->ops->release(bk, mem[i]);
+            if (mem[i]) bk->mem->release(bk, mem[i]);
     }
     free(m->layers);
     free(m->tensors);
@@ -303,7 +303,7 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
 
 double model_take_loss(model_t *m) {
     float loss = 0.0f;
-    m->backend->ops->to_host(m->backend, &loss, m->loss_sum, sizeof loss);
+    m->backend->mem->to_host(m->backend, &loss, m->loss_sum, sizeof loss);
     m->backend->ops->fill(m->backend, m->loss_sum, 0.0f, 1);
     return loss;
 }

@@ -122,8 +122,8 @@ static float *host_copy(model_t *m) {
     float *host = malloc(sizeof(float) * (m->n_params + m->n_buffers + 1));
     if (!host) return NULL;
     backend_t *b = m->backend;
-    b->ops->to_host(b, host, m->params, m->n_params * sizeof(float));
-    b->ops->to_host(b, host + m->n_params, m->buffers, m->n_buffers * sizeof(float));
+    b->mem->to_host(b, host, m->params, m->n_params * sizeof(float));
+    b->mem->to_host(b, host + m->n_params, m->buffers, m->n_buffers * sizeof(float));
     return host;
 }
 
@@ -326,8 +326,8 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
         rc = ddp_errf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
     if (rc == 0) {
         backend_t *b = m->backend;
-        b->ops->to_device(b, m->params, host, m->n_params * sizeof(float));
-        b->ops->to_device(b, m->buffers, host + m->n_params, m->n_buffers * sizeof(float));
+        b->mem->to_device(b, m->params, host, m->n_params * sizeof(float));
+        b->mem->to_device(b, m->buffers, host + m->n_params, m->n_buffers * sizeof(float));
     }
     close(fd);
     free(is_used);
