@@ -16,6 +16,7 @@ import pytest
 
 import safetensors_file
 from conftest import clean_env, wait_until
+from test_imagefolder import CONVERGENCE  # the CPU reference's settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION = os.environ.get("DDP_DATA_DIR", "/usr/share/datasets/fashion-mnist")
@@ -179,32 +180,6 @@ def test_nccl_with_two_ranks_on_one_gpu_fails_fast_and_clearly(ddprun, cuda_lib,
     assert time.monotonic() - t0 < 120
 
 
-JPEG_CONF = """[model]
-name = resnet18
-width = 16
-stem = imagenet
-[data]
-kind = imagefolder
-dir = {root}
-image_size = 48
-train_transform = resize
-eval_transform = resize
-[optim]
-lr = 0.1
-momentum = 0.9
-nesterov = true
-weight_decay = 0.0005
-label_smoothing = 0.1
-schedule = one-cycle
-[train]
-batch_size = 64
-epochs = 5
-log_interval = 100
-seed = 1
-backend = cuda
-"""
-
-
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_jpeg_folder_path_trains_resnet18_imagenet_stem_to_90_percent_on_the_gpu(
         ddpworker, cuda_lib, tmp_path, precision):
@@ -214,9 +189,9 @@ def test_the_jpeg_folder_path_trains_resnet18_imagenet_stem_to_90_percent_on_the
     subprocess.run([sys.executable, os.path.join(ROOT, "tests/tools/make_jpeg_folder.py"),
                     str(root), "--per-class", "4000", "--val-per-class", "300"], check=True)
     conf = tmp_path / "jpeg.conf"
-    conf.write_text(JPEG_CONF.format(root=root))
+    conf.write_text(CONVERGENCE.format(root=root))
     metrics = tmp_path / "metrics.jsonl"
-    r = subprocess.run([ddpworker, str(conf), f"precision.mode={precision}",
+    r = subprocess.run([ddpworker, str(conf), "train.backend=cuda", f"precision.mode={precision}",
                         f"train.metrics_file={metrics}"], capture_output=True, text=True,
                        timeout=1200, env=one_rank_env())
     assert r.returncode == 0, r.stderr
