@@ -246,7 +246,7 @@ static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, i
         t->host_labels[i] = d->labels[indices[i]];
     }
     const backend_i *o = t->backend->ops;
-    o->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
+    t->backend->mem->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
     o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
                      augment_norm(aug, d->c), model_input(&t->model), t->model.labels);
 }

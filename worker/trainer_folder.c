@@ -62,10 +62,9 @@ void trainer__folder_batch(trainer_t *t, data_split_t split, int64_t epoch, uint
     char err[1300];
     if (loader_take(t->loader, base + id, &b, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_DATA, "data: %s (data.on_bad_image = skip goes on without it)", err);
-    const backend_i *o = t->backend->ops;
     size_t per = (size_t)d->h * d->w * d->c;
-    o->to_device(t->backend, model_input(&t->model), b.pixels, sizeof(float) * per * (size_t)b.n);
-    o->to_device(t->backend, t->model.labels, b.labels, sizeof(int32_t) * (size_t)b.n);
+    t->backend->mem->to_device(t->backend, model_input(&t->model), b.pixels, sizeof(float) * per * (size_t)b.n);
+    t->backend->mem->to_device(t->backend, t->model.labels, b.labels, sizeof(int32_t) * (size_t)b.n);
     memcpy(t->host_labels, b.labels, sizeof(int32_t) * (size_t)b.n);
     loader_release(t->loader, base + id);
 }

@@ -107,24 +107,23 @@ int model_init_opts(model_t *m, backend_t *bk, const model_opts_t *opts, int h, 
         model_free(m);
         return -1;
     }
-    const backend_i *o = bk->ops;
-    m->params = o->alloc(bk, m->n_params * sizeof(float));
-    m->grads = o->alloc(bk, m->n_params * sizeof(float));
-    m->momentum = o->alloc(bk, m->n_params * sizeof(float));
-    m->buffers = o->alloc(bk, m->n_buffers * sizeof(float));
-    m->acts = o->alloc(bk, m->n_acts * sizeof(float));
-    m->dacts = o->alloc(bk, m->n_acts * sizeof(float));
-    m->scratch = o->alloc(bk, m->n_scratch * sizeof(float));
-    m->labels = o->alloc(bk, (size_t)batch_max * sizeof(int32_t));
-    m->loss_sum = o->alloc(bk, sizeof(float));
+    m->params = bk->mem->alloc(bk, m->n_params * sizeof(float));
+    m->grads = bk->mem->alloc(bk, m->n_params * sizeof(float));
+    m->momentum = bk->mem->alloc(bk, m->n_params * sizeof(float));
+    m->buffers = bk->mem->alloc(bk, m->n_buffers * sizeof(float));
+    m->acts = bk->mem->alloc(bk, m->n_acts * sizeof(float));
+    m->dacts = bk->mem->alloc(bk, m->n_acts * sizeof(float));
+    m->scratch = bk->mem->alloc(bk, m->n_scratch * sizeof(float));
+    m->labels = bk->mem->alloc(bk, (size_t)batch_max * sizeof(int32_t));
+    m->loss_sum = bk->mem->alloc(bk, sizeof(float));
     if (!m->params || !m->grads || !m->momentum || !m->buffers || !m->acts || !m->dacts ||
-        !m->scratch || !m->labels || !m->loss_sum || o->reserve_workspace(bk, workspace_bytes(m)) < 0) {
+        !m->scratch || !m->labels || !m->loss_sum || bk->mem->reserve_workspace(bk, workspace_bytes(m)) < 0) {
         snprintf(err, err_len, "model %s: out of memory for %zu parameters and %zu activations "
                  "(batch %d); try a smaller train.batch_size", name, m->n_params, m->n_acts, batch_max);
         model_free(m);
         return -1;
     }
-    if (o->mark_arenas && o->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
+    if (bk->mem->mark_arenas && bk->mem->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
         snprintf(err, err_len, "model %s: out of memory for the backend's copies of %zu parameters",
                  name, m->n_params);
         model_free(m);
@@ -188,7 +187,7 @@ uint64_t model_dropout_key(const model_t *m, int layer) {
 void model_forward(model_t *m, int n, bool is_training) {
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
-    if (o->prepare_forward) o->prepare_forward(bk);
+    if (bk->mem->prepare_forward) bk->mem->prepare_forward(bk);
     for (int i = 0; i < m->n_layers; i++) {
         layer_t *l = &m->layers[i];
         const tensor_t *tx = &m->tensors[l->in];
