@@ -251,8 +251,9 @@ class EtcdCluster:
                 continue
             st = json.loads(r.stdout)[0]["Status"]
             ids[st["header"]["member_id"]] = i
-            leaders.add(st["leader"])
-        if len(leaders) != 1:
+            # proto3's JSON leaves out zeros: no "leader" while a member knows of none (an election)
+            leaders.add(st.get("leader", 0))
+        if len(leaders) != 1 or 0 in leaders:
             return None
         return ids.get(leaders.pop())
 
