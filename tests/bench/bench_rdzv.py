@@ -34,6 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
+from build_paths import build_path  # noqa: E402
 from etcd_cluster import ETCDCTL, EtcdCluster, free_port  # noqa: E402
 
 # A worker writes its start time; before the kill it sleeps, after it (the bench creates "lost")
@@ -43,14 +44,6 @@ date +%s%N > "$OUT_DIR/start.$$"
 [ -n "$BENCH_EXIT_AT_ONCE" ] || [ -e "$OUT_DIR/lost" ] && exit 0
 exec sleep 120
 """
-
-
-def ddprun_bin():
-    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
-        path = os.path.join(ROOT, build, "launcher", "ddprun")
-        if os.access(path, os.X_OK):
-            return path
-    sys.exit("bench_rdzv: ddprun not built")
 
 
 def agent_cmds(ddprun, backend, endpoint, n_agents, nnodes, program, rdzv_conf, job):
@@ -212,7 +205,7 @@ def main():
     args = ap.parse_args()
     if shutil.which("etcd") is None:
         sys.exit("bench_rdzv: etcd is not installed (apt-get install etcd-server etcd-client)")
-    ddprun = ddprun_bin()
+    ddprun = build_path("launcher", "ddprun")
     tmp = tempfile.mkdtemp(prefix="bench-rdzv-")
     worker = os.path.join(tmp, "worker.sh")
     with open(worker, "w") as f:
