@@ -673,9 +673,8 @@ static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
     store_server_opts_t so = {.host = o->rdzv_host, .port = o->rdzv_port};
     char own_host[256] = "";
-    /* (one node on etcd rendezvouses with nobody, but its endpoint is etcd's, not a store's) */
-    bool is_own_address = a->is_etcd || strcmp(o->rdzv_backend, "etcd") == 0;
-    if (is_own_address) {
+    /* on etcd even one node, which rendezvouses with nobody: the endpoint is etcd's, not a store's */
+    if (strcmp(o->rdzv_backend, "etcd") == 0) {
         if (o->local_addr[0]) snprintf(own_host, sizeof own_host, "%s", o->local_addr);
         else if (gethostname(own_host, sizeof own_host - 1) != 0) strcpy(own_host, "127.0.0.1");
         so.host = own_host;
