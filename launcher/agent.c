@@ -33,6 +33,7 @@
 #include "rendezvous.h"
 #include "rdzv_kv.h"
 #include "store_server.h"
+#include "spares.h"
 #include "workers.h"
 
 #define STORE_LINGER_MS 5000
@@ -53,6 +54,7 @@ typedef struct {
     ddprun_opts_t *opts;
     store_server_t *store;
     workers_t *workers;
+    spares_t *spares; /* --warm-spares 1, else NULL */
     uv_signal_t sig_handles[DDP_MAX_SIGNALS];
     uv_timer_t linger;
     char self_exe[PATH_MAX];
@@ -133,6 +135,8 @@ static void on_linger(uv_timer_t *t) {
  * clients when they come back. */
 static void finish(agent_t *a, int code) {
     a->exit_code = code;
+    if (a->spares) spares_destroy(a->spares);
+    a->spares = NULL;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
     if (a->beat.is_timer_open) {
         uv_close((uv_handle_t *)&a->beat.timer, NULL);
@@ -227,7 +231,7 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
         .group_rank = act->round.group_rank,
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
         .world_size = act->round.world_size, .master_addr = a->master_addr,
-        .master_port = a->master_port, .attempt_dir = attempt_dir};
+        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares};
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
         spec.master_addr = act->round.store_host;
         spec.master_port = act->round.store_port;
@@ -796,6 +800,11 @@ int agent_main(ddprun_opts_t *o) {
         uv_signal_start(&a->sig_handles[i], on_signal, o->signals[i]);
     }
     signal(SIGPIPE, SIG_IGN);
+    if (o->warm_spares) { /* they initialize while the rendezvous runs */
+        char err[512];
+        if (spares_create(a->loop, o, a->self_exe, a->run_dir, &a->spares, err, sizeof err) < 0)
+            LOG_WARN("%s: workers start fresh", err);
+    }
     post(a, AGENT_EV_START);
     uv_run(a->loop, UV_RUN_DEFAULT);
     rdzv_kv_destroy(a->ops);

@@ -366,6 +366,13 @@ static int set_start_timeout(ddprun_opts_t *o, const char *v, char *err, size_t 
     return 0;
 }
 
+static int set_warm_spares(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    if (strcmp(v, "auto") == 0) o->warm_spares = -1;
+    else if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) o->warm_spares = v[0] - '0';
+    else return errf(err, el, "--warm-spares: '%s' is not 0, 1 or auto", v);
+    return 0;
+}
+
 static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     (void)v, (void)err, (void)el;
     o->is_dry_run = true;
@@ -417,6 +424,9 @@ static const opt_spec_t opt_table[] = {
                                                    "are always new processes (exec)", set_start_method},
     {"run-path", 0, NULL, "accepted for torchrun's scripts: a script always runs as __main__",
      set_run_path},
+    {"warm-spares", 0, "0|1|auto", "keep an initialized spare train.conf worker per local rank "
+                                   "that a restart takes over (auto: on a GPU node)",
+     set_warm_spares},
     {"dry-run", 0, NULL, "print the resolved configuration and exit", set_dry_run},
 };
 #define N_OPTS (sizeof opt_table / sizeof opt_table[0])
@@ -462,6 +472,7 @@ static void set_defaults(ddprun_opts_t *o) {
     o->lease_ttl_s = 10;
     o->status_ttl_s = 3600;
     o->start_timeout_s = -1; /* not given: decided by the program (finish) */
+    o->warm_spares = -1;     /* auto (finish) */
     o->store_max_value_bytes = STORE_DEFAULT_MAX_VALUE_BYTES;
     o->is_host = -1;
     strcpy(o->start_method, "spawn");
@@ -558,11 +569,17 @@ int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
 
 /* --standalone and the backends' implied settings; errors for combinations torchrun rejects. */
 static int finish(ddprun_opts_t *o, char *err, size_t el) {
-    if (o->start_timeout_s < 0) { /* only ddpworker is known to report progress from its start */
-        const char *prog = o->program_argv[0];
-        size_t n = strlen(prog);
-        o->start_timeout_s = n > 5 && strcmp(prog + n - 5, ".conf") == 0 ? 120 : 0;
-    }
+    const char *prog = o->program_argv[0];
+    size_t prog_len = strlen(prog);
+    bool is_builtin = prog_len > 5 && strcmp(prog + prog_len - 5, ".conf") == 0;
+    /* only ddpworker is known to report progress from its start */
+    if (o->start_timeout_s < 0) o->start_timeout_s = is_builtin ? 120 : 0;
+    /* only ddpworker can wait as a spare; on a GPU a fresh one spends most of its start on the
+     * CUDA context and the libraries' handles */
+    if (o->warm_spares == 1 && !is_builtin)
+        return errf(err, el, "--warm-spares 1: only the built-in trainer (a train.conf) can wait as "
+                             "a spare, not %s", prog);
+    if (o->warm_spares < 0) o->warm_spares = is_builtin && count_gpus() > 0;
     if (o->is_standalone) {
         if (o->has_rdzv_endpoint)
             fprintf(stderr, "ddprun: --standalone ignores --rdzv-endpoint %s\n", o->rdzv_host);
@@ -699,8 +716,8 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
             o->master_addr, o->master_port, o->local_addr, o->is_no_python, o->is_module);
     for (int s = 0; s < o->n_signals; s++) fprintf(f, " %d", o->signals[s]);
     fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nstart_timeout: %g\nstore_max_value: %zu\n"
-               "program:", o->shutdown_timeout_s, o->hang_timeout_s, o->start_timeout_s,
-            o->store_max_value_bytes);
+               "warm_spares: %d\nprogram:", o->shutdown_timeout_s, o->hang_timeout_s,
+            o->start_timeout_s, o->store_max_value_bytes, o->warm_spares);
     for (int a = 0; a < o->program_argc; a++) fprintf(f, " %s", o->program_argv[a]);
     fputc('\n', f);
 }

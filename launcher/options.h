@@ -50,6 +50,8 @@ typedef struct {
     double hang_timeout_s;   /* 0: no hang detection */
     size_t store_max_value_bytes; /* the hosted store's value limit, which our clients respect too */
     double start_timeout_s;  /* 0: none; a worker must report progress this soon after its start */
+    int warm_spares;         /* 1: keep a warm spare worker per local rank, 0: none (-1 auto until
+                                parsed: 1 for train.conf on a GPU node) */
     bool is_dry_run;
     char slurm_job_id[64]; /* "" outside Slurm; else the allocation these defaults came from */
     int slurm_nodes, slurm_node_id;

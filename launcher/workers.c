@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +13,7 @@
 
 #include "fs.h"
 #include "log.h"
-
-extern char **environ;
+#include "spares.h"
 
 #define LINE_MAX_BYTES 65536
 #define TAIL_BYTES     2048
@@ -218,8 +216,7 @@ static void learn_program_pid(worker_t *w) {
     if (pid > 0 && pid < INT32_MAX && *end == '\n') w->result.pid = (int)pid;
 }
 
-static void on_process_exit(uv_process_t *proc, int64_t exit_status, int term_signal) {
-    worker_t *w = proc->data;
+static void worker_exited(worker_t *w, int64_t exit_status, int term_signal) {
     uv_timer_start(&w->set->drain_timer, on_drain_timer, DRAIN_AFTER_EXIT_MS, 0);
     /* What the worker left behind in its process group (its own children) goes with it. */
     kill(-w->group_pid, SIGKILL);
@@ -228,120 +225,50 @@ static void on_process_exit(uv_process_t *proc, int64_t exit_status, int term_si
     w->result.exit_status = (int)exit_status;
     w->result.term_signal = term_signal;
     w->set->on_exit(w->set, &w->result, w->set->arg);
+}
+
+static void on_process_exit(uv_process_t *proc, int64_t exit_status, int term_signal) {
+    worker_t *w = proc->data;
+    worker_exited(w, exit_status, term_signal);
     uv_close((uv_handle_t *)proc, on_proc_closed);
 }
 
-/* KEY=VALUE entries: ours override the inherited environment. */
-typedef struct {
-    char **vars;
-    size_t n, cap;
-} env_t;
+/* A taken spare's process handle is the spares set's: its exit counts as our handle closing. */
+static void on_spare_exit(void *owner, int64_t exit_status, int term_signal) {
+    worker_t *w = owner;
+    worker_exited(w, exit_status, term_signal);
+    handle_closed(w);
+}
 
-static int env_set(env_t *e, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int env_set(env_t *e, const char *key, const char *fmt, ...) {
-    char value[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(value, sizeof value, fmt, ap);
-    va_end(ap);
-    size_t klen = strlen(key);
-    char *entry = malloc(klen + strlen(value) + 2);
-    if (!entry) return -ENOMEM;
-    sprintf(entry, "%s=%s", key, value);
-    for (size_t i = 0; i < e->n; i++) {
-        if (strncmp(e->vars[i], key, klen) == 0 && e->vars[i][klen] == '=') {
-            free(e->vars[i]);
-            e->vars[i] = entry;
-            return 0;
-        }
+/* The round in local rank w's warm spare instead of a new process: fresh pipes for its output,
+ * whose write ends go to the spare with the round's environment. Returns 0, or -1 when no spare
+ * took it (the streams are then as they were, for uv_spawn). */
+static int take_spare(workers_t *s, worker_t *w, int local_rank, char *const *env) {
+    uv_file out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (uv_pipe(out, 0, 0) < 0) return -1;
+    if (uv_pipe(err, 0, 0) < 0) {
+        close(out[0]);
+        close(out[1]);
+        return -1;
     }
-    if (e->n + 1 >= e->cap) {
-        size_t cap = e->cap ? e->cap * 2 : 256;
-        char **v = realloc(e->vars, cap * sizeof *v);
-        if (!v) {
-            free(entry);
-            return -ENOMEM;
-        }
-        e->vars = v;
-        e->cap = cap;
+    spare_taken_t taken;
+    int rc = spares_take(s->spec.spares, local_rank, env, out[1], err[1], on_spare_exit, w, &taken);
+    close(out[1]);
+    close(err[1]);
+    if (rc == 0 && (uv_pipe_open(&w->out.pipe, out[0]) < 0 || uv_pipe_open(&w->err.pipe, err[0]) < 0))
+        rc = -1; /* cannot happen with fresh pipes; the spare then ends with its output's EOF */
+    if (rc < 0) {
+        close(out[0]);
+        close(err[0]);
+        return -1;
     }
-    e->vars[e->n++] = entry;
-    e->vars[e->n] = NULL;
+    w->open_handles++; /* the spare's process, until on_spare_exit */
+    s->n_open_handles++;
+    w->result.pid = w->group_pid = taken.group_pid;
+    snprintf(w->pid_path, sizeof w->pid_path, "%s", taken.pid_path);
+    LOG_DEBUG("local rank %d: the warm spare (pid %d) takes rank %d", local_rank, taken.group_pid,
+              w->result.rank);
     return 0;
-}
-
-static void env_free(env_t *e) {
-    for (size_t i = 0; i < e->n; i++) free(e->vars[i]);
-    free(e->vars);
-}
-
-static int build_env(const workers_spec_t *sp, int local_rank, env_t *e) {
-    const ddprun_opts_t *o = sp->opts;
-    int rc = 0;
-    for (char **p = environ; *p && rc == 0; p++) {
-        char *eq = strchr(*p, '=');
-        if (!eq) continue;
-        char key[256];
-        size_t klen = (size_t)(eq - *p);
-        if (klen >= sizeof key) continue;
-        memcpy(key, *p, klen);
-        key[klen] = '\0';
-        rc = env_set(e, key, "%s", eq + 1);
-    }
-    int rank = sp->rank_offset + local_rank;
-    rc |= env_set(e, "RANK", "%d", rank);
-    rc |= env_set(e, "LOCAL_RANK", "%d", local_rank);
-    rc |= env_set(e, "WORLD_SIZE", "%d", sp->world_size);
-    rc |= env_set(e, "LOCAL_WORLD_SIZE", "%d", o->nproc_per_node);
-    rc |= env_set(e, "GROUP_RANK", "%d", sp->group_rank);
-    rc |= env_set(e, "GROUP_WORLD_SIZE", "%d", sp->group_world_size);
-    rc |= env_set(e, "ROLE_NAME", "%s", o->role);
-    rc |= env_set(e, "ROLE_RANK", "%d", rank);
-    rc |= env_set(e, "ROLE_WORLD_SIZE", "%d", sp->world_size);
-    rc |= env_set(e, "MASTER_ADDR", "%s", sp->master_addr);
-    rc |= env_set(e, "MASTER_PORT", "%u", sp->master_port);
-    rc |= env_set(e, "TORCHELASTIC_USE_AGENT_STORE", "True");
-    rc |= env_set(e, "TORCHELASTIC_RESTART_COUNT", "%d", sp->restart_count);
-    rc |= env_set(e, "TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
-    rc |= env_set(e, "TORCHELASTIC_RUN_ID", "%s", sp->run_id);
-    rc |= env_set(e, "TORCHELASTIC_ERROR_FILE", "%s/%d/error.json", sp->attempt_dir, local_rank);
-    rc |= env_set(e, "DDPRUN_ATTEMPT", "%d", sp->attempt);
-    rc |= env_set(e, "DDPRUN_PROGRESS_FILE", "%s/%d/progress", sp->attempt_dir, local_rank);
-    rc |= env_set(e, "DDPRUN_PID_FILE", "%s/%d/pid", sp->attempt_dir, local_rank);
-    /* as current torchrun: NCCL errors abort the process instead of hanging it */
-    if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
-        rc |= env_set(e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-    if (!getenv("OMP_NUM_THREADS")) rc |= env_set(e, "OMP_NUM_THREADS", "1");
-    if (!getenv("PYTHONUNBUFFERED")) rc |= env_set(e, "PYTHONUNBUFFERED", "1");
-    return rc;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-/* argv of the shim: self __shim AGENT_PID -- [python3 -u [-m]] PROGRAM ARGS */
-static char **build_argv(const workers_spec_t *sp, char *pid_text) {
-    const ddprun_opts_t *o = sp->opts;
-    char **argv = calloc((size_t)o->program_argc + 9, sizeof *argv);
-    if (!argv) return NULL;
-    int n = 0;
-    argv[n++] = (char *)(uintptr_t)sp->self_exe;
-    argv[n++] = "__shim";
-    argv[n++] = pid_text;
-    argv[n++] = "--";
-    bool is_python = !o->is_no_python && (o->is_module || ends_with(o->program_argv[0], ".py"));
-    if (is_python) {
-        const char *py = getenv("PYTHON_EXEC");
-        argv[n++] = (char *)(uintptr_t)(py && *py ? py : "python3");
-        argv[n++] = "-u";
-        if (o->is_module) argv[n++] = "-m";
-    }
-    for (int i = 0; i < o->program_argc; i++) argv[n++] = o->program_argv[i];
-    return argv;
 }
 
 static int open_log(const char *dir, const char *name) {
@@ -386,9 +313,18 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
     }
     char pid_text[24];
     snprintf(pid_text, sizeof pid_text, "%d", (int)getpid());
-    env_t env = {0};
-    char **argv = build_argv(sp, pid_text);
-    rc = argv ? build_env(sp, local_rank, &env) : -ENOMEM;
+    worker_env_t env = {0};
+    rc = worker_env_round(sp, local_rank, &env);
+    s->n_active++;
+    if (rc == 0 && sp->spares && take_spare(s, w, local_rank, env.vars) == 0) {
+        worker_env_free(&env);
+        w->started_ms = uv_now(s->loop);
+        uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
+        uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
+        return 0;
+    }
+    char **argv = worker_cmd_argv(o, sp->self_exe, pid_text);
+    if (rc == 0 && !argv) rc = -ENOMEM;
     uv_stdio_container_t stdio[4] = {
         {.flags = UV_IGNORE},
         {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->out.pipe},
@@ -402,8 +338,7 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
     bool is_spawn_tried = rc == 0;
     if (is_spawn_tried) rc = uv_spawn(s->loop, &w->proc, &po);
     free(argv);
-    env_free(&env);
-    s->n_active++;
+    worker_env_free(&env);
     if (is_spawn_tried) { /* uv_spawn initialises the handle even when it fails */
         w->open_handles++;
         s->n_open_handles++;

@@ -3,6 +3,7 @@
  * stdout/stderr to the console ("[node/rank]: " prefix, --redirects/--tee/--local-ranks-filter)
  * and to per-rank, per-attempt files under --log-dir, and stops them: the signal to every group,
  * SIGKILL after the shutdown timeout, and never waits forever on a worker stuck in the kernel.
+ * With spec->spares, a local rank's warm spare takes the round in place of a fresh process.
  * Loop thread only. */
 #ifndef DDP_LAUNCHER_WORKERS_H
 #define DDP_LAUNCHER_WORKERS_H
@@ -10,24 +11,9 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "options.h"
+#include "worker_cmd.h"
 
 typedef struct workers workers_t;
-
-typedef struct {
-    const ddprun_opts_t *opts;
-    const char *self_exe;  /* this executable, to run the shim */
-    const char *run_id;
-    int attempt;           /* the round: DDPRUN_ATTEMPT, the log directory */
-    int restart_count;     /* TORCHELASTIC_RESTART_COUNT: restarts used (membership changes
-                              are not restarts, as in torchrun) */
-    int group_rank, group_world_size;
-    int rank_offset;       /* global rank of local rank 0 */
-    int world_size;
-    const char *master_addr; /* the agent's store, for MASTER_ADDR/MASTER_PORT */
-    uint16_t master_port;
-    const char *attempt_dir; /* logs and error files of this attempt (always set) */
-} workers_spec_t;
 
 typedef struct {
     int local_rank, rank;

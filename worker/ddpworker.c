@@ -20,6 +20,7 @@
 #include "cuda/cuda_api.h"
 #include "dataset.h"
 #include "snapshot.h"
+#include "spare.h"
 #include "exit_codes.h"
 #include "trainer.h"
 
@@ -44,6 +45,16 @@ static void *load_data(void *arg) {
     data_load_t *l = arg;
     l->rc = data_splits_load(l->conf, &l->data, l->err, sizeof l->err);
     return NULL;
+}
+
+/* The loading thread's result; a dataset that cannot be loaded ends the process (DDP_EXIT_DATA),
+ * naming the rank once it is known (rank -1: a warm spare, before its round). */
+static void finish_loading(data_load_t *l, pthread_t loader, bool is_loading, int rank) {
+    if (is_loading) pthread_join(loader, NULL);
+    if (l->rc == 0) return;
+    if (rank >= 0) fprintf(stderr, "ddpworker: rank %d: %s\n", rank, l->err);
+    else fprintf(stderr, "ddpworker: %s\n", l->err);
+    exit(DDP_EXIT_DATA);
 }
 
 /* An integer from the environment, or def when unset; a malformed one is a launcher bug. */
@@ -271,8 +282,9 @@ int main(int argc, char **argv) {
         }
         return snapshot_inspect(argv[2], stdout) == 0 ? 0 : DDP_EXIT_DATA;
     }
-    int world = (int)env_long("WORLD_SIZE", 1, 1, 1 << 20);
-    int rank = (int)env_long("RANK", 0, 0, world - 1);
+    /* a warm spare learns its round (rank, world, store) only after its start: until then, only
+     * what a spare is started with (LOCAL_RANK, LOCAL_WORLD_SIZE) may be read */
+    int spare_fd = spare_fd_from_env();
     int local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
 
     train_conf_t conf;
@@ -293,22 +305,27 @@ int main(int argc, char **argv) {
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
     backend_t *backend = make_backend(&conf, threads);
-    comm_t *comm = make_comm(rank, world, local_world, &conf, backend);
-    if (is_loading) pthread_join(loader, NULL);
-    if (load.rc < 0) {
-        fprintf(stderr, "ddpworker: rank %d: %s\n", rank, load.err);
-        comm->ops->destroy(comm);
-        backend->mem->destroy(backend);
-        return DDP_EXIT_DATA;
-    }
-    data_splits_t data = load.data;
-
     trainer_t t;
-    trainer_init(&t, &conf, &data, backend, comm);
+    if (spare_fd >= 0) { /* everything but the round, then wait for one */
+        finish_loading(&load, loader, is_loading, -1);
+        trainer_prepare(&t, &conf, &load.data, backend);
+        spare_wait_for_round(spare_fd);
+        t.was_spare = true;
+    }
+    int world = (int)env_long("WORLD_SIZE", 1, 1, 1 << 20);
+    int rank = (int)env_long("RANK", 0, 0, world - 1);
+    local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
+    /* a fresh worker joins the collective while its data loads */
+    comm_t *comm = make_comm(rank, world, local_world, &conf, backend);
+    if (spare_fd < 0) {
+        finish_loading(&load, loader, is_loading, rank);
+        trainer_prepare(&t, &conf, &load.data, backend);
+    }
+    trainer_start(&t, comm);
     trainer_run(&t);
     trainer_free(&t);
     comm->ops->destroy(comm);
     backend->mem->destroy(backend);
-    data_splits_free(&data);
+    data_splits_free(&load.data);
     return 0;
 }

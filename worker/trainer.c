@@ -1,6 +1,6 @@
-/* trainer: see trainer.h. The loop is llm.c-style: everything allocated in trainer_init, a step is
- * assemble batch -> forward -> loss -> backward (buckets all-reduced as they complete) -> the
- * optimizer (optim.name). */
+/* trainer: see trainer.h. The loop is llm.c-style: everything allocated in trainer_prepare and
+ * trainer_start, a step is assemble batch -> forward -> loss -> backward (buckets all-reduced as
+ * they complete) -> the optimizer (optim.name). */
 #include "trainer.h"
 
 #include <math.h>
@@ -123,18 +123,12 @@ loss_scale_t trainer__loss_scale(trainer_t *t) {
     return s;
 }
 
-void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
-                  backend_t *backend, comm_t *comm) {
+void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
+                     backend_t *backend) {
     memset(t, 0, sizeof *t);
     t->conf = conf;
     t->data = data;
     t->backend = backend;
-    t->comm = comm;
-    t->rank = comm->rank;
-    t->world = comm->world;
-    die_rank = t->rank;
-    const char *progress = getenv("DDPRUN_PROGRESS_FILE");
-    if (progress && *progress) progress_fd = open(progress, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     const dataset_t *tr = &data->train;
     if (conf->model_classes && conf->model_classes != tr->classes)
         trainer_die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
@@ -154,8 +148,6 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     if (optimizer_init(&t->optim, conf, backend, t->model.n_params) < 0)
         trainer_die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
                     optimizer_name(conf->optimizer), t->model.n_params);
-    if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
-        trainer_die(DDP_EXIT_DATA, "the training set is empty");
     t->augment_train = (augment_t){.is_random = conf->is_augmented, .padding = (int)conf->crop_padding,
                                    .seed = (uint64_t)conf->seed};
     memcpy(t->augment_train.mean, data->mean, sizeof data->mean);
@@ -163,6 +155,30 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
     t->augment_eval = t->augment_train;
     t->augment_eval.is_random = false;
 
+    t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
+    t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
+    t->jobs = backend->mem->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
+    if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
+    place_data(t);
+    trainer__folder_init(t);
+    t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
+    init_loss_scale(t);
+}
+
+void trainer_start(trainer_t *t, comm_t *comm) {
+    const train_conf_t *conf = t->conf;
+    const dataset_t *tr = &t->data->train;
+    char err[512];
+    t->comm = comm;
+    t->rank = comm->rank;
+    t->world = comm->world;
+    die_rank = t->rank;
+    const char *progress = getenv("DDPRUN_PROGRESS_FILE");
+    if (progress && *progress) progress_fd = open(progress, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
+        trainer_die(DDP_EXIT_DATA, "the training set is empty");
     int64_t per_rank = sampler_rank_count(&t->sampler, 0);
     t->steps_per_epoch = (per_rank + conf->batch_size - 1) / conf->batch_size;
     int64_t by_epochs = conf->epochs * t->steps_per_epoch;
@@ -178,16 +194,6 @@ void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *d
                                                                                 : by_epochs;
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
-    t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
-    t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
-    t->jobs = backend->mem->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
-    if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
-    place_data(t);
-    trainer__folder_init(t);
-    t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
-    init_loss_scale(t);
     if (t->world > 1) {
         int rc = grad_sync_init(&t->sync, comm, t->model.grads, t->model.n_params, BUCKET_BYTES);
         if (rc < 0) trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
@@ -496,14 +502,15 @@ eval_result_t trainer_run(trainer_t *t) {
     bool is_done = is_run_over(t), was_over_at_start = is_done;
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
-               "batch %lld per rank, lr %g%s\n", t->model.name, t->model.n_params,
+               "batch %lld per rank, lr %g%s%s\n", t->model.name, t->model.n_params,
                t->backend->mem->name, t->world, (long long)t->data->train.n,
                (long long)t->steps_per_epoch, (long long)c->batch_size, t->lr.base_lr,
-               t->step ? ", resumed" : "");
+               t->step ? ", resumed" : "", t->was_spare ? ", warm spare" : "");
         fflush(stdout);
         /* what this start trains with: lr after optim.lr_scaling, the splits' sizes */
         cJSON *o = json_line_new("start");
         json_line_int(o, "step", t->step);
+        json_line_int(o, "pid", getpid());
         json_line_int(o, "world", t->world);
         json_line_int(o, "global_batch", c->batch_size * t->world);
         json_line_int(o, "steps_per_epoch", t->steps_per_epoch);
@@ -514,6 +521,7 @@ eval_result_t trainer_run(trainer_t *t) {
             json_line_int(o, key, data_split(t->data, (data_split_t)s)->n);
         }
         json_line_bool(o, "resumed", t->step > 0);
+        if (t->was_spare) json_line_bool(o, "warm_spare", true);
         json_line_int(o, "epoch", t->epoch + 1);
         const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT"); /* `ddprun plot` marks these */
         if (restarts) json_line_int(o, "restart_count", strtoll(restarts, NULL, 10));

@@ -73,11 +73,18 @@ typedef struct {
      * process began training (CLOCK_MONOTONIC) */
     double elapsed_before_s, start_s;
     data_split_t eval_split;
+    bool was_spare;          /* this process waited as ddprun's warm spare before its round */
 } trainer_t;
 
-/* Everything a run needs, allocated here. Exits the process on failure (config, data, memory). */
-void trainer_init(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
-                  backend_t *backend, comm_t *comm);
+/* Everything a run needs that does not depend on the round (model, optimizer state, the data
+ * where the backend reads it, the decode threads), allocated here: a warm spare does this before
+ * it knows its rank. Exits the process on failure (config, data, memory). */
+void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
+                     backend_t *backend);
+/* The round's part, after trainer_prepare: rank and world from comm, the sampler and schedule,
+ * the gradient thread, snapshots (resuming from the newest good one) or the initial parameters
+ * broadcast from rank 0. Collective: every rank calls it. Exits the process on failure. */
+void trainer_start(trainer_t *t, comm_t *comm);
 /* Train until epochs, max_steps or hours run out, evaluate, report. Returns the final
  * evaluation; exits the process with DDP_EXIT_PEER_FAILURE if a collective fails. */
 eval_result_t trainer_run(trainer_t *t);

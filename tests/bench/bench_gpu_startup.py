@@ -17,9 +17,13 @@ device; it loads its checkpoint (torch.load: model, optimizer, step) when one ex
 (torch.save to a temp file, then os.replace) every 10 steps; each step ends with loss.item().
 torchrun runs with its defaults (--torchrun-monitor-interval to change its polling). Each line is
 stamped when this script reads it. Prints the medians of --repeats runs and torchrun/ddprun.
+Two ddprun sides: `ddprun` starts fresh workers (--warm-spares 0), `ddprun-spares` keeps a warm
+spare (--warm-spares 1) that the restart takes over; ddprun's killed worker is the pid its last
+"start" event names (the newest ddpworker process is the waiting spare).
 
 Usage: python3 tests/bench/bench_gpu_startup.py [--batch 512] [--steps 60] [--width 64]
-           [--repeats 1] [--backend cuda|cpu] [--torch-python PYTHON] [--sides ddprun,torchrun]
+           [--repeats 1] [--backend cuda|cpu] [--torch-python PYTHON]
+           [--sides ddprun,ddprun-spares,torchrun]
            [--timeout 300] [--json FILE]
 CPU check: DDP_BUILD_DIR=build-test /usr/bin/python3 tests/bench/bench_gpu_startup.py \\
            --backend cpu --batch 32 --steps 40 --width 8 --torch-python /usr/bin/python3
@@ -44,6 +48,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 INTEROP = os.path.join(ROOT, "tests", "interop")
 
 SNAPSHOT_EVERY = 10
+SIDES = ("ddprun", "ddprun-spares", "torchrun")
 STEP_RE = re.compile(r"\bstep (\d+)/(\d+)")
 RESUME_RE = re.compile(r"resuming from .*: step (\d+)")
 
@@ -196,6 +201,21 @@ def proc_info(pid):
     return int(fields[1]), int(fields[19])
 
 
+def started_worker(metrics):
+    """The pid of the worker whose start rank 0 recorded last (ddpworker's "start" event): with
+    warm spares, the newest ddpworker process is the waiting spare, not the one that trains."""
+    pid = None
+    try:
+        with open(metrics) as f:
+            for line in f:
+                event = json.loads(line)
+                if event.get("event") == "start":
+                    pid = int(event["pid"])
+    except FileNotFoundError:
+        pass
+    return pid
+
+
 def find_worker(pattern, exclude):
     """The worker among the processes whose command line matches `pattern` (pgrep -f): the
     launcher (or ddprun's per-worker shim) matches too, so take a match none of whose children
@@ -268,7 +288,8 @@ def measure(name, cmd, env, cwd, metrics, worker_pattern, args):
             time.sleep(0.005)
         pid = None
         while pid is None:
-            pid = find_worker(worker_pattern, {os.getpid(), proc.pid})
+            pid = (started_worker(metrics) if worker_pattern is None
+                   else find_worker(worker_pattern, {os.getpid(), proc.pid}))
             if pid is None:
                 if time.monotonic() > deadline:
                     raise BenchError(f"no worker process matches {worker_pattern!r}")
@@ -307,7 +328,7 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
 
 
-def run_ddprun(args):
+def run_ddprun(args, spares=0):
     with tempfile.TemporaryDirectory(prefix="bench_startup_ddprun_") as tmp:
         conf, metrics = os.path.join(tmp, "train.conf"), os.path.join(tmp, "metrics.jsonl")
         with open(conf, "w") as f:
@@ -327,8 +348,9 @@ def run_ddprun(args):
         # so the first repeat starts cold and the later ones warm, as a user's runs do
         env.setdefault("DDPWORKER_ALGO_CACHE", ALGO_CACHE)
         cmd = [build_path("launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
-               "--max-restarts", "3", "--log-dir", os.path.join(tmp, "logs"), conf]
-        return measure("ddprun", cmd, env, tmp, metrics, "ddpworker " + re.escape(conf), args)
+               "--max-restarts", "3", "--warm-spares", str(spares), "--log-dir",
+               os.path.join(tmp, "logs"), conf]
+        return measure("ddprun-spares" if spares else "ddprun", cmd, env, tmp, metrics, None, args)
 
 
 def run_torchrun(args):
@@ -377,15 +399,16 @@ def main():
                     help="the Python whose torch (torch.distributed.run) runs the PyTorch side")
     ap.add_argument("--torchrun-monitor-interval", type=float,
                     help="torchrun --monitor-interval (default: torchrun's own)")
-    ap.add_argument("--sides", default="ddprun,torchrun")
+    ap.add_argument("--sides", default="ddprun,ddprun-spares,torchrun",
+                    help="ddprun: fresh workers (--warm-spares 0); ddprun-spares: --warm-spares 1")
     ap.add_argument("--timeout", type=float, default=300, help="seconds each phase may take")
     ap.add_argument("--json")
     args = ap.parse_args()
     if os.path.exists(ALGO_CACHE):  # the first ddprun repeat is a cold start
         os.remove(ALGO_CACHE)
     sides = args.sides.split(",")
-    if any(s not in ("ddprun", "torchrun") for s in sides):
-        ap.error("--sides: ddprun and/or torchrun")
+    if any(s not in SIDES for s in sides):
+        ap.error("--sides: any of " + ",".join(SIDES))
     if args.kill_after < SNAPSHOT_EVERY or args.steps < args.kill_after + 2 * SNAPSHOT_EVERY:
         ap.error(f"need --kill-after >= {SNAPSHOT_EVERY} and --steps >= --kill-after + "
                  f"{2 * SNAPSHOT_EVERY}")
@@ -397,7 +420,8 @@ def main():
           f"{SNAPSHOT_EVERY}, kill -9 after the snapshot of step >= {args.kill_after}, "
           f"{args.repeats} run(s) each", flush=True)
     runs = {s: {"launch_s": [], "resume_s": []} for s in sides}
-    runners = {"ddprun": run_ddprun, "torchrun": run_torchrun}
+    runners = {"ddprun": run_ddprun, "ddprun-spares": lambda a: run_ddprun(a, spares=1),
+               "torchrun": run_torchrun}
     try:
         for _ in range(args.repeats):
             for side in sides:
@@ -411,16 +435,20 @@ def main():
     results = []
     for key, label in (("launch_s", "launch to first step"), ("resume_s", "kill -9 to resumed step")):
         row = {"phase": label}
-        for side in ("ddprun", "torchrun"):
+        for side in SIDES:
             row[f"{side}_s"] = statistics.median(runs[side][key]) if side in runs else None
-        ours, ref = row["ddprun_s"], row["torchrun_s"]
-        row["ratio"] = ref / ours if ours and ref else None
+        ref = row["torchrun_s"]
+        for side in ("ddprun", "ddprun-spares"):
+            ours = row[f"{side}_s"]
+            row[f"ratio_{side}"] = ref / ours if ours and ref else None
         results.append(row)
     fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
-    print(f"\n{'':24} {'ddprun s':>9} {'torchrun s':>11} {'ratio':>6}")
+    print(f"\n{'':24} {'ddprun s':>9} {'+spares s':>10} {'torchrun s':>11} {'ratio':>6} "
+          f"{'ratio +spares':>14}")
     for r in results:
-        print(f"{r['phase']:24} {fmt(r['ddprun_s'], '.2f'):>9} {fmt(r['torchrun_s'], '.2f'):>11} "
-              f"{fmt(r['ratio'], '.1f'):>6}")
+        print(f"{r['phase']:24} {fmt(r['ddprun_s'], '.2f'):>9} {fmt(r['ddprun-spares_s'], '.2f'):>10} "
+              f"{fmt(r['torchrun_s'], '.2f'):>11} {fmt(r['ratio_ddprun'], '.1f'):>6} "
+              f"{fmt(r['ratio_ddprun-spares'], '.1f'):>14}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": args.backend, "model": "resnet18", "width": args.width,

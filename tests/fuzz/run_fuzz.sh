@@ -12,7 +12,8 @@ seconds="${1:-60}"
 [ $# -gt 0 ] && shift
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=(fuzz_store_proto fuzz_file_parsers fuzz_rdzv_record fuzz_safetensors
-                                         fuzz_image_decode fuzz_slurm_hostlist fuzz_etcd_answer)
+                                         fuzz_image_decode fuzz_slurm_hostlist fuzz_etcd_answer
+                                         fuzz_spare_handoff)
 build="${DDP_FUZZ_BUILD_DIR:-build-fuzz}"
 case "$seconds" in '' | *[!0-9]*) echo "run_fuzz.sh: SECONDS must be a whole number" >&2; exit 2 ;; esac
 
