@@ -309,6 +309,7 @@ int main(int argc, char **argv) {
     if (spare_fd >= 0) { /* everything but the round, then wait for one */
         finish_loading(&load, loader, is_loading, -1);
         trainer_prepare(&t, &conf, &load.data, backend);
+        trainer_warm_up(&t);
         spare_wait_for_round(spare_fd);
         t.was_spare = true;
     }

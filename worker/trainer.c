@@ -167,6 +167,16 @@ void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t
     init_loss_scale(t);
 }
 
+void trainer_warm_up(trainer_t *t) {
+    model_t *m = &t->model;
+    int n = (int)t->conf->batch_size;
+    model_set_step(m, (uint64_t)t->conf->seed, 0, 0);
+    model_forward(m, n, true);
+    model_loss(m, n, 0.0f, 1.0f, NULL);
+    model_backward(m, n, NULL, NULL);
+    model_take_loss(m); /* waits for the device, and leaves no loss behind */
+}
+
 void trainer_start(trainer_t *t, comm_t *comm) {
     const train_conf_t *conf = t->conf;
     const dataset_t *tr = &t->data->train;

@@ -81,6 +81,12 @@ typedef struct {
  * it knows its rank. Exits the process on failure (config, data, memory). */
 void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
                      backend_t *backend);
+/* One forward and backward of a whole batch of whatever the input holds, before trainer_start: on
+ * a GPU the first step's one-time costs (kernels loaded, library workspaces, the convolution
+ * algorithms looked up) are then paid before a round needs the process (a warm spare does this).
+ * Leaves nothing trainer_start keeps: the parameters, running statistics and gradients it touches
+ * are all drawn, broadcast or loaded from a snapshot, or zeroed, there or by the next step. */
+void trainer_warm_up(trainer_t *t);
 /* The round's part, after trainer_prepare: rank and world from comm, the sampler and schedule,
  * the gradient thread, snapshots (resuming from the newest good one) or the initial parameters
  * broadcast from rank 0. Collective: every rank calls it. Exits the process on failure. */

@@ -1,8 +1,9 @@
 """ddpworker's cuda backend end to end, on a GPU machine (every test skips where there is none):
 convergence on Fashion-MNIST and on a JPEG folder (the data path feeding the GPU), several ranks
 sharing one GPU through the ring (equal to one rank with their whole batch), and kill -9 with a
-resume from the newest snapshot. tests/gpu/run.sh runs them there; the per-op checks against the
+resume from the newest snapshot, in a fresh process and in a warm spare. tests/gpu/run.sh runs them there; the per-op checks against the
 CPU backend are tests/unit/test_backend_cuda.c."""
+import glob
 import json
 import os
 import shutil
@@ -109,7 +110,17 @@ def test_ranks_sharing_one_gpu_equal_one_rank_with_their_batch(ddprun, ddpworker
     assert np.abs(a - b).max() <= 1e-5 + 1e-4 * np.abs(b).max(), np.abs(a - b).max()
 
 
-def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, cuda_lib, tmp_path):
+def spare_is_ready(tmp_path):
+    """A spare under --log-dir tmp_path/logs has said it is ready (its output file)."""
+    return any("warm spare ready" in open(p).read()
+               for p in glob.glob(str(tmp_path / "logs" / "*" / "spares" / "*" / "output.log")))
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, cuda_lib, tmp_path,
+                                                            spares):
+    """With --warm-spares 1 (the default on a GPU node) the restarted round runs in the spare that
+    was ready before the kill; with 0 in a fresh process."""
     snaps = tmp_path / "snaps"
     conf = tmp_path / "kill.conf"
     conf.write_text(f"[model]\nname = resnet18\nwidth = 32\n[data]\nkind = fashion-mnist\n"
@@ -118,6 +129,7 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
                     f"[snapshot]\ndir = {snaps}\nevery = 20\nkeep = 2\n")
     metrics = tmp_path / "metrics.jsonl"
     job = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "2",
+                            "--warm-spares", str(spares), "--log-dir", str(tmp_path / "logs"),
                             str(conf), f"train.metrics_file={metrics}"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
@@ -126,11 +138,11 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
                 return []
             return [json.loads(line)["step"] for line in open(metrics) if '"snapshot"' in line]
         assert wait_until(lambda: len(steps()) >= 2, timeout=120), "no snapshots appeared"
-        pids = subprocess.run(["pgrep", "-f", f"worker/ddpworker {conf}"], capture_output=True,
-                              text=True).stdout.split()
-        assert pids
+        if spares:
+            assert wait_until(lambda: spare_is_ready(tmp_path), timeout=120), "no spare got ready"
+        starts = [json.loads(line) for line in open(metrics) if '"start"' in line]
         killed_at = time.monotonic()
-        os.kill(int(pids[0]), signal.SIGKILL)
+        os.kill(starts[-1]["pid"], signal.SIGKILL)
         out, err = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
@@ -139,6 +151,8 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
     assert "resuming from" in out, out
     finals = [json.loads(line) for line in open(metrics) if '"final"' in line]
     assert finals and finals[-1]["step"] == 200 and finals[-1]["top1"] > 0.7, finals
+    starts = [json.loads(line) for line in open(metrics) if '"start"' in line]
+    assert len(starts) == 2 and starts[1].get("warm_spare", False) == bool(spares), starts
     print(f"killed, then finished {time.monotonic() - killed_at:.1f} s later")
 
 
