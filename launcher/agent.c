@@ -220,6 +220,13 @@ static void on_workers_done(workers_t *w, void *arg) {
     post(a, AGENT_EV_WORKERS_DONE);
 }
 
+/* Spares start only beside a round that trains: on a GPU, one started while the round's workers
+ * still allocate could take the memory they need. */
+static bool round_is_training(void *arg) {
+    agent_t *a = arg;
+    return a->workers && workers_are_training(a->workers);
+}
+
 /* AGENT_ACT_START_WORKERS. A start that fails stops the workers it started, which may end the set
  * before workers_start returns: that WORKERS_DONE is queued ahead of START_FAILED. */
 static void start_workers(agent_t *a, const agent_sm_action_t *act) {
@@ -800,9 +807,10 @@ int agent_main(ddprun_opts_t *o) {
         uv_signal_start(&a->sig_handles[i], on_signal, o->signals[i]);
     }
     signal(SIGPIPE, SIG_IGN);
-    if (o->warm_spares) { /* they initialize while the rendezvous runs */
+    if (o->warm_spares) {
         char err[512];
-        if (spares_create(a->loop, o, a->self_exe, a->run_dir, &a->spares, err, sizeof err) < 0)
+        if (spares_create(a->loop, o, a->self_exe, a->run_dir, round_is_training, a, &a->spares,
+                          err, sizeof err) < 0)
             LOG_WARN("%s: workers start fresh", err);
     }
     post(a, AGENT_EV_START);

@@ -21,9 +21,10 @@
 #include "log.h"
 #include "spare_handoff.h"
 
-/* Spares start this long after the agent (the first round starts fresh workers) and after a
- * take, so that they do not compete with the round's workers while those start. */
+/* Spares start this long after a take, and then only once the agent says the round's workers
+ * train (checked every RECHECK_MS), so that they do not compete with them while those start. */
 #define REFILL_DELAY_MS   1000
+#define RECHECK_MS        250
 #define MAX_UNUSED_DEATHS 3
 #define SEND_TIMEOUT_MS   1000
 #define SPARE_SOCKET_FD   4 /* in the spare: after stdin/out/err and the shim's lifeline (3) */
@@ -45,6 +46,8 @@ struct spares {
     uv_loop_t *loop;
     const ddprun_opts_t *opts;
     const char *self_exe;
+    spares_may_start_cb may_start;
+    void *may_start_arg;
     char dir[1300];
     int lifeline[2];
     uv_timer_t refill;
@@ -140,6 +143,11 @@ static int spawn_spare(spares_t *s, int local_rank) {
 
 static void on_refill(uv_timer_t *t) {
     spares_t *s = t->data;
+    if (s->is_off || s->is_destroyed) return;
+    if (!s->may_start(s->may_start_arg)) {
+        uv_timer_start(&s->refill, on_refill, RECHECK_MS, 0);
+        return;
+    }
     for (int r = 0; r < s->opts->nproc_per_node && !s->is_off && !s->is_destroyed; r++)
         if (!s->waiting[r] && spawn_spare(s, r) < 0) turn_off(s, "a spare could not be started");
 }
@@ -167,8 +175,9 @@ static void on_spare_exit(uv_process_t *proc, int64_t exit_status, int term_sign
             char how[64];
             if (term_signal) snprintf(how, sizeof how, "was killed by signal %d", term_signal);
             else snprintf(how, sizeof how, "exited with %d", (int)exit_status);
+            int pid = worker_cmd_program_pid(sp->pid_path);
             LOG_WARN("the warm spare for local rank %d (pid %d) %s before a round took it; its "
-                     "output: %s/output.log", sp->local_rank, proc->pid, how, sp->dir);
+                     "output: %s/output.log", sp->local_rank, pid ? pid : proc->pid, how, sp->dir);
             if (!term_signal && ddp_exit_is_permanent((int)exit_status))
                 turn_off(s, "a spare failed in a way a restart cannot mend");
             else if (++s->unused_deaths >= MAX_UNUSED_DEATHS)
@@ -180,13 +189,16 @@ static void on_spare_exit(uv_process_t *proc, int64_t exit_status, int term_sign
 }
 
 int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *self_exe,
-                  const char *run_dir, spares_t **out, char *err, size_t err_len) {
+                  const char *run_dir, spares_may_start_cb may_start, void *arg, spares_t **out,
+                  char *err, size_t err_len) {
     int n = opts->nproc_per_node;
     spares_t *s = calloc(1, sizeof *s + (size_t)n * sizeof(spare_t *));
     if (!s) return -ENOMEM;
     s->loop = loop;
     s->opts = opts;
     s->self_exe = self_exe;
+    s->may_start = may_start;
+    s->may_start_arg = arg;
     snprintf(s->dir, sizeof s->dir, "%s/spares", run_dir);
     /* the write end stays in the agent (close-on-exec): its death ends every spare */
     if (pipe2(s->lifeline, O_CLOEXEC) < 0) {
@@ -198,7 +210,7 @@ int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *self_e
     uv_timer_init(loop, &s->refill);
     s->refill.data = s;
     s->n_open_handles = 1;
-    uv_timer_start(&s->refill, on_refill, REFILL_DELAY_MS, 0);
+    uv_timer_start(&s->refill, on_refill, RECHECK_MS, 0);
     *out = s;
     return 0;
 }

@@ -22,11 +22,17 @@ typedef struct {
     const char *pid_path; /* where the shim wrote the program's pid (lives as long as the spare) */
 } spare_taken_t;
 
+/* Whether spares may start now: the agent says yes once the current round's workers train (a spare
+ * started while they still allocate could take the GPU memory they need). */
+typedef bool (*spares_may_start_cb)(void *arg);
+
 /* Keep a spare for every local rank of opts (train.conf's worker), their files under
- * run_dir/spares; the first start a second from now, after the first round's workers. Returns 0,
- * or a negative errno with a message in err (then no spares). */
+ * run_dir/spares. A spare starts once may_start(arg) says so, checked a few times a second, and
+ * at least a second after the last take. Returns 0, or a negative errno with a message in err
+ * (then no spares). */
 int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *self_exe,
-                  const char *run_dir, spares_t **out, char *err, size_t err_len);
+                  const char *run_dir, spares_may_start_cb may_start, void *arg, spares_t **out,
+                  char *err, size_t err_len);
 /* Hand local_rank's spare a round: env (NULL-terminated KEY=VALUE, what a fresh worker of the
  * round would get) and the write ends of its new stdout and stderr (the caller keeps and closes
  * its own copies). On success the spare is the caller's to supervise: on_exit(owner, ...) fires

@@ -2,10 +2,12 @@
 #include "worker_cmd.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -92,6 +94,17 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) 
     rc |= worker_env_set(e, "DDPRUN_PROGRESS_FILE", "%s/%d/progress", sp->attempt_dir, local_rank);
     rc |= worker_env_set(e, "DDPRUN_PID_FILE", "%s/%d/pid", sp->attempt_dir, local_rank);
     return rc;
+}
+
+int worker_cmd_program_pid(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[24] = {0};
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    char *end;
+    long pid = n > 0 ? strtol(buf, &end, 10) : 0;
+    return pid > 0 && pid < INT32_MAX && *end == '\n' ? (int)pid : 0;
 }
 
 static bool ends_with(const char *s, const char *suffix) {

@@ -48,5 +48,7 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e);
 /* argv of the shim: SELF __shim AGENT_PID -- [python3 -u [-m]] PROGRAM ARGS (NULL-terminated,
  * pointing into opts and pid_text; free() the array alone), or NULL when out of memory. */
 char **worker_cmd_argv(const ddprun_opts_t *o, const char *self_exe, char *pid_text);
+/* The program's pid that the shim wrote at path (DDPRUN_PID_FILE), or 0 when there is none yet. */
+int worker_cmd_program_pid(const char *path);
 
 #endif

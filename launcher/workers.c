@@ -52,6 +52,7 @@ struct worker {
     int group_pid;
     uint64_t started_ms, last_beat, last_change_ms;
     bool has_beat, is_hang_killed;
+    bool has_progressed; /* it wrote a counter above 0 (workers_are_training) */
 };
 
 struct workers {
@@ -206,14 +207,8 @@ static void on_drain_timer(uv_timer_t *t) {
 /* Logs and summaries name the program's pid, not its shim's, once the shim has written it. */
 static void learn_program_pid(worker_t *w) {
     if (w->result.pid != w->group_pid) return;
-    int fd = open(w->pid_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    char buf[24] = {0};
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    char *end;
-    long pid = n > 0 ? strtol(buf, &end, 10) : 0;
-    if (pid > 0 && pid < INT32_MAX && *end == '\n') w->result.pid = (int)pid;
+    int pid = worker_cmd_program_pid(w->pid_path);
+    if (pid > 0) w->result.pid = pid;
 }
 
 static void worker_exited(worker_t *w, int64_t exit_status, int term_signal) {
@@ -255,19 +250,59 @@ static int take_spare(workers_t *s, worker_t *w, int local_rank, char *const *en
     int rc = spares_take(s->spec.spares, local_rank, env, out[1], err[1], on_spare_exit, w, &taken);
     close(out[1]);
     close(err[1]);
-    if (rc == 0 && (uv_pipe_open(&w->out.pipe, out[0]) < 0 || uv_pipe_open(&w->err.pipe, err[0]) < 0))
-        rc = -1; /* cannot happen with fresh pipes; the spare then ends with its output's EOF */
     if (rc < 0) {
         close(out[0]);
         close(err[0]);
         return -1;
     }
+    /* the spare is ours now, whatever follows: no fresh process for this rank */
     w->open_handles++; /* the spare's process, until on_spare_exit */
     s->n_open_handles++;
     w->result.pid = w->group_pid = taken.group_pid;
     snprintf(w->pid_path, sizeof w->pid_path, "%s", taken.pid_path);
+    uv_file fds[2] = {out[0], err[0]};
+    uv_pipe_t *pipes[2] = {&w->out.pipe, &w->err.pipe};
+    for (int i = 0; i < 2; i++) {
+        if (uv_pipe_open(pipes[i], fds[i]) == 0) continue;
+        /* cannot happen with a fresh pipe; a worker nobody can hear must not train */
+        close(fds[i]);
+        LOG_ERROR("local rank %d: cannot read the output of its warm spare (pid %d): ending it",
+                  local_rank, taken.group_pid);
+        kill(-taken.group_pid, SIGKILL);
+    }
     LOG_DEBUG("local rank %d: the warm spare (pid %d) takes rank %d", local_rank, taken.group_pid,
               w->result.rank);
+    return 0;
+}
+
+/* A new process for w through the shim, its output into w's (initialised) pipes. 0 or a negative
+ * libuv error (the process handle then closes by itself). */
+static int spawn_fresh(workers_t *s, worker_t *w, char **env) {
+    const workers_spec_t *sp = &s->spec;
+    char pid_text[24];
+    snprintf(pid_text, sizeof pid_text, "%d", (int)getpid());
+    char **argv = worker_cmd_argv(sp->opts, sp->self_exe, pid_text);
+    if (!argv) return UV_ENOMEM;
+    uv_stdio_container_t stdio[4] = {
+        {.flags = UV_IGNORE},
+        {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->out.pipe},
+        {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err.pipe},
+        {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
+    };
+    uv_process_options_t po = {.exit_cb = on_process_exit, .file = sp->self_exe, .args = argv,
+                               .env = env, .stdio = stdio, .stdio_count = 4,
+                               .flags = UV_PROCESS_DETACHED};
+    w->proc.data = w;
+    int rc = uv_spawn(s->loop, &w->proc, &po);
+    free(argv);
+    /* uv_spawn initialises the handle even when it fails */
+    w->open_handles++;
+    s->n_open_handles++;
+    if (rc < 0) {
+        uv_close((uv_handle_t *)&w->proc, on_proc_closed);
+        return rc;
+    }
+    w->result.pid = w->group_pid = w->proc.pid;
     return 0;
 }
 
@@ -311,50 +346,30 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
         w->open_handles++;
         s->n_open_handles++;
     }
-    char pid_text[24];
-    snprintf(pid_text, sizeof pid_text, "%d", (int)getpid());
     worker_env_t env = {0};
     rc = worker_env_round(sp, local_rank, &env);
     s->n_active++;
-    if (rc == 0 && sp->spares && take_spare(s, w, local_rank, env.vars) == 0) {
-        worker_env_free(&env);
-        w->started_ms = uv_now(s->loop);
-        uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
-        uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
-        return 0;
-    }
-    char **argv = worker_cmd_argv(o, sp->self_exe, pid_text);
-    if (rc == 0 && !argv) rc = -ENOMEM;
-    uv_stdio_container_t stdio[4] = {
-        {.flags = UV_IGNORE},
-        {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->out.pipe},
-        {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err.pipe},
-        {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
-    };
-    uv_process_options_t po = {.exit_cb = on_process_exit, .file = sp->self_exe, .args = argv,
-                               .env = env.vars, .stdio = stdio, .stdio_count = 4,
-                               .flags = UV_PROCESS_DETACHED};
-    w->proc.data = w;
-    bool is_spawn_tried = rc == 0;
-    if (is_spawn_tried) rc = uv_spawn(s->loop, &w->proc, &po);
-    free(argv);
+    if (rc == 0 && !(sp->spares && take_spare(s, w, local_rank, env.vars) == 0))
+        rc = spawn_fresh(s, w, env.vars);
     worker_env_free(&env);
-    if (is_spawn_tried) { /* uv_spawn initialises the handle even when it fails */
-        w->open_handles++;
-        s->n_open_handles++;
-    }
     if (rc < 0) {
         snprintf(err, err_len, "cannot start local rank %d: %s", local_rank, uv_strerror(rc));
-        if (is_spawn_tried) uv_close((uv_handle_t *)&w->proc, on_proc_closed);
         close_stream(&w->out);
         close_stream(&w->err);
         return rc;
     }
-    w->result.pid = w->group_pid = w->proc.pid;
     w->started_ms = uv_now(s->loop);
     uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
     uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
     return 0;
+}
+
+/* The counter the worker keeps in its progress file; false when it has written none yet. */
+static bool read_progress(const worker_t *w, uint64_t *beat) {
+    int fd = open(w->progress_path, O_RDONLY | O_CLOEXEC);
+    bool is_read = fd >= 0 && pread(fd, beat, sizeof *beat, 0) == (ssize_t)sizeof *beat;
+    if (fd >= 0) close(fd);
+    return is_read;
 }
 
 static void kill_stuck(worker_t *w, double stuck_s, const char *what, const char *flag) {
@@ -377,10 +392,7 @@ static void on_hang_timer(uv_timer_t *t) {
         worker_t *w = &s->w[i];
         if (w->group_pid <= 0 || w->result.has_exited || w->is_hang_killed) continue;
         uint64_t beat;
-        int fd = open(w->progress_path, O_RDONLY | O_CLOEXEC);
-        bool is_read = fd >= 0 && pread(fd, &beat, sizeof beat, 0) == (ssize_t)sizeof beat;
-        if (fd >= 0) close(fd);
-        if (!is_read || (!w->has_beat && beat == 0)) {
+        if (!read_progress(w, &beat) || (!w->has_beat && beat == 0)) {
             if (start_ms && now - w->started_ms > start_ms)
                 kill_stuck(w, (double)(now - w->started_ms) / 1000, "reported no progress",
                            "--start-timeout");
@@ -475,6 +487,17 @@ void workers_stop(workers_t *s, int signum, double timeout_s) {
     workers_signal(s, signum);
     if (signum == SIGKILL) uv_timer_start(&s->kill_timer, on_give_up, GIVE_UP_AFTER_KILL_MS, 0);
     check_done(s);
+}
+
+bool workers_are_training(workers_t *s) {
+    if (s->is_stopping) return false;
+    for (int i = 0; i < s->n; i++) {
+        worker_t *w = &s->w[i];
+        uint64_t beat;
+        if (!w->has_progressed) w->has_progressed = read_progress(w, &beat) && beat > 0;
+        if (w->result.has_exited || !w->has_progressed) return false;
+    }
+    return true;
 }
 
 const char *workers_tail(const workers_t *s, int local_rank) {

@@ -35,6 +35,9 @@ int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb o
 void workers_signal(workers_t *w, int signum);
 /* signum to every group now, SIGKILL after timeout_s; on_done fires once all are gone. */
 void workers_stop(workers_t *w, int signum, double timeout_s);
+/* Whether every worker of the set has reported progress (DDPRUN_PROGRESS_FILE: ddpworker does from
+ * its first step, after its start-up allocations) and none has exited. Reads the files. */
+bool workers_are_training(workers_t *w);
 /* The last lines a worker wrote to stderr (NUL-terminated, may be empty). */
 const char *workers_tail(const workers_t *w, int local_rank);
 /* Free after on_done. */

@@ -2,8 +2,9 @@
  * the job's store from torchrun's environment (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT, TORCHELASTIC_RUN_ID, DDPRUN_ATTEMPT; without them it is a world of one), loads
  * train.conf, builds the backend (cpu, or cuda from libddpworker_cuda.so) and the collective while
- * the data loads on a thread of its own, and trains. Exit codes
- * (proto/exit_codes.h) tell the agent whether a restart can help. */
+ * the data loads on a thread of its own, and trains. As ddprun's warm spare (DDPRUN_SPARE_FD) it
+ * first prepares everything that does not depend on the round and waits for one (spare.h). Exit
+ * codes (proto/exit_codes.h) tell the agent whether a restart can help. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>

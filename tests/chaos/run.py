@@ -3,7 +3,7 @@
 tests/e2e/test_faults.py for the whole story: the final weights equal an uninterrupted run's, bit
 for bit, no worker outlives the job, and no port is left listening.
 
-    tests/chaos/run.py [--duration 120] [--seed N] [--report chaos.json] [--keep]
+    tests/chaos/run.py [--duration 120] [--seed N] [--report chaos.json] [--keep] [--warm-spares 1]
 
 Two ddprun agents (c10d on loopback, --nnodes 2, two ranks each; node 0 hosts the store) train a
 small CNN on synthetic data with snapshots on a small tmpfs when this runs as root (else a plain
@@ -18,6 +18,8 @@ directory, and no disk-full faults). While the duration lasts, every few seconds
                  in a network namespace of its own, behind a veth link to node 0's address)
 An agent that exits non-zero (its store vanished with node 0) is started again. When the
 duration is over, the job runs to its end; the report says what was injected and what it cost.
+With --warm-spares 1 each agent keeps a spare per local rank, and the worker faults pick among the
+spares too (a spare killed or stopped while it waits, or taken by the next round).
 """
 import argparse
 import json
@@ -148,8 +150,9 @@ def snapshot_steps(snap):
 class Job:
     """Two agents of one c10d job; restarts an agent that died, as a supervisor would."""
 
-    def __init__(self, ddprun, conf, snap, workdir, netns=None):
+    def __init__(self, ddprun, conf, snap, workdir, netns=None, warm_spares=0):
         self.ddprun, self.conf, self.snap, self.workdir = ddprun, conf, snap, workdir
+        self.warm_spares = warm_spares
         self.netns = netns
         self.host = netns.host_addr if netns else "127.0.0.1"
         self.port = free_port(self.host)
@@ -168,6 +171,7 @@ class Job:
             prefix + [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"{self.host}:{self.port}", "--rdzv-id", "chaos",
              "--max-restarts", "1000", "--hang-timeout", "20",
+             "--warm-spares", str(self.warm_spares),
              "--rdzv-conf", "join_timeout=60,last_call_timeout=0.2,keep_alive_interval=0.2,"
                             "heartbeat_timeout=3",
              self.conf, f"snapshot.dir={self.snap}"],
@@ -298,6 +302,8 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--steps", type=int, default=0, help="training steps (0: sized to --duration)")
     p.add_argument("--no-netns", action="store_true", help="no network namespace: no partitions")
+    p.add_argument("--warm-spares", type=int, choices=(0, 1), default=0,
+                   help="ddprun --warm-spares (1: worker faults hit spares too)")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -338,7 +344,7 @@ def main():
     if args.no_netns or not netns.create():
         netns = None
     t0 = time.monotonic()
-    job = Job(ddprun, conf, snap, workdir, netns)
+    job = Job(ddprun, conf, snap, workdir, netns, args.warm_spares)
     ok = False
     try:
         next_fault = t0 + rng.uniform(2, 5)
@@ -378,7 +384,7 @@ def main():
     if str(job.port) in leaked:
         problems.append(f"the store's port {job.port} is still listening")
     report = {
-        "seed": seed, "steps": steps, "duration_s": args.duration,
+        "seed": seed, "steps": steps, "duration_s": args.duration, "warm_spares": args.warm_spares,
         "uninterrupted_s": round(t_ref, 2), "chaos_s": round(elapsed, 2),
         "faults": faults, "agent_restarts": len(job.exits),
         "lost_s": round(elapsed - t_ref, 2),

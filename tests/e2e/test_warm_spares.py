@@ -164,8 +164,8 @@ def test_a_dead_spare_is_replaced_without_touching_the_training(ddprun, conf, tm
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         out, _ = job.communicate(timeout=120)
-    assert re.search(r"warm spare for local rank \d \(pid \d+\) was killed by signal 9 before a "
-                     r"round took it; its output: .*/spares/\d+/output.log", out), out
+    assert re.search(rf"warm spare for local rank \d \(pid {victim}\) was killed by signal 9 "
+                     r"before a round took it; its output: .*/spares/\d+/output.log", out), out
     assert "restarting every worker" not in out, out
     assert wait_until(lambda: not ddpworkers(conf), timeout=10), "spares outlived their agent"
 
