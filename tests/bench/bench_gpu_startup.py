@@ -18,8 +18,9 @@ device; it loads its checkpoint (torch.load: model, optimizer, step) when one ex
 torchrun runs with its defaults (--torchrun-monitor-interval to change its polling). Each line is
 stamped when this script reads it. Prints the medians of --repeats runs and torchrun/ddprun.
 Two ddprun sides: `ddprun` starts fresh workers (--warm-spares 0), `ddprun-spares` keeps a warm
-spare (--warm-spares 1) that the restart takes over; ddprun's killed worker is the pid its last
-"start" event names (the newest ddpworker process is the waiting spare).
+spare (--warm-spares 1) that the restart takes over, killed only once the spare says it is ready
+(that job gets 20x the steps and is ended once measured); ddprun's killed worker is the pid its
+last "start" event names (the newest ddpworker process is the waiting spare).
 
 Usage: python3 tests/bench/bench_gpu_startup.py [--batch 512] [--steps 60] [--width 64]
            [--repeats 1] [--backend cuda|cpu] [--torch-python PYTHON]
@@ -29,6 +30,7 @@ CPU check: DDP_BUILD_DIR=build-test /usr/bin/python3 tests/bench/bench_gpu_start
            --backend cpu --batch 32 --steps 40 --width 8 --torch-python /usr/bin/python3
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -201,19 +203,24 @@ def proc_info(pid):
     return int(fields[1]), int(fields[19])
 
 
-def started_worker(metrics):
-    """The pid of the worker whose start rank 0 recorded last (ddpworker's "start" event): with
-    warm spares, the newest ddpworker process is the waiting spare, not the one that trains."""
-    pid = None
+def last_start(metrics):
+    """ddpworker's last "start" event in the metrics file ({} before the first)."""
+    start = {}
     try:
         with open(metrics) as f:
             for line in f:
                 event = json.loads(line)
                 if event.get("event") == "start":
-                    pid = int(event["pid"])
+                    start = event
     except FileNotFoundError:
         pass
-    return pid
+    return start
+
+
+def started_worker(metrics):
+    """The pid of the worker whose start rank 0 recorded last: with warm spares, the newest
+    ddpworker process is the waiting spare, not the one that trains."""
+    return last_start(metrics).get("pid")
 
 
 def find_worker(pattern, exclude):
@@ -263,8 +270,10 @@ def kill_tree(proc, pattern):
     print(f"warning: processes left behind: {left}", file=sys.stderr)
 
 
-def measure(name, cmd, env, cwd, metrics, worker_pattern, args):
-    """Run one job; returns (launch to first step, kill -9 to resumed step) in seconds."""
+def measure(name, cmd, env, cwd, metrics, worker_pattern, args, ready=None):
+    """Run one job; returns (launch to first step, kill -9 to resumed step) in seconds. ready: what
+    must also hold before the kill (a warm spare ready); such a job is ended once measured, since
+    it is given more steps than it needs."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -278,7 +287,7 @@ def measure(name, cmd, env, cwd, metrics, worker_pattern, args):
         deadline = time.monotonic() + args.timeout
         while True:
             snap = snapshot_step(metrics)
-            if snap is not None and snap >= args.kill_after:
+            if snap is not None and snap >= args.kill_after and (ready is None or ready()):
                 break
             if proc.poll() is not None:
                 raise BenchError(f"the job ended (exit {proc.returncode}) before a snapshot of "
@@ -307,6 +316,10 @@ def measure(name, cmd, env, cwd, metrics, worker_pattern, args):
         recovery = t2 - t_kill
         print(f"  {name}: launch to step 1 {launch:.2f} s; killed pid {pid} after snapshot "
               f"{snap}, resumed from step {resumed}, next step after {recovery:.2f} s", flush=True)
+        if ready is not None:
+            if not last_start(metrics).get("warm_spare"):
+                raise BenchError("the restarted round did not run in the warm spare")
+            return launch, recovery
 
         try:
             rc = proc.wait(args.timeout)
@@ -328,9 +341,22 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
 
 
+def spare_is_ready(log_dir):
+    """A spare under ddprun's --log-dir has said it is ready (its output file)."""
+    for path in glob.glob(os.path.join(log_dir, "*", "spares", "*", "output.log")):
+        with open(path, errors="replace") as f:
+            if "warm spare ready" in f.read():
+                return True
+    return False
+
+
 def run_ddprun(args, spares=0):
     with tempfile.TemporaryDirectory(prefix="bench_startup_ddprun_") as tmp:
         conf, metrics = os.path.join(tmp, "train.conf"), os.path.join(tmp, "metrics.jsonl")
+        log_dir = os.path.join(tmp, "logs")
+        # a spare starts once the round trains and is ready a CUDA start later: room to wait for
+        # it before the kill (the job is ended once measured)
+        steps = args.steps * 20 if spares else args.steps
         with open(conf, "w") as f:
             f.write(f"[model]\nname = resnet18\nwidth = {args.width}\n"
                     f"[data]\nkind = synthetic\nheight = 32\nwidth = 32\nchannels = 3\n"
@@ -339,7 +365,7 @@ def run_ddprun(args, spares=0):
                     f"[optim]\nlr = 0.01\nmomentum = 0.9\nnesterov = true\nweight_decay = 0.0005\n"
                     f"schedule = constant\n"
                     f"[train]\nbackend = {args.backend}\nbatch_size = {args.batch}\n"
-                    f"max_steps = {args.steps}\nlog_interval = 1\nmetrics_file = {metrics}\n"
+                    f"max_steps = {steps}\nlog_interval = 1\nmetrics_file = {metrics}\n"
                     f"[snapshot]\ndir = {os.path.join(tmp, 'snaps')}\n"
                     f"every = {SNAPSHOT_EVERY}\nkeep = 2\n")
         env = clean_env()
@@ -348,9 +374,9 @@ def run_ddprun(args, spares=0):
         # so the first repeat starts cold and the later ones warm, as a user's runs do
         env.setdefault("DDPWORKER_ALGO_CACHE", ALGO_CACHE)
         cmd = [build_path("launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
-               "--max-restarts", "3", "--warm-spares", str(spares), "--log-dir",
-               os.path.join(tmp, "logs"), conf]
-        return measure("ddprun-spares" if spares else "ddprun", cmd, env, tmp, metrics, None, args)
+               "--max-restarts", "3", "--warm-spares", str(spares), "--log-dir", log_dir, conf]
+        return measure("ddprun-spares" if spares else "ddprun", cmd, env, tmp, metrics, None, args,
+                       ready=(lambda: spare_is_ready(log_dir)) if spares else None)
 
 
 def run_torchrun(args):
