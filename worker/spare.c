@@ -79,7 +79,7 @@ void spare_wait_for_round(int fd) {
             getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "0");
     char ready = DDP_SPARE_READY;
     ssize_t w;
-    while ((w = write(fd, &ready, 1)) < 0 && errno == EINTR) {}
+    while ((w = send(fd, &ready, 1, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
     if (w != 1) exit(0); /* the agent has gone, or retired the spare already */
     uint8_t header[DDP_SPARE_HEADER_BYTES];
     int fds[DDP_SPARE_N_FDS], n_fds;
