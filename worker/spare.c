@@ -74,13 +74,13 @@ static void read_exactly(int fd, char *p, size_t len) {
 }
 
 void spare_wait_for_round(int fd) {
-    /* before the byte: once the agent knows, the round may take stderr away */
-    fprintf(stderr, "ddpworker: warm spare ready (pid %d, local rank %s)\n", (int)getpid(),
-            getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "0");
     char ready = DDP_SPARE_READY;
     ssize_t w;
     while ((w = send(fd, &ready, 1, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
     if (w != 1) exit(0); /* the agent has gone, or retired the spare already */
+    /* still the spare's own output file: the round's replaces it only below */
+    fprintf(stderr, "ddpworker: warm spare ready (pid %d, local rank %s)\n", (int)getpid(),
+            getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "0");
     uint8_t header[DDP_SPARE_HEADER_BYTES];
     int fds[DDP_SPARE_N_FDS], n_fds;
     size_t got = read_header(fd, header, fds, &n_fds);
