@@ -194,14 +194,22 @@ def test_nccl_with_two_ranks_on_one_gpu_fails_fast_and_clearly(ddprun, cuda_lib,
     assert time.monotonic() - t0 < 120
 
 
+@pytest.fixture(scope="module")
+def jpeg_folder(tmp_path_factory):
+    """43000 JPEGs/PNGs made from Fashion-MNIST, once for the precisions that train on them."""
+    root = tmp_path_factory.mktemp("jpeg") / "folder"
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests/tools/make_jpeg_folder.py"),
+                    str(root), "--per-class", "4000", "--val-per-class", "300"], check=True,
+                   env={**os.environ, "DDP_DATA_DIR": FASHION})
+    return root
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_jpeg_folder_path_trains_resnet18_imagenet_stem_to_90_percent_on_the_gpu(
-        ddpworker, cuda_lib, tmp_path, precision):
+        ddpworker, cuda_lib, tmp_path, jpeg_folder, precision):
     """The JPEG data path (decode threads, resize, the batch uploaded) feeding the GPU: the CPU
     reference of tests/e2e/test_imagefolder.py (91.40% on the CPU), on cuda in bf16 and fp16."""
-    root = tmp_path / "folder"
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests/tools/make_jpeg_folder.py"),
-                    str(root), "--per-class", "4000", "--val-per-class", "300"], check=True)
+    root = jpeg_folder
     conf = tmp_path / "jpeg.conf"
     conf.write_text(CONVERGENCE.format(root=root))
     metrics = tmp_path / "metrics.jsonl"

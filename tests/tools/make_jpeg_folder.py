@@ -18,7 +18,8 @@ import struct
 import numpy as np
 from PIL import Image
 
-FASHION = "/usr/share/datasets/fashion-mnist"
+# Debian's, or where the GPU machine's carried copy lies (tests/gpu/run.sh sets DDP_DATA_DIR)
+FASHION = os.environ.get("DDP_DATA_DIR", "/usr/share/datasets/fashion-mnist")
 CLASSES = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
            "ankle-boot"]
 TINTS = [(255, 80, 80), (80, 255, 80), (80, 80, 255), (255, 255, 80), (255, 80, 255),
