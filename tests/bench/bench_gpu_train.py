@@ -12,6 +12,12 @@ The ratio is ddpworker over the best PyTorch variant (eager or compiled) at that
 
 Usage: python3 tests/bench/bench_gpu_train.py [--shapes cifar,fmnist] [--precisions fp32,bf16]
            [--batch 512] [--steps 50] [--warmup 20] [--compile] [--json FILE]
+       python3 tests/bench/bench_gpu_train.py --rows resnet18-cifar,resnet50-128 --compile
+           [--precisions bf16,fp16]
+--rows runs the GPU issue's workloads, each with its own model, shape and batch (resnet18-cifar:
+ResNet-18 w64 on 32x32x3, batch 512; resnet50-128: ResNet-50 w64 with the ImageNet stem on
+128x128x3, 1000 classes, batch 256), and ends with one line per row and precision:
+  RESULT <row> <precision> ddpworker=<img/s> torch_eager=<img/s> torch_compile=<img/s> ratio=<ddpworker/eager>
 """
 import argparse
 import json
@@ -28,7 +34,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "interop"))
 
 # name -> (H, W, C), classes
-SHAPES = {"cifar": ((32, 32, 3), 10), "fmnist": ((28, 28, 1), 10)}
+SHAPES = {"cifar": ((32, 32, 3), 10), "fmnist": ((28, 28, 1), 10), "i128": ((128, 128, 3), 1000)}
+# --rows: name -> (model, shape, batch)
+ROWS = {"resnet18-cifar": ("resnet18", "cifar", 512), "resnet50-128": ("resnet50", "i128", 256)}
 
 
 def run_ddpworker(shape, model, width, precision, batch, steps):
@@ -101,22 +109,34 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile")
+    ap.add_argument("--rows", help="the GPU issue's rows instead of --shapes/--model/--batch: "
+                                   + ",".join(ROWS))
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.rows and any(r not in ROWS for r in args.rows.split(",")):
+        ap.error("--rows: any of " + ",".join(ROWS))
     import torch
+    what = (f"rows {args.rows}, width {args.width}" if args.rows else
+            f"{args.model} width {args.width}, batch {args.batch}")
     print(f"ddpworker (cuda) vs PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: "
-          f"{args.model} width {args.width}, batch {args.batch}, {args.steps} timed steps after "
-          f"{args.warmup} warm-up", flush=True)
+          f"{what}, {args.steps} timed steps after {args.warmup} warm-up", flush=True)
+    # (row name or None, model, shape, batch) for each configuration to time
+    if args.rows:
+        configs = [(name, *ROWS[name]) for name in args.rows.split(",")]
+    else:
+        configs = [(None, args.model, shape, args.batch) for shape in args.shapes.split(",")]
     results = []
-    for shape in args.shapes.split(","):
+    for name, model, shape, batch in configs:
         for precision in args.precisions.split(","):
-            row = {"shape": shape, "precision": precision}
-            row["torch_eager"] = run_torch(shape, args.model, args.width, precision, args.batch,
+            row = {"shape": shape, "precision": precision, "model": model, "batch": batch}
+            if name:
+                row["row"] = name
+            row["torch_eager"] = run_torch(shape, model, args.width, precision, batch,
                                            args.warmup, args.steps, False)
             if args.compile:
-                row["torch_compile"] = run_torch(shape, args.model, args.width, precision,
-                                                 args.batch, args.warmup, args.steps, True)
-            row["ddpworker"] = run_ddpworker(shape, args.model, args.width, precision, args.batch,
+                row["torch_compile"] = run_torch(shape, model, args.width, precision, batch,
+                                                 args.warmup, args.steps, True)
+            row["ddpworker"] = run_ddpworker(shape, model, args.width, precision, batch,
                                              args.steps)
             best = max(v for k, v in row.items() if k.startswith("torch") and v)
             row["ratio"] = row["ddpworker"] / best if row["ddpworker"] else None
@@ -128,6 +148,14 @@ def main():
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
         print(f"{r['shape']:7} {r['precision']:5} {fmt(r['torch_eager']):>12} "
               f"{fmt(r.get('torch_compile')):>14} {fmt(r['ddpworker']):>10} {ratio:>6}")
+    for r in results:
+        if "row" not in r:
+            continue
+        fmt = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
+        eager_ratio = f"{r['ddpworker'] / r['torch_eager']:.2f}" if r["ddpworker"] else "-"
+        print(f"RESULT {r['row']} {r['precision']} ddpworker={fmt(r['ddpworker'])} "
+              f"torch_eager={fmt(r['torch_eager'])} torch_compile={fmt(r.get('torch_compile'))} "
+              f"ratio={eager_ratio}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": args.batch, "model": args.model, "width": args.width,

@@ -3,7 +3,8 @@
 # and PyTorch; the rest carried by deploy/gpu_deps.sh --with-data as .deps/root):
 #   tests/gpu/run.sh [build] [unit] [smoke] [e2e] [bench] [profile] [bench-compile] [startup]
 #   (default: build unit smoke e2e bench startup; stages run in this order)
-# Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (extra bench_gpu_train.py arguments), PROFILE_PRECISIONS
+# Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (bench_gpu_train.py arguments; default: the GPU issue's
+# rows in bf16 and fp16, RESULT lines), PROFILE_PRECISIONS
 # ("fp32 bf16"), PROFILE_TOP (lines shown), STARTUP_REPEATS. The carried folder: run it with
 # carry [".deps/root"]. Logs and JSON results go to $OUT (else gpu-out/); a summary is printed last.
 set -uo pipefail
@@ -55,7 +56,8 @@ if has e2e; then
 fi
 
 if has bench; then
-    PYTHONUNBUFFERED=1 DDP_BUILD_DIR=build python3 tests/bench/bench_gpu_train.py ${BENCH_ARGS:-} \
+    PYTHONUNBUFFERED=1 DDP_BUILD_DIR=build python3 tests/bench/bench_gpu_train.py \
+        ${BENCH_ARGS:---rows resnet18-cifar,resnet50-128 --precisions bf16,fp16} \
         --json "$out/bench_gpu_train.json" >"$out/bench.log" 2>&1
     note "bench: rc $?"
     tail -12 "$out/bench.log"
@@ -71,7 +73,7 @@ fi
 
 if has bench-compile; then
     PYTHONUNBUFFERED=1 DDP_BUILD_DIR=build python3 tests/bench/bench_gpu_train.py --compile \
-        ${BENCH_COMPILE_ARGS:---shapes cifar --precisions tf32,bf16} --json "$out/bench_compile.json" >"$out/bench_compile.log" 2>&1
+        ${BENCH_COMPILE_ARGS:---rows resnet18-cifar --precisions bf16,fp16} --json "$out/bench_compile.json" >"$out/bench_compile.log" 2>&1
     note "bench-compile: rc $?"
     tail -6 "$out/bench_compile.log"
 fi
