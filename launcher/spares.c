@@ -152,11 +152,16 @@ static void on_refill(uv_timer_t *t) {
         if (!s->waiting[r] && spawn_spare(s, r) < 0) turn_off(s, "a spare could not be started");
 }
 
-static void retire(spare_t *sp) {
-    sp->is_retired = true;
+/* No round can take sp any more: its socket closed, its rank's place free for another. */
+static void forget(spare_t *sp) {
     if (sp->sock >= 0) close(sp->sock);
     sp->sock = -1;
     if (sp->set->waiting[sp->local_rank] == sp) sp->set->waiting[sp->local_rank] = NULL;
+}
+
+static void retire(spare_t *sp) {
+    sp->is_retired = true;
+    forget(sp);
     kill(-sp->proc.pid, SIGKILL);
 }
 
@@ -167,10 +172,7 @@ static void on_spare_exit(uv_process_t *proc, int64_t exit_status, int term_sign
     if (sp->is_taken) {
         sp->on_exit(sp->owner, exit_status, term_signal);
     } else {
-        bool was_waiting = s->waiting[sp->local_rank] == sp;
-        if (sp->sock >= 0) close(sp->sock);
-        sp->sock = -1;
-        if (was_waiting) s->waiting[sp->local_rank] = NULL;
+        forget(sp);
         if (!sp->is_retired && !s->is_destroyed) {
             char how[64];
             if (term_signal) snprintf(how, sizeof how, "was killed by signal %d", term_signal);
