@@ -28,6 +28,7 @@
 #include "exit_codes.h"
 #include "fs.h"
 #include "json_lines.h"
+#include "liveness.h"
 #include "log.h"
 #include "options.h"
 #include "rendezvous.h"
@@ -101,8 +102,7 @@ typedef struct {
         uv_timer_t timer;
         bool is_timer_open;
         uint64_t ok_ms; /* last heartbeat the store took */
-        int64_t seen[RDZV_MAX_NODES];
-        uint64_t changed_ms[RDZV_MAX_NODES];
+        liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
         job_t job;
@@ -378,8 +378,13 @@ static void hb_work_cb(uv_work_t *req) {
             return;
         }
     }
+    const rdzv_result_t *round = &a->beat.job.round;
     if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
-    else a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.job.round, a->beat.fresh);
+    else if (round->is_member)
+        a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
+    /* a spare beats for no round (etcd: it keeps its lease) and reads whether the members live */
+    if (a->beat.job.rc == 0 && !round->is_member)
+        a->beat.job.rc = rdzv_read_members(&a->rdzv, a->hb, round, a->beat.fresh);
 }
 
 /* Judges staleness on this node's monotonic clock: counters, not the peers' clocks. */
@@ -413,21 +418,23 @@ static void hb_after_cb(uv_work_t *req, int status) {
         return;
     }
     b->ok_ms = now;
-    if (a->is_etcd) return; /* peers: their leases (liveness_after_cb) */
     const rdzv_result_t *round = &a->sm.round;
-    for (int i = 0; i < round->group_world_size; i++) {
-        if (i == round->group_rank) continue;
-        if (b->fresh[i] != b->seen[i]) {
-            b->seen[i] = b->fresh[i];
-            b->changed_ms[i] = now;
-        } else if (now - b->changed_ms[i] > limit_ms) {
-            LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", i,
-                     a->opts->heartbeat_timeout_s, round->round);
-            agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = i};
-            dispatch(a, &ev);
-            return;
-        }
-    }
+    if (a->is_etcd && round->is_member) return; /* peers: their leases (liveness_after_cb) */
+    int lost = liveness_judge(&b->members, b->fresh, round->is_member ? round->group_rank : -1,
+                              now);
+    if (lost < 0) return;
+    if (round->is_member)
+        LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", lost,
+                 beat_limit_s(a), round->round);
+    else if (a->is_etcd) /* its members may all be gone: nobody else would end the round */
+        LOG_WARN("round %d runs without this agent, but the member that joined it as #%d has "
+                 "had no etcd lease for %g s: asking for the next round", round->round, lost,
+                 beat_limit_s(a));
+    else
+        LOG_WARN("round %d runs without this agent, but its node %d sent no heartbeat for %g s: "
+                 "asking for the next round", round->round, lost, beat_limit_s(a));
+    agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = lost};
+    dispatch(a, &ev);
 }
 
 static void on_hb_timer(uv_timer_t *t) {
@@ -505,10 +512,8 @@ static void start_heartbeats(agent_t *a) {
     struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
     b->ok_ms = now;
-    for (int i = 0; i < RDZV_MAX_NODES; i++) {
-        b->seen[i] = -1;
-        b->changed_ms[i] = now;
-    }
+    liveness_reset(&b->members, a->sm.round.group_world_size,
+                   (uint64_t)(beat_limit_s(a) * 1000), now);
     if (!b->is_timer_open) {
         uv_timer_init(a->loop, &b->timer);
         b->timer.data = a;
@@ -518,7 +523,7 @@ static void start_heartbeats(agent_t *a) {
     if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
     uint64_t every = (uint64_t)(every_s * 1000);
     uv_timer_start(&b->timer, on_hb_timer, 0, every ? every : 1);
-    if (a->is_etcd) start_liveness(a);
+    if (a->is_etcd && a->sm.round.is_member) start_liveness(a);
 }
 
 /* ---- joining ------------------------------------------------------------------------------ */

@@ -81,7 +81,7 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
     agent_sm_action_t *a = push(out, AGENT_ACT_REPORT);
     a->round = sm->round;
     a->why = (rdzv_why_t){.code = code, .is_permanent = is_permanent,
-                          .node = sm->round.group_rank,
+                          .node = sm->round.is_member ? sm->round.group_rank : -1,
                           .rank = code ? sm->root_cause.rank : -1};
 }
 
@@ -89,7 +89,7 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
 
 static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
     /* restart_text stays until the next key: past the budget, the join's outcome names it */
-    sm->has_failure = sm->has_restart = false;
+    sm->has_failure = sm->has_restart = sm->is_judging_members = false;
     sm->round.round = round;
     if (!sm->cfg.is_multi) {
         sm->round = (rdzv_result_t){.round = round, .group_world_size = 1, .is_member = true,
@@ -220,7 +220,14 @@ static void on_join_done(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_ac
         say(out, AGENT_SAY_INFO, "round %d runs with %d nodes without this one; %s",
             sm->round.round, sm->round.group_world_size,
             has_room ? "asking for a new round" : "waiting for the next round");
-        if (has_room) report(sm, out, 0, false);
+        if (has_room) {
+            report(sm, out, 0, false);
+            return;
+        }
+        /* The round's members may all be dead already (killed while it ran, or while the round
+         * closed): nobody else would ever end it. Judge their heartbeats as a member would. */
+        sm->is_judging_members = true;
+        push(out, AGENT_ACT_START_HEARTBEATS)->round = sm->round;
         return;
     }
     say(out, AGENT_SAY_INFO, "round %d: node %d of %d, ranks %d-%d of %d", sm->round.round,
@@ -362,8 +369,9 @@ void agent_sm_init(agent_sm_t *sm, const agent_sm_config_t *cfg) {
 }
 
 bool agent_sm_is_beating(const agent_sm_t *sm, int round) {
-    return sm->state != AGENT_SM_DONE && sm->state != AGENT_SM_JOINING && sm->round.is_member &&
-           !sm->has_restart && !sm->has_failure && !sm->stop_signal && round == sm->round.round;
+    return sm->state != AGENT_SM_DONE && sm->state != AGENT_SM_JOINING &&
+           (sm->round.is_member || (sm->state == AGENT_SM_SPARE && sm->is_judging_members)) && !sm->has_restart && !sm->has_failure &&
+           !sm->stop_signal && round == sm->round.round;
 }
 
 /* A node that vanished shows up first as its peers' workers failing ("peer failure"); once the

@@ -625,7 +625,7 @@ Test(agent_sm_signals, while_a_spare) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     joined(0, 2, false);
-    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, END); /* no room: no report */
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END); /* no room: no report */
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
     expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, END);
     cr_assert_eq(acts.a[1].why.code, 128 + SIGTERM);
@@ -693,11 +693,28 @@ Test(agent_sm_spare, waits_when_the_job_is_full) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     joined(0, 2, false);
-    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, END);
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END);
     cr_assert(said("waiting for the next round"));
+    cr_assert(agent_sm_is_beating(&sm, 0), "a waiting spare judges the members' heartbeats");
     key_seen(1, 0, 1, 0, 1); /* a member failed: everyone, the spare too, joins the next round */
     expect(AGENT_ACT_SAY, AGENT_ACT_STOP_HEARTBEATS, AGENT_ACT_JOIN, END);
     cr_assert(said("restarting every worker (restart 1 of 3)"));
+}
+
+Test(agent_sm_spare, members_gone_end_the_round_it_waits_for) {
+    setup(true, 3, 2);
+    EV(.kind = AGENT_EV_START);
+    joined(0, 2, false);
+    EV(.kind = AGENT_EV_PEER_SILENT, .node = 1); /* its judgement of the members */
+    expect(AGENT_ACT_REPORT, END);
+    cr_assert_eq(acts.a[0].why.code, 0, "a membership change");
+    cr_assert_eq(acts.a[0].why.node, -1, "a spare is no node of the round");
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    expect(END);
+    key_seen(0, 0, 0, -1, -1);
+    expect(AGENT_ACT_SAY, AGENT_ACT_STOP_HEARTBEATS, AGENT_ACT_JOIN, END);
+    cr_assert(said("membership changes: every node joins round 1"));
+    cr_assert_eq(sm.failures, 0);
 }
 
 /* ---- odds and ends -------------------------------------------------------------------------- */
