@@ -297,18 +297,46 @@ static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm
     settle(sm, out);
 }
 
+/* Kubernetes and Slurm send SIGTERM and expect an exit: without workers at once, with workers
+ * once they ended (SIGKILL after --shutdown-timeout). Nothing in flight is waited for when there
+ * are no workers: a join or an exit barrier is interrupted, a spare's report goes out (agent.c
+ * bounds how long the process waits for what is still on the thread pool). */
 static void on_signal(agent_sm_t *sm, int signum, agent_sm_actions_t *out) {
     if (sm->stop_signal) { /* a second signal: no more grace */
         stop_workers(sm, out, SIGKILL, 0);
         return;
     }
-    say(out, AGENT_SAY_WARN, "%s received: forwarding it to the workers, SIGKILL after %g s",
-        strsignal(signum), sm->cfg.shutdown_timeout_s);
+    bool has_running = sm->has_workers && !sm->is_workers_done;
+    if (has_running)
+        say(out, AGENT_SAY_WARN, "%s received: forwarding it to the workers, SIGKILL after %g s",
+            strsignal(signum), sm->cfg.shutdown_timeout_s);
+    else
+        say(out, AGENT_SAY_WARN, "%s received while %s: leaving", strsignal(signum),
+            sm->state == AGENT_SM_JOINING     ? "joining a round"
+            : sm->state == AGENT_SM_FINISHING ? "in the exit barrier (this node's workers "
+                                                "succeeded)"
+            : sm->state == AGENT_SM_SPARE     ? "waiting for the next round"
+                                              : "no worker runs");
     sm->stop_signal = signum;
+    if (sm->state == AGENT_SM_JOINING) {
+        push(out, AGENT_ACT_INTERRUPT_JOIN);
+        exit_with(sm, out, 128 + signum);
+        return;
+    }
+    if (sm->state == AGENT_SM_FINISHING) {
+        /* this node counted itself done: the others' barrier ends without it. A failure seen
+         * meanwhile would have run the workers again, which the signal now forbids. */
+        push(out, AGENT_ACT_INTERRUPT_BARRIER);
+        exit_with(sm, out, sm->has_restart ? 128 + signum : 0);
+        return;
+    }
     round_ended(sm);
-    if (sm->state == AGENT_SM_JOINING) push(out, AGENT_ACT_INTERRUPT_JOIN);
-    stop_workers(sm, out, signum, sm->cfg.shutdown_timeout_s);
+    if (has_running) stop_workers(sm, out, signum, sm->cfg.shutdown_timeout_s);
     report(sm, out, 128 + signum, true);
+    if (!has_running) {
+        decide(sm, out); /* a report in flight goes out on its own */
+        return;
+    }
     settle(sm, out);
 }
 

@@ -573,11 +573,12 @@ Test(agent_sm_signals, during_join) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
-    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_JOIN, END); /* no workers, no report yet */
-    expect_state(AGENT_SM_JOINING);
-    joined(0, 2, true); /* whatever the join brought */
-    expect(AGENT_ACT_EXIT, END);
+    /* no workers: at once, without waiting for the join (its connect may retry for minutes) */
+    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_JOIN, AGENT_ACT_EXIT, END);
+    cr_assert(said("Terminated received while joining a round: leaving"), "%s", acts.a[0].text);
     expect_exit(128 + SIGTERM);
+    joined(0, 2, true); /* whatever the join brought */
+    expect(END);
 }
 
 Test(agent_sm_signals, during_run) {
@@ -616,9 +617,36 @@ Test(agent_sm_signals, during_the_exit_barrier) {
     start_several(0, 2);
     EV(.kind = AGENT_EV_WORKERS_DONE);
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
-    expect(AGENT_ACT_SAY, END);
+    /* at once, not after the others: this node's workers succeeded and it counted itself done */
+    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_BARRIER, AGENT_ACT_EXIT, END);
+    expect_exit(0);
     EV(.kind = AGENT_EV_FINISH_DONE);
-    expect_exit(0); /* the workers succeeded */
+    expect(END);
+}
+
+Test(agent_sm_signals, during_the_exit_barrier_after_a_failure_elsewhere) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    key_seen(1, 0, 1, 1, 2); /* its workers would run again */
+    EV(.kind = AGENT_EV_SIGNAL, .signum = SIGINT);
+    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_BARRIER, AGENT_ACT_EXIT, END);
+    expect_exit(128 + SIGINT);
+}
+
+Test(agent_sm_signals, while_stopping_after_a_failure_whose_workers_ended) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    worker_exits(1, 1, 0);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    expect(END); /* waits for the key */
+    EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
+    /* the report (a lost compare-set if the key is there) goes out alone */
+    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, AGENT_ACT_PRINT_ROOT_CAUSE, AGENT_ACT_DESTROY_WORKERS,
+           AGENT_ACT_EXIT, END);
+    cr_assert(said("Terminated received while no worker runs: leaving"));
+    expect_exit(128 + SIGTERM);
 }
 
 Test(agent_sm_signals, while_a_spare) {
@@ -627,11 +655,11 @@ Test(agent_sm_signals, while_a_spare) {
     joined(0, 2, false);
     expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END); /* no room: no report */
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
-    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, END);
+    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, AGENT_ACT_EXIT, END); /* the report goes out alone */
     cr_assert_eq(acts.a[1].why.code, 128 + SIGTERM);
-    EV(.kind = AGENT_EV_REPORT_DONE);
-    expect(AGENT_ACT_EXIT, END);
     expect_exit(128 + SIGTERM);
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    expect(END);
 }
 
 /* ---- start failures, spares ----------------------------------------------------------------- */
