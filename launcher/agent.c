@@ -31,6 +31,7 @@
 #include "liveness.h"
 #include "log.h"
 #include "options.h"
+#include "port_holder.h"
 #include "rendezvous.h"
 #include "rdzv_kv.h"
 #include "store_server.h"
@@ -75,6 +76,7 @@ typedef struct {
     /* several nodes */
     rdzv_t rdzv;
     bool is_etcd;          /* etcd: leases instead of heartbeat counters, a store per round */
+    bool is_endpoint_taken; /* the endpoint is local, and binding it failed: we are a client */
     rdzv_lease_t *lease;   /* etcd: this agent's, shared by its clients */
     rdzv_kv_t *ops;        /* join, report, exit barrier: one at a time */
     rdzv_kv_t *watch;      /* blocked in the restart WAIT of the round */
@@ -589,6 +591,14 @@ static void join_work_cb(uv_work_t *req) {
         if (j->job.rc < 0) {
             snprintf(j->err, sizeof j->err, "%s", *clients[i] ? (*clients[i])->ops->error(*clients[i])
                                                               : ddp_strerror(j->job.rc));
+            port_holder_t holder; /* who holds the port now, if the endpoint is ours */
+            if (a->is_endpoint_taken) port_holder_find(o->rdzv_port, &holder);
+            if (a->is_endpoint_taken && !holder.is_listening) {
+                size_t n = strlen(j->err);
+                snprintf(j->err + n, sizeof j->err - n, "; port %u on this machine is held by %s",
+                         o->rdzv_port, holder.is_found ? holder.text
+                                                       : "a socket this machine does not list");
+            }
             rdzv_kv_destroy(*clients[i]);
             *clients[i] = NULL;
         }
@@ -770,6 +780,24 @@ static int host_store(agent_t *a) {
     if (rc < 0 && a->sm.cfg.is_multi && o->is_host != 1 && !a->is_etcd &&
         (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
         a->store = NULL; /* someone else hosts it: we are a client */
+        /* a local port that is taken but where nothing listens: every agent would be a client
+         * of a store nobody hosts; say so now, naming the holder, not after join_timeout */
+        a->is_endpoint_taken = is_host && rc == UV_EADDRINUSE;
+        port_holder_t holder = {.is_listening = true};
+        if (a->is_endpoint_taken) {
+            port_holder_find(o->rdzv_port, &holder);
+            if (!holder.is_listening) { /* a store between its bind and its listen: look again */
+                usleep(100 * 1000);
+                port_holder_find(o->rdzv_port, &holder);
+            }
+        }
+        if (!holder.is_listening)
+            LOG_WARN("the rendezvous endpoint %s:%u is on this machine and its port is taken, but "
+                     "nothing listens there (%s): no store will answer; this agent waits as a "
+                     "client until join_timeout=%gs in case one starts. Free the port or pick "
+                     "another endpoint", o->rdzv_host, o->rdzv_port,
+                     holder.is_found ? holder.text : "a socket this machine does not list",
+                     o->join_timeout_s);
         rc = 0;
     } else if (rc < 0) {
         fprintf(stderr, "ddprun: cannot host the job's store: %s\n", err);
