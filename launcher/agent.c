@@ -63,6 +63,7 @@ typedef struct {
     bool is_exit_deadline_armed;
     uv_timer_t linger;
     char self_exe[PATH_MAX];
+    char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
     char master_addr[256];
     uint16_t master_port;
@@ -277,7 +278,7 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
     char attempt_dir[1300], err[512];
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, act->round.round);
     workers_spec_t spec = {
-        .opts = a->opts, .self_exe = a->self_exe, .run_id = a->opts->rdzv_id,
+        .opts = a->opts, .shim_exe = a->shim_exe, .run_id = a->opts->rdzv_id,
         .attempt = act->round.round, .restart_count = act->restart_count,
         .group_rank = act->round.group_rank,
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
@@ -808,6 +809,22 @@ static int host_store(agent_t *a) {
     return 0;
 }
 
+/* The shim every worker starts under: ddprun-shim next to ddprun (the build tree), else where
+ * it is installed relative to ddprun (DDP_SHIM_RELPATH: ../libexec/ddprun/ddprun-shim), else
+ * ddprun itself (`ddprun __shim`, the same code with the agent's libraries). */
+static void find_shim(const char *self_exe, char *out, size_t out_len) {
+    const char *slash = strrchr(self_exe, '/');
+    int dir_len = slash ? (int)(slash - self_exe) : 0;
+    const char *candidates[] = {"/ddprun-shim", "/" DDP_SHIM_RELPATH};
+    for (size_t i = 0; slash && i < sizeof candidates / sizeof candidates[0]; i++) {
+        int n = snprintf(out, out_len, "%.*s%s", dir_len, self_exe, candidates[i]);
+        if (n > 0 && (size_t)n < out_len && access(out, X_OK) == 0) return;
+    }
+    size_t len = strnlen(self_exe, out_len - 1);
+    memcpy(out, self_exe, len);
+    out[len] = '\0';
+}
+
 /* The built-in trainer: $DDPWORKER, else next to ddprun (installed), else the build tree's
  * worker/ddpworker (ddprun in build/launcher), else ddpworker on PATH. */
 static void find_ddpworker(const char *self_exe, char *out, size_t out_len) {
@@ -856,6 +873,7 @@ int agent_main(ddprun_opts_t *o) {
         return 1;
     }
     a->self_exe[n] = '\0';
+    find_shim(a->self_exe, a->shim_exe, sizeof a->shim_exe);
     const char *prog = o->program_argv[0];
     size_t plen = strlen(prog);
     if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0 && use_builtin_trainer(a, o) < 0) {
@@ -873,10 +891,13 @@ int agent_main(ddprun_opts_t *o) {
         return 1;
     }
     a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
+    char etcd_err[600];
+    if (a->is_etcd && rdzv_kv_etcd_check(etcd_err, sizeof etcd_err) < 0) {
+        fprintf(stderr, "ddprun: --rdzv-backend etcd: %s\n", etcd_err);
+        return 1;
+    }
     if (a->is_etcd && !(a->lease = rdzv_lease_new((int64_t)(o->lease_ttl_s + 0.999)))) {
-        fprintf(stderr, "ddprun: --rdzv-backend etcd: %s\n",
-                rdzv_kv_has_etcd() ? "out of memory"
-                                   : "this ddprun was built without libcurl, so without etcd");
+        fprintf(stderr, "ddprun: --rdzv-backend etcd: out of memory\n");
         return 1;
     }
     if (host_store(a) < 0) return 1;
@@ -899,7 +920,7 @@ int agent_main(ddprun_opts_t *o) {
     signal(SIGPIPE, SIG_IGN);
     if (o->warm_spares) {
         char err[512];
-        if (spares_create(a->loop, o, a->self_exe, a->run_dir, round_is_training, a, &a->spares,
+        if (spares_create(a->loop, o, a->shim_exe, a->run_dir, round_is_training, a, &a->spares,
                           err, sizeof err) < 0)
             LOG_WARN("%s: workers start fresh", err);
     }
