@@ -47,8 +47,13 @@ static const key_spec_t keys[] = {
      "start from this safetensors file of torchvision's state_dict names and layouts (a fresh run "
      "only: a resumed run takes its snapshot's weights)"},
     {"model", "init_skip_mismatched", KEY_BOOL, F(is_init_skip_mismatched), 0, 0, NULL, "false",
-     "model.init: keep the drawn initial values of tensors whose shape differs (a new classifier "
-     "head) or that the file lacks, naming them on stderr, instead of stopping"},
+     "model.init: the final layer's tensors (fc, classifier.6: a new classifier head), when their "
+     "shape differs or the file lacks them, keep their drawn initial values, named on stderr; a "
+     "mismatch anywhere else still stops the run, naming the first ones (see model.init_skip)"},
+    {"model", "init_skip", KEY_STRING, F(model_init_skip), 0, 0, NULL, "",
+     "model.init: tensors not to load, which keep their drawn initial values: comma-separated "
+     "state_dict names, NAME* for every name that begins so (e.g. classifier.*); tensors of the "
+     "file that the model lacks are ignored when listed"},
     {"data", "kind", KEY_ENUM, F(data_kind), 0, 0,
      "fashion-mnist|mnist|cifar10|cifar100|synthetic|imagefolder", "fashion-mnist",
      "dataset (imagefolder: data.dir holds train/<class>/<image> and val/, test/ alike)"},

@@ -39,7 +39,8 @@ typedef struct {
     int64_t fc_width;        /* vgg classifier */
     double dropout;          /* vgg classifier */
     char model_init[TRAIN_CONF_PATH_MAX]; /* safetensors to start from (empty: none) */
-    bool is_init_skip_mismatched;
+    bool is_init_skip_mismatched; /* the final layer may keep its drawn values */
+    char model_init_skip[TRAIN_CONF_PATH_MAX]; /* tensors not to load: "a,b,prefix*" */
     /* [data] */
     data_kind_t data_kind;
     char data_dir[TRAIN_CONF_PATH_MAX];

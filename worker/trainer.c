@@ -216,8 +216,9 @@ void trainer_start(trainer_t *t, comm_t *comm) {
          * rank 0 draws them (a resumed run has the snapshot's) */
         if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
             trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+        weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched, .skip = conf->model_init_skip};
         if (t->rank == 0 && conf->model_init[0] &&
-            weights_load(&t->model, conf->model_init, conf->is_init_skip_mismatched, stderr, err, sizeof err) < 0)
+            weights_load_init(&t->model, conf->model_init, &skip, stderr, err, sizeof err) < 0)
             trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
         trainer__check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
                    "broadcasting the initial parameters");
