@@ -149,10 +149,12 @@ def test_tensorboard_reads_every_scalar_at_every_step(ddprun, tb_python, tmp_pat
     conf.write_text(CONF)
     logdir, jsonl = tmp_path / "runs" / "a", tmp_path / "metrics.jsonl"
     run([ddprun, "--standalone", "--nproc-per-node", "2", str(conf),
-         f"train.tensorboard_dir={logdir}", f"train.metrics_file={jsonl}", "optim.momentum=0.9"])
+         f"train.tensorboard_dir={logdir}", f"train.metrics_file={jsonl}", "optim.momentum=0.9",
+         "precision.loss_scaling=dynamic"])
     assert len(event_files(logdir)) == 1, "rank 0 alone writes, one file per start"
     got = read_run(tb_python, logdir)
     assert_same_run(got, metrics(jsonl))
+    assert got["scalars"]["train/loss_scale"], "no loss scale"
     [(step, [text])] = got["tensors"]["config"]
     assert step == 1 and got["plugins"]["config"] == "text"
     assert "eval_interval = 32" in text and str(conf) in text, text
