@@ -132,6 +132,8 @@ static const key_spec_t keys[] = {
      "compute threads per worker (0: the cores divided among the node's workers)"},
     {"train", "seed", KEY_INT, F(seed), 0, 9.007199254740992e15, NULL, "0", "of everything random"},
     {"train", "metrics_file", KEY_STRING, F(metrics_file), 0, 0, NULL, "", "JSON lines here"},
+    {"train", "tensorboard_dir", KEY_STRING, F(tensorboard_dir), 0, 0, NULL, "",
+     "rank 0 writes TensorBoard event files here (empty: none)"},
     {"train", "params_file", KEY_STRING, F(params_file), 0, 0, NULL, "",
      "rank 0 writes the final parameters here (empty: nowhere)"},
     {"train", "best_by", KEY_ENUM, F(best_by), 0, 0, "none|val_loss|val_top1", "none",
@@ -286,7 +288,11 @@ int train_conf_load(const char *path, char *const *overrides, int n_overrides, t
     train_conf_default(out);
     parse_ctx_t ctx = {.conf = out};
     if (ini_file_parse(path, on_key, &ctx, err, err_len) < 0) return -1;
+    snprintf(out->source_path, sizeof out->source_path, "%s", path);
     for (int i = 0; i < n_overrides; i++) {
+        size_t used = strlen(out->overrides); /* as given, for reports; cut where it is full */
+        snprintf(out->overrides + used, sizeof out->overrides - used, "%s%s", used ? " " : "",
+                 overrides[i]);
         char buf[TRAIN_CONF_PATH_MAX + 128];
         snprintf(buf, sizeof buf, "%s", overrides[i]);
         char *dot = strchr(buf, '.'), *eq = strchr(buf, '=');
