@@ -132,6 +132,13 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     }
     g->bn_partials_len = BN_PARTIALS_FLOATS / 2;
     CHECK_CUDA(cudaDeviceGetAttribute(&g->sm_count, cudaDevAttrMultiProcessorCount, device));
+    const char *profile = getenv("DDP_CUDA_PROFILE");
+    if (profile && (sscanf(profile, "%ld,%ld", &g->profile_first, &g->profile_count) != 2 ||
+                    g->profile_first < 1 || g->profile_count < 1)) {
+        snprintf(err, err_len, "DDP_CUDA_PROFILE=%s: expected FIRST,COUNT (forward passes, from 1)", profile);
+        gpu_destroy(&g->base);
+        return NULL;
+    }
     if (algo_cache_path) snprintf(g->cache_path, sizeof g->cache_path, "%s", algo_cache_path);
     gpu_algo_cache_load(g);
     return &g->base;

@@ -87,6 +87,11 @@ typedef struct {
     size_t wide_bytes[3];
     char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
     char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
+    /* DDP_CUDA_PROFILE="FIRST,COUNT": the profiler's capture range (cudaProfilerStart/Stop, which
+     * nsys --capture-range=cudaProfilerApi and ncu --profile-from-start off honour) covers forward
+     * passes FIRST .. FIRST+COUNT-1 (1-based, from the forward's start to the next one's): the
+     * warm-up and cuDNN's timed algorithm search stay outside it. 0: off. */
+    long profile_first, profile_count, forwards;
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)

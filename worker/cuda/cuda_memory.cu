@@ -2,6 +2,8 @@
  * always; narrow activations converted on the device) and the model's arenas. */
 #include "cuda_common.cuh"
 
+#include <cuda_profiler_api.h>
+
 /* ---- memory ---- */
 
 void *gpu_alloc(backend_t *b, size_t n_bytes) {
@@ -104,6 +106,16 @@ int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, f
 /* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
 void gpu_prepare_forward(backend_t *b) {
     gpu_t *g = gpu_of(b);
+    if (g->profile_first > 0) { /* the capture range: whole steps, each from its forward on */
+        g->forwards++;
+        if (g->forwards == g->profile_first) {
+            CHECK_CUDA(cudaStreamSynchronize(g->stream));
+            CHECK_CUDA(cudaProfilerStart());
+        } else if (g->forwards == g->profile_first + g->profile_count) {
+            CHECK_CUDA(cudaStreamSynchronize(g->stream));
+            CHECK_CUDA(cudaProfilerStop());
+        }
+    }
     if (g->low != LOW_NONE && g->n_params)
         WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), g->n_params, g->params, LOW(g->shadow), g->n_params));
 }
