@@ -4,7 +4,10 @@
 
 /* ---- convolution (cuDNN, NHWC, KRSC filters) ---- */
 
-/* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32. */
+/* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32.
+ * In a narrow mode the fp32 fallback (a first convolution on 3 channels) takes TF32 too: its
+ * inputs are narrow values already (exact in TF32) and TF32's filter is finer than the narrow copy
+ * every other convolution uses (FMA would keep the 7x7 ImageNet stem off the tensor cores). */
 static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
     cudnnDataType_t t = !is_low ? CUDNN_DATA_FLOAT : g->low == LOW_FP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->x_desc, CUDNN_TENSOR_NHWC, t, s->n, s->c, s->h, s->w));
@@ -13,7 +16,8 @@ static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
     CHECK_CUDNN(cudnnSetConvolution2dDescriptor(g->conv_desc, s->pad, s->pad, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CHECK_CUDNN(cudnnSetConvolutionMathType(g->conv_desc,
-                                            is_low || g->is_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+                                            is_low || g->is_tf32 || g->low != LOW_NONE ? CUDNN_TENSOR_OP_MATH
+                                                                                      : CUDNN_FMA_MATH));
 }
 
 /* The arithmetic the algorithm cache is keyed by: 0 fp32, 1 tf32, 2 bf16, 3 fp16. */
