@@ -38,6 +38,7 @@ struct store_client {
     size_t w_cap;
     uint64_t deadline_ms; /* of the op in progress */
     int wake[2];          /* store_client_interrupt writes here; every wait polls it too */
+    bool is_interrupted;  /* the wake fired: a connect in progress gives up instead of retrying */
     char err[512];
 };
 
@@ -74,6 +75,7 @@ static int wait_fd(store_client_t *c, short events) {
             while (read(c->wake[0], drain, sizeof drain) > 0) {
             }
             disconnect(c);
+            c->is_interrupted = true;
             return DDP_ECLOSED;
         }
         if (n > 0) return 0;
@@ -365,6 +367,7 @@ static int reconnect(store_client_t *c) {
     char port[8];
     snprintf(port, sizeof port, "%u", c->opts.port);
     int backoff_ms = BACKOFF_FIRST_MS, rc = 0;
+    c->is_interrupted = false;
     for (;;) {
         struct addrinfo *res = NULL;
         int gai = getaddrinfo(c->host, port, &hints, &res);
@@ -408,6 +411,7 @@ static int reconnect(store_client_t *c) {
         }
         if (res) freeaddrinfo(res);
         if (rc == 0) return 0;
+        if (c->is_interrupted) return fail(c, DDP_ECLOSED, "connecting was interrupted");
         if (!is_retryable(rc)) return rc; /* the message is already in c->err */
         int left = clock_remaining_ms(connect_deadline);
         if (left == 0)
@@ -416,13 +420,28 @@ static int reconnect(store_client_t *c) {
                         (long long)c->opts.connect_timeout_ms, ddp_strerror(rc));
         int sleep_ms = backoff_ms / 2 + rand() % (backoff_ms / 2 + 1);
         if (left >= 0 && sleep_ms > left) sleep_ms = left;
-        struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        /* the pause between tries listens to the wake too: an interrupt ends the retries */
+        struct pollfd p = {.fd = c->wake[0], .events = POLLIN};
+        if (poll(&p, 1, sleep_ms) > 0 && (p.revents & POLLIN)) {
+            char drain[64];
+            while (read(c->wake[0], drain, sizeof drain) > 0) {
+            }
+            return fail(c, DDP_ECLOSED, "connecting was interrupted");
+        }
         backoff_ms = backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2;
     }
 }
 
 int store_client_connect(const store_client_opts_t *opts, store_client_t **out) {
+    int rc = store_client_new(opts, out);
+    return rc < 0 ? rc : store_client_open(*out);
+}
+
+int store_client_open(store_client_t *c) {
+    return c->fd >= 0 ? 0 : reconnect(c);
+}
+
+int store_client_new(const store_client_opts_t *opts, store_client_t **out) {
     store_client_t *c = calloc(1, sizeof *c);
     if (!c) return -ENOMEM;
     *out = c;
@@ -446,7 +465,7 @@ int store_client_connect(const store_client_opts_t *opts, store_client_t **out) 
     }
     if (!c->rbuf) return fail(c, -ENOMEM, "out of memory");
     if (c->secret.is_set && store_auth_init() < 0) return fail(c, -EIO, "libsodium failed to start");
-    return reconnect(c);
+    return 0;
 }
 
 void store_client_interrupt(store_client_t *c) {

@@ -35,6 +35,11 @@ typedef struct store_client store_client_t;
 /* Create and connect (with retry). On failure *out still holds a client whose
  * store_client_error() explains; destroy it. Returns 0 or a negative code. */
 int store_client_connect(const store_client_opts_t *opts, store_client_t **out);
+/* The same in two steps, so that another thread can interrupt the connect: store_client_new
+ * only allocates (no I/O; on failure as above); store_client_open connects with retry, and an
+ * interrupt ends its retries at once (DDP_ECLOSED). */
+int store_client_new(const store_client_opts_t *opts, store_client_t **out);
+int store_client_open(store_client_t *c);
 void store_client_destroy(store_client_t *c);
 /* From any thread: make the operation in progress on c fail at once (DDP_ECLOSED), e.g. a WAIT
  * another thread is blocked in. The client reconnects on its next operation. */

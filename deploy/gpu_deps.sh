@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The libraries a GPU machine (Ubuntu 24.04 with CUDA, cuDNN, NCCL, cmake, gcc, zlib, libcurl
-# runtime, python3 + torch) lacks to build and test ddprun, as Debian packages unpacked into .deps/
+# runtime, python3 + torch) lacks to build and test ddprun (protobuf-c's compiler protoc-c runs
+# there from the sysroot, with Debian's libprotoc), as Debian packages unpacked into .deps/
 # (ignored by git). OpenBLAS is there already. Run it here, once (--with-data adds Debian's
 # Fashion-MNIST, 30 MB of the 64 MB a device call may carry); carry .deps/root, and there:
 #   source deploy/gpu_deps.sh --env     # PKG_CONFIG_*, CMAKE_PREFIX_PATH, LD_LIBRARY_PATH, PATH
@@ -30,7 +31,9 @@ packages=(libuv1 libuv1-dev libsodium23 libsodium-dev libxxhash0 libxxhash-dev
           libcriterion3 libcriterion-dev libnanomsg5 libgit2-1.5 libboxfort-dev
           libhttp-parser2.9 libmbedcrypto7 libmbedtls14 libmbedx509-1 libssh2-1
           iproute2 libbpf1 libelf1 libmnl0 libcap2 libxtables12
-          pkgconf pkgconf-bin libpkgconf3 libopenblas-pthread-dev)
+          pkgconf pkgconf-bin libpkgconf3 libopenblas-pthread-dev
+          libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler libprotoc32 libprotobuf32
+          libisal2 libisal-dev)
 [ "${1:-}" = "--with-data" ] && packages+=(dataset-fashion-mnist)
 mkdir -p "$root/debs" "$root/root"
 cd "$root/debs"

@@ -28,6 +28,7 @@
 #include "exit_codes.h"
 #include "fs.h"
 #include "json_lines.h"
+#include "liveness.h"
 #include "log.h"
 #include "options.h"
 #include "rendezvous.h"
@@ -37,6 +38,7 @@
 #include "workers.h"
 
 #define STORE_LINGER_MS 5000
+#define EXIT_GRACE_MS   2000 /* after a signal, for what is on the thread pool to come back */
 #define EVENT_QUEUE_LEN 8
 
 /* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
@@ -56,6 +58,8 @@ typedef struct {
     workers_t *workers;
     spares_t *spares; /* --warm-spares 1, else NULL */
     uv_signal_t sig_handles[DDP_MAX_SIGNALS];
+    uv_timer_t exit_deadline; /* after a signal: see arm_exit_deadline */
+    bool is_exit_deadline_armed;
     uv_timer_t linger;
     char self_exe[PATH_MAX];
     char run_dir[1200];
@@ -101,8 +105,7 @@ typedef struct {
         uv_timer_t timer;
         bool is_timer_open;
         uint64_t ok_ms; /* last heartbeat the store took */
-        int64_t seen[RDZV_MAX_NODES];
-        uint64_t changed_ms[RDZV_MAX_NODES];
+        liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
         job_t job;
@@ -131,6 +134,50 @@ static void on_linger(uv_timer_t *t) {
     store_server_stop(a->store, NULL, NULL);
 }
 
+/* After the end: hang up the clients no job uses any more (so a hosting agent's linger can end);
+ * called again by each job that comes back. */
+static void close_idle_clients(agent_t *a) {
+    if (a->watch && !a->watching.job.is_busy && !a->join.job.is_busy) {
+        rdzv_kv_destroy(a->watch);
+        a->watch = NULL;
+    }
+    if (a->ops && !a->join.job.is_busy && !a->report.job.is_busy && !a->barrier.is_busy) {
+        rdzv_kv_destroy(a->ops);
+        a->ops = NULL;
+    }
+}
+
+/* The last resort after a signal: a job blocked on the thread pool (a store or etcd that does not
+ * answer an interrupted request) must not keep the agent alive. Workers are gone by then, or go
+ * with the agent (their shims' lifelines). */
+static void on_exit_deadline(uv_timer_t *t) {
+    agent_t *a = t->data;
+    LOG_ERROR("still waiting for the %s %g s after the signal: exiting now",
+              a->join.job.is_busy       ? "rendezvous"
+              : a->report.job.is_busy   ? "report to the other agents"
+              : a->barrier.is_busy      ? "exit barrier"
+              : a->watching.job.is_busy ? "restart watch"
+                                        : "store",
+              (double)uv_timer_get_repeat(t) / 1000);
+    fflush(NULL);
+    _exit(a->sm.state == AGENT_SM_DONE ? a->exit_code : 128 + a->sm.stop_signal);
+}
+
+/* Arm the last resort once, on the first signal: an agent without workers gets EXIT_GRACE_MS,
+ * one with workers --shutdown-timeout more (the SIGKILL comes then). Unreferenced: it never keeps
+ * the loop alive by itself. */
+static void arm_exit_deadline(agent_t *a) {
+    if (a->is_exit_deadline_armed) return;
+    a->is_exit_deadline_armed = true;
+    uint64_t ms = EXIT_GRACE_MS;
+    if (a->workers && a->sm.state != AGENT_SM_DONE)
+        ms += (uint64_t)(a->opts->shutdown_timeout_s * 1000);
+    uv_timer_init(a->loop, &a->exit_deadline);
+    a->exit_deadline.data = a;
+    uv_timer_start(&a->exit_deadline, on_exit_deadline, ms, ms); /* repeat: for its message */
+    uv_unref((uv_handle_t *)&a->exit_deadline);
+}
+
 /* AGENT_ACT_EXIT: close what keeps the loop running; jobs still in flight close their own
  * clients when they come back. */
 static void finish(agent_t *a, int code) {
@@ -154,16 +201,11 @@ static void finish(agent_t *a, int code) {
     }
     if (a->watch && a->watching.job.is_busy)
         a->watch->ops->interrupt(a->watch); /* end its WAIT too */
-    if (a->watch && !a->watching.job.is_busy && !a->join.job.is_busy) {
-        rdzv_kv_destroy(a->watch);
-        a->watch = NULL;
-    }
-    if (a->ops && !a->join.job.is_busy && !a->report.job.is_busy && !a->barrier.is_busy) {
-        rdzv_kv_destroy(a->ops); /* hang up, so a hosting agent's linger can end */
-        a->ops = NULL;
-    }
+    close_idle_clients(a);
     if (!a->store) return;
-    if (!a->sm.cfg.is_multi) {
+    /* after a signal nobody waits: the store goes with its host (the other agents then lose it
+     * and leave, as they would if the host had been killed) */
+    if (!a->sm.cfg.is_multi || a->sm.stop_signal) {
         store_server_stop(a->store, NULL, NULL);
         return;
     }
@@ -298,6 +340,7 @@ static void report_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->report.job.is_busy = false;
+    if (a->sm.state == AGENT_SM_DONE) close_idle_clients(a);
     if (a->report.job.rc < 0)
         LOG_ERROR("cannot tell the other agents to restart: %s", a->ops->ops->error(a->ops));
     post(a, AGENT_EV_REPORT_DONE);
@@ -314,8 +357,7 @@ static void watch_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     a->watching.job.is_busy = false;
     if (a->sm.state == AGENT_SM_DONE) {
-        rdzv_kv_destroy(a->watch);
-        a->watch = NULL;
+        close_idle_clients(a);
         return;
     }
     agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN};
@@ -345,6 +387,10 @@ static void finish_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->barrier.is_busy = false;
+    if (a->sm.state == AGENT_SM_DONE) {
+        close_idle_clients(a);
+        return;
+    }
     if (a->is_barrier_interrupted) {
         /* the next round's join connects again: an interrupted client is in no state to reuse
          * (a WAIT left in flight, or an interrupt still pending if the barrier had just ended) */
@@ -378,8 +424,13 @@ static void hb_work_cb(uv_work_t *req) {
             return;
         }
     }
+    const rdzv_result_t *round = &a->beat.job.round;
     if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
-    else a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, &a->beat.job.round, a->beat.fresh);
+    else if (round->is_member)
+        a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
+    /* a spare beats for no round (etcd: it keeps its lease) and reads whether the members live */
+    if (a->beat.job.rc == 0 && !round->is_member)
+        a->beat.job.rc = rdzv_read_members(&a->rdzv, a->hb, round, a->beat.fresh);
 }
 
 /* Judges staleness on this node's monotonic clock: counters, not the peers' clocks. */
@@ -413,21 +464,23 @@ static void hb_after_cb(uv_work_t *req, int status) {
         return;
     }
     b->ok_ms = now;
-    if (a->is_etcd) return; /* peers: their leases (liveness_after_cb) */
     const rdzv_result_t *round = &a->sm.round;
-    for (int i = 0; i < round->group_world_size; i++) {
-        if (i == round->group_rank) continue;
-        if (b->fresh[i] != b->seen[i]) {
-            b->seen[i] = b->fresh[i];
-            b->changed_ms[i] = now;
-        } else if (now - b->changed_ms[i] > limit_ms) {
-            LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", i,
-                     a->opts->heartbeat_timeout_s, round->round);
-            agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = i};
-            dispatch(a, &ev);
-            return;
-        }
-    }
+    if (a->is_etcd && round->is_member) return; /* peers: their leases (liveness_after_cb) */
+    int lost = liveness_judge(&b->members, b->fresh, round->is_member ? round->group_rank : -1,
+                              now);
+    if (lost < 0) return;
+    if (round->is_member)
+        LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", lost,
+                 beat_limit_s(a), round->round);
+    else if (a->is_etcd) /* its members may all be gone: nobody else would end the round */
+        LOG_WARN("round %d runs without this agent, but the member that joined it as #%d has "
+                 "had no etcd lease for %g s: asking for the next round", round->round, lost,
+                 beat_limit_s(a));
+    else
+        LOG_WARN("round %d runs without this agent, but its node %d sent no heartbeat for %g s: "
+                 "asking for the next round", round->round, lost, beat_limit_s(a));
+    agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = lost};
+    dispatch(a, &ev);
 }
 
 static void on_hb_timer(uv_timer_t *t) {
@@ -505,10 +558,8 @@ static void start_heartbeats(agent_t *a) {
     struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
     b->ok_ms = now;
-    for (int i = 0; i < RDZV_MAX_NODES; i++) {
-        b->seen[i] = -1;
-        b->changed_ms[i] = now;
-    }
+    liveness_reset(&b->members, a->sm.round.group_world_size,
+                   (uint64_t)(beat_limit_s(a) * 1000), now);
     if (!b->is_timer_open) {
         uv_timer_init(a->loop, &b->timer);
         b->timer.data = a;
@@ -518,7 +569,7 @@ static void start_heartbeats(agent_t *a) {
     if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
     uint64_t every = (uint64_t)(every_s * 1000);
     uv_timer_start(&b->timer, on_hb_timer, 0, every ? every : 1);
-    if (a->is_etcd) start_liveness(a);
+    if (a->is_etcd && a->sm.round.is_member) start_liveness(a);
 }
 
 /* ---- joining ------------------------------------------------------------------------------ */
@@ -563,6 +614,10 @@ static void join_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     struct join_job *j = &a->join;
     j->job.is_busy = false;
+    if (a->sm.state == AGENT_SM_DONE) { /* left while it joined (a signal) */
+        close_idle_clients(a);
+        return;
+    }
     agent_sm_event_t ev = {.kind = AGENT_EV_JOIN_DONE, .rc = j->job.rc, .joined = j->joined,
                            .is_refunded = j->is_refunded};
     snprintf(ev.text, sizeof ev.text, "%s", j->err);
@@ -593,9 +648,14 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         a->join.plan = act->plan;
         queue_job(a, &a->join.job, &act->round, join_work_cb, join_after_cb);
         return;
-    case AGENT_ACT_INTERRUPT_JOIN:
-        if (a->join.job.is_busy && a->ops) a->ops->ops->interrupt(a->ops);
+    case AGENT_ACT_INTERRUPT_JOIN: {
+        /* the join's thread publishes each client before connecting it (rdzv_kv_connect) */
+        rdzv_kv_t *clients[] = {__atomic_load_n(&a->ops, __ATOMIC_ACQUIRE),
+                                __atomic_load_n(&a->watch, __ATOMIC_ACQUIRE)};
+        for (int i = 0; i < 2 && a->join.job.is_busy; i++)
+            if (clients[i]) clients[i]->ops->interrupt(clients[i]);
         return;
+    }
     case AGENT_ACT_INTERRUPT_BARRIER:
         if (a->barrier.is_busy && a->ops) {
             a->ops->ops->interrupt(a->ops);
@@ -653,8 +713,10 @@ static void dispatch(agent_t *a, const agent_sm_event_t *ev) {
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
+    agent_t *a = h->data;
     agent_sm_event_t ev = {.kind = AGENT_EV_SIGNAL, .signum = signum};
-    dispatch(h->data, &ev);
+    arm_exit_deadline(a);
+    dispatch(a, &ev);
 }
 
 /* ---- start -------------------------------------------------------------------------------- */

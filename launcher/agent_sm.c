@@ -81,7 +81,7 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
     agent_sm_action_t *a = push(out, AGENT_ACT_REPORT);
     a->round = sm->round;
     a->why = (rdzv_why_t){.code = code, .is_permanent = is_permanent,
-                          .node = sm->round.group_rank,
+                          .node = sm->round.is_member ? sm->round.group_rank : -1,
                           .rank = code ? sm->root_cause.rank : -1};
 }
 
@@ -89,7 +89,7 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
 
 static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
     /* restart_text stays until the next key: past the budget, the join's outcome names it */
-    sm->has_failure = sm->has_restart = false;
+    sm->has_failure = sm->has_restart = sm->is_judging_members = false;
     sm->round.round = round;
     if (!sm->cfg.is_multi) {
         sm->round = (rdzv_result_t){.round = round, .group_world_size = 1, .is_member = true,
@@ -220,7 +220,14 @@ static void on_join_done(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_ac
         say(out, AGENT_SAY_INFO, "round %d runs with %d nodes without this one; %s",
             sm->round.round, sm->round.group_world_size,
             has_room ? "asking for a new round" : "waiting for the next round");
-        if (has_room) report(sm, out, 0, false);
+        if (has_room) {
+            report(sm, out, 0, false);
+            return;
+        }
+        /* The round's members may all be dead already (killed while it ran, or while the round
+         * closed): nobody else would ever end it. Judge their heartbeats as a member would. */
+        sm->is_judging_members = true;
+        push(out, AGENT_ACT_START_HEARTBEATS)->round = sm->round;
         return;
     }
     say(out, AGENT_SAY_INFO, "round %d: node %d of %d, ranks %d-%d of %d", sm->round.round,
@@ -290,18 +297,46 @@ static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm
     settle(sm, out);
 }
 
+/* Kubernetes and Slurm send SIGTERM and expect an exit: without workers at once, with workers
+ * once they ended (SIGKILL after --shutdown-timeout). Nothing in flight is waited for when there
+ * are no workers: a join or an exit barrier is interrupted, a spare's report goes out (agent.c
+ * bounds how long the process waits for what is still on the thread pool). */
 static void on_signal(agent_sm_t *sm, int signum, agent_sm_actions_t *out) {
     if (sm->stop_signal) { /* a second signal: no more grace */
         stop_workers(sm, out, SIGKILL, 0);
         return;
     }
-    say(out, AGENT_SAY_WARN, "%s received: forwarding it to the workers, SIGKILL after %g s",
-        strsignal(signum), sm->cfg.shutdown_timeout_s);
+    bool has_running = sm->has_workers && !sm->is_workers_done;
+    if (has_running)
+        say(out, AGENT_SAY_WARN, "%s received: forwarding it to the workers, SIGKILL after %g s",
+            strsignal(signum), sm->cfg.shutdown_timeout_s);
+    else
+        say(out, AGENT_SAY_WARN, "%s received while %s: leaving", strsignal(signum),
+            sm->state == AGENT_SM_JOINING     ? "joining a round"
+            : sm->state == AGENT_SM_FINISHING ? "in the exit barrier (this node's workers "
+                                                "succeeded)"
+            : sm->state == AGENT_SM_SPARE     ? "waiting for the next round"
+                                              : "no worker runs");
     sm->stop_signal = signum;
+    if (sm->state == AGENT_SM_JOINING) {
+        push(out, AGENT_ACT_INTERRUPT_JOIN);
+        exit_with(sm, out, 128 + signum);
+        return;
+    }
+    if (sm->state == AGENT_SM_FINISHING) {
+        /* this node counted itself done: the others' barrier ends without it. A failure seen
+         * meanwhile would have run the workers again, which the signal now forbids. */
+        push(out, AGENT_ACT_INTERRUPT_BARRIER);
+        exit_with(sm, out, sm->has_restart ? 128 + signum : 0);
+        return;
+    }
     round_ended(sm);
-    if (sm->state == AGENT_SM_JOINING) push(out, AGENT_ACT_INTERRUPT_JOIN);
-    stop_workers(sm, out, signum, sm->cfg.shutdown_timeout_s);
+    if (has_running) stop_workers(sm, out, signum, sm->cfg.shutdown_timeout_s);
     report(sm, out, 128 + signum, true);
+    if (!has_running) {
+        decide(sm, out); /* a report in flight goes out on its own */
+        return;
+    }
     settle(sm, out);
 }
 
@@ -362,8 +397,9 @@ void agent_sm_init(agent_sm_t *sm, const agent_sm_config_t *cfg) {
 }
 
 bool agent_sm_is_beating(const agent_sm_t *sm, int round) {
-    return sm->state != AGENT_SM_DONE && sm->state != AGENT_SM_JOINING && sm->round.is_member &&
-           !sm->has_restart && !sm->has_failure && !sm->stop_signal && round == sm->round.round;
+    return sm->state != AGENT_SM_DONE && sm->state != AGENT_SM_JOINING &&
+           (sm->round.is_member || (sm->state == AGENT_SM_SPARE && sm->is_judging_members)) && !sm->has_restart && !sm->has_failure &&
+           !sm->stop_signal && round == sm->round.round;
 }
 
 /* A node that vanished shows up first as its peers' workers failing ("peer failure"); once the

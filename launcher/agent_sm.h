@@ -38,7 +38,8 @@ typedef enum {
     AGENT_EV_RESTART_SEEN,  /* the round's restart key: why (is_valid: it parsed), text; or
                                is_store_lost: the watch lost the store */
     AGENT_EV_STORE_SILENT,  /* the store took no heartbeat for --heartbeat timeout */
-    AGENT_EV_PEER_SILENT,   /* node: a member's heartbeat counter stood still too long */
+    AGENT_EV_PEER_SILENT,   /* node: a member's heartbeat counter stood still too long (judged by
+                               a member, or by a spare waiting for the round's end) */
     AGENT_EV_SIGNAL,        /* signum: one of the signals ddprun forwards */
     AGENT_EV_REPORT_DONE,   /* the REPORT went out (or failed: agent.c logs it) */
     AGENT_EV_FINISH_DONE,   /* the exit barrier ended (or timed out: agent.c logs it) */
@@ -89,7 +90,7 @@ typedef enum {
     AGENT_ACT_INTERRUPT_JOIN,   /* end the join in flight early (a signal) */
     AGENT_ACT_INTERRUPT_BARRIER, /* end the exit barrier early (a failure elsewhere) */
     AGENT_ACT_WATCH,            /* round: WAIT on round.round's restart key */
-    AGENT_ACT_START_HEARTBEATS, /* round */
+    AGENT_ACT_START_HEARTBEATS, /* round: beat and judge the members (a spare: judge only) */
     AGENT_ACT_STOP_HEARTBEATS,  /* no beats between rounds */
     AGENT_ACT_START_WORKERS,    /* round, restart_count; agent.c answers START_OK/START_FAILED */
     AGENT_ACT_STOP_WORKERS,     /* signum to the local workers, SIGKILL after timeout_s */
@@ -138,6 +139,7 @@ typedef struct {
     bool has_workers;      /* a worker set exists (started, not yet destroyed) */
     bool is_workers_done;  /* ... and every worker in it ended */
     bool is_reporting;     /* a REPORT is in flight */
+    bool is_judging_members; /* a spare of a full job: it judges the members' heartbeats */
     /* what ended the round; more than one may hold, the signal first, then the key */
     bool has_failure;      /* a local worker failed (root_cause) or could not start */
     agent_sm_exit_t root_cause;
@@ -154,8 +156,9 @@ void agent_sm_init(agent_sm_t *sm, const agent_sm_config_t *cfg);
  * Events that cannot change anything in the current state are ignored (out->n == 0). */
 void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_t *out);
 /* Whether a heartbeat taken for `round` is to be judged now (STORE_SILENT, PEER_SILENT): it is
- * the current round, this node is a member, the round runs or is in its exit barrier, and
- * nothing has ended it. */
+ * the current round, nothing has ended it, and this node is a member whose round runs or is in
+ * its exit barrier, or a spare that waits for the round's end (it reads the members' heartbeats
+ * without beating: a closed round whose members all died ends only through a spare). */
 bool agent_sm_is_beating(const agent_sm_t *sm, int round);
 /* Whether a join's result shows that the last restart was a lost node: a 'peer failure' whose
  * next round has a node fewer. Pure; agent.c calls it on the join thread, where node 0 then

@@ -58,15 +58,23 @@ static const rdzv_kv_ops_t store_ops = {
     .multi_get = kv_multi_get, .set_ephemeral = kv_set, .keep_alive = NULL, .wait_gone = NULL,
     .interrupt = kv_interrupt, .error = kv_error, .destroy = kv_destroy};
 
+/* *out is published (atomically: another thread may read it to interrupt) once its client
+ * exists, before the connect, so that an interrupt ends the connect's retries too. */
 int rdzv_kv_store_connect(const ddprun_opts_t *o, int64_t connect_timeout_ms,
                           int64_t op_timeout_ms, rdzv_kv_t **out) {
+    __atomic_store_n(out, NULL, __ATOMIC_RELEASE);
     store_kv_t *s = calloc(1, sizeof *s);
-    *out = (rdzv_kv_t *)s;
     if (!s) return -ENOMEM;
     s->kv.ops = &store_ops;
     store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
                               .connect_timeout_ms = connect_timeout_ms,
                               .op_timeout_ms = op_timeout_ms,
                               .max_value_bytes = o->store_max_value_bytes};
-    return store_client_connect(&co, &s->c);
+    int rc = store_client_new(&co, &s->c);
+    if (!s->c) {
+        free(s);
+        return rc;
+    }
+    __atomic_store_n(out, (rdzv_kv_t *)s, __ATOMIC_RELEASE);
+    return rc < 0 ? rc : store_client_open(s->c);
 }

@@ -11,6 +11,7 @@
 #include <cJSON.h>
 
 #include "ddp_error.h"
+#include "liveness.h"
 
 static void key(const rdzv_t *r, char *out, size_t len, int round, const char *what) {
     if (round < 0) snprintf(out, len, "%s/%s", r->prefix, what);
@@ -313,11 +314,10 @@ int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
     return c->ops->wait(c, keys, 1, timeout_ms);
 }
 
-int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters) {
-    char k[256];
-    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
-    int64_t mine;
-    TRY(c->ops->add(c, k, 1, &mine));
+/* Every member's key r<R>/<what>/<i> in one MULTI_GET (a missing key reads as empty): on the
+ * store the heartbeat counters, on etcd the lease-bound alive keys. */
+static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const char *what,
+                            bool is_presence, int64_t *marks) {
     int n = round->group_world_size;
     char **keys = calloc((size_t)n, sizeof *keys);
     uint8_t **vals = calloc((size_t)n, sizeof *vals);
@@ -326,7 +326,7 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
     for (int i = 0; i < n && rc == 0; i++) {
         keys[i] = malloc(256);
         if (!keys[i]) rc = -ENOMEM;
-        else snprintf(keys[i], 256, "%s/r%d/hb/%d", r->prefix, round->round, i);
+        else snprintf(keys[i], 256, "%s/r%d/%s/%d", r->prefix, round->round, what, i);
     }
     if (rc == 0) rc = c->ops->multi_get(c, (const char *const *)keys, (size_t)n, vals, lens);
     for (int i = 0; i < n; i++) {
@@ -335,7 +335,8 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
             size_t m = lens[i] < sizeof text - 1 ? lens[i] : sizeof text - 1;
             memcpy(text, vals[i], m);
             text[m] = '\0';
-            counters[i] = m ? strtoll(text, NULL, 10) : 0;
+            if (is_presence) marks[i] = m ? LIVENESS_ALIVE : LIVENESS_GONE;
+            else marks[i] = m ? strtoll(text, NULL, 10) : 0;
             free(vals[i]);
         }
         if (keys) free(keys[i]);
@@ -344,6 +345,20 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
     free(vals);
     free(lens);
     return rc;
+}
+
+int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters) {
+    char k[256];
+    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
+    int64_t mine;
+    TRY(c->ops->add(c, k, 1, &mine));
+    return read_member_keys(r, c, round, "hb", false, counters);
+}
+
+int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *marks) {
+    /* etcd: members' alive keys are by join index, and the members are the first joiners */
+    if (c->ops->keep_alive) return read_member_keys(r, c, round, "alive", true, marks);
+    return read_member_keys(r, c, round, "hb", false, marks);
 }
 
 int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,

@@ -70,6 +70,11 @@ int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, int round, char *why, size_t why_
 /* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read every member's counter
  * (counters, not clocks: each agent judges staleness on its own monotonic clock). */
 int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters);
+/* Without beating: read whether each member of `round` still lives, for liveness.h (marks[i]:
+ * member i's heartbeat counter on the store; on etcd LIVENESS_ALIVE while its lease-bound key is
+ * there, else LIVENESS_GONE). An agent that is no member of the round (it arrived after the round
+ * closed) calls it to find a round whose members all died. */
+int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *marks);
 /* etcd, node 0 after the exit barrier: copy the workers' progress records from this agent's
  * store into etcd and let the job's keys expire in --rdzv-conf status_ttl, so that `ddprun status`
  * still tells how the job ended. */

@@ -2,7 +2,10 @@
 
 Run with Debian's interpreter (torch 1.13 and pytest live there):
     /usr/bin/python3 -m pytest -q tests
-The binary is $DDPRUN_BIN, else the newest of build/, build-test/ and build-py/ (launcher/ddprun).
+The binary is $DDPRUN_BIN, else $DDP_BUILD_DIR/launcher/ddprun (relative to the repository root
+unless absolute: the build tests/gpu/run.sh just made), else the newest of build/, build-test/ and
+build-py/. The build tree (ddpworker, the test tools) is $DDP_BUILD_DIR when set, else the one the
+binary came from.
 """
 import os
 import resource
@@ -20,12 +23,26 @@ MAGIC = 0x3C85F7CE
 SECRET_ENV = ("DDPRUN_STORE_SECRET", "DDPRUN_STORE_SECRET_FILE")
 
 
+def env_build_dir():
+    """$DDP_BUILD_DIR as an absolute path (relative ones are taken from the repository root), or
+    None when unset."""
+    env = os.environ.get("DDP_BUILD_DIR")
+    return os.path.join(ROOT, env) if env else None
+
+
 def find_ddprun():
     env = os.environ.get("DDPRUN_BIN")
     if env:
         if not os.access(env, os.X_OK):
             pytest.exit(f"DDPRUN_BIN={env} is not an executable", returncode=2)
         return env
+    build = env_build_dir()
+    if build:
+        path = os.path.join(build, "launcher", "ddprun")
+        if not os.access(path, os.X_OK):
+            pytest.exit(f"DDP_BUILD_DIR={os.environ['DDP_BUILD_DIR']}: {path} is not built",
+                        returncode=2)
+        return path
     built = [p for p in (os.path.join(ROOT, d, "launcher", "ddprun")
                          for d in ("build", "build-test", "build-py")) if os.access(p, os.X_OK)]
     if not built:
@@ -41,8 +58,9 @@ def ddprun():
 
 @pytest.fixture(scope="session")
 def build_dir(ddprun):
-    """The build tree the ddprun binary came from (ddpworker and the test tools live there)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(ddprun)))
+    """$DDP_BUILD_DIR, else the build tree the ddprun binary came from (ddpworker and the test
+    tools live there)."""
+    return env_build_dir() or os.path.dirname(os.path.dirname(os.path.abspath(ddprun)))
 
 
 def built_tool(build_dir, name):

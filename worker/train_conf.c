@@ -47,8 +47,13 @@ static const key_spec_t keys[] = {
      "start from this safetensors file of torchvision's state_dict names and layouts (a fresh run "
      "only: a resumed run takes its snapshot's weights)"},
     {"model", "init_skip_mismatched", KEY_BOOL, F(is_init_skip_mismatched), 0, 0, NULL, "false",
-     "model.init: keep the drawn initial values of tensors whose shape differs (a new classifier "
-     "head) or that the file lacks, naming them on stderr, instead of stopping"},
+     "model.init: the final layer's tensors (fc, classifier.6: a new classifier head), when their "
+     "shape differs or the file lacks them, keep their drawn initial values, named on stderr; a "
+     "mismatch anywhere else still stops the run, naming the first ones (see model.init_skip)"},
+    {"model", "init_skip", KEY_STRING, F(model_init_skip), 0, 0, NULL, "",
+     "model.init: tensors not to load, which keep their drawn initial values: comma-separated "
+     "state_dict names, NAME* for every name that begins so (e.g. classifier.*); tensors of the "
+     "file that the model lacks are ignored when listed"},
     {"data", "kind", KEY_ENUM, F(data_kind), 0, 0,
      "fashion-mnist|mnist|cifar10|cifar100|synthetic|imagefolder", "fashion-mnist",
      "dataset (imagefolder: data.dir holds train/<class>/<image> and val/, test/ alike)"},
@@ -127,6 +132,8 @@ static const key_spec_t keys[] = {
      "compute threads per worker (0: the cores divided among the node's workers)"},
     {"train", "seed", KEY_INT, F(seed), 0, 9.007199254740992e15, NULL, "0", "of everything random"},
     {"train", "metrics_file", KEY_STRING, F(metrics_file), 0, 0, NULL, "", "JSON lines here"},
+    {"train", "tensorboard_dir", KEY_STRING, F(tensorboard_dir), 0, 0, NULL, "",
+     "rank 0 writes TensorBoard event files here (empty: none)"},
     {"train", "params_file", KEY_STRING, F(params_file), 0, 0, NULL, "",
      "rank 0 writes the final parameters here (empty: nowhere)"},
     {"train", "best_by", KEY_ENUM, F(best_by), 0, 0, "none|val_loss|val_top1", "none",
@@ -281,7 +288,11 @@ int train_conf_load(const char *path, char *const *overrides, int n_overrides, t
     train_conf_default(out);
     parse_ctx_t ctx = {.conf = out};
     if (ini_file_parse(path, on_key, &ctx, err, err_len) < 0) return -1;
+    snprintf(out->source_path, sizeof out->source_path, "%s", path);
     for (int i = 0; i < n_overrides; i++) {
+        size_t used = strlen(out->overrides); /* as given, for reports; cut where it is full */
+        snprintf(out->overrides + used, sizeof out->overrides - used, "%s%s", used ? " " : "",
+                 overrides[i]);
         char buf[TRAIN_CONF_PATH_MAX + 128];
         snprintf(buf, sizeof buf, "%s", overrides[i]);
         char *dot = strchr(buf, '.'), *eq = strchr(buf, '=');

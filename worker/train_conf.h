@@ -39,7 +39,8 @@ typedef struct {
     int64_t fc_width;        /* vgg classifier */
     double dropout;          /* vgg classifier */
     char model_init[TRAIN_CONF_PATH_MAX]; /* safetensors to start from (empty: none) */
-    bool is_init_skip_mismatched;
+    bool is_init_skip_mismatched; /* the final layer may keep its drawn values */
+    char model_init_skip[TRAIN_CONF_PATH_MAX]; /* tensors not to load: "a,b,prefix*" */
     /* [data] */
     data_kind_t data_kind;
     char data_dir[TRAIN_CONF_PATH_MAX];
@@ -76,6 +77,7 @@ typedef struct {
     collective_kind_t collective;
     int64_t threads;         /* 0: cores / workers on the node */
     char metrics_file[TRAIN_CONF_PATH_MAX];
+    char tensorboard_dir[TRAIN_CONF_PATH_MAX]; /* rank 0's TensorBoard event files (tb_events.h) */
     char params_file[TRAIN_CONF_PATH_MAX]; /* final params + BN statistics, raw fp32 */
     best_by_t best_by;
     char best_file[TRAIN_CONF_PATH_MAX];   /* the best weights by best_by, as params_file */
@@ -88,6 +90,9 @@ typedef struct {
     loss_scaling_t loss_scaling; /* auto: dynamic for fp16, off otherwise */
     double loss_scale_init;
     int64_t loss_scale_growth_interval;
+    /* where it came from (train_conf_load), for reports: the file, the overrides as given */
+    char source_path[TRAIN_CONF_PATH_MAX];
+    char overrides[2048];
 } train_conf_t;
 
 /* Defaults for every key. */

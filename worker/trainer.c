@@ -216,8 +216,9 @@ void trainer_start(trainer_t *t, comm_t *comm) {
          * rank 0 draws them (a resumed run has the snapshot's) */
         if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
             trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+        weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched, .skip = conf->model_init_skip};
         if (t->rank == 0 && conf->model_init[0] &&
-            weights_load(&t->model, conf->model_init, conf->is_init_skip_mismatched, stderr, err, sizeof err) < 0)
+            weights_load_init(&t->model, conf->model_init, &skip, stderr, err, sizeof err) < 0)
             trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
         trainer__check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
                    "broadcasting the initial parameters");
@@ -225,6 +226,9 @@ void trainer_start(trainer_t *t, comm_t *comm) {
                    "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
+    if (t->rank == 0 && conf->tensorboard_dir[0] && tb_events_open(conf->tensorboard_dir, t->step,
+            conf->source_path, conf->overrides, &t->tb, err, sizeof err) < 0)
+        trainer_die(DDP_EXIT_CONFIG, "%s", err);
     t->status = status_report_open(t->rank);
 }
 
@@ -247,6 +251,7 @@ void trainer_free(trainer_t *t) {
     free(t->host_labels);
     trainer__folder_free(t);
     if (t->metrics) fclose(t->metrics);
+    tb_events_close(t->tb);
     status_report_close(t->status);
     memset(t, 0, sizeof *t);
 }
@@ -466,7 +471,7 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
            (long long)t->epoch + 1, where, loss, lr, rate, eta, scaling, snap, is_tty ? "" : "\n");
     is_line_open = is_tty;
     fflush(stdout);
-    if (t->metrics) {
+    if (t->metrics || t->tb) {
         cJSON *o = json_line_new("train");
         json_line_int(o, "step", t->step);
         json_line_int(o, "epoch", t->epoch + 1);

@@ -21,6 +21,7 @@
 #include "sampler.h"
 #include "snapshot.h"
 #include "status_report.h"
+#include "tb_events.h"
 #include "train_conf.h"
 
 typedef struct {
@@ -57,6 +58,7 @@ typedef struct {
     augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
     float *host_logits;      /* (batch, classes), evaluation */
     FILE *metrics;           /* rank 0, or NULL */
+    tb_events_t *tb;         /* rank 0 with train.tensorboard_dir: its event file, or NULL */
     int64_t steps_per_epoch, total_steps;
     int64_t step, epoch;     /* the next step to run, the epoch it belongs to */
     int64_t cursor;          /* global sample positions of this epoch already trained on */

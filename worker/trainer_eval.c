@@ -12,6 +12,7 @@
 #include "weights.h"
 
 void trainer__write_metrics(trainer_t *t, cJSON *o) {
+    tb_events_metrics(t->tb, o); /* the same numbers as TensorBoard scalars (rank 0) */
     if (t->metrics) json_line_write(t->metrics, o);
     else cJSON_Delete(o);
 }

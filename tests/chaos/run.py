@@ -215,7 +215,10 @@ def run_reference(ddprun, ddpworker, conf, snap, workdir, timeout=1800):
                            env=clean_env(), timeout=timeout)
     if r.returncode != 0:
         sys.exit(f"chaos: the reference run failed ({r.returncode}); see {workdir}/reference.log")
-    return state(ddpworker, snap), time.monotonic() - t0
+    want = state(ddpworker, snap)
+    if want is None:  # else a chaos run without a state would equal it (None == None)
+        sys.exit(f"chaos: the reference run left no snapshot that verifies in {snap}")
+    return want, time.monotonic() - t0
 
 
 def mount_tmpfs(path, size):
@@ -372,7 +375,9 @@ def main():
     if not ok:
         problems.append("the job did not finish")
     got = state(ddpworker, snap)
-    if got != want:
+    if got is None:
+        problems.append(f"no final state: no snapshot named by {snap}/latest verifies")
+    elif got != want:
         problems.append(f"final state {got} differs from the uninterrupted run's {want}")
     time.sleep(1)
     orphans = workers(conf)
@@ -389,7 +394,7 @@ def main():
         "faults": faults, "agent_restarts": len(job.exits),
         "lost_s": round(elapsed - t_ref, 2),
         "lost_per_fault_s": round((elapsed - t_ref) / len(faults), 2) if faults else 0,
-        "bit_identical": got == want, "problems": problems,
+        "bit_identical": got is not None and got == want, "problems": problems,
     }
     by_kind = {k: sum(f["fault"] == k for f in faults) for k in FAULTS}
     print(f"chaos: {len(faults)} faults {by_kind}, {len(job.exits)} agent restarts, "

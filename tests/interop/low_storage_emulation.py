@@ -48,7 +48,10 @@ def gradients(model, x, y, is_low):
         torch.relu = relu
         for h in hooks:
             h.remove()
-    return [p.grad.clone() for p in model.parameters()]
+    # per module (a layer of ddpworker's model: conv weight, batch norm gamma and beta, linear
+    # weight and bias), in the order of model.modules()
+    return [[p.grad.clone() for p in m.parameters(recurse=False)] for m in model.modules()
+            if any(True for _ in m.parameters(recurse=False))]
 
 
 def main():
@@ -68,9 +71,13 @@ def main():
             exact = gradients(model, x, y, False)
             model.load_state_dict(state)
             low = gradients(model, x, y, True)
-            diff = sum(((a - b) ** 2).sum().item() for a, b in zip(exact, low))
-            ref = sum((a ** 2).sum().item() for a in exact)
-            print(f"batch {batch:3d} seed {seed}: relative gradient error {(diff / ref) ** 0.5:.3f}")
+            diffs = [sum(((a - b) ** 2).sum().item() for a, b in zip(ea, la))
+                     for ea, la in zip(exact, low)]
+            refs = [sum((a ** 2).sum().item() for a in ea) for ea in exact]
+            worst, layer = max(((d / r) ** 0.5, i) for i, (d, r) in enumerate(zip(diffs, refs))
+                               if r > 0)
+            print(f"batch {batch:3d} seed {seed}: relative gradient error "
+                  f"{(sum(diffs) / sum(refs)) ** 0.5:.3f}, worst layer {layer} {worst:.3f}")
 
 
 if __name__ == "__main__":

@@ -151,8 +151,12 @@ def test_missing_and_unexpected_tensors_are_named(weights_probe, tmp_path):
         safetensors_file.save(path, tensors)
         _, r = probe(weights_probe, tmp_path, "resnet18", 32, x, f"load={path}", check=False)
         assert r.returncode == 3 and message in r.stderr, r.stderr
-        _, r = probe(weights_probe, tmp_path, "resnet18", 32, x, f"load={path}", "skip=1")
-        assert "skipping " + message.split(":")[0] in r.stderr
+        # skipping is for the final layer: elsewhere it refuses, unless the tensor is listed
+        _, r = probe(weights_probe, tmp_path, "resnet18", 32, x, f"load={path}", "skip=1", check=False)
+        assert r.returncode == 3 and message in r.stderr and "model.init_skip" in r.stderr, r.stderr
+        name = message.split("'")[1]
+        _, r = probe(weights_probe, tmp_path, "resnet18", 32, x, f"load={path}", f"skip_list={name}")
+        assert "model.init_skip" in r.stderr, r.stderr
     path = tmp_path / "old.safetensors"  # PyTorch accepts files without num_batches_tracked too
     safetensors_file.save(path, no_count)
     probe(weights_probe, tmp_path, "resnet18", 32, x, f"load={path}")

@@ -2,8 +2,9 @@
  * evaluation mode, for tests/interop/test_torch_weights.py to hold against torchvision.
  *   weights_probe NAME WIDTH H W C CLASSES N INPUT OUTPUT [OPTION=VALUE ...]
  * INPUT: N samples (N,H,W,C) fp32; OUTPUT gets their logits (N, CLASSES) fp32 after the options:
- *   load=FILE    weights_load (strict; skip=1: model.init_skip_mismatched, over values drawn from
- *                seed 5, which every run without load=FILE has)
+ *   load=FILE    weights_load_init (strict; skip=1: model.init_skip_mismatched, skip_list=NAMES:
+ *                model.init_skip, over values drawn from seed 5, which every run without load=FILE
+ *                has)
  *   train=T      T training steps (SGD lr 0.05, momentum 0.9) on INPUT with labels i % CLASSES,
  *                so the parameters and the batch-norm statistics move off their initial values
  *   save=FILE    weights_save with num_batches_tracked = steps (steps=S, default T)
@@ -37,6 +38,7 @@ int main(int argc, char **argv) {
     long long steps = -1;
     const char *load = NULL, *save = NULL;
     bool is_skip = false;
+    const char *skip_list = NULL;
     model_opts_t opts = model_opts_default(argv[1], width);
     for (int i = 10; i < argc; i++) {
         const char *eq = strchr(argv[i], '=');
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
         if (IS("load")) load = v;
         else if (IS("save")) save = v;
         else if (IS("skip")) is_skip = atoi(v) != 0;
+        else if (IS("skip_list")) skip_list = v;
         else if (IS("train")) train = atoi(v);
         else if (IS("steps")) steps = atoll(v);
         else if (IS("stem"))
@@ -65,14 +68,15 @@ int main(int argc, char **argv) {
     char err[1024];
     /* a strict load replaces every value: drawing VGG's 143M first would only cost seconds */
     if (!b || model_init_opts(&m, b, &opts, h, w, c, classes, n, err, sizeof err) < 0 ||
-        ((!load || is_skip) && model_init_params(&m, 5) < 0)) {
+        ((!load || is_skip || skip_list) && model_init_params(&m, 5) < 0)) {
         fprintf(stderr, "weights_probe: %s\n", err);
         return 1;
     }
     size_t n_in = (size_t)n * h * w * c;
     float *x = read_floats(argv[8], n_in);
     int rc = 0;
-    if (load && weights_load(&m, load, is_skip, stderr, err, sizeof err) < 0) {
+    weights_skip_t skip = {.is_skip_head = is_skip, .skip = skip_list};
+    if (load && weights_load_init(&m, load, &skip, stderr, err, sizeof err) < 0) {
         fprintf(stderr, "weights_probe: %s\n", err);
         rc = 3;
     }

@@ -573,11 +573,12 @@ Test(agent_sm_signals, during_join) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
-    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_JOIN, END); /* no workers, no report yet */
-    expect_state(AGENT_SM_JOINING);
-    joined(0, 2, true); /* whatever the join brought */
-    expect(AGENT_ACT_EXIT, END);
+    /* no workers: at once, without waiting for the join (its connect may retry for minutes) */
+    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_JOIN, AGENT_ACT_EXIT, END);
+    cr_assert(said("Terminated received while joining a round: leaving"), "%s", acts.a[0].text);
     expect_exit(128 + SIGTERM);
+    joined(0, 2, true); /* whatever the join brought */
+    expect(END);
 }
 
 Test(agent_sm_signals, during_run) {
@@ -616,22 +617,49 @@ Test(agent_sm_signals, during_the_exit_barrier) {
     start_several(0, 2);
     EV(.kind = AGENT_EV_WORKERS_DONE);
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
-    expect(AGENT_ACT_SAY, END);
+    /* at once, not after the others: this node's workers succeeded and it counted itself done */
+    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_BARRIER, AGENT_ACT_EXIT, END);
+    expect_exit(0);
     EV(.kind = AGENT_EV_FINISH_DONE);
-    expect_exit(0); /* the workers succeeded */
+    expect(END);
+}
+
+Test(agent_sm_signals, during_the_exit_barrier_after_a_failure_elsewhere) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    key_seen(1, 0, 1, 1, 2); /* its workers would run again */
+    EV(.kind = AGENT_EV_SIGNAL, .signum = SIGINT);
+    expect(AGENT_ACT_SAY, AGENT_ACT_INTERRUPT_BARRIER, AGENT_ACT_EXIT, END);
+    expect_exit(128 + SIGINT);
+}
+
+Test(agent_sm_signals, while_stopping_after_a_failure_whose_workers_ended) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    worker_exits(1, 1, 0);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    expect(END); /* waits for the key */
+    EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
+    /* the report (a lost compare-set if the key is there) goes out alone */
+    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, AGENT_ACT_PRINT_ROOT_CAUSE, AGENT_ACT_DESTROY_WORKERS,
+           AGENT_ACT_EXIT, END);
+    cr_assert(said("Terminated received while no worker runs: leaving"));
+    expect_exit(128 + SIGTERM);
 }
 
 Test(agent_sm_signals, while_a_spare) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     joined(0, 2, false);
-    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, END); /* no room: no report */
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END); /* no room: no report */
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
-    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, END);
+    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, AGENT_ACT_EXIT, END); /* the report goes out alone */
     cr_assert_eq(acts.a[1].why.code, 128 + SIGTERM);
-    EV(.kind = AGENT_EV_REPORT_DONE);
-    expect(AGENT_ACT_EXIT, END);
     expect_exit(128 + SIGTERM);
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    expect(END);
 }
 
 /* ---- start failures, spares ----------------------------------------------------------------- */
@@ -693,11 +721,28 @@ Test(agent_sm_spare, waits_when_the_job_is_full) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     joined(0, 2, false);
-    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, END);
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END);
     cr_assert(said("waiting for the next round"));
+    cr_assert(agent_sm_is_beating(&sm, 0), "a waiting spare judges the members' heartbeats");
     key_seen(1, 0, 1, 0, 1); /* a member failed: everyone, the spare too, joins the next round */
     expect(AGENT_ACT_SAY, AGENT_ACT_STOP_HEARTBEATS, AGENT_ACT_JOIN, END);
     cr_assert(said("restarting every worker (restart 1 of 3)"));
+}
+
+Test(agent_sm_spare, members_gone_end_the_round_it_waits_for) {
+    setup(true, 3, 2);
+    EV(.kind = AGENT_EV_START);
+    joined(0, 2, false);
+    EV(.kind = AGENT_EV_PEER_SILENT, .node = 1); /* its judgement of the members */
+    expect(AGENT_ACT_REPORT, END);
+    cr_assert_eq(acts.a[0].why.code, 0, "a membership change");
+    cr_assert_eq(acts.a[0].why.node, -1, "a spare is no node of the round");
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    expect(END);
+    key_seen(0, 0, 0, -1, -1);
+    expect(AGENT_ACT_SAY, AGENT_ACT_STOP_HEARTBEATS, AGENT_ACT_JOIN, END);
+    cr_assert(said("membership changes: every node joins round 1"));
+    cr_assert_eq(sm.failures, 0);
 }
 
 /* ---- odds and ends -------------------------------------------------------------------------- */

@@ -147,6 +147,73 @@ Test(weights, another_shape_is_an_error_or_skipped_and_named) {
     model_free(&five);
 }
 
+static char *read_log(FILE *log) {
+    static char text[8192];
+    rewind(log);
+    size_t got = fread(text, 1, sizeof text - 1, log);
+    text[got] = '\0';
+    fclose(log);
+    return text;
+}
+
+/* A file of another width fits nowhere but in a few counters: skipping is for the final layer
+ * only, so model.init_skip_mismatched refuses, naming the first mismatches and counting them, and
+ * the model keeps its values; listing the tensors (model.init_skip) skips them on purpose, and
+ * every load says how many tensors loaded and which were skipped. */
+Test(weights, skipping_beyond_the_final_layer_is_refused_unless_listed) {
+    model_t wide, narrow;
+    char err[2048];
+    make(&wide, "vgg11_bn", 8, 32, 10, 1);
+    make(&narrow, "vgg11_bn", 4, 32, 5, 2);
+    const char *path = path_of("wide.safetensors");
+    cr_assert_eq(weights_save(&wide, path, 0, err, sizeof err), 0, "%s", err);
+    float *before = malloc(narrow.n_params * sizeof(float));
+    memcpy(before, narrow.params, narrow.n_params * sizeof(float));
+    weights_skip_t head = {.is_skip_head = true};
+    FILE *log = tmpfile();
+    cr_assert_eq(weights_load_init(&narrow, path, &head, log, err, sizeof err), -1);
+    cr_assert_str_eq(read_log(log), "", "nothing loaded, nothing reported as loaded");
+    cr_assert(strstr(err, "tensor 'features.0.weight': shape [8, 3, 3, 3] in the file, [4, 3, 3, 3] in the model; "
+                          "tensor 'features.0.bias'"), "%s", err);
+    /* 8 convs (weight, bias) and 8 batch norms (weight, bias, mean, var), and the classifier's
+     * first weight (its input is 8 channels wide); the final layer (5 classes) may be skipped */
+    cr_assert(strstr(err, "and 46 more (49 of the model's 62 tensors and the file's 62 do not fit model vgg11_bn, "
+                          "final layer classifier.6)"), "%s", err);
+    cr_assert(strstr(err, "model.init_skip_mismatched skips only the final layer") && strstr(err, "model.init_skip"),
+              "%s", err);
+    cr_assert(memcmp(narrow.params, before, narrow.n_params * sizeof(float)) == 0, "a refused load changes nothing");
+    /* listed, they are skipped on purpose; the new head of 5 classes is skipped as such */
+    weights_skip_t listed = {.is_skip_head = true, .skip = "features.*, classifier.0.weight"};
+    log = tmpfile();
+    cr_assert_eq(weights_load_init(&narrow, path, &listed, log, err, sizeof err), 0, "%s", err);
+    char *text = read_log(log);
+    cr_assert(strstr(text, "loaded 3 of the model's 62 tensors; skipped 59, which keep their drawn initial values "
+                           "(model.init_skip, model.init_skip_mismatched): features.0.weight, features.0.bias,"),
+              "%s", text);
+    cr_assert(strstr(text, "and 51 more\n"), "%s", text);
+    cr_assert(strstr(text, "skipping tensor 'classifier.6.weight': shape [10, 24] in the file, [5, 24] in the model"),
+              "%s", text);
+    const layer_t *fc = &narrow.layers[narrow.n_layers - 1];
+    cr_assert(memcmp(narrow.params + fc->param_offset, before + fc->param_offset, fc->n_params * sizeof(float)) == 0,
+              "the skipped head: as drawn");
+    size_t features = 0; /* the parameters before the classifier's */
+    for (int i = 0; i < narrow.n_layers; i++)
+        if (strncmp(narrow.layers[i].name, "classifier.", 11) == 0 && !features) features = narrow.layers[i].param_offset;
+    cr_assert(features > 0 && memcmp(narrow.params, before, features * sizeof(float)) == 0, "skipped: as drawn");
+    /* a name that matches nothing is a typo, not a skip */
+    weights_skip_t typo = {.skip = "clasifier.6.*"};
+    cr_assert_eq(weights_load_init(&narrow, path, &typo, NULL, err, sizeof err), -1);
+    cr_assert(strstr(err, "model.init_skip: 'clasifier.6.*' names no tensor of the model nor of"), "%s", err);
+    /* a strict load of a file that fits says so */
+    log = tmpfile();
+    cr_assert_eq(weights_load_init(&wide, path, NULL, log, err, sizeof err), 0, "%s", err);
+    text = read_log(log);
+    cr_assert(strstr(text, "loaded 62 of the model's 62 tensors\n"), "%s", text);
+    free(before);
+    model_free(&wide);
+    model_free(&narrow);
+}
+
 /* Tags go to __metadata__ (where PyTorch ignores them) and read back by key; the weights load as
  * if untagged. */
 Test(weights, tags_are_kept_in_the_metadata) {

@@ -263,26 +263,82 @@ static bool fits(const tensor_ref_t *r, const safetensors_entry_t *e, char *why,
     return false;
 }
 
-typedef struct {
-    model_t *m;
-    const char *path;
-    bool is_skip;
-    FILE *log;
-    char *err;
-    size_t err_len;
-} load_ctx_t;
+/* Whether name is on the comma-separated list (entries trimmed; "prefix*" matches a prefix). */
+static bool is_listed(const char *list, const char *name) {
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        while (n && p[n - 1] == ' ') n--;
+        bool is_prefix = n && p[n - 1] == '*';
+        size_t k = n - is_prefix;
+        if (n && (is_prefix ? strncmp(name, p, k) == 0 : strlen(name) == k && strncmp(name, p, k) == 0))
+            return true;
+        p = end ? end + 1 : p + n;
+    }
+    return false;
+}
 
-/* A problem with one tensor: an error, or with is_skip a line on the log. Returns -1 or 0. */
-static int mismatch(load_ctx_t *c, const char *name, const char *why) {
-    if (!c->is_skip)
-        return ddp_errf(c->err, c->err_len, "%s: tensor '%s': %s (model.init_skip_mismatched = true keeps the "
-                     "model's initial values instead)", c->path, name, why);
-    if (c->log) fprintf(c->log, "ddpworker: model.init: %s: skipping tensor '%s': %s\n", c->path, name, why);
+/* A tensor that does not load: a model tensor the file lacks or has in another shape or type, or a
+ * file tensor the model lacks; is_head: the model's final layer's (a classifier head). */
+typedef struct {
+    const char *name;
+    char why[320];
+    bool is_head;
+} problem_t;
+
+#define NAMED_MAX 8 /* tensors named one by one; more are counted */
+
+/* "tensor 'A': why; tensor 'B': why; ... and N more" of problems[0..n) into buf. */
+static void describe_problems(char *buf, size_t len, const problem_t *p, int n) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && i < 3 && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%stensor '%s': %s", i ? "; " : "", p[i].name, p[i].why);
+    if (n > 3 && at < len) snprintf(buf + at, len - at, "; and %d more", n - 3);
+}
+
+/* Names of the n tensors into buf, "a, b, c", the first NAMED_MAX of them then "and N more". */
+static void list_names(char *buf, size_t len, const char *const *names, int n) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && i < NAMED_MAX && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", names[i]);
+    if (n > NAMED_MAX && at < len) snprintf(buf + at, len - at, " and %d more", n - NAMED_MAX);
+}
+
+/* Every list entry must name a tensor of the model or of the file: a typo would skip nothing. */
+static int check_list(const char *list, const tensor_ref_t *refs, int n, const safetensors_index_t *ix,
+                      const char *path, char *err, size_t err_len) {
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *end = strchr(p, ',');
+        size_t k = end ? (size_t)(end - p) : strlen(p);
+        while (k && p[k - 1] == ' ') k--;
+        char entry[256];
+        snprintf(entry, sizeof entry, "%.*s", (int)(k < sizeof entry ? k : sizeof entry - 1), p);
+        bool is_used = !k;
+        for (int i = 0; i < n && !is_used; i++) is_used = is_listed(entry, refs[i].name);
+        for (int i = 0; i < ix->n && !is_used; i++) is_used = is_listed(entry, ix->entries[i].name);
+        if (!is_used)
+            return ddp_errf(err, err_len, "model.init_skip: '%s' names no tensor of the model nor of %s "
+                            "(names are torchvision's state_dict keys, e.g. classifier.6.weight; "
+                            "'classifier.*' names a prefix)", entry, path);
+        p = end ? end + 1 : p + k;
+    }
     return 0;
 }
 
 int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *log, char *err,
                  size_t err_len) {
+    weights_skip_t skip = {.is_skip_head = is_skip_mismatched};
+    return weights_load_init(m, path, &skip, log, err, err_len);
+}
+
+int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log, char *err,
+                      size_t err_len) {
+    weights_skip_t none = {0};
+    if (!skip) skip = &none;
     safetensors_index_t ix;
     int fd = safetensors_open(path, &ix, err, err_len);
     if (fd < 0) return -1;
@@ -290,23 +346,92 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
     int n = list_tensors(m, &refs);
     float *host = n >= 0 ? host_copy(m) : NULL;
     bool *is_used = calloc((size_t)ix.n + 1, sizeof *is_used);
-    load_ctx_t c = {.m = m, .path = path, .is_skip = is_skip_mismatched, .log = log, .err = err, .err_len = err_len};
-    int rc = host && is_used ? 0 : ddp_errf(err, err_len, "%s: out of memory", path);
-    int loaded = 0;
-    char why[512];
+    bool *is_loading = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof *is_loading);
+    problem_t *problems = calloc((size_t)(n > 0 ? n : 0) + (size_t)ix.n + 1, sizeof *problems);
+    const char **skipped = calloc((size_t)(n > 0 ? n : 0) + (size_t)ix.n + 1, sizeof *skipped);
+    int rc = host && is_used && is_loading && problems && skipped ? 0 : ddp_errf(err, err_len, "%s: out of memory", path);
+    if (rc == 0) rc = check_list(skip->skip, refs, n, &ix, path, err, err_len);
+    /* the final layer: the last one with parameters (torchvision's fc, classifier.6) */
+    int head = -1;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].n_params) head = i;
+    int n_problems = 0, n_refused = 0, n_skipped = 0, n_listed = 0, n_loaded = 0, n_absent = 0;
+    char why[320];
+    /* which tensors load, which are skipped (listed, or the head's that do not fit), which refuse */
     for (int i = 0; i < n && rc == 0; i++) {
         const tensor_ref_t *r = &refs[i];
         const safetensors_entry_t *e = safetensors_find(&ix, r->name);
-        if (!e) {
-            if (r->part != PART_STEPS) rc = mismatch(&c, r->name, "not in the file");
+        if (e) is_used[e - ix.entries] = true;
+        if (is_listed(skip->skip, r->name)) {
+            skipped[n_skipped++] = r->name;
+            n_listed++;
             continue;
         }
-        is_used[e - ix.entries] = true;
-        if (!fits(r, e, why, sizeof why)) {
-            rc = mismatch(&c, r->name, why);
+        if (!e && r->part == PART_STEPS) { /* PyTorch accepts its absence too */
+            n_absent++;
             continue;
         }
+        bool is_fit = e && fits(r, e, why, sizeof why);
+        if (is_fit) {
+            is_loading[i] = true;
+            continue;
+        }
+        problem_t *p = &problems[n_problems++];
+        p->name = r->name;
+        p->is_head = r->layer == head;
+        snprintf(p->why, sizeof p->why, "%s", e ? why : "not in the file");
+        if (p->is_head && skip->is_skip_head) skipped[n_skipped++] = r->name;
+        else n_refused++;
+    }
+    int n_ignored = 0; /* the file's tensors that the model lacks, listed */
+    for (int i = 0; i < ix.n && rc == 0; i++) {
+        if (is_used[i]) continue;
+        if (is_listed(skip->skip, ix.entries[i].name)) {
+            n_ignored++;
+            continue;
+        }
+        problem_t *p = &problems[n_problems++];
+        p->name = ix.entries[i].name;
+        snprintf(p->why, sizeof p->why, "not in the model");
+        n_refused++;
+    }
+    int n_values = 0; /* tensors that will load and carry values (not just a num_batches_tracked) */
+    for (int i = 0; i < n; i++) n_values += is_loading[i] && refs[i].part != PART_STEPS;
+    if (rc == 0 && n_values == 0 && n > 0)
+        rc = ddp_errf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
+    if (rc == 0 && n_refused) {
+        /* the refused ones first: they are what the user must look at */
+        problem_t *sorted = calloc((size_t)n_problems + 1, sizeof *sorted);
+        int k = 0;
+        for (int pass = 0; sorted && pass < 2; pass++)
+            for (int i = 0; i < n_problems; i++) {
+                bool is_refused = !(problems[i].is_head && skip->is_skip_head);
+                if (is_refused == (pass == 0)) sorted[k++] = problems[i];
+            }
+        char list[1024];
+        describe_problems(list, sizeof list, sorted ? sorted : problems, n_refused);
+        free(sorted);
+        bool is_head_only = true;
+        for (int i = 0; i < n_problems; i++) is_head_only &= problems[i].is_head;
+        const char *hint =
+            is_head_only ? "model.init_skip_mismatched = true keeps the final layer's drawn values "
+                           "instead (a new classifier head)"
+            : skip->is_skip_head
+                ? "model.init_skip_mismatched skips only the final layer (a new classifier head): "
+                  "check model.name, model.width and model.fc_width against the file, or list the "
+                  "tensors to skip in model.init_skip"
+                : "check model.name, model.width and model.fc_width against the file, or list the "
+                  "tensors to skip in model.init_skip";
+        rc = ddp_errf(err, err_len, "%s: %s (%d of the model's %d tensors and the file's %d do not fit "
+                      "model %s%s%s): %s", path, list, n_refused, n, ix.n, m->name,
+                      head >= 0 ? ", final layer " : "", head >= 0 ? m->layers[head].name : "", hint);
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        const tensor_ref_t *r = &refs[i];
+        if (!is_loading[i]) continue;
+        n_loaded++;
         if (r->part == PART_STEPS) continue; /* ddpworker keeps no such count */
+        const safetensors_entry_t *e = safetensors_find(&ix, r->name);
         void *raw = malloc((size_t)(e->end - e->begin) + 1);
         if (!raw) {
             rc = ddp_errf(err, err_len, "%s: out of memory for tensor '%s'", path, r->name);
@@ -316,20 +441,37 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
             float *dst = values_of(m, host, r);
             size_t count = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
             for (size_t j = 0; j < count; j++) dst[ours_of(m, r, j)] = element(raw, e->dtype, j);
-            loaded++;
         }
         free(raw);
     }
-    for (int i = 0; i < ix.n && rc == 0; i++)
-        if (!is_used[i]) rc = mismatch(&c, ix.entries[i].name, "not in the model");
-    if (rc == 0 && loaded == 0 && n > 0)
-        rc = ddp_errf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
+    if (rc == 0 && log) {
+        char names[1024];
+        list_names(names, sizeof names, skipped, n_skipped);
+        fprintf(log, "ddpworker: model.init: %s: loaded %d of the model's %d tensors", path, n_loaded,
+                n - n_absent);
+        if (n_skipped)
+            fprintf(log, "; skipped %d, which keep their drawn initial values (%s): %s", n_skipped,
+                    !n_listed ? "model.init_skip_mismatched"
+                    : n_skipped > n_listed ? "model.init_skip, model.init_skip_mismatched" : "model.init_skip",
+                    names);
+        if (n_ignored) fprintf(log, "; ignored %d of the file's tensors (model.init_skip)", n_ignored);
+        fputc('\n', log);
+        for (int i = 0, shown = 0; i < n_problems && shown < NAMED_MAX; i++)
+            if (problems[i].is_head && skip->is_skip_head) {
+                fprintf(log, "ddpworker: model.init: %s: skipping tensor '%s': %s\n", path, problems[i].name,
+                        problems[i].why);
+                shown++;
+            }
+    }
     if (rc == 0) {
         backend_t *b = m->backend;
         b->mem->to_device(b, m->params, host, m->n_params * sizeof(float));
         b->mem->to_device(b, m->buffers, host + m->n_params, m->n_buffers * sizeof(float));
     }
     close(fd);
+    free(skipped);
+    free(problems);
+    free(is_loading);
     free(is_used);
     free(host);
     free(refs);

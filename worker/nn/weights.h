@@ -32,13 +32,29 @@ int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char 
 int weights_read_tag(const char *path, const char *key, char *out, size_t out_len, char *err,
                      size_t err_len);
 
+/* How a load treats tensors that do not fit (train.conf's model.init_skip_mismatched and
+ * model.init_skip). */
+typedef struct {
+    /* the final layer's tensors (the last layer with parameters: torchvision's fc, classifier.6),
+     * when the file lacks them or has them in another shape, keep m's values: a new classifier head */
+    bool is_skip_head;
+    /* NULL, or comma-separated state_dict names, "prefix*" for all that begin so: those of m are
+     * not loaded (they keep m's values) whether they fit or not; those of the file only are
+     * ignored. Every entry must name a tensor of m or of the file. */
+    const char *skip;
+} weights_skip_t;
+
 /* Load path into m's parameters and running statistics (uploaded to the backend), converting F16,
  * BF16 and F64 to fp32. Every tensor of m must be in the file with m's shape, and every tensor of
  * the file must be m's (a missing num_batches_tracked is fine: m keeps no such count, and PyTorch
- * accepts its absence too); else -1 with "PATH: tensor 'NAME': why" in err. With
- * is_skip_mismatched, a tensor of another shape, a missing tensor and an unexpected one are named
- * on log instead (m keeps its current values for those), and only a file of which no tensor fits is
- * an error. Returns 0 or -1. */
+ * accepts its absence too), apart from what skip (NULL: nothing) allows; else -1 with "PATH:
+ * tensor 'NAME': why; tensor ...; and N more (counts): what to do" in err, and m unchanged. A file
+ * of which no tensor fits is an error too. With log, one line says how many tensors loaded and
+ * which were skipped (names, the first few), then a line per skipped head tensor saying why.
+ * Returns 0 or -1. */
+int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log, char *err,
+                      size_t err_len);
+/* weights_load_init with skip = {.is_skip_head = is_skip_mismatched}. */
 int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *log, char *err,
                  size_t err_len);
 

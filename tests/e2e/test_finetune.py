@@ -1,0 +1,65 @@
+"""The fine-tuning user's path through the real ddpworker: pretrained weights that do not fit are
+refused beyond the final layer, naming the first mismatches, unless listed in model.init_skip, and
+every load says what loaded and what was skipped; a finished run is not trained again."""
+import json
+import re
+import subprocess
+
+from conftest import clean_env
+
+EXIT_CONFIG = 78
+
+VGG = """[model]
+name = vgg11_bn
+width = 16
+fc_width = 16
+[data]
+kind = synthetic
+height = 32
+width = 32
+channels = 3
+classes = 10
+train_limit = 64
+test_limit = 16
+[train]
+batch_size = 16
+max_steps = 1
+"""
+
+
+def run(ddpworker, conf, *overrides):
+    return subprocess.run([ddpworker, str(conf), *overrides], capture_output=True, text=True,
+                          timeout=300, env=clean_env())
+
+
+def test_weights_of_another_width_are_refused_unless_the_tensors_are_listed(ddpworker, tmp_path):
+    conf = tmp_path / "vgg.conf"
+    conf.write_text(VGG)
+    wide = tmp_path / "w16.safetensors"
+    r = run(ddpworker, conf, "train.max_steps=0", f"train.params_file={wide}")
+    assert r.returncode == 0, r.stderr
+    # a new head of 5 classes would be skipped, but width 8 does not fit anywhere else
+    r = run(ddpworker, conf, "model.width=8", "data.classes=5", f"model.init={wide}",
+            "model.init_skip_mismatched=true")
+    assert r.returncode == EXIT_CONFIG, r.stdout + r.stderr
+    assert (f"model.init: {wide}: tensor 'features.0.weight': shape [16, 3, 3, 3] in the file, "
+            "[8, 3, 3, 3] in the model; tensor 'features.0.bias'") in r.stderr, r.stderr
+    assert "and 46 more (49 of the model's 62 tensors" in r.stderr, r.stderr
+    assert "model.init_skip" in r.stderr and "ddpworker: vgg11_bn" not in r.stdout, "no training"
+    # listed, they are skipped on purpose, and the report counts and names them
+    r = run(ddpworker, conf, "model.width=8", "data.classes=5", f"model.init={wide}",
+            "model.init_skip_mismatched=true", "model.init_skip=features.*, classifier.0.weight")
+    assert r.returncode == 0, r.stderr
+    assert (f"model.init: {wide}: loaded 3 of the model's 62 tensors; skipped 59, which keep their "
+            "drawn initial values (model.init_skip, model.init_skip_mismatched): features.0.weight,"
+            ) in r.stderr, r.stderr
+    assert "skipping tensor 'classifier.6.weight': shape [10, 16] in the file, [5, 16]" in r.stderr
+    # a new head alone: two tensors skipped, named
+    r = run(ddpworker, conf, "data.classes=5", f"model.init={wide}",
+            "model.init_skip_mismatched=true")
+    assert r.returncode == 0, r.stderr
+    assert (f"loaded 60 of the model's 62 tensors; skipped 2, which keep their drawn initial values "
+            "(model.init_skip_mismatched): classifier.6.weight, classifier.6.bias\n") in r.stderr
+    # a file that fits: all of it
+    r = run(ddpworker, conf, f"model.init={wide}")
+    assert r.returncode == 0 and "loaded 62 of the model's 62 tensors\n" in r.stderr, r.stderr

@@ -1,0 +1,339 @@
+/* Unit tests of launcher/rendezvous with the agent's state machine (agent_sm) and liveness judge
+ * (liveness): rounds over a real store (the store server on its own loop in a thread, each agent a
+ * blocking client, as on the agent's thread pool), the state machine stepped by hand with the
+ * results, and a clock of the test's own. The histories are those chaos runs found.
+ *
+ * Stale round (tests/chaos/run.py --seed 919785934): round 1 closed with two members that were
+ * then killed; the two agents started in their place arrive after it closed, and with the job
+ * full (--nnodes 2) nobody would ever end round 1. A spare must judge the members' heartbeats and
+ * open the next round within the liveness timeout. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "agent_sm.h"
+#include "ddp_error.h"
+#include "liveness.h"
+#include "log.h"
+#include "rdzv_kv.h"
+#include "rendezvous.h"
+#include "store_server.h"
+
+static void suite_init(void) {
+    signal(SIGPIPE, SIG_IGN);
+    log_init("test_rendezvous", LOG_LEVEL_WARN);
+}
+
+TestSuite(rendezvous, .init = suite_init, .timeout = 60);
+TestSuite(liveness, .timeout = 10);
+
+/* ---- the store in a thread ---------------------------------------------------------------- */
+
+typedef struct {
+    uv_loop_t loop;
+    uv_async_t stop;
+    store_server_t *srv;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int start_rc; /* 1 until started */
+    uint16_t port;
+    char err[256];
+} server_t;
+
+static void on_stop(uv_async_t *h) {
+    server_t *s = h->data;
+    store_server_stop(s->srv, NULL, NULL);
+    uv_close((uv_handle_t *)h, NULL);
+}
+
+static void *server_main(void *arg) {
+    server_t *s = arg;
+    uv_loop_init(&s->loop);
+    uv_async_init(&s->loop, &s->stop, on_stop);
+    s->stop.data = s;
+    store_server_opts_t o = {.host = "127.0.0.1", .port = 0};
+    store_limits_default(&o.limits);
+    int rc = store_server_start(&s->loop, &o, &s->srv, s->err, sizeof s->err);
+    if (rc < 0) uv_close((uv_handle_t *)&s->stop, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->start_rc = rc;
+    s->port = rc == 0 ? store_server_port(s->srv) : 0;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&s->loop);
+    return NULL;
+}
+
+static void server_start(server_t *s) {
+    memset(s, 0, sizeof *s);
+    s->start_rc = 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    cr_assert_eq(pthread_create(&s->thread, NULL, server_main, s), 0);
+    pthread_mutex_lock(&s->mu);
+    while (s->start_rc == 1) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    cr_assert_eq(s->start_rc, 0, "the store did not start: %s", s->err);
+}
+
+static void server_stop(server_t *s) {
+    uv_async_send(&s->stop);
+    pthread_join(s->thread, NULL);
+}
+
+/* ---- agents: a rendezvous and a client each ------------------------------------------------ */
+
+static ddprun_opts_t opts; /* the job's options, as every agent has them */
+
+static void job_options(uint16_t port) {
+    memset(&opts, 0, sizeof opts);
+    opts.min_nodes = opts.max_nodes = 2; /* --nnodes 2: a late agent finds the job full */
+    opts.nproc_per_node = 2;
+    opts.node_rank = -1;
+    strcpy(opts.rdzv_backend, "c10d");
+    strcpy(opts.rdzv_host, "127.0.0.1");
+    opts.rdzv_port = port;
+    strcpy(opts.rdzv_id, "stale");
+    opts.join_timeout_s = 20;
+    opts.heartbeat_timeout_s = 3;
+}
+
+typedef struct {
+    rdzv_t r;
+    rdzv_kv_t *kv;
+    int round;
+    rdzv_result_t out;
+    int rc;
+    char err[256];
+} agent_t;
+
+static void agent_start(agent_t *a, bool is_host) {
+    memset(a, 0, sizeof *a);
+    rdzv_init(&a->r, &opts, is_host);
+    int rc = rdzv_kv_connect(&opts, NULL, 5000, 30000, &a->kv);
+    cr_assert_eq(rc, 0, "%s", a->kv ? a->kv->ops->error(a->kv) : ddp_strerror(rc));
+}
+
+/* SIGKILL: it says nothing more, its heartbeats stop. */
+static void agent_dies(agent_t *a) {
+    rdzv_kv_destroy(a->kv);
+    a->kv = NULL;
+}
+
+/* What the agent's join job does: the current round, or a later one the plan names. */
+static void *join_main(void *arg) {
+    agent_t *a = arg;
+    int current = 0;
+    a->rc = rdzv_current_round(&a->r, a->kv, &current);
+    if (a->rc == 0)
+        a->rc = rdzv_join(&a->r, a->kv, current > a->round ? current : a->round, &a->out, a->err,
+                          sizeof a->err);
+    return NULL;
+}
+
+static void join(agent_t *a, int round) {
+    a->round = round;
+    join_main(a);
+    cr_assert_eq(a->rc, 0, "join: %s", a->err);
+}
+
+/* Two agents join together (a join returns once its round closes). */
+static void join_both(agent_t *a, agent_t *b, int round) {
+    pthread_t t;
+    a->round = b->round = round;
+    cr_assert_eq(pthread_create(&t, NULL, join_main, a), 0);
+    join_main(b);
+    pthread_join(t, NULL);
+    cr_assert_eq(a->rc, 0, "join: %s", a->err);
+    cr_assert_eq(b->rc, 0, "join: %s", b->err);
+    cr_assert(a->out.is_member && b->out.is_member);
+}
+
+static void beat(agent_t *a) {
+    int64_t counters[RDZV_MAX_NODES];
+    cr_assert_eq(rdzv_heartbeat(&a->r, a->kv, &a->out, counters), 0);
+}
+
+/* ---- the state machine of one agent -------------------------------------------------------- */
+
+static agent_sm_t sm;
+static agent_sm_actions_t acts;
+
+static void step(agent_sm_event_t ev) { agent_sm_step(&sm, &ev, &acts); }
+
+static const agent_sm_action_t *find(agent_sm_action_kind_t kind) {
+    for (int i = 0; i < acts.n; i++)
+        if (acts.a[i].kind == kind) return &acts.a[i];
+    return NULL;
+}
+
+static const agent_sm_action_t *must_find(agent_sm_action_kind_t kind) {
+    const agent_sm_action_t *a = find(kind);
+    cr_assert_not_null(a, "no action of kind %d among %d", (int)kind, acts.n);
+    return a;
+}
+
+static bool said(const char *text) {
+    for (int i = 0; i < acts.n; i++)
+        if (acts.a[i].kind == AGENT_ACT_SAY && strstr(acts.a[i].text, text)) return true;
+    return false;
+}
+
+/* One reading of the members' marks by the spare, judged at now_ms. */
+static int judge_at(agent_t *a, liveness_t *l, uint64_t now_ms) {
+    int64_t marks[RDZV_MAX_NODES];
+    cr_assert_eq(rdzv_read_members(&a->r, a->kv, &a->out, marks), 0, "%s",
+                 a->kv->ops->error(a->kv));
+    return liveness_judge(l, marks, a->out.is_member ? a->out.group_rank : -1, now_ms);
+}
+
+Test(rendezvous, closed_round_whose_members_died_is_ended_by_a_late_agent) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+
+    /* round 0: nodes A and B; a worker fails, round 1 opens */
+    agent_t a0, b0;
+    agent_start(&a0, true);
+    agent_start(&b0, false);
+    join_both(&a0, &b0, 0);
+    rdzv_why_t failed = {.code = 1, .failures = 0, .node = 0, .rank = 1};
+    cr_assert_eq(rdzv_request_restart(&a0.r, a0.kv, 0, &failed), 0);
+    /* round 1 closes with two agents that beat once and are killed; the store stays */
+    agent_t a1, b1;
+    agent_start(&a1, false);
+    agent_start(&b1, false);
+    join_both(&a1, &b1, 1);
+    cr_assert_eq(a1.out.round, 1);
+    beat(&a1);
+    beat(&b1);
+    agent_dies(&a1);
+    agent_dies(&b1);
+    agent_dies(&a0);
+    agent_dies(&b0);
+
+    /* C, started in a killed agent's place, arrives after round 1 closed */
+    agent_t c, d;
+    agent_start(&c, false);
+    agent_start(&d, false);
+    agent_sm_config_t cfg = {.is_multi = true, .nproc_per_node = 2, .max_nodes = 2,
+                             .max_restarts = 3, .shutdown_timeout_s = 30};
+    agent_sm_init(&sm, &cfg);
+    step((agent_sm_event_t){.kind = AGENT_EV_START});
+    int planned = must_find(AGENT_ACT_JOIN)->plan.round;
+    join(&c, planned);
+    cr_assert_not(c.out.is_member, "round 1 closed with its two members");
+    cr_assert_eq(c.out.round, 1);
+    cr_assert_eq(c.out.group_world_size, 2);
+    step((agent_sm_event_t){.kind = AGENT_EV_JOIN_DONE, .joined = c.out});
+    cr_assert(said("round 1 runs with 2 nodes without this one; waiting for the next round"));
+    must_find(AGENT_ACT_WATCH);
+    /* the late agent judges the members' heartbeats (without beating itself) */
+    const agent_sm_action_t *hb = find(AGENT_ACT_START_HEARTBEATS);
+    cr_assert_not_null(hb, "a late agent of a full job must watch the round's members: without "
+                           "it nobody ends a round whose members all died");
+    cr_assert_eq(hb->round.round, 1);
+    cr_assert(agent_sm_is_beating(&sm, 1), "its judgement of the members counts");
+    join(&d, 0); /* the other restarted agent: the same story */
+    cr_assert_not(d.out.is_member);
+
+    /* the spare's clock: the members' counters stand still */
+    liveness_t l;
+    uint64_t limit_ms = (uint64_t)(opts.heartbeat_timeout_s * 1000);
+    liveness_reset(&l, c.out.group_world_size, limit_ms, 0);
+    cr_assert_eq(judge_at(&c, &l, 0), -1);
+    cr_assert_eq(judge_at(&c, &l, limit_ms), -1, "not before the liveness timeout");
+    int lost = judge_at(&c, &l, limit_ms + 1);
+    cr_assert_eq(lost, 0, "member 0 is stale after the liveness timeout (got %d)", lost);
+    step((agent_sm_event_t){.kind = AGENT_EV_PEER_SILENT, .node = lost});
+    const agent_sm_action_t *rep = must_find(AGENT_ACT_REPORT);
+    cr_assert_eq(rep->why.code, 0, "a membership change: it costs no restart");
+    cr_assert_eq(rep->round.round, 1);
+    cr_assert_eq(rdzv_request_restart(&c.r, c.kv, rep->round.round, &rep->why), 0);
+    step((agent_sm_event_t){.kind = AGENT_EV_REPORT_DONE});
+
+    /* every agent's watch of round 1 ends (D's too), and round 2 is the current round */
+    char why_text[256];
+    cr_assert_eq(rdzv_wait_restart(&d.r, d.kv, 1, why_text, sizeof why_text), 0);
+    cr_assert_eq(rdzv_wait_restart(&c.r, c.kv, 1, why_text, sizeof why_text), 0);
+    agent_sm_event_t seen = {.kind = AGENT_EV_RESTART_SEEN};
+    seen.is_valid = rdzv_record_why_parse(why_text, strlen(why_text), &seen.why);
+    cr_assert(seen.is_valid, "%s", why_text);
+    rdzv_record_why_describe(&seen.why, seen.text, sizeof seen.text);
+    step(seen);
+    cr_assert(said("membership changes: every node joins round 2"));
+    cr_assert_eq(must_find(AGENT_ACT_JOIN)->plan.round, 2);
+    int current = -1;
+    cr_assert_eq(rdzv_current_round(&d.r, d.kv, &current), 0);
+    cr_assert_eq(current, 2, "an agent started now joins round 2");
+
+    /* round 2: C and D are its members and run */
+    join_both(&c, &d, 2);
+    cr_assert_eq(c.out.round, 2);
+    step((agent_sm_event_t){.kind = AGENT_EV_JOIN_DONE, .joined = c.out});
+    cr_assert_eq(must_find(AGENT_ACT_START_WORKERS)->round.round, 2);
+    cr_assert_eq(sm.failures, 1, "round 0's failure; the membership change spent none");
+    agent_dies(&c);
+    agent_dies(&d);
+    server_stop(&srv);
+}
+
+Test(rendezvous, late_agent_leaves_a_living_round_alone) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    agent_t a, b, c;
+    agent_start(&a, true);
+    agent_start(&b, false);
+    join_both(&a, &b, 0);
+    agent_start(&c, false);
+    join(&c, 0);
+    cr_assert_not(c.out.is_member);
+    liveness_t l;
+    liveness_reset(&l, 2, 3000, 0);
+    for (uint64_t t = 0; t <= 10000; t += 1000) { /* the members beat every second */
+        beat(&a);
+        beat(&b);
+        cr_assert_eq(judge_at(&c, &l, t), -1, "at %llu ms", (unsigned long long)t);
+    }
+    agent_dies(&a);
+    agent_dies(&b);
+    agent_dies(&c);
+    server_stop(&srv);
+}
+
+/* ---- the judge alone ------------------------------------------------------------------------ */
+
+Test(liveness, counters_that_stand_still) {
+    liveness_t l;
+    liveness_reset(&l, 3, 1000, 100);
+    int64_t m[3] = {0, 0, 0};
+    cr_assert_eq(liveness_judge(&l, m, 1, 100), -1);
+    m[0] = 1, m[2] = 1;
+    cr_assert_eq(liveness_judge(&l, m, 1, 900), -1);
+    cr_assert_eq(liveness_judge(&l, m, 1, 1900), -1, "changed at 900: not stale until 1900");
+    cr_assert_eq(liveness_judge(&l, m, 1, 1901), 0);
+    m[0] = 2;
+    cr_assert_eq(liveness_judge(&l, m, 1, 1902), 2);
+    cr_assert_eq(liveness_judge(&l, m, 2, 1903), -1, "its own counter is not judged");
+}
+
+Test(liveness, keys_that_vanish) {
+    liveness_t l;
+    liveness_reset(&l, 2, 1000, 0);
+    int64_t m[2] = {LIVENESS_GONE, LIVENESS_ALIVE};
+    /* a key not there yet (its member between two requests of its join) has the limit's grace */
+    cr_assert_eq(liveness_judge(&l, m, -1, 500), -1);
+    cr_assert_eq(liveness_judge(&l, m, -1, 1001), 0);
+    m[0] = LIVENESS_ALIVE;
+    cr_assert_eq(liveness_judge(&l, m, -1, 1500), -1, "present again: alive");
+    m[1] = LIVENESS_GONE;
+    cr_assert_eq(liveness_judge(&l, m, -1, 2400), -1);
+    cr_assert_eq(liveness_judge(&l, m, -1, 2501), 1);
+}
