@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "bn_act.h"
 #include "rng.h"
+#include "tensor_close.h"
 #ifdef DDP_TEST_HAVE_CUDA
 #include "backend_cuda.h"
 #endif
@@ -218,16 +219,19 @@ static float *gpu_get(gpu_side_t *g, const float *p, size_t n) {
     return h;
 }
 
-/* max |want - got| <= tol * max(max |want|, 1e-6); a NaN on either side only where both have one */
+/* |want - got| <= tol * max(max |want|, 1e-6) everywhere, NaN only where the cpu has NaN
+ * (tensor_close.h: the shared NaN-aware comparison) */
 static void close_to(const float *want, const float *got, size_t n, double tol, const char *what) {
-    double scale = 0, err = 0;
-    for (size_t i = 0; i < n; i++) {
-        cr_assert(isnan(want[i]) == isnan(got[i]), "%s: value %zu: cpu %g, cuda %g", what, i, want[i], got[i]);
-        if (isnan(want[i])) continue;
-        scale = fmax(scale, fabs(want[i]));
-        err = fmax(err, fabs((double)want[i] - got[i]));
+    double scale = 1e-6;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(want[i]) && fabs(want[i]) > scale) scale = fabs(want[i]);
+    tensor_tol_t t = {.rtol = 0, .atol = tol * scale};
+    tensor_close_t r;
+    char msg[512];
+    if (tensor_close(want, got, n, t, &r)) {
+        tensor_close_describe(&r, n, t, msg, sizeof msg);
+        cr_assert_fail("%s: %s", what, msg);
     }
-    cr_assert(err <= tol * fmax(scale, 1e-6), "%s: max |cpu - cuda| = %g, scale %g", what, err, scale);
 }
 
 /* One case: forward (train, then eval) and backward on the cpu and the cuda backend, inputs rounded
