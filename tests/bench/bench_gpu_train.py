@@ -18,10 +18,19 @@ Usage: python3 tests/bench/bench_gpu_train.py [--shapes cifar,fmnist] [--precisi
 ResNet-18 w64 on 32x32x3, batch 512; resnet50-128: ResNet-50 w64 with the ImageNet stem on
 128x128x3, 1000 classes, batch 256), and ends with one line per row and precision:
   RESULT <row> <precision> ddpworker=<img/s> torch_eager=<img/s> torch_compile=<img/s> ratio=<ddpworker/eager>
+resnet18-128-jpeg is ddpworker against itself: ResNet-18 (ImageNet stem) at 128 px, batch 256, 10
+classes, reading a JPEG folder (tests/tools/make_jpeg_folder.py, sides --jpeg-sides, enough images
+that no epoch ends inside the timed windows; RandomResizedCrop + flip to 128 px, decoded on all the
+host's cores: data.workers 0) against the same run on synthetic data:
+  RESULT resnet18-128-jpeg <precision> ddpworker_jpeg=<img/s> ddpworker_synthetic=<img/s> ratio=<jpeg/synthetic>
+--backend cpu runs ddpworker's cpu backend and no PyTorch (fp32 only): a check of this harness
+on a machine without a GPU, with --width, --row-batch and --steps small.
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,24 +44,69 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "interop"))
 
 # name -> (H, W, C), classes
 SHAPES = {"cifar": ((32, 32, 3), 10), "fmnist": ((28, 28, 1), 10), "i128": ((128, 128, 3), 1000)}
-# --rows: name -> (model, shape, batch)
-ROWS = {"resnet18-cifar": ("resnet18", "cifar", 512), "resnet50-128": ("resnet50", "i128", 256)}
+# --rows: name -> (model, shape, batch); the jpeg row: data from a JPEG folder against synthetic
+ROWS = {"resnet18-cifar": ("resnet18", "cifar", 512), "resnet50-128": ("resnet50", "i128", 256),
+        "resnet18-128-jpeg": ("resnet18", "jpeg128", 256)}
+SHAPES["jpeg128"] = ((128, 128, 3), 10)  # the folder's 10 classes (Fashion-MNIST's)
+JPEG_ROWS = {"resnet18-128-jpeg"}
 
 
-def run_ddpworker(shape, model, width, precision, batch, steps):
-    """The second of two windows of `steps` steps: the first is its warm-up."""
+def make_jpeg_folder(root, images, sides, parts):
+    """root/train/<class>/ with at least `images` training images (and a small val/), made by
+    `parts` make_jpeg_folder.py processes at once (seeds 0..parts-1, each into its own folder,
+    then moved under one root: a throughput bench does not mind repeated items). Kept across runs
+    when root is given and complete."""
+    done = os.path.join(root, ".complete")
+    if os.path.exists(done) and int(open(done).read() or 0) >= images:
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    tool = os.path.join(ROOT, "tests", "tools", "make_jpeg_folder.py")
+    per_class = -(-images // (10 * parts)) + 1
+
+    def one(k):
+        part = os.path.join(root, f".part{k}")
+        subprocess.run([sys.executable, tool, part, "--per-class", str(per_class), "--val-per-class",
+                        "5", "--sides", sides, "--seed", str(k)], check=True)
+        return part
+
+    with concurrent.futures.ThreadPoolExecutor(parts) as pool:
+        made = list(pool.map(one, range(parts)))
+    for k, part in enumerate(made):
+        for split in ("train", "val"):
+            for cls in os.listdir(os.path.join(part, split)):
+                dst = os.path.join(root, split, cls)
+                os.makedirs(dst, exist_ok=True)
+                for name in os.listdir(os.path.join(part, split, cls)):
+                    os.rename(os.path.join(part, split, cls, name), os.path.join(dst, f"{k:02d}_{name}"))
+        shutil.rmtree(part)
+    with open(done, "w") as f:
+        f.write(str(per_class * parts * 10))
+
+
+def run_ddpworker(shape, model, width, precision, batch, steps, backend="cuda", jpeg_dir=None):
+    """The second of two windows of `steps` steps: the first is its warm-up. jpeg_dir: the
+    samples come from that image folder (random-resized-crop to the shape's side, decoded on all
+    cores), else synthetic."""
     (h, w, c), classes = SHAPES[shape]
+    if jpeg_dir:
+        data = (f"kind = imagefolder\ndir = {jpeg_dir}\nimage_size = {h}\n"
+                f"train_transform = random-resized-crop\nworkers = 0\n")
+        model_extra = "stem = imagenet\n"
+    else:
+        data = (f"kind = synthetic\nheight = {h}\nwidth = {w}\nchannels = {c}\n"
+                f"classes = {classes}\ntrain_limit = {batch * 2 * steps}\ntest_limit = {batch}\n")
+        model_extra = "stem = imagenet\n" if shape == "jpeg128" else ""
     with tempfile.TemporaryDirectory() as tmp:
         conf, metrics = os.path.join(tmp, "bench.conf"), os.path.join(tmp, "metrics.jsonl")
         with open(conf, "w") as f:
-            f.write(f"[model]\nname = {model}\nwidth = {width}\n"
-                    f"[data]\nkind = synthetic\nheight = {h}\nwidth = {w}\nchannels = {c}\n"
-                    f"classes = {classes}\ntrain_limit = {batch * 2 * steps}\n"
-                    f"test_limit = {batch}\n"
+            f.write(f"[model]\nname = {model}\nwidth = {width}\n{model_extra}"
+                    f"[data]\n{data}"
                     f"[optim]\nlr = 0.01\nmomentum = 0.9\nnesterov = true\nweight_decay = 0.0005\n"
                     f"schedule = constant\n"
-                    f"[train]\nbackend = cuda\nbatch_size = {batch}\nmax_steps = {2 * steps}\n"
-                    f"log_interval = {steps}\nmetrics_file = {metrics}\n"
+                    f"[train]\nbackend = {backend}\nbatch_size = {batch}\nmax_steps = {2 * steps}\n"
+                    f"epochs = 1000\n"
+                    f"log_interval = {steps}\nmetrics_file = {metrics}\neval_interval = 1000000000\n"
                     f"[precision]\nmode = {precision}\n")
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
         run = subprocess.run([build_path("worker", "ddpworker"), conf], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -60,6 +114,10 @@ def run_ddpworker(shape, model, width, precision, batch, steps):
             print(run.stdout[-2000:], file=sys.stderr)
             return None
         windows = [json.loads(line) for line in open(metrics) if '"train"' in line]
+        if not windows or windows[-1]["step"] != 2 * steps:  # an epoch (the data) ended first
+            print(f"ddpworker stopped at step {windows[-1]['step'] if windows else 0} of "
+                  f"{2 * steps}: too few samples", file=sys.stderr)
+            return None
         return windows[-1]["img_per_s"]
 
 
@@ -111,56 +169,104 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time torch.compile")
     ap.add_argument("--rows", help="the GPU issue's rows instead of --shapes/--model/--batch: "
                                    + ",".join(ROWS))
+    ap.add_argument("--row-batch", type=int, help="--rows: this batch instead of each row's")
+    ap.add_argument("--jpeg-sides", default="160-256",
+                    help="resnet18-128-jpeg: the folder's image sides, LO-HI px (make_jpeg_folder.py)")
+    ap.add_argument("--jpeg-dir", help="resnet18-128-jpeg: make (or reuse) the folder here and keep it")
+    ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: ddpworker's cpu backend, no PyTorch (checks this harness without a GPU)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.rows and any(r not in ROWS for r in args.rows.split(",")):
         ap.error("--rows: any of " + ",".join(ROWS))
-    import torch
+    if args.backend == "cpu" and args.precisions != "fp32":
+        ap.error("--backend cpu: --precisions fp32 only")
     what = (f"rows {args.rows}, width {args.width}" if args.rows else
             f"{args.model} width {args.width}, batch {args.batch}")
-    print(f"ddpworker (cuda) vs PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: "
+    if args.backend == "cuda":
+        import torch
+        versus = f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}"
+    else:
+        versus = "no PyTorch (cpu backend: a check of the harness)"
+    print(f"ddpworker ({args.backend}) vs {versus}: "
           f"{what}, {args.steps} timed steps after {args.warmup} warm-up", flush=True)
     # (row name or None, model, shape, batch) for each configuration to time
     if args.rows:
-        configs = [(name, *ROWS[name]) for name in args.rows.split(",")]
+        configs = [(name, m, shape, args.row_batch or b) for name in args.rows.split(",")
+                   for m, shape, b in [ROWS[name]]]
     else:
         configs = [(None, args.model, shape, args.batch) for shape in args.shapes.split(",")]
     results = []
+    tmp_jpeg = None
     for name, model, shape, batch in configs:
+        jpeg_dir = None
+        if name in JPEG_ROWS:
+            jpeg_dir = args.jpeg_dir
+            if not jpeg_dir:
+                tmp_jpeg = tmp_jpeg or tempfile.mkdtemp(prefix="ddp-bench-jpeg-")
+                jpeg_dir = tmp_jpeg
+            t0 = time.monotonic()
+            make_jpeg_folder(jpeg_dir, 2 * args.steps * batch + batch, args.jpeg_sides,
+                             min(16, os.cpu_count() or 1))
+            print(f"JPEG folder {jpeg_dir} ready in {time.monotonic() - t0:.1f} s", flush=True)
         for precision in args.precisions.split(","):
             row = {"shape": shape, "precision": precision, "model": model, "batch": batch}
             if name:
                 row["row"] = name
-            row["torch_eager"] = run_torch(shape, model, args.width, precision, batch,
-                                           args.warmup, args.steps, False)
-            if args.compile:
-                row["torch_compile"] = run_torch(shape, model, args.width, precision, batch,
-                                                 args.warmup, args.steps, True)
+            if jpeg_dir:
+                row["ddpworker_jpeg"] = run_ddpworker(shape, model, args.width, precision, batch,
+                                                      args.steps, args.backend, jpeg_dir)
+                row["ddpworker"] = run_ddpworker(shape, model, args.width, precision, batch,
+                                                 args.steps, args.backend)
+                ok = row["ddpworker_jpeg"] and row["ddpworker"]
+                row["ratio"] = row["ddpworker_jpeg"] / row["ddpworker"] if ok else None
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                continue
+            if args.backend == "cuda":
+                row["torch_eager"] = run_torch(shape, model, args.width, precision, batch,
+                                               args.warmup, args.steps, False)
+                if args.compile:
+                    row["torch_compile"] = run_torch(shape, model, args.width, precision, batch,
+                                                     args.warmup, args.steps, True)
+            else:
+                row["torch_eager"] = None
             row["ddpworker"] = run_ddpworker(shape, model, args.width, precision, batch,
-                                             args.steps)
-            best = max(v for k, v in row.items() if k.startswith("torch") and v)
-            row["ratio"] = row["ddpworker"] / best if row["ddpworker"] else None
+                                             args.steps, args.backend)
+            best = max((v for k, v in row.items() if k.startswith("torch") and v), default=None)
+            row["ratio"] = row["ddpworker"] / best if row["ddpworker"] and best else None
             results.append(row)
             print(json.dumps(row), flush=True)
+    if tmp_jpeg:
+        shutil.rmtree(tmp_jpeg, ignore_errors=True)
     print(f"\n{'shape':7} {'prec':5} {'torch eager':>12} {'torch compile':>14} {'ddpworker':>10} {'ratio':>6}")
     for r in results:
         fmt = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
         ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+        if "ddpworker_jpeg" in r:  # against itself: jpeg in the eager column, synthetic as ddpworker
+            print(f"{r['shape']:7} {r['precision']:5} {fmt(r['ddpworker_jpeg']):>12} {'(jpeg)':>14} "
+                  f"{fmt(r['ddpworker']):>10} {ratio:>6}")
+            continue
         print(f"{r['shape']:7} {r['precision']:5} {fmt(r['torch_eager']):>12} "
               f"{fmt(r.get('torch_compile')):>14} {fmt(r['ddpworker']):>10} {ratio:>6}")
     for r in results:
         if "row" not in r:
             continue
         fmt = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
-        eager_ratio = f"{r['ddpworker'] / r['torch_eager']:.2f}" if r["ddpworker"] else "-"
+        if "ddpworker_jpeg" in r:
+            ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+            print(f"RESULT {r['row']} {r['precision']} ddpworker_jpeg={fmt(r['ddpworker_jpeg'])} "
+                  f"ddpworker_synthetic={fmt(r['ddpworker'])} ratio={ratio}")
+            continue
+        ok = r["ddpworker"] and r["torch_eager"]
+        eager_ratio = f"{r['ddpworker'] / r['torch_eager']:.2f}" if ok else "-"
         print(f"RESULT {r['row']} {r['precision']} ddpworker={fmt(r['ddpworker'])} "
               f"torch_eager={fmt(r['torch_eager'])} torch_compile={fmt(r.get('torch_compile'))} "
               f"ratio={eager_ratio}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"batch": args.batch, "model": args.model, "width": args.width,
-                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
-                       "results": results}, f, indent=1)
+                       "backend": args.backend, "versus": versus, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

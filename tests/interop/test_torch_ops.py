@@ -136,3 +136,34 @@ def test_linear(op_probe, tmp_path):
     assert_close(read(tmp_path, "dx", (n, fin)), x.grad, "linear dx")
     assert_close(read(tmp_path, "dw", (fout, fin)), lin.weight.grad, "linear dw")
     assert_close(read(tmp_path, "db", (fout,)), lin.bias.grad, "linear db")
+
+
+@pytest.mark.parametrize("relu,residual", [(1, 1), (1, 0), (0, 0)],
+                         ids=["bn-add-relu", "bn-relu", "bn"])
+def test_bn_act_is_batch_norm_then_add_then_relu(relu, residual, op_probe, tmp_path):
+    """The fused batch norm + residual add + ReLU (bn_act) in training: PyTorch's batch_norm (biased
+    variance to normalize, unbiased for the running one, momentum 0.1), + the residual, relu."""
+    rows, c = 96, 6
+    torch.manual_seed(5)
+    x = (torch.randn(rows, c) * 2 + 0.5).requires_grad_(True)
+    gamma = torch.randn(c, requires_grad=True)
+    beta = torch.randn(c, requires_grad=True)
+    res = torch.randn(rows, c, requires_grad=True)
+    mean, var = torch.zeros(c), torch.ones(c)
+    y = F.batch_norm(x, mean, var, gamma, beta, training=True, momentum=0.1, eps=1e-5)
+    if residual:
+        y = y + res
+    if relu:
+        y = F.relu(y)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    for name, t in (("x", x), ("gamma", gamma), ("beta", beta), ("res", res), ("dy", dy)):
+        write(tmp_path, name, t)
+    run(op_probe, "bnact", rows, c, relu, residual, tmp_path)
+    assert_close(read(tmp_path, "y", (rows, c)), y.detach(), "bn_act forward")
+    assert_close(read(tmp_path, "dx", (rows, c)), x.grad, "bn_act dx")
+    if residual:
+        assert_close(read(tmp_path, "dres", (rows, c)), res.grad, "bn_act dresidual", 0, 0)
+    assert_close(read(tmp_path, "dgamma", (c,)), gamma.grad, "bn_act dgamma")
+    assert_close(read(tmp_path, "dbeta", (c,)), beta.grad, "bn_act dbeta")
+    assert_close(read(tmp_path, "running", (2, c)), torch.stack([mean, var]), "running statistics")

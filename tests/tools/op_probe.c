@@ -5,6 +5,8 @@
  *   op_probe adaptive N H W C OH OW DIR            x, dy -> y, dx
  *   op_probe dropout COUNT P KEY DIR               x, dy -> y, dx
  *   op_probe linear N IN OUT DIR                   x (N,IN), w (OUT,IN), b, dy -> y, dx, dw, db
+ *   op_probe bnact ROWS C RELU RESIDUAL DIR        x (ROWS,C), gamma, beta, [res], dy -> y, dx,
+ *       [dres], dgamma, dbeta, running (mean then var, from 0 and 1): bn_act in training
  * Every file is raw fp32 (DIR/x.f32 ...), NHWC; gradients start at zero. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,11 +15,11 @@
 #include "backend.h"
 
 static const char *dir;
-static void *owned[16]; /* every buffer, freed at the end (sanitizer builds check for leaks) */
+static void *owned[24]; /* every buffer, freed at the end (sanitizer builds check for leaks) */
 static int n_owned;
 
 static void *own(void *p) {
-    if (!p || n_owned == 16) {
+    if (!p || n_owned == 24) {
         fprintf(stderr, "op_probe: out of memory\n");
         exit(1);
     }
@@ -50,7 +52,7 @@ static void save(const char *name, const float *p, size_t n) {
 static float *zeros(size_t n) { return own(calloc(n ? n : 1, sizeof(float))); }
 
 static int usage(void) {
-    fprintf(stderr, "usage: op_probe conv|maxpool|adaptive|dropout|linear ARGS... DIR (see the source)\n");
+    fprintf(stderr, "usage: op_probe conv|maxpool|adaptive|dropout|linear|bnact ARGS... DIR (see the source)\n");
     return 2;
 }
 
@@ -122,6 +124,27 @@ int main(int argc, char **argv) {
         save("dx", dx, nx);
         save("dw", dw, nw);
         save("db", db, (size_t)out);
+    } else if (!strcmp(op, "bnact") && argc == 7) {
+        size_t rows = (size_t)a[0];
+        int c = a[1];
+        bool has_res = a[3];
+        unsigned flags = a[2] ? BN_ACT_RELU : 0;
+        size_t n = rows * (size_t)c;
+        float *x = load("x", n), *gamma = load("gamma", (size_t)c), *beta = load("beta", (size_t)c);
+        float *res = has_res ? load("res", n) : NULL, *dy = load("dy", n);
+        float *y = zeros(n), *dx = zeros(n), *dres = zeros(n), *dgamma = zeros((size_t)c);
+        float *dbeta = zeros((size_t)c), *save_ = zeros(2 * (size_t)c), *run = zeros(2 * (size_t)c);
+        for (int j = 0; j < c; j++) run[c + j] = 1.0f;
+        o->bn_act_forward_train(b, rows, c, x, gamma, beta, res, flags, y, save_, save_ + c, run, run + c,
+                                0.1f, 1e-5f);
+        o->bn_act_backward(b, rows, c, x, gamma, save_, save_ + c, y, dy, flags, dx, has_res ? dres : NULL,
+                           dgamma, dbeta);
+        save("y", y, n);
+        save("dx", dx, n);
+        if (has_res) save("dres", dres, n);
+        save("dgamma", dgamma, (size_t)c);
+        save("dbeta", dbeta, (size_t)c);
+        save("running", run, 2 * (size_t)c);
     } else {
         return usage();
     }

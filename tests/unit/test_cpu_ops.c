@@ -11,7 +11,7 @@
 #include "rng.h"
 #include "tensor_close.h"
 
-#define MAX_INPUTS 3
+#define MAX_INPUTS 4
 #define PREFILL 0.25f /* gradients start here: a backward that overwrites instead of adding fails */
 
 typedef struct op_check op_check_t;
@@ -688,5 +688,137 @@ Test(cpu_ops, augment_batch_is_augment_sample_per_job) {
     free(images);
     free(out);
     free(want);
+    b->mem->destroy(b);
+}
+
+/* ---- batch norm + residual add + ReLU fused (bn_act_*) ---- */
+
+static void bn_act_fwd(op_check_t *c) {
+    c->b->ops->bn_act_forward_train(c->b, (size_t)c->rows, c->ch, c->in[0], c->in[1], c->in[2],
+                                    c->in[3], BN_ACT_RELU, c->y, c->save, c->save + c->ch,
+                                    c->running, c->running + c->ch, 0.1f, 1e-5f);
+}
+static void bn_act_bwd(op_check_t *c) {
+    c->b->ops->bn_act_backward(c->b, (size_t)c->rows, c->ch, c->in[0], c->in[1], c->save,
+                               c->save + c->ch, c->y, c->r, BN_ACT_RELU, c->grad[0], c->grad[3],
+                               c->grad[1], c->grad[2]);
+}
+
+Test(cpu_ops, bn_add_relu_gradients) {
+    op_check_t *c = new_check();
+    c->rows = 12;
+    c->ch = 3;
+    add_input(c, 36, 2.0f);
+    add_input(c, 3, 1.5f);
+    add_input(c, 3, 1.0f);
+    add_input(c, 36, 1.0f); /* the residual */
+    set_output(c, 36);
+    c->forward = bn_act_fwd;
+    c->backward = bn_act_bwd;
+    /* keep every output away from ReLU's kink, so that finite differences do not cross it */
+    bn_act_fwd(c);
+    for (int i = 0; i < 36; i++)
+        if (fabsf(c->y[i]) < 0.1f) c->in[3][i] += 0.3f;
+    check_gradients(c, 1e-3, 3e-3, 2e-2);
+    free_check(c);
+}
+
+/* bn_act_* give the bits of the unfused ops they replace (batchnorm, add, relu forward; relu's
+ * backward, the add's two accumulates and batch norm's backward onto zeroed gradients), in every
+ * combination of residual and ReLU, adding to or writing its input gradients. */
+Test(cpu_ops, bn_act_gives_the_unfused_ops_bits) {
+    backend_t *b = backend_cpu_create(1);
+    cr_assert_eq(b->mem->reserve_workspace(b, 1 << 20), 0);
+    const backend_i *o = b->ops;
+    size_t rows = 50;
+    int ch = 7;
+    size_t n = rows * (size_t)ch;
+    float *x = random_buffer(n, 3.0f), *res = random_buffer(n, 1.0f), *dy = random_buffer(n, 1.0f);
+    float *gamma = random_buffer((size_t)ch, 1.0f), *beta = random_buffer((size_t)ch, 1.0f);
+    float *start = random_buffer(n, 1.0f); /* what the gradients hold before, when added to */
+    for (int combo = 0; combo < 8; combo++) {
+        bool has_res = combo & 1, has_relu = combo & 2, is_written = combo & 4;
+        float run_a[14] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, run_b[14], save_a[14], save_b[14];
+        memcpy(run_b, run_a, sizeof run_a);
+        float *ya = calloc(n, 4), *yb = calloc(n, 4), *tmp = calloc(n, 4), *dz = calloc(n, 4);
+        float *dxa = calloc(n, 4), *dxb = calloc(n, 4), *dra = calloc(n, 4), *drb = calloc(n, 4);
+        float dga[7] = {0}, dba[7] = {0}, dgb[7] = {0}, dbb[7] = {0};
+        /* unfused */
+        o->batchnorm_forward_train(b, rows, ch, x, gamma, beta, ya, save_a, save_a + ch, run_a,
+                                   run_a + ch, 0.1f, 1e-5f);
+        if (has_res) {
+            memcpy(tmp, ya, n * 4);
+            o->add_forward(b, tmp, res, ya, n);
+        }
+        if (has_relu) {
+            memcpy(tmp, ya, n * 4);
+            o->relu_forward(b, tmp, ya, n);
+            o->relu_backward(b, ya, dy, dz, n); /* dz was zero */
+        } else {
+            memcpy(dz, dy, n * 4);
+        }
+        if (!is_written) {
+            memcpy(dxa, start, n * 4);
+            memcpy(dra, start, n * 4);
+        }
+        if (has_res) o->accumulate(b, dz, dra, n);
+        o->batchnorm_backward(b, rows, ch, x, gamma, save_a, save_a + ch, dz, dxa, dga, dba);
+        /* fused; written gradients start as garbage */
+        unsigned flags = (has_relu ? BN_ACT_RELU : 0) | (is_written ? BN_ACT_WRITE_DX | BN_ACT_WRITE_DRESIDUAL : 0);
+        for (size_t i = 0; i < n; i++) {
+            dxb[i] = is_written ? NAN : start[i];
+            drb[i] = is_written ? NAN : start[i];
+        }
+        o->bn_act_forward_train(b, rows, ch, x, gamma, beta, has_res ? res : NULL, flags, yb, save_b,
+                                save_b + ch, run_b, run_b + ch, 0.1f, 1e-5f);
+        o->bn_act_backward(b, rows, ch, x, gamma, save_b, save_b + ch, yb, dy, flags, dxb,
+                           has_res ? drb : NULL, dgb, dbb);
+        cr_assert(memcmp(ya, yb, n * 4) == 0, "combo %d: forward", combo);
+        cr_assert(memcmp(run_a, run_b, sizeof run_a) == 0, "combo %d: running statistics", combo);
+        cr_assert(memcmp(save_a, save_b, sizeof save_a) == 0, "combo %d: saved statistics", combo);
+        cr_assert(memcmp(dxa, dxb, n * 4) == 0, "combo %d: dx", combo);
+        if (has_res) cr_assert(memcmp(dra, drb, n * 4) == 0, "combo %d: dresidual", combo);
+        cr_assert(memcmp(dga, dgb, sizeof dga) == 0 && memcmp(dba, dbb, sizeof dba) == 0,
+                  "combo %d: dgamma, dbeta", combo);
+        /* evaluation */
+        o->batchnorm_forward_eval(b, rows, ch, x, gamma, beta, ya, run_a, run_a + ch, 1e-5f);
+        if (has_res) {
+            memcpy(tmp, ya, n * 4);
+            o->add_forward(b, tmp, res, ya, n);
+        }
+        if (has_relu) {
+            memcpy(tmp, ya, n * 4);
+            o->relu_forward(b, tmp, ya, n);
+        }
+        o->bn_act_forward_eval(b, rows, ch, x, gamma, beta, has_res ? res : NULL, flags, yb, run_b,
+                               run_b + ch, 1e-5f);
+        cr_assert(memcmp(ya, yb, n * 4) == 0, "combo %d: evaluation forward", combo);
+        free(ya), free(yb), free(tmp), free(dz), free(dxa), free(dxb), free(dra), free(drb);
+    }
+    free(x), free(res), free(dy), free(gamma), free(beta), free(start);
+    b->mem->destroy(b);
+}
+
+/* conv_shape_t.is_dx_written: the backward writes dx, bit for bit what adding onto zeros gives,
+ * for the GEMM-only (1x1) path and the im2col one. */
+Test(cpu_ops, conv_backward_writes_dx_when_told) {
+    backend_t *b = backend_cpu_create(1);
+    cr_assert_eq(b->mem->reserve_workspace(b, 1 << 20), 0);
+    conv_shape_t shapes[2] = {
+        {.n = 2, .h = 5, .w = 4, .c = 3, .k = 4, .r = 1, .s = 1, .stride = 1, .pad = 0, .oh = 5, .ow = 4},
+        {.n = 2, .h = 5, .w = 4, .c = 3, .k = 4, .r = 3, .s = 3, .stride = 2, .pad = 1, .oh = 3, .ow = 2},
+    };
+    for (int k = 0; k < 2; k++) {
+        conv_shape_t s = shapes[k];
+        size_t nx = 2 * 5 * 4 * 3, nw = (size_t)4 * s.r * s.s * 3, ny = (size_t)2 * s.oh * s.ow * 4;
+        float *x = random_buffer(nx, 1), *w = random_buffer(nw, 1), *dy = random_buffer(ny, 1);
+        float *dxa = calloc(nx, 4), *dxb = random_buffer(nx, 5), *dwa = calloc(nw, 4), *dwb = calloc(nw, 4);
+        b->ops->conv2d_backward(b, &s, x, w, dy, dxa, dwa);
+        s.is_dx_written = true;
+        b->ops->conv2d_backward(b, &s, x, w, dy, dxb, dwb);
+        cr_assert(memcmp(dxa, dxb, nx * 4) == 0, "shape %d: written dx", k);
+        cr_assert(memcmp(dwa, dwb, nw * 4) == 0, "shape %d: dw", k);
+        free(x), free(w), free(dy), free(dxa), free(dxb), free(dwa), free(dwb);
+    }
     b->mem->destroy(b);
 }

@@ -371,3 +371,49 @@ Test(model, unknown_names_and_too_small_inputs_are_clear_errors) {
     cr_assert_eq(model_init(&m, backend, "vgg16_gn", 4, 32, 32, 3, 3, 2, err, sizeof err), -1);
     cr_assert(strstr(err, "unknown model 'vgg16_gn'"), "%s", err);
 }
+
+/* Fusion and the backward's plan: every batch norm that a ReLU (directly or through the residual
+ * add) reads runs as one bn_act at that ReLU, the chain's inner tensors take no room, and only the
+ * gradients whose first producer adds (pooling, linear) are zeroed before backward. */
+Test(model, resnet_chains_fuse_and_only_adding_producers_need_zeroed_gradients) {
+    struct { const char *name; model_stem_t stem; int fused_bn, lone_bn, fused_add, zeroed; } cases[] = {
+        {"resnet18", MODEL_STEM_CIFAR, 17, 3, 8, 2},    /* avgpool's and fc's inputs */
+        {"resnet18", MODEL_STEM_IMAGENET, 17, 3, 8, 3}, /* and the max-pool's */
+        {"resnet50", MODEL_STEM_IMAGENET, 49, 4, 16, 3},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        model_t m;
+        char err[256];
+        model_opts_t o = model_opts_default(cases[k].name, 4);
+        o.stem = cases[k].stem;
+        cr_assert_eq(model_init_opts(&m, backend, &o, 32, 32, 3, 10, 2, err, sizeof err), 0, "%s", err);
+        int fused_bn = 0, lone_bn = 0, fused_add = 0, executors = 0, zeroed = 0;
+        size_t all = 0;
+        for (int l = 0; l < m.n_layers; l++) {
+            const layer_t *ly = &m.layers[l];
+            fused_bn += ly->kind == LAYER_BATCHNORM && ly->is_fused;
+            lone_bn += ly->kind == LAYER_BATCHNORM && !ly->is_fused;
+            fused_add += ly->kind == LAYER_ADD && ly->is_fused;
+            if (ly->kind == LAYER_RELU && ly->bn_layer >= 0) {
+                executors++;
+                const layer_t *bn = &m.layers[ly->bn_layer];
+                cr_assert(bn->kind == LAYER_BATCHNORM && bn->is_fused && ly->in == bn->in);
+                cr_assert(ly->is_dx_written, "%s: a chain writes its input's gradient", bn->name);
+                if (ly->in2 >= 0) cr_assert(ly->is_dx2_written, "%s: and its residual's", bn->name);
+            }
+            if (ly->kind == LAYER_CONV && l > 0)
+                cr_assert_eq(ly->conv.is_dx_written, ly->is_dx_written);
+        }
+        for (int t = 0; t < m.n_tensors; t++) {
+            all += (size_t)2 * m.tensors[t].h * m.tensors[t].w * m.tensors[t].c;
+            zeroed += m.tensors[t].is_grad_zeroed;
+        }
+        cr_assert_eq(fused_bn, cases[k].fused_bn, "case %zu: %d fused batch norms", k, fused_bn);
+        cr_assert_eq(lone_bn, cases[k].lone_bn, "case %zu", k);
+        cr_assert_eq(fused_add, cases[k].fused_add, "case %zu", k);
+        cr_assert_eq(executors, fused_bn, "case %zu", k);
+        cr_assert_eq(zeroed, cases[k].zeroed, "case %zu: %d gradients zeroed", k, zeroed);
+        cr_assert_lt(m.n_acts, all, "case %zu: the chains' inner tensors take no room", k);
+        model_free(&m);
+    }
+}

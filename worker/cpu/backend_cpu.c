@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +47,16 @@ static int cpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     c->workspace = w;
     c->workspace_bytes = n_bytes;
     return 0;
+}
+
+void *backend_cpu__workspace(backend_t *b, size_t n_bytes) {
+    cpu_t *c = cpu_of(b);
+    if (n_bytes > c->workspace_bytes) {
+        fprintf(stderr, "ddpworker: %s:%d: cpu workspace of %zu bytes, %zu needed\n", __FILE__,
+                __LINE__, c->workspace_bytes, n_bytes);
+        abort();
+    }
+    return c->workspace;
 }
 
 static void cpu_copy(backend_t *b, void *dst, const void *src, size_t n_bytes) {
@@ -148,7 +159,7 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, m, 1.0f, dy, s->k, x, rsc,
                     1.0f, dw, rsc);
         if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, rsc, s->k, 1.0f, dy,
-                            s->k, w, rsc, 1.0f, dx, rsc);
+                            s->k, w, rsc, s->is_dx_written ? 0.0f : 1.0f, dx, rsc);
         return;
     }
     int chunk = conv_chunk(c, s);
@@ -163,7 +174,11 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m * p, rsc, s->k, 1.0f, dyi, s->k, w,
                     rsc, 0.0f, c->workspace, rsc);
 #pragma omp parallel for schedule(static)
-        for (int j = 0; j < m; j++) col2im_add(s, c->workspace + j * col_image, dx + (size_t)(i + j) * in_image);
+        for (int j = 0; j < m; j++) {
+            float *dxj = dx + (size_t)(i + j) * in_image;
+            if (s->is_dx_written) memset(dxj, 0, sizeof(float) * in_image);
+            col2im_add(s, c->workspace + j * col_image, dxj);
+        }
     }
 }
 
@@ -429,6 +444,9 @@ static const backend_i cpu_ops = {
     .batchnorm_forward_train = cpu_batchnorm_forward_train,
     .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
     .batchnorm_backward = cpu_batchnorm_backward,
+    .bn_act_forward_train = backend_cpu__bn_act_forward_train,
+    .bn_act_forward_eval = backend_cpu__bn_act_forward_eval,
+    .bn_act_backward = backend_cpu__bn_act_backward,
     .relu_forward = cpu_relu_forward,
     .relu_backward = cpu_relu_backward,
     .add_forward = cpu_add_forward,

@@ -13,6 +13,27 @@
     int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                   \
     int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
 
+/* The backend's scratch space, at least n_bytes (reserve_workspace made room; aborts otherwise:
+ * a bug in the caller's sizing). */
+void *backend_cpu__workspace(backend_t *b, size_t n_bytes);
+
+/* backend_cpu_fused.c: backend_i's bn_act_* */
+void backend_cpu__bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x,
+                                       const float *gamma, const float *beta,
+                                       const float *residual, unsigned flags, float *y,
+                                       float *save_mean, float *save_invstd, float *running_mean,
+                                       float *running_var, float momentum, float eps);
+void backend_cpu__bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x,
+                                      const float *gamma, const float *beta,
+                                      const float *residual, unsigned flags, float *y,
+                                      const float *running_mean, const float *running_var,
+                                      float eps);
+void backend_cpu__bn_act_backward(backend_t *b, size_t rows, int c, const float *x,
+                                  const float *gamma, const float *save_mean,
+                                  const float *save_invstd, const float *y, const float *dy,
+                                  unsigned flags, float *dx, float *dresidual, float *dgamma,
+                                  float *dbeta);
+
 /* backend_cpu_pool.c: backend_i's ops of the same names */
 void backend_cpu__maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y,
                                   int32_t *argmax);

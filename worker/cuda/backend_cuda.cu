@@ -19,6 +19,7 @@ static void gpu_destroy(backend_t *b) {
     cudnnDestroyTensorDescriptor(g->y_desc);
     if (g->bn_partials) cudaFree(g->bn_partials);
     if (g->bn_sums) cudaFree(g->bn_sums);
+    if (g->bn_coeffs) cudaFree(g->bn_coeffs);
     cudnnDestroyFilterDescriptor(g->w_desc);
     cudnnDestroyConvolutionDescriptor(g->conv_desc);
     cudnnDestroy(g->cudnn);
@@ -54,6 +55,9 @@ static backend_i make_ops(void) {
     o.batchnorm_forward_train = gpu_batchnorm_forward_train;
     o.batchnorm_forward_eval = gpu_batchnorm_forward_eval;
     o.batchnorm_backward = gpu_batchnorm_backward;
+    o.bn_act_forward_train = gpu_bn_act_forward_train;
+    o.bn_act_forward_eval = gpu_bn_act_forward_eval;
+    o.bn_act_backward = gpu_bn_act_backward;
     o.relu_forward = gpu_relu_forward;
     o.relu_backward = gpu_relu_backward;
     o.add_forward = gpu_add_forward;
@@ -125,7 +129,8 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&g->conv_desc));
     if (gpu_reserve_workspace(&g->base, (size_t)64 << 20) < 0 ||
         cudaMalloc(&g->bn_partials, BN_PARTIALS_FLOATS * sizeof(float)) != cudaSuccess ||
-        cudaMalloc(&g->bn_sums, 2 * BN_MAX_CHANNELS * sizeof(float)) != cudaSuccess) {
+        cudaMalloc(&g->bn_sums, 2 * BN_MAX_CHANNELS * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&g->bn_coeffs, 3 * BN_MAX_CHANNELS * sizeof(float)) != cudaSuccess) {
         snprintf(err, err_len, "GPU %d: cannot allocate the workspace", device);
         gpu_destroy(&g->base);
         return NULL;

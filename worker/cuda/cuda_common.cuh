@@ -1,5 +1,5 @@
 /* cuda_common: what every file of the CUDA backend shares (backend_cuda.cu, cuda_memory.cu,
- * cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_pool.cu, cuda_linear.cu,
+ * cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_bn_act.cu, cuda_pool.cu, cuda_linear.cu,
  * cuda_loss_optim.cu): the backend's state (gpu_t), the narrow-type dispatch, the checked-call
  * macros, the element access and launch helpers, and each file's ops for the table that
  * backend_cuda.cu assembles. Files are split by op family, as llm.c splits its llmc/ headers. */
@@ -71,6 +71,7 @@ typedef struct {
     float *bn_partials; /* batch-norm reductions: chunks x C partial sums, twice */
     size_t bn_partials_len;
     float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
+    float *bn_coeffs;   /* 3 x BN_MAX_CHANNELS: bn_act's backward coefficients */
     bool is_tf32;
     low_kind_t low;        /* activations and their gradients in bf16 or fp16 (BACKEND_CUDA_BF16/FP16) */
     int sm_count;
@@ -214,6 +215,17 @@ void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float *x, co
                             float *dgamma, float *dbeta);
 void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y);
 void gpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias);
+/* cuda_bn_act.cu */
+void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                              const float *beta, const float *residual, unsigned flags, float *y,
+                              float *save_mean, float *save_invstd, float *running_mean, float *running_var,
+                              float momentum, float eps);
+void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                             const float *beta, const float *residual, unsigned flags, float *y,
+                             const float *running_mean, const float *running_var, float eps);
+void gpu_bn_act_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                         const float *save_mean, const float *save_invstd, const float *y, const float *dy,
+                         unsigned flags, float *dx, float *dresidual, float *dgamma, float *dbeta);
 /* cuda_pool.cu */
 void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax);
 void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,

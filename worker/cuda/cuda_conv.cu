@@ -4,7 +4,10 @@
 
 /* ---- convolution (cuDNN, NHWC, KRSC filters) ---- */
 
-/* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32. */
+/* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32.
+ * In a narrow mode the fp32 fallback (a first convolution on 3 channels) takes TF32 too: its
+ * inputs are narrow values already (exact in TF32) and TF32's filter is finer than the narrow copy
+ * every other convolution uses (FMA would keep the 7x7 ImageNet stem off the tensor cores). */
 static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
     cudnnDataType_t t = !is_low ? CUDNN_DATA_FLOAT : g->low == LOW_FP16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
     CHECK_CUDNN(cudnnSetTensor4dDescriptor(g->x_desc, CUDNN_TENSOR_NHWC, t, s->n, s->c, s->h, s->w));
@@ -13,7 +16,8 @@ static void describe_conv(gpu_t *g, const conv_shape_t *s, bool is_low) {
     CHECK_CUDNN(cudnnSetConvolution2dDescriptor(g->conv_desc, s->pad, s->pad, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CHECK_CUDNN(cudnnSetConvolutionMathType(g->conv_desc,
-                                            is_low || g->is_tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+                                            is_low || g->is_tf32 || g->low != LOW_NONE ? CUDNN_TENSOR_OP_MATH
+                                                                                      : CUDNN_FMA_MATH));
 }
 
 /* The arithmetic the algorithm cache is keyed by: 0 fp32, 1 tf32, 2 bf16, 3 fp16. */
@@ -85,15 +89,22 @@ static void ensure_workspace(gpu_t *g, size_t n_bytes) {
         fail_at("convolution workspace", "out of GPU memory", __FILE__, __LINE__);
 }
 
+/* The shape's numbers (not is_dx_written, nor padding bytes): what the algorithms depend on. */
+static bool same_shape(const conv_shape_t *a, const conv_shape_t *b) {
+    return a->n == b->n && a->h == b->h && a->w == b->w && a->c == b->c && a->k == b->k && a->r == b->r &&
+           a->s == b->s && a->stride == b->stride && a->pad == b->pad && a->oh == b->oh && a->ow == b->ow;
+}
+
 static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
     conv_algos_t *a = NULL;
     for (int i = 0; i < g->n_algos && !a; i++)
-        if (memcmp(&g->algos[i].shape, s, sizeof *s) == 0) a = &g->algos[i];
+        if (same_shape(&g->algos[i].shape, s)) a = &g->algos[i];
     if (!a) {
         if (g->n_algos == CONV_CACHE) g->n_algos = 0; /* more shapes than any model here has */
         a = &g->algos[g->n_algos++];
         memset(a, 0, sizeof *a);
         a->shape = *s;
+        a->shape.is_dx_written = false;
         int n = 0;
         cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(g->cudnn, g->x_desc, g->w_desc, g->conv_desc, g->y_desc,
@@ -168,7 +179,8 @@ static void narrow_conv_backward(backend_t *b, const conv_shape_t *s, const floa
     CHECK_CUDNN(cudnnConvolutionBackwardData(g->cudnn, &one, g->w_desc, w, g->y_desc, dy32, g->conv_desc,
                                              a->bwd_data, g->workspace, g->workspace_bytes, &zero, g->x_desc,
                                              dx32));
-    WITH_LOW(g, LAUNCH(add_wide_kernel<Low>, nx, dx32, LOW(dx), nx));
+    if (s->is_dx_written) WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), nx, dx32, LOW(dx), nx));
+    else WITH_LOW(g, LAUNCH(add_wide_kernel<Low>, nx, dx32, LOW(dx), nx));
 }
 
 void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
@@ -210,8 +222,8 @@ void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, co
                                                    g->w_desc, dw));
     }
     const void *filter = low ? (const void *)shadow_of(g, w) : (const void *)w;
-    if (dx)
+    if (dx) /* beta 0 where this is dx's first producer: no zeroing pass, no read of zeros */
         CHECK_CUDNN(cudnnConvolutionBackwardData(g->cudnn, &one, g->w_desc, filter, g->y_desc, dy, g->conv_desc,
-                                                 a->bwd_data, g->workspace, g->workspace_bytes, &one,
-                                                 g->x_desc, dx));
+                                                 a->bwd_data, g->workspace, g->workspace_bytes,
+                                                 s->is_dx_written ? &zero : &one, g->x_desc, dx));
 }

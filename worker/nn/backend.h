@@ -11,8 +11,11 @@
  *   so that the host always sees fp32.
  *   Conv filters are (K, R, S, C) (cuDNN's NHWC filter layout), linear weights (out, in) as
  *   PyTorch stores them.
- * - Every backward op ACCUMULATES (+=) into its input gradients and parameter gradients; the
- *   trainer zeroes them once per step. That makes fan-out (a residual's input) need no special case.
+ * - Every backward op ACCUMULATES (+=) into its input gradients and parameter gradients, unless
+ *   told to write (=) them: conv_shape_t.is_dx_written and bn_act_backward's BN_ACT_WRITE_* flags,
+ *   which the model sets where an op is the first to produce a tensor's gradient (no zeroing pass,
+ *   no read of zeros); the model zeroes only the gradients whose first producer adds, and the
+ *   parameter gradients once per step. Fan-out (a residual's input) needs no special case.
  * - Calls are ordered on the backend's stream; only to_host synchronizes. Nothing allocates after
  *   start-up: workspace is sized once by backend_create's caller through reserve_workspace.
  * - Numerics follow PyTorch: batch norm uses the biased variance to normalize and the unbiased one
@@ -37,7 +40,16 @@ typedef struct {
     int k, r, s;    /* K filters of R x S x C */
     int stride, pad;
     int oh, ow;     /* output (N, OH, OW, K) */
+    /* backward writes dx (=) instead of adding to it (+=); dw is always added to */
+    bool is_dx_written;
 } conv_shape_t;
+
+/* bn_act_*'s flags. */
+enum {
+    BN_ACT_RELU = 1,            /* y = relu(...) (backward: the mask is y > 0) */
+    BN_ACT_WRITE_DX = 2,        /* backward writes dx instead of adding to it */
+    BN_ACT_WRITE_DRESIDUAL = 4, /* backward writes dresidual instead of adding to it */
+};
 
 typedef struct {
     int n, h, w, c; /* input; output (N, OH, OW, C) */
@@ -100,6 +112,26 @@ typedef struct {
                                const float *gamma, const float *save_mean,
                                const float *save_invstd, const float *dy, float *dx,
                                float *dgamma, float *dbeta);
+    /* Batch norm fused with what follows it in a ResNet: y = act(batchnorm(x) + residual), over
+     * rows = N*H*W of C channels, residual (rows, C) or NULL (nothing added), act ReLU with
+     * BN_ACT_RELU, else none. Statistics, saved values and running estimates as
+     * batchnorm_forward_train. The same values as batchnorm_forward_train, add_forward and
+     * relu_forward in turn (the cpu backend gives their very bits); y is the only tensor written. */
+    void (*bn_act_forward_train)(backend_t *b, size_t rows, int c, const float *x,
+                                 const float *gamma, const float *beta, const float *residual,
+                                 unsigned flags, float *y, float *save_mean, float *save_invstd,
+                                 float *running_mean, float *running_var, float momentum, float eps);
+    void (*bn_act_forward_eval)(backend_t *b, size_t rows, int c, const float *x,
+                                const float *gamma, const float *beta, const float *residual,
+                                unsigned flags, float *y, const float *running_mean,
+                                const float *running_var, float eps);
+    /* The backward of bn_act_forward_train, y its output: dz = dy where y > 0 (BN_ACT_RELU; else
+     * dz = dy); dresidual += dz (skipped when NULL); batch norm's backward of dz: dx += dL/dx,
+     * dgamma += , dbeta += . BN_ACT_WRITE_DX / _DRESIDUAL write those two instead of adding. */
+    void (*bn_act_backward)(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
+                            const float *save_mean, const float *save_invstd, const float *y,
+                            const float *dy, unsigned flags, float *dx, float *dresidual,
+                            float *dgamma, float *dbeta);
     void (*relu_forward)(backend_t *b, const float *x, float *y, size_t n_elems);
     /* dx += dy where y > 0 */
     void (*relu_backward)(backend_t *b, const float *y, const float *dy, float *dx, size_t n_elems);

@@ -184,6 +184,40 @@ uint64_t model_dropout_key(const model_t *m, int layer) {
     return rng_key(step_key, (uint64_t)m->dropout_rank, (uint64_t)layer);
 }
 
+/* Batch norm layer bn over tensor x_t, with residual res_t (-1: none) and flags (BN_ACT_*), into
+ * y_t: a lone batch norm or a fused chain (model.h). */
+static void bn_act_forward(model_t *m, const layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
+                           int n, bool is_training) {
+    backend_t *bk = m->backend;
+    const tensor_t *tx = &m->tensors[x_t];
+    int c = tx->c;
+    size_t rows = (size_t)n * tx->h * tx->w;
+    const float *x = m->acts + tx->offset, *p = m->params + bn->param_offset;
+    const float *res = res_t >= 0 ? m->acts + m->tensors[res_t].offset : NULL;
+    float *y = m->acts + m->tensors[y_t].offset;
+    float *run = m->buffers + bn->buffer_offset, *save = m->scratch + bn->scratch_offset;
+    if (is_training)
+        bk->ops->bn_act_forward_train(bk, rows, c, x, p, p + c, res, flags, y, save, save + c, run,
+                                      run + c, BN_MOMENTUM, BN_EPS);
+    else
+        bk->ops->bn_act_forward_eval(bk, rows, c, x, p, p + c, res, flags, y, run, run + c, BN_EPS);
+}
+
+/* Its backward; flags add BN_ACT_WRITE_* as the layer's plan says. */
+static void bn_act_backward(model_t *m, const layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
+                            int n) {
+    backend_t *bk = m->backend;
+    const tensor_t *tx = &m->tensors[x_t];
+    int c = tx->c;
+    size_t rows = (size_t)n * tx->h * tx->w;
+    const float *x = m->acts + tx->offset, *p = m->params + bn->param_offset;
+    const float *y = m->acts + m->tensors[y_t].offset, *dy = m->dacts + m->tensors[y_t].offset;
+    const float *save = m->scratch + bn->scratch_offset;
+    float *dx = m->dacts + tx->offset, *dp = m->grads + bn->param_offset;
+    float *dres = res_t >= 0 ? m->dacts + m->tensors[res_t].offset : NULL;
+    bk->ops->bn_act_backward(bk, rows, c, x, p, save, save + c, y, dy, flags, dx, dres, dp, dp + c);
+}
+
 void model_forward(model_t *m, int n, bool is_training) {
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
@@ -202,20 +236,19 @@ void model_forward(model_t *m, int n, bool is_training) {
                 o->bias_add(bk, (size_t)n * l->conv.oh * l->conv.ow, l->conv.k,
                             p + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c, y);
             break;
-        case LAYER_BATCHNORM: {
-            int c = tx->c;
-            size_t rows = (size_t)n * tx->h * tx->w;
-            float *run = m->buffers + l->buffer_offset, *save = m->scratch + l->scratch_offset;
-            if (is_training)
-                o->batchnorm_forward_train(bk, rows, c, x, p, p + c, y, save, save + c, run,
-                                           run + c, BN_MOMENTUM, BN_EPS);
-            else
-                o->batchnorm_forward_eval(bk, rows, c, x, p, p + c, y, run, run + c, BN_EPS);
+        case LAYER_BATCHNORM: /* fused: its ReLU runs it */
+            if (!l->is_fused) bn_act_forward(m, l, l->in, -1, 0, l->out, n, is_training);
             break;
-        }
-        case LAYER_RELU: o->relu_forward(bk, x, y, tensor_elems(m, l->in, n)); break;
+        case LAYER_RELU:
+            if (l->bn_layer >= 0)
+                bn_act_forward(m, &m->layers[l->bn_layer], l->in, l->in2, BN_ACT_RELU, l->out, n,
+                               is_training);
+            else
+                o->relu_forward(bk, x, y, tensor_elems(m, l->in, n));
+            break;
         case LAYER_ADD:
-            o->add_forward(bk, x, m->acts + m->tensors[l->in2].offset, y, tensor_elems(m, l->in, n));
+            if (!l->is_fused)
+                o->add_forward(bk, x, m->acts + m->tensors[l->in2].offset, y, tensor_elems(m, l->in, n));
             break;
         case LAYER_MAXPOOL:
             l->pool.n = n;
@@ -250,8 +283,10 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
     o->fill(bk, m->grads, 0.0f, m->n_params);
-    /* every activation gradient but the logits' (model_loss set it) starts at zero */
-    o->fill(bk, m->dacts, 0.0f, m->tensors[m->n_tensors - 1].offset);
+    /* the activation gradients whose first producer adds to them (the others are written) */
+    for (int t = 0; t < m->n_tensors - 1; t++)
+        if (m->tensors[t].is_grad_zeroed)
+            o->fill(bk, m->dacts + m->tensors[t].offset, 0.0f, tensor_elems(m, t, n));
     for (int i = m->n_layers - 1; i >= 0; i--) {
         layer_t *l = &m->layers[i];
         const tensor_t *tx = &m->tensors[l->in];
@@ -267,15 +302,21 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
                                  dp + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c);
             o->conv2d_backward(bk, &l->conv, x, p, dy, dx, dp);
             break;
-        case LAYER_BATCHNORM: {
-            int c = tx->c;
-            const float *save = m->scratch + l->scratch_offset;
-            o->batchnorm_backward(bk, (size_t)n * tx->h * tx->w, c, x, p, save, save + c, dy, dx,
-                                  dp, dp + c);
+        case LAYER_BATCHNORM: /* fused: its ReLU ran it (its gradients are final here) */
+            if (!l->is_fused)
+                bn_act_backward(m, l, l->in, -1, l->is_dx_written ? BN_ACT_WRITE_DX : 0, l->out, n);
             break;
-        }
-        case LAYER_RELU: o->relu_backward(bk, y, dy, dx, tensor_elems(m, l->in, n)); break;
+        case LAYER_RELU:
+            if (l->bn_layer >= 0)
+                bn_act_backward(m, &m->layers[l->bn_layer], l->in, l->in2,
+                                BN_ACT_RELU | (l->is_dx_written ? BN_ACT_WRITE_DX : 0) |
+                                    (l->is_dx2_written ? BN_ACT_WRITE_DRESIDUAL : 0),
+                                l->out, n);
+            else
+                o->relu_backward(bk, y, dy, dx, tensor_elems(m, l->in, n));
+            break;
         case LAYER_ADD:
+            if (l->is_fused) break;
             o->accumulate(bk, dy, dx, tensor_elems(m, l->in, n));
             o->accumulate(bk, dy, m->dacts + m->tensors[l->in2].offset, tensor_elems(m, l->in, n));
             break;

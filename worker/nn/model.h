@@ -49,11 +49,23 @@ typedef enum { LINEAR_INIT_UNIFORM, LINEAR_INIT_NORMAL_001 } linear_init_t;
 typedef struct {
     int h, w, c;   /* per sample; (N, H, W, C) in the arenas */
     size_t offset; /* into acts and dacts, sized for batch_max */
+    bool is_virtual; /* inside a fused chain (model__fuse): never stored, no room in the arenas */
+    bool is_grad_zeroed; /* backward zeroes its gradient first: its first producer adds to it */
 } tensor_t;
 
 typedef struct {
     layer_kind_t kind;
-    int in, in2, out;        /* tensor indices (in2: LAYER_ADD only) */
+    int in, in2, out;        /* tensor indices (in2: LAYER_ADD, or a fused chain's residual) */
+    /* Fusion (model__fuse): a batch norm whose output only a ReLU reads, or only an add whose
+     * output only a ReLU reads, runs as one bn_act op at that ReLU: the ReLU's layer names the
+     * batch norm (bn_layer, else -1), reads its input (in) and the add's other input (in2, else
+     * -1); the batch norm and the add are skipped (is_fused) but keep their place, parameters and
+     * index (init streams, dropout keys and bucket callbacks are as without fusion). A batch norm
+     * left alone runs as bn_act without residual or ReLU. */
+    int bn_layer;
+    bool is_fused;
+    /* backward writes the gradient of in (in2) instead of adding to it: no one produced it yet */
+    bool is_dx_written, is_dx2_written;
     conv_shape_t conv;       /* n is set per call */
     pool_shape_t pool;       /* max pool, adaptive average pool */
     size_t param_offset, n_params; /* conv: (K,R,S,C) filters then K biases; batch norm: gamma then
@@ -142,7 +154,9 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg);
 double model_take_loss(model_t *m);
 
 /* model.c only (model_build.c): the layer list, tensors and arena sizes of m->opts for m's input
- * shape, classes and batch_max. Returns 0, or -1 with the reason in err. */
+ * shape, classes and batch_max, fused (layer_t.bn_layer) and with each backward's write-or-add
+ * decided (layer_t.is_dx_written, tensor_t.is_grad_zeroed). Returns 0, or -1 with the reason in
+ * err. */
 int model__build(model_t *m, char *err, size_t err_len);
 
 #endif

@@ -62,7 +62,8 @@ static layer_t *add_layer(builder_t *b, layer_kind_t kind, int in, const char *f
         m->layers = l;
     }
     layer_t *l = &m->layers[m->n_layers++];
-    *l = (layer_t){.kind = kind, .in = in, .in2 = -1, .out = -1, .param_offset = m->n_params};
+    *l = (layer_t){.kind = kind, .in = in, .in2 = -1, .out = -1, .param_offset = m->n_params,
+                   .bn_layer = -1};
     if (fmt) {
         va_list ap;
         va_start(ap, fmt);
@@ -263,6 +264,89 @@ static void vgg(builder_t *b, int x, const int *cfg, bool has_bn) {
     linear(b, x, m->classes, LINEAR_INIT_NORMAL_001, "classifier.6");
 }
 
+/* ---- after building: fusion, the backward's write-or-add plan, the arena offsets ---- */
+
+/* The layer reading tensor t, when exactly one does (else -1). */
+static int only_reader(const model_t *m, int t) {
+    int reader = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *l = &m->layers[i];
+        int reads = (l->in == t) + (l->in2 == t);
+        if (!reads) continue;
+        if (reads > 1 || reader >= 0) return -1;
+        reader = i;
+    }
+    return reader;
+}
+
+/* batch norm -> ReLU and batch norm -> add -> ReLU chains into one bn_act at the ReLU (model.h). */
+static void fuse(model_t *m) {
+    for (int i = 0; i < m->n_layers; i++) {
+        layer_t *bn = &m->layers[i];
+        if (bn->kind != LAYER_BATCHNORM) continue;
+        int r = only_reader(m, bn->out), residual = -1;
+        if (r < 0) continue;
+        layer_t *add = NULL;
+        if (m->layers[r].kind == LAYER_ADD) {
+            add = &m->layers[r];
+            residual = add->in == bn->out ? add->in2 : add->in;
+            r = only_reader(m, add->out);
+            if (r < 0) continue;
+        }
+        layer_t *relu = &m->layers[r];
+        if (relu->kind != LAYER_RELU) continue;
+        bn->is_fused = true;
+        m->tensors[bn->out].is_virtual = true;
+        if (add) {
+            add->is_fused = true;
+            m->tensors[add->out].is_virtual = true;
+        }
+        relu->bn_layer = i;
+        relu->in = bn->in;
+        relu->in2 = residual;
+    }
+}
+
+/* Whether a layer's backward can write (rather than add to) the gradient of its input(s): the
+ * convolutions (cuDNN's and the GEMM's beta 0) and batch norm with or without its chain. */
+static bool writes_dx(const layer_t *l) {
+    return (l->kind == LAYER_CONV || (l->kind == LAYER_BATCHNORM && !l->is_fused) ||
+            (l->kind == LAYER_RELU && l->bn_layer >= 0));
+}
+
+/* In backward order, the first producer of each gradient writes it when it can; a gradient whose
+ * first producer adds is zeroed before backward. Every other producer adds. */
+static void plan_gradients(model_t *m) {
+    bool *seen = calloc((size_t)m->n_tensors, sizeof *seen);
+    if (!seen) abort(); /* a few bytes at start-up */
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        layer_t *l = &m->layers[i];
+        if (l->is_fused) continue;
+        int inputs[2] = {l->in, l->kind == LAYER_ADD || l->bn_layer >= 0 ? l->in2 : -1};
+        for (int k = 0; k < 2; k++) {
+            int t = inputs[k];
+            if (t <= 0 || seen[t]) continue; /* the model input's gradient is never computed */
+            seen[t] = true;
+            bool is_written = writes_dx(l);
+            if (k == 0) l->is_dx_written = is_written;
+            else l->is_dx2_written = is_written;
+            m->tensors[t].is_grad_zeroed = !is_written;
+        }
+        if (l->kind == LAYER_CONV) l->conv.is_dx_written = l->is_dx_written;
+    }
+    free(seen);
+}
+
+/* Arena offsets for the tensors that are stored, in order. */
+static void place_tensors(model_t *m) {
+    m->n_acts = 0;
+    for (int t = 0; t < m->n_tensors; t++) {
+        tensor_t *x = &m->tensors[t];
+        x->offset = x->is_virtual ? 0 : m->n_acts;
+        if (!x->is_virtual) m->n_acts += (size_t)m->batch_max * x->h * x->w * x->c;
+    }
+}
+
 #define RESNETS "resnet18, resnet34, resnet50, resnet101, resnet152"
 #define VGGS "vgg11, vgg13, vgg16, vgg19 (and _bn)"
 
@@ -312,5 +396,9 @@ int model__build(model_t *m, char *err, size_t err_len) {
         }
     }
     if (!is_known) fail(&b, "unknown model '%s' (mlp, cnn, " RESNETS ", " VGGS ")", name);
-    return b.has_failed ? -1 : 0;
+    if (b.has_failed) return -1;
+    fuse(m);
+    plan_gradients(m);
+    place_tensors(m);
+    return 0;
 }
