@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import clean_env, free_port
+from conftest import clean_env, environment_broken, free_port
 
 EXIT_IO = 74
 EXIT_CONFIG = 78
@@ -373,7 +373,7 @@ def small_tmpfs(tmp_path):
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(d)],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+            environment_broken(f"cannot mount a tmpfs: {r.stderr.strip()}")
         mounted.append(d)
         return d
 
