@@ -139,6 +139,25 @@ def state(ddpworker, snap):
     return fields["state hash"], int(fields["step"].split()[0])
 
 
+SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+# worker ends no injected fault causes (the faults are SIGKILL, SIGSTOP, a peer's or a disk's
+# failure): a crash, an abort (a sanitizer's too), an internal bug, a sanitizer's exit status 1
+UNINJECTED = re.compile(r"worker rank \d+ \(pid \d+\) (was killed by signal (4|6|7|8|11)|"
+                        r"exited with (1|70));")
+
+
+def unexplained(workdir):
+    """Lines of the run's logs that no injected fault explains: sanitizer reports and crashes
+    (each of which ddprun would just restart)."""
+    found = []
+    for name in sorted(os.listdir(workdir)):
+        if name.endswith(".log"):
+            with open(os.path.join(workdir, name), errors="replace") as f:
+                found += [f"{name}: {line.rstrip()}" for line in f
+                          if any(m in line for m in SANITIZER_MARKS) or UNINJECTED.search(line)]
+    return found
+
+
 def snapshot_steps(snap):
     try:
         names = os.listdir(snap)
@@ -254,7 +273,8 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
         return f"node {node}'s agent" + (" (the store host)" if node == 0 else "")
     if kind == "corrupt_newest":
         steps = snapshot_steps(snap)
-        if len(steps) < 2:
+        last = int(re.search(r"^max_steps = (\d+)$", open(conf).read(), re.M).group(1))
+        if len(steps) < 2 or steps[-1] >= last:  # the final one: the job has ended, nothing resumes
             return None
         path = os.path.join(snap, f"snapshot-{steps[-1]:012d}.ddps")
         try:
@@ -379,6 +399,9 @@ def main():
         problems.append(f"no final state: no snapshot named by {snap}/latest verifies")
     elif got != want:
         problems.append(f"final state {got} differs from the uninterrupted run's {want}")
+    bad = unexplained(workdir)
+    if bad:
+        problems.append(f"{len(bad)} log lines no fault explains: " + "; ".join(bad[:10]))
     time.sleep(1)
     orphans = workers(conf)
     if orphans:
