@@ -88,6 +88,7 @@ typedef struct {
         agent_sm_join_plan_t plan;
         rdzv_result_t joined;
         bool is_refunded;
+        rdzv_kv_t **failed_client; /* a client whose connect failed, for join_after_cb */
         char err[AGENT_SM_TEXT_BYTES];
     } join;
     struct {
@@ -600,8 +601,7 @@ static void join_work_cb(uv_work_t *req) {
                          o->rdzv_port, holder.is_found ? holder.text
                                                        : "a socket this machine does not list");
             }
-            rdzv_kv_destroy(*clients[i]);
-            *clients[i] = NULL;
+            j->failed_client = clients[i]; /* destroyed on the loop: INTERRUPT_JOIN may use it */
         }
     }
     int round = j->plan.round, current = 0;
@@ -625,6 +625,11 @@ static void join_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     struct join_job *j = &a->join;
     j->job.is_busy = false;
+    if (j->failed_client) {
+        rdzv_kv_destroy(*j->failed_client);
+        *j->failed_client = NULL;
+        j->failed_client = NULL;
+    }
     if (a->sm.state == AGENT_SM_DONE) { /* left while it joined (a signal) */
         close_idle_clients(a);
         return;
