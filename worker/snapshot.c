@@ -447,6 +447,7 @@ int snapshot_inspect(const char *path, FILE *out) {
         fprintf(out, "best:        %s %.17g at step %" PRIu64 "\n",
                 h->best_by == 1 ? "val_loss" : "val_top1", h->best_value, h->best_step);
     fprintf(out, "elapsed:     %.3f s of training\n", h->elapsed_s);
+    fprintf(out, "finished:    %s\n", h->is_finished ? "yes (the run ended here)" : "no");
     fprintf(out, "loss scale:  %g (%" PRIu64 " good steps)\n", h->loss_scale,
             h->loss_scale_good_steps);
     for (uint32_t i = 0; i < h->n_sections; i++)

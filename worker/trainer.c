@@ -211,6 +211,7 @@ void trainer_start(trainer_t *t, comm_t *comm) {
     }
     trainer__snapshot_init(t);
     bool is_resumed = trainer__resume(t);
+    if (t->is_already_finished) return; /* trainer_run does nothing: the metrics stay as they are */
     if (!is_resumed) {
         /* DDP's construction: every rank starts from rank 0's parameters and buffers, so only
          * rank 0 draws them (a resumed run has the snapshot's) */
@@ -505,12 +506,13 @@ static void report_summary(trainer_t *t, double this_attempt_s) {
 
 eval_result_t trainer_run(trainer_t *t) {
     const train_conf_t *c = t->conf;
+    if (t->is_already_finished) return (eval_result_t){.loss = NAN, .top1 = NAN, .top5 = NAN};
     t->start_s = clock_now_s();
     double window_s = t->start_s, epoch_s = t->start_s;
     int64_t window_samples = 0, window_steps = 0, epoch_samples = 0;
     eval_result_t last = {0};
     int64_t last_eval_step = -1;
-    bool is_done = is_run_over(t), was_over_at_start = is_done;
+    bool is_done = is_run_over(t);
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
                "batch %lld per rank, lr %g%s%s\n", t->model.name, t->model.n_params,
@@ -594,7 +596,9 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__write_weights(t, c->params_file, "train.params_file", NULL);
         t->has_written_params = true;
     }
-    if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
+    /* the run's last snapshot says it finished, so the same command does not train it again */
+    t->is_finished = true;
+    trainer__snapshot(t, true); /* rank 0 with snapshot.dir writes */
     if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
         double skipped = (double)loader_skipped(t->loader);
         trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),

@@ -74,6 +74,9 @@ typedef struct {
     double elapsed_before_s, start_s;
     data_split_t eval_split;
     bool was_spare;          /* this process waited as ddprun's warm spare before its round */
+    /* the snapshot resumed from was a finished run's; the run has ended (snapshots say so) */
+    bool was_finished, is_finished;
+    bool is_already_finished; /* resumed a finished run that train.conf asks nothing more of */
 } trainer_t;
 
 /* Everything a run needs that does not depend on the round (model, optimizer state, the data

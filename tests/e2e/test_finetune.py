@@ -63,3 +63,69 @@ def test_weights_of_another_width_are_refused_unless_the_tensors_are_listed(ddpw
     # a file that fits: all of it
     r = run(ddpworker, conf, f"model.init={wide}")
     assert r.returncode == 0 and "loaded 62 of the model's 62 tensors\n" in r.stderr, r.stderr
+
+
+MLP = """[model]
+name = mlp
+width = 32
+[data]
+kind = synthetic
+height = 8
+width = 8
+channels = 1
+classes = 10
+train_limit = 512
+test_limit = 64
+[optim]
+lr = 0.05
+schedule = constant
+[train]
+batch_size = 32
+epochs = 1
+log_interval = 2
+[snapshot]
+every = 4
+"""
+
+
+def inspect(ddpworker, snap):
+    latest = (snap / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout
+    return latest, dict(re.findall(r"^([a-z ]+):\s+(.*)$", r.stdout, re.M))
+
+
+def test_a_finished_run_is_not_trained_again_unless_asked_for_more(ddprun, ddpworker, tmp_path):
+    conf = tmp_path / "mlp.conf"
+    conf.write_text(MLP)
+    snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
+    common = [f"snapshot.dir={snap}", f"train.metrics_file={metrics}"]
+    r = run(ddpworker, conf, *common)                               # 16 steps, one epoch
+    assert r.returncode == 0, r.stderr
+    latest, fields = inspect(ddpworker, snap)
+    assert fields["step"].startswith("16 ") and fields["finished"].startswith("yes"), fields
+    before = metrics.read_bytes()
+    # the same command again: nothing trained, nothing appended, no snapshot written
+    r = run(ddpworker, conf, *common)
+    assert r.returncode == 0, r.stderr
+    assert f"ddpworker: already finished at step 16, epoch 1 (snapshot.dir {snap})" in r.stdout, \
+        r.stdout
+    assert "resuming" not in r.stdout and "step 17" not in r.stdout, r.stdout
+    assert metrics.read_bytes() == before and inspect(ddpworker, snap)[0] == latest
+    # under ddprun on another world size too (the snapshot was saved by 1 rank)
+    job = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", str(conf), *common],
+                         capture_output=True, text=True, timeout=300, env=clean_env())
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "already finished at step 16, epoch 1" in job.stdout, job.stdout
+    assert metrics.read_bytes() == before and inspect(ddpworker, snap)[0] == latest
+    # asked for more: a second epoch continues from the finished one, and finishes in turn
+    r = run(ddpworker, conf, *common, "train.epochs=2")
+    assert r.returncode == 0, r.stderr
+    assert "that run had finished, train.conf now asks for more" in r.stdout, r.stdout
+    events = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [e["step"] for e in events if e["event"] == "train"]
+    assert steps[-8:] == [18, 20, 22, 24, 26, 28, 30, 32], steps
+    assert events[-1]["event"] == "final" and events[-1]["step"] == 32, events[-1]
+    _, fields = inspect(ddpworker, snap)
+    assert fields["step"].startswith("32 ") and fields["finished"].startswith("yes"), fields

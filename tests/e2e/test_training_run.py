@@ -133,22 +133,46 @@ def test_the_best_weights_are_kept_across_a_restart_and_tested_at_the_end(ddpwor
     assert {k: v.shape for k, v in safetensors_file.load(str(best)).items()}, "a weights file"
 
 
+def stopped_by_sigterm(ddpworker, conf, snap, *overrides, steps=4):
+    """A run stopped by SIGTERM once it has trained `steps` steps: its snapshot is not finished."""
+    job = subprocess.Popen([ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=1000",
+                            "train.log_interval=1", *overrides], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=clean_env())
+    try:
+        for line in job.stdout:
+            if re.search(rf"step {steps}\b", line):
+                job.send_signal(signal.SIGTERM)
+                break
+        out = job.communicate(timeout=120)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 128 + signal.SIGTERM, out
+    latest = (snap / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True)
+    assert re.search(r"^finished:\s+no$", r.stdout, re.M), r.stdout
+    return r.stdout
+
+
 def test_hours_count_the_whole_run_across_restarts(ddpworker, tmp_path):
     conf = conf_file(tmp_path)
     snap = tmp_path / "snap"
     # a budget already spent by an earlier part of the run: the resumed part stops at once
-    r = worker(ddpworker, conf, f"snapshot.dir={snap}", "snapshot.every=2", "train.max_steps=4",
-               "train.epochs=1000", "train.log_interval=1")
-    latest = (snap / "latest").read_text().strip()
-    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True)
-    elapsed = float(re.search(r"^elapsed:\s+(\S+) s", r.stdout, re.M).group(1))
+    inspected = stopped_by_sigterm(ddpworker, conf, snap)
+    elapsed = float(re.search(r"^elapsed:\s+(\S+) s", inspected, re.M).group(1))
+    step = int(re.search(r"^step:\s+(\d+)", inspected, re.M).group(1))
     assert elapsed > 0
     hours = elapsed / 3600 * 0.5                                  # half of what was used already
     r = worker(ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=0", "train.max_steps=-1",
                "train.log_interval=1", f"train.hours={hours:.9f}", "optim.schedule=constant")
     steps = [int(s) for s in re.findall(r"step (\d+)  hours", r.stdout)]
-    assert steps == [5], "one step (the budget is checked at log intervals), then the end: " + r.stdout
-    assert re.search(r"step 5  hours \d+\.\d\d/0\.00", r.stdout), r.stdout
+    assert steps == [step + 1], "one step (the budget is checked at log intervals), then the end: " + r.stdout
+    assert re.search(rf"step {step + 1}  hours \d+\.\d\d/0\.00", r.stdout), r.stdout
+    # that end is a finished run's: the same command again trains nothing
+    r = worker(ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=0", "train.max_steps=-1",
+               "train.log_interval=1", f"train.hours={hours:.9f}", "optim.schedule=constant")
+    assert f"already finished at step {step + 1}, epoch 1 (snapshot.dir {snap})" in r.stdout, r.stdout
 
 
 KILL_CONF = """[model]
