@@ -375,7 +375,8 @@ double trainer__elapsed_s(const trainer_t *t) {
 }
 
 /* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. The budget
- * counts the whole run's wall time, restarts included (the elapsed time is in snapshots). */
+ * counts the whole run's wall time, restarts included (the elapsed time is in snapshots). At the
+ * start only: after each step trainer__agree_step asks it with the stop signals. */
 static bool is_out_of_time(trainer_t *t) {
     if (t->conf->hours <= 0) return false;
     uint8_t is_over = trainer__elapsed_s(t) > t->conf->hours * 3600.0;
@@ -541,6 +542,7 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__write_metrics(t, o);
     }
     sampler_set_epoch(&t->sampler, t->epoch);
+    if (!is_done && is_out_of_time(t)) is_done = true; /* resumed with the budget spent */
     while (!is_done) {
         if (is_epoch_over(t)) {
             t->epoch++;
@@ -554,12 +556,13 @@ eval_result_t trainer_run(trainer_t *t) {
         window_samples += n;
         epoch_samples += n;
         window_steps++;
-        is_done = is_run_over(t);
+        bool is_out_of_time_now;
+        int signum = trainer__agree_step(t, &is_out_of_time_now); /* acted on after the evaluation */
+        is_done = is_run_over(t) || is_out_of_time_now;
         if (t->step % c->log_interval == 0 || is_done) {
             log_window(t, window_samples, window_steps, clock_now_s() - window_s);
             window_s = clock_now_s();
             window_samples = window_steps = 0;
-            if (is_out_of_time(t)) is_done = true;
         }
         bool is_epoch_end = is_epoch_over(t);
         bool is_eval_due = c->eval_interval ? t->step % c->eval_interval == 0 : is_epoch_end;
@@ -571,8 +574,7 @@ eval_result_t trainer_run(trainer_t *t) {
             trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
                                   last_eval_step == t->step ? &last : NULL);
         bool is_log_step = t->step % c->log_interval == 0 || is_done; /* the loss was checked */
-        int signum = 0;
-        if (trainer__stop_requested(t, &signum)) {
+        if (signum) {
             if (!is_log_step) check_diverged_now(t);
             trainer__snapshot(t, true);
             trainer__end_progress_line();

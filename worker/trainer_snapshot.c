@@ -126,12 +126,20 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     return stall;
 }
 
-bool trainer__stop_requested(trainer_t *t, int *signum) {
-    if (!t->conf->snapshot_dir[0]) return false;
-    double got[2] = {stop_signal == SIGTERM, stop_signal == SIGUSR1}; /* ranks that received each */
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 2), "agreeing on a stop signal");
-    *signum = got[0] > 0 ? SIGTERM : SIGUSR1; /* termination wins over a checkpoint request */
-    return got[0] + got[1] > 0;
+int trainer__agree_step(trainer_t *t, bool *is_out_of_time) {
+    *is_out_of_time = false;
+    bool has_budget = t->conf->hours > 0, has_signals = t->conf->snapshot_dir[0] != '\0';
+    if (!has_budget && !has_signals) return 0;
+    /* ranks that received each signal, and rank 0's clock: every rank must stop at the same step,
+     * and one reduction answers both questions */
+    double got[3] = {stop_signal == SIGTERM, stop_signal == SIGUSR1,
+                     has_budget && t->rank == 0 && trainer__elapsed_s(t) >= t->conf->hours * 3600.0};
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 3),
+                        has_signals ? "agreeing on stop signals and the time budget after a step"
+                                    : "agreeing on the time budget after a step");
+    *is_out_of_time = got[2] > 0;
+    if (!has_signals) return 0;
+    return got[0] > 0 ? SIGTERM : got[1] > 0 ? SIGUSR1 : 0; /* termination wins over a checkpoint */
 }
 
 /* A snapshot from another configuration cannot continue this run: say which key differs. */
