@@ -1,9 +1,13 @@
 """The fine-tuning user's path through the real ddpworker: pretrained weights that do not fit are
 refused beyond the final layer, naming the first mismatches, unless listed in model.init_skip, and
 every load says what loaded and what was skipped; a finished run is not trained again."""
+import csv
 import json
+import os
 import re
 import subprocess
+
+import pytest
 
 from conftest import clean_env
 
@@ -129,3 +133,49 @@ def test_a_finished_run_is_not_trained_again_unless_asked_for_more(ddprun, ddpwo
     assert events[-1]["event"] == "final" and events[-1]["step"] == 32, events[-1]
     _, fields = inspect(ddpworker, snap)
     assert fields["step"].startswith("32 ") and fields["finished"].startswith("yes"), fields
+
+
+FOLDER_CONF = """[model]
+name = mlp
+width = 16
+[data]
+kind = imagefolder
+dir = {root}
+image_size = 16
+workers = 1
+[train]
+batch_size = 16
+epochs = 2
+log_interval = 5
+best_by = val_loss
+"""
+
+
+def test_without_a_test_split_the_final_evaluation_is_labelled_val(ddprun, ddpworker, tmp_path):
+    """An image folder without test/: the final evaluation runs on val, the split that chose the
+    best weights; the final event, stdout and `ddprun plot` call it val and say so."""
+    make = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "make_jpeg_folder.py")
+    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        pytest.skip("no Debian Fashion-MNIST")
+    root = tmp_path / "folder"
+    r = subprocess.run(["/usr/bin/python3", make, str(root), "--per-class", "4",
+                        "--val-per-class", "2"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    conf = tmp_path / "folder.conf"
+    conf.write_text(FOLDER_CONF.format(root=root))
+    metrics = tmp_path / "m.jsonl"
+    r = run(ddpworker, conf, f"train.best_file={tmp_path / 'best.safetensors'}",
+            f"train.metrics_file={metrics}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    final = [json.loads(line) for line in metrics.read_text().splitlines()][-1]
+    assert final["event"] == "final" and final["split"] == "val" and final["weights"] == "best"
+    assert final["chosen_on"] == "val" and final["split_chose_weights"] is True, final
+    assert "the final evaluation is on val, the split that also chose these weights" in r.stdout
+    out = tmp_path / "c.csv"
+    p = subprocess.run([ddprun, "plot", str(metrics), "--csv", str(out)], capture_output=True,
+                       text=True, timeout=120, env=clean_env())
+    assert p.returncode == 0, p.stderr
+    series = {row["series"] for row in csv.DictReader(open(out))}
+    assert {"final_val_loss", "final_val_top1"} <= series, series
+    assert not any("test" in s for s in series), series

@@ -76,7 +76,7 @@ def test_csv_has_every_series_of_every_run(ddprun, metrics, tmp_path):
     rows = list(csv.DictReader(open(out)))
     series = {(row["run"], row["series"]) for row in rows}
     for run in ("real run", "hand"):
-        for s in ("train_loss", "val_loss", "val_top1", "test_loss", "test_top1"):
+        for s in ("train_loss", "val_loss", "val_top1", "final_test_loss", "final_test_top1"):
             assert (run, s) in series, f"{run} lacks {s}: {sorted(series)}"
     # the real run's figures are its file's
     events = [json.loads(line) for line in open(real)]
