@@ -149,6 +149,7 @@ def load_run(path, label):
         x = fractional_epoch(e.get("epoch"), step, ends, seen)
         if kind in RESTART_EVENTS and (kind != "start" or e.get("resumed")):
             run.restarts.append((x, rel, step))
+            last_step = None  # the steps it replays are this restart's, not another one
         elif kind == "train":
             if isinstance(step, int) and last_step is not None and step <= last_step:
                 run.restarts.append((x, rel, step))  # resumed from an earlier snapshot
