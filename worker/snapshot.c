@@ -431,7 +431,8 @@ int snapshot_inspect(const char *path, FILE *out) {
             when);
     fprintf(out, "step:        %" PRIu64 " (next to run)\nepoch:       %" PRIu64
             "\ncursor:      %" PRIu64 " of %" PRIu64 " samples\nseed:        %" PRIu64
-            "\nworld size:  %u\n", h->step, h->epoch, h->cursor, h->train_samples, h->seed,
+            "\nworld size:  %u\n", h->step, h->epoch + 1 /* from 1, as the logs and metrics */, h->cursor,
+            h->train_samples, h->seed,
             h->world_size);
     fprintf(out, "model:       %.32s width %u, input %ux%ux%u, %u classes, %" PRIu64
             " parameters, %" PRIu64 " buffer values\n", h->model, h->width, h->height, h->img_width,

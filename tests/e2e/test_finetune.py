@@ -109,6 +109,9 @@ def test_a_finished_run_is_not_trained_again_unless_asked_for_more(ddprun, ddpwo
     assert r.returncode == 0, r.stderr
     latest, fields = inspect(ddpworker, snap)
     assert fields["step"].startswith("16 ") and fields["finished"].startswith("yes"), fields
+    # one epoch numbering: inspect, the progress lines, the final event (and below the messages)
+    final = json.loads(metrics.read_text().splitlines()[-1])
+    assert fields["epoch"] == "1" and final["epoch"] == 1 and "epoch 1  step 16" in r.stdout, fields
     before = metrics.read_bytes()
     # the same command again: nothing trained, nothing appended, no snapshot written
     r = run(ddpworker, conf, *common)
@@ -131,8 +134,10 @@ def test_a_finished_run_is_not_trained_again_unless_asked_for_more(ddprun, ddpwo
     steps = [e["step"] for e in events if e["event"] == "train"]
     assert steps[-8:] == [18, 20, 22, 24, 26, 28, 30, 32], steps
     assert events[-1]["event"] == "final" and events[-1]["step"] == 32, events[-1]
+    assert "resuming from" in r.stdout and "step 16, epoch 1, 512 samples into it" in r.stdout
     _, fields = inspect(ddpworker, snap)
     assert fields["step"].startswith("32 ") and fields["finished"].startswith("yes"), fields
+    assert fields["epoch"] == "2" and events[-1]["epoch"] == 2 and "epoch 2  step 32" in r.stdout
 
 
 FOLDER_CONF = """[model]
