@@ -4,13 +4,16 @@
 
 One chart of four panels (loss and top-1, against time and against epoch), one colour per run, so
 runs on 1, 2, 4 and 8 nodes compare at a glance: training figures as solid lines, validation as
-dashed lines with points, the final test result as a star, restarts as dotted vertical lines.
---csv writes the same series as rows (run, series, epoch, time_s, step, value); it needs no
-matplotlib, the pictures need Debian's python3-matplotlib.
+dashed lines with points, the final evaluation as a star named by its split ("final on test", or
+"final on val" where a run had no test split; the legend says when that split also chose the
+weights by train.best_by),
+restarts as dotted vertical lines. --csv writes the same series as rows (run, series, epoch,
+time_s, step, value; the final evaluation's series are final_<split>_loss and final_<split>_top1);
+it needs no matplotlib, the pictures need Debian's python3-matplotlib.
 
 Events read (worker/trainer.c): "train" (step, epoch, loss, top1 if present), "eval" (validation:
 loss, top1), "epoch" (val_loss, val_top1; used when a file has no "eval" events), "final" (the
-test), and "start"/"resume"/"restart" if present. Each may carry a UTC "time"; files without it
+evaluation, with its split), and "start"/"resume"/"restart" if present. Each may carry a UTC "time"; files without it
 still plot against epoch. A restart shows as an explicit event or as a step that does not advance
 (a resumed run appends to the same file from its snapshot's step). Null numbers (NaN) are gaps.
 Lines that are not JSON objects are skipped with a warning naming the file and line.
@@ -56,13 +59,18 @@ class Run:
 
     def __init__(self, path, label):
         self.path, self.label = path, label
-        self.series = {k: [] for k in ("train_loss", "train_top1", "val_loss", "val_top1",
-                                       "test_loss", "test_top1")}
+        self.series = {k: [] for k in ("train_loss", "train_top1", "val_loss", "val_top1")}
         self.restarts = []  # (epoch, time_s, step)
         self.has_time = False
+        # the final evaluation's split ("test", or "val" without a test split) and whether that
+        # split also chose the weights (train.best_by on it)
+        self.final_split, self.final_chose_weights = None, False
 
     def points(self, name):
-        return self.series[name]
+        return self.series.get(name, [])
+
+    def final_points(self, metric):
+        return self.points(f"final_{self.final_split}_{metric}") if self.final_split else []
 
 
 def read_events(path):
@@ -141,6 +149,7 @@ def load_run(path, label):
         x = fractional_epoch(e.get("epoch"), step, ends, seen)
         if kind in RESTART_EVENTS and (kind != "start" or e.get("resumed")):
             run.restarts.append((x, rel, step))
+            last_step = None  # the steps it replays are this restart's, not another one
         elif kind == "train":
             if isinstance(step, int) and last_step is not None and step <= last_step:
                 run.restarts.append((x, rel, step))  # resumed from an earlier snapshot
@@ -154,8 +163,12 @@ def load_run(path, label):
             run.series["val_loss"].append((x, rel, step, number(e.get(prefix + "loss"))))
             run.series["val_top1"].append((x, rel, step, number(e.get(prefix + "top1"))))
         elif kind == "final":
-            run.series["test_loss"].append((x, rel, step, number(e.get("loss"))))
-            run.series["test_top1"].append((x, rel, step, number(e.get("top1"))))
+            split = e.get("split") if isinstance(e.get("split"), str) else "test"
+            run.final_split = split
+            run.final_chose_weights = e.get("split_chose_weights") is True
+            for metric in ("loss", "top1"):
+                run.series.setdefault(f"final_{split}_{metric}", []).append(
+                    (x, rel, step, number(e.get(metric))))
     if not events:
         warn(f"{path}: no metrics events")
     elif not run.has_time:
@@ -236,9 +249,10 @@ def plot(runs, path, title):
                 if val:
                     ax.plot([p[k] / div for p in val], [p[3] for p in val], color=c, ls="--",
                             marker="o", ms=3, lw=1.2, label=f"{run.label} validation")
-                for p in run.points(f"test_{metric}"):
+                chose = " (also chose the weights)" if run.final_chose_weights else ""
+                for p in run.final_points(metric):
                     ax.plot([p[k] / div], [p[3]], color=c, marker="*", ms=11, ls="none",
-                            label=f"{run.label} test")
+                            label=f"{run.label} final on {run.final_split}{chose}")
                 for n, r in enumerate(run.restarts):
                     if not math.isnan(r[k]):
                         ax.axvline(r[k] / div, color=c, ls=":", lw=1,

@@ -357,7 +357,7 @@ def test_a_lost_node_scales_the_job_down_and_it_resumes_with_fewer_ranks(ddprun,
     _, step, world = final_state(ddpworker, snap)
     assert world == 2
     rc, f = inspect(ddpworker, snap / (snap / "latest").read_text().strip())
-    assert int(f["epoch"]) == 1 and f["cursor"].startswith("4096 of 4096"), f
+    assert int(f["epoch"]) == 2 and f["cursor"].startswith("4096 of 4096"), f
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

@@ -76,7 +76,7 @@ def test_csv_has_every_series_of_every_run(ddprun, metrics, tmp_path):
     rows = list(csv.DictReader(open(out)))
     series = {(row["run"], row["series"]) for row in rows}
     for run in ("real run", "hand"):
-        for s in ("train_loss", "val_loss", "val_top1", "test_loss", "test_top1"):
+        for s in ("train_loss", "val_loss", "val_top1", "final_test_loss", "final_test_top1"):
             assert (run, s) in series, f"{run} lacks {s}: {sorted(series)}"
     # the real run's figures are its file's
     events = [json.loads(line) for line in open(real)]
@@ -103,6 +103,25 @@ def test_csv_has_every_series_of_every_run(ddprun, metrics, tmp_path):
     restarts = [(row["epoch"], row["time_s"], row["step"]) for row in hand_rows
                 if row["series"] == "restart"]
     assert restarts == [("1.5", "70.0", "15")], restarts
+
+
+def test_one_restart_is_one_restart_line(ddprun, tmp_path):
+    """A resumed start event followed by the steps it replays is one restart, not two."""
+    lines = [{"event": "start", "time": at(0), "step": 0, "epoch": 1, "resumed": False},
+             {"event": "train", "time": at(5), "step": 5, "epoch": 1, "loss": 2.0},
+             {"event": "train", "time": at(10), "step": 10, "epoch": 1, "loss": 1.5},
+             # killed after step 10; resumed from the snapshot of step 5: step 10 again
+             {"event": "start", "time": at(20), "step": 5, "epoch": 1, "resumed": True,
+              "restart_count": 1},
+             {"event": "train", "time": at(25), "step": 10, "epoch": 1, "loss": 1.5},
+             {"event": "train", "time": at(30), "step": 15, "epoch": 1, "loss": 1.0}]
+    f = tmp_path / "restarted.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    r = plot(ddprun, f, "--csv", tmp_path / "c.csv")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    restarts = [(row["time_s"], row["step"]) for row in rows if row["series"] == "restart"]
+    assert restarts == [("20.0", "5")], restarts
 
 
 def test_a_file_without_time_plots_against_epoch_only(ddprun, tmp_path):
