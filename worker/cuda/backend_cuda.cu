@@ -37,6 +37,10 @@ static backend_memory_i make_mem(void) {
     m.is_device = gpu_is_device;
     m.mark_arenas = gpu_mark_arenas;
     m.prepare_forward = gpu_prepare_forward;
+    m.graph_begin = gpu_graph_begin;
+    m.graph_end = gpu_graph_end;
+    m.graph_run = gpu_graph_run;
+    m.graph_free = gpu_graph_free;
     m.reserve_workspace = gpu_reserve_workspace;
     m.to_device = gpu_to_device;
     m.to_host = gpu_to_host;
@@ -137,6 +141,8 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     }
     g->bn_partials_len = BN_PARTIALS_FLOATS / 2;
     CHECK_CUDA(cudaDeviceGetAttribute(&g->sm_count, cudaDevAttrMultiProcessorCount, device));
+    const char *graphs = getenv("DDP_CUDA_GRAPHS");
+    g->is_graphs = graphs && strcmp(graphs, "1") == 0;
     const char *profile = getenv("DDP_CUDA_PROFILE");
     if (profile && (sscanf(profile, "%ld,%ld", &g->profile_first, &g->profile_count) != 2 ||
                     g->profile_first < 1 || g->profile_count < 1)) {

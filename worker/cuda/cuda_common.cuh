@@ -93,6 +93,11 @@ typedef struct {
      * passes FIRST .. FIRST+COUNT-1 (1-based, from the forward's start to the next one's): the
      * warm-up and cuDNN's timed algorithm search stay outside it. 0: off. */
     long profile_first, profile_count, forwards;
+    /* DDP_CUDA_GRAPHS=1: graph_begin records (off while profiling: the capture range is counted
+     * in forwards that a recording would skip). scratch_generation counts the replacements of
+     * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale. */
+    bool is_graphs, is_recording;
+    uint64_t scratch_generation;
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)
@@ -185,6 +190,10 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes);
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes);
 int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts);
 void gpu_prepare_forward(backend_t *b);
+int gpu_graph_begin(backend_t *b);
+void *gpu_graph_end(backend_t *b);
+int gpu_graph_run(backend_t *b, void *graph);
+void gpu_graph_free(backend_t *b, void *graph);
 /* cuda_elementwise.cu */
 void gpu_fill(backend_t *b, float *x, float v, size_t n);
 void gpu_scale(backend_t *b, float *x, float f, size_t n);

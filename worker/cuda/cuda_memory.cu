@@ -38,6 +38,7 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     g->workspace_bytes = 0;
     if (cudaMalloc(&g->workspace, n_bytes) != cudaSuccess) return -12; /* -ENOMEM */
     g->workspace_bytes = n_bytes;
+    g->scratch_generation++;
     return 0;
 }
 
@@ -52,6 +53,7 @@ float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
         *have = 0;
         CHECK_CUDA(cudaMalloc(buf, n_bytes));
         *have = n_bytes;
+        g->scratch_generation++;
     }
     return *buf;
 }
@@ -120,3 +122,54 @@ void gpu_prepare_forward(backend_t *b) {
         WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), g->n_params, g->params, LOW(g->shadow), g->n_params));
 }
 
+
+/* ---- recordings (CUDA graphs of the backend's stream; backend.h's graph_*) ---- */
+
+typedef struct {
+    cudaGraphExec_t exec;
+    uint64_t generation; /* g->scratch_generation when recorded */
+} recording_t;
+
+int gpu_graph_begin(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->is_graphs || g->profile_first > 0 || g->is_recording) return -1;
+    /* thread-local: the collective's thread may use CUDA meanwhile without spoiling this */
+    CHECK_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+    g->is_recording = true;
+    return 0;
+}
+
+void *gpu_graph_end(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    g->is_recording = false;
+    cudaGraph_t graph = NULL;
+    cudaError_t rc = cudaStreamEndCapture(g->stream, &graph);
+    recording_t *r = (recording_t *)calloc(1, sizeof *r);
+    if (rc == cudaSuccess && r) rc = cudaGraphInstantiate(&r->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (rc != cudaSuccess || !r) {
+        fprintf(stderr, "ddpworker: %s:%d: recording a CUDA graph: %s; running without graphs\n", __FILE__,
+                __LINE__, r ? cudaGetErrorString(rc) : "out of memory");
+        cudaGetLastError();
+        free(r);
+        g->is_graphs = false;
+        return NULL;
+    }
+    r->generation = g->scratch_generation;
+    return r;
+}
+
+int gpu_graph_run(backend_t *b, void *graph) {
+    gpu_t *g = gpu_of(b);
+    recording_t *r = (recording_t *)graph;
+    if (r->generation != g->scratch_generation) return -1;
+    CHECK_CUDA(cudaGraphLaunch(r->exec, g->stream));
+    return 0;
+}
+
+void gpu_graph_free(backend_t *b, void *graph) {
+    recording_t *r = (recording_t *)graph;
+    CHECK_CUDA(cudaStreamSynchronize(gpu_of(b)->stream));
+    CHECK_CUDA(cudaGraphExecDestroy(r->exec));
+    free(r);
+}

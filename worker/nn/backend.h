@@ -75,6 +75,19 @@ typedef struct {
     bool (*is_device)(backend_t *b, const void *p);
     /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM. */
     int (*reserve_workspace)(backend_t *b, size_t n_bytes);
+    /* Optional (NULL: none; cuda: only with DDP_CUDA_GRAPHS=1): recordings of queued ops, run
+     * again as a whole with the pointers and scalars they were recorded with (CUDA graphs).
+     * graph_begin: from now on ops are recorded instead of run; 0, or -1 when the backend does not
+     * record now (nothing changed). graph_end: stops recording; returns the recording, or NULL
+     * when it could not be made (none of the recorded ops ran: the caller runs them itself).
+     * graph_run queues a recording: 0, or -1 when it is stale (scratch it used was replaced by a
+     * bigger one since: nothing ran; free it, run the ops, record again). graph_free releases
+     * one. An op that cannot be recorded ends the worker naming the call, as any failed call
+     * does. */
+    int (*graph_begin)(backend_t *b);
+    void *(*graph_end)(backend_t *b);
+    int (*graph_run)(backend_t *b, void *graph);
+    void (*graph_free)(backend_t *b, void *graph);
     void (*to_device)(backend_t *b, void *dst, const void *src, size_t n_bytes);
     /* Waits for every queued op, then copies. */
     void (*to_host)(backend_t *b, void *dst, const void *src, size_t n_bytes);

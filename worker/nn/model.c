@@ -107,6 +107,8 @@ int model_init_opts(model_t *m, backend_t *bk, const model_opts_t *opts, int h, 
         model_free(m);
         return -1;
     }
+    for (int i = 0; i < m->n_layers; i++)
+        m->has_dropout |= m->layers[i].kind == LAYER_DROPOUT && m->layers[i].dropout_p > 0.0f;
     m->params = bk->mem->alloc(bk, m->n_params * sizeof(float));
     m->grads = bk->mem->alloc(bk, m->n_params * sizeof(float));
     m->momentum = bk->mem->alloc(bk, m->n_params * sizeof(float));
@@ -152,6 +154,8 @@ int model_init_params(model_t *m, uint64_t seed) {
 void model_free(model_t *m) {
     if (m->backend) {
         backend_t *bk = m->backend;
+        for (int i = 0; i < m->n_graphs; i++)
+            if (m->graphs[i].graph) bk->mem->graph_free(bk, m->graphs[i].graph);
         void *mem[] = {m->params, m->grads, m->momentum, m->buffers, m->acts,
                        m->dacts, m->scratch, m->labels, m->loss_sum};
         for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
@@ -218,7 +222,87 @@ static void bn_act_backward(model_t *m, const layer_t *bn, int x_t, int res_t, u
     bk->ops->bn_act_backward(bk, rows, c, x, p, save, save + c, y, dy, flags, dx, dres, dp, dp + c);
 }
 
+/* ---- recordings: see model.h ---- */
+
+enum { MODEL_GRAPH_FORWARD, MODEL_GRAPH_LOSS, MODEL_GRAPH_BACKWARD };
+
+/* The arguments of one forward, loss or backward (those a recording holds). */
+typedef struct {
+    int n;
+    bool is_training;
+    float smoothing, grad_scale;
+    const loss_scale_t *ls;
+} step_args_t;
+
+/* Runs eager(m, a) as the backend's recording of it when the backend records: the first call with
+ * these arguments runs the ops (the backend searches algorithms and grows its buffers then), the
+ * second records them and runs the recording, the later ones run it. Eager when the backend does
+ * not record, the model has dropout, or every slot is taken. */
+static void run_recorded(model_t *m, int kind, const step_args_t *a,
+                         void (*eager)(model_t *m, const step_args_t *a)) {
+    backend_t *bk = m->backend;
+    if (!bk->mem->graph_begin || m->has_dropout) {
+        eager(m, a);
+        return;
+    }
+    model_graph_t *g = NULL;
+    for (int i = 0; i < m->n_graphs && !g; i++) {
+        model_graph_t *k = &m->graphs[i];
+        if (k->kind == kind && k->n == a->n && k->is_training == a->is_training &&
+            k->smoothing == a->smoothing && k->grad_scale == a->grad_scale && k->ls == a->ls)
+            g = k;
+    }
+    if (!g && m->n_graphs < MODEL_GRAPHS) {
+        g = &m->graphs[m->n_graphs++];
+        *g = (model_graph_t){.kind = kind, .n = a->n, .is_training = a->is_training,
+                             .smoothing = a->smoothing, .grad_scale = a->grad_scale, .ls = a->ls};
+    }
+    if (g && g->graph) {
+        if (bk->mem->graph_run(bk, g->graph) == 0) return;
+        bk->mem->graph_free(bk, g->graph); /* stale: run the ops now, record them next time */
+        g->graph = NULL;
+        g->calls = 0;
+    }
+    if (!g || g->calls++ == 0 || bk->mem->graph_begin(bk) < 0) {
+        eager(m, a);
+        return;
+    }
+    eager(m, a); /* recorded, not run */
+    g->graph = bk->mem->graph_end(bk);
+    if (!g->graph || bk->mem->graph_run(bk, g->graph) < 0) eager(m, a);
+}
+
+static void forward_eager(model_t *m, const step_args_t *a);
+static void loss_eager(model_t *m, const step_args_t *a);
+static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_cb cb, void *arg);
+static void backward_recordable(model_t *m, const step_args_t *a) { backward_eager(m, a, NULL, NULL); }
+
 void model_forward(model_t *m, int n, bool is_training) {
+    step_args_t a = {.n = n, .is_training = is_training};
+    run_recorded(m, MODEL_GRAPH_FORWARD, &a, forward_eager);
+}
+
+void model_loss(model_t *m, int n, float label_smoothing, float grad_scale, const loss_scale_t *ls) {
+    step_args_t a = {.n = n, .smoothing = label_smoothing, .grad_scale = grad_scale, .ls = ls};
+    run_recorded(m, MODEL_GRAPH_LOSS, &a, loss_eager);
+}
+
+void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
+    step_args_t a = {.n = n};
+    if (!m->backend->mem->graph_begin || m->has_dropout) {
+        backward_eager(m, &a, cb, arg); /* buckets leave as backward completes them */
+        return;
+    }
+    run_recorded(m, MODEL_GRAPH_BACKWARD, &a, backward_recordable);
+    /* recorded or not, every gradient is final (in queue order) once it has run: the buckets in
+     * the order backward completes them */
+    for (int i = m->n_layers - 1; cb && i >= 0; i--)
+        if (m->layers[i].n_params) cb(arg, m->layers[i].param_offset);
+}
+
+static void forward_eager(model_t *m, const step_args_t *a) {
+    int n = a->n;
+    bool is_training = a->is_training;
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
     if (bk->mem->prepare_forward) bk->mem->prepare_forward(bk);
@@ -272,14 +356,15 @@ void model_forward(model_t *m, int n, bool is_training) {
     }
 }
 
-void model_loss(model_t *m, int n, float label_smoothing, float grad_scale, const loss_scale_t *ls) {
+static void loss_eager(model_t *m, const step_args_t *a) {
     int last = m->n_tensors - 1;
-    m->backend->ops->softmax_xent(m->backend, n, m->classes, model_logits(m), m->labels,
-                                  label_smoothing, grad_scale, ls, m->dacts + m->tensors[last].offset,
-                                  m->loss_sum);
+    m->backend->ops->softmax_xent(m->backend, a->n, m->classes, model_logits(m), m->labels,
+                                  a->smoothing, a->grad_scale, a->ls,
+                                  m->dacts + m->tensors[last].offset, m->loss_sum);
 }
 
-void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
+static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_cb cb, void *arg) {
+    int n = a->n;
     backend_t *bk = m->backend;
     const backend_i *o = bk->ops;
     o->fill(bk, m->grads, 0.0f, m->n_params);

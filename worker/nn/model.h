@@ -94,6 +94,19 @@ typedef struct {
     bool is_zero_init_residual;
 } model_opts_t;
 
+/* A recorded forward, loss or backward (backend graph_*), for one set of arguments. */
+typedef struct {
+    int kind;      /* MODEL_GRAPH_* (model.c) */
+    int n;
+    bool is_training;
+    float smoothing, grad_scale;
+    const loss_scale_t *ls;
+    int calls;     /* the first call runs the ops, the second records them */
+    void *graph;   /* NULL until recorded */
+} model_graph_t;
+
+#define MODEL_GRAPHS 8
+
 typedef struct {
     backend_t *backend;
     char name[32];
@@ -113,6 +126,12 @@ typedef struct {
     uint64_t dropout_seed;
     int64_t dropout_step;
     int dropout_rank;
+    /* Recordings (backends with graph_*: cuda with DDP_CUDA_GRAPHS=1): forward, loss and backward
+     * each run as one recording per set of arguments from their second call on; not for models
+     * with dropout (its masks change every step). */
+    model_graph_t graphs[MODEL_GRAPHS];
+    int n_graphs;
+    bool has_dropout;
 } model_t;
 
 /* Called during backward each time the gradients of params[ready_from, n_params) are final. */
