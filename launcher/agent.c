@@ -109,6 +109,8 @@ typedef struct {
         uv_timer_t timer;
         bool is_timer_open;
         uint64_t ok_ms; /* last heartbeat the store took */
+        bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
+        bool is_job_lease_only; /* ... as the job in flight was queued */
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
@@ -429,6 +431,10 @@ static void hb_work_cb(uv_work_t *req) {
         }
     }
     const rdzv_result_t *round = &a->beat.job.round;
+    if (a->beat.is_job_lease_only) { /* joining: nothing to judge */
+        a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+        return;
+    }
     if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
     else if (round->is_member)
         a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
@@ -446,6 +452,10 @@ static void hb_after_cb(uv_work_t *req, int status) {
     if (a->sm.state == AGENT_SM_DONE) {
         rdzv_kv_destroy(a->hb);
         a->hb = NULL;
+        return;
+    }
+    if (b->is_job_lease_only) {
+        if (b->job.rc == DDP_ELEASE) LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
         return;
     }
     if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */
@@ -492,8 +502,31 @@ static void on_hb_timer(uv_timer_t *t) {
     if (a->beat.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
     a->beat.job.is_busy = true;
     a->beat.job.round = a->sm.round;
+    a->beat.is_job_lease_only = a->beat.is_lease_only;
     a->beat.job.req.data = a;
     uv_queue_work(a->loop, &a->beat.job.req, hb_work_cb, hb_after_cb);
+}
+
+/* How often to beat: keep_alive_interval, on etcd at least three times per lease. */
+static uint64_t beat_every_ms(const agent_t *a) {
+    double every_s = a->opts->keep_alive_interval_s;
+    if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
+    uint64_t every = (uint64_t)(every_s * 1000);
+    return every ? every : 1;
+}
+
+/* etcd between rounds: the lease must outlive a join that takes long (hundreds of agents
+ * contending for the round's counter), else this agent's alive key vanishes while it joins and
+ * the round it joined sees it lost. */
+static void keep_lease_alive(agent_t *a) {
+    struct beat_job *b = &a->beat;
+    if (!b->is_timer_open) {
+        uv_timer_init(a->loop, &b->timer);
+        b->timer.data = a;
+        b->is_timer_open = true;
+    }
+    b->is_lease_only = true;
+    uv_timer_start(&b->timer, on_hb_timer, beat_every_ms(a), beat_every_ms(a));
 }
 
 /* ---- etcd: a member whose lease expired ends the round ------------------------------------- */
@@ -569,10 +602,8 @@ static void start_heartbeats(agent_t *a) {
         b->timer.data = a;
         b->is_timer_open = true;
     }
-    double every_s = a->opts->keep_alive_interval_s;
-    if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
-    uint64_t every = (uint64_t)(every_s * 1000);
-    uv_timer_start(&b->timer, on_hb_timer, 0, every ? every : 1);
+    b->is_lease_only = false;
+    uv_timer_start(&b->timer, on_hb_timer, 0, beat_every_ms(a));
     if (a->is_etcd && a->sm.round.is_member) start_liveness(a);
 }
 
@@ -683,7 +714,8 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         return;
     case AGENT_ACT_START_HEARTBEATS: start_heartbeats(a); return;
     case AGENT_ACT_STOP_HEARTBEATS:
-        if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
+        if (a->is_etcd) keep_lease_alive(a);
+        else if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
         a->liveness.is_wanted = false;
         if (a->liveness.job.is_busy && a->alive) a->alive->ops->interrupt(a->alive);
         return;

@@ -403,7 +403,25 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
     snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
     int64_t mine;
     TRY(c->ops->add(c, k, 1, &mine));
-    return read_member_keys(r, c, round, "hb", false, counters);
+    int n = round->group_world_size;
+    for (int i = 0; i < n; i++) counters[i] = LIVENESS_ALIVE;
+    if (n < 2) return 0;
+    /* Only the next member's counter: in a ring where some member lives and some died, some
+     * living member's next one is dead, so this finds any loss, at 2 operations per member and
+     * beat instead of reading N counters each (N^2 for the store at every beat). */
+    int next = (round->group_rank + 1) % n;
+    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, next);
+    const char *keys[] = {k};
+    uint8_t *v = NULL;
+    size_t len = 0;
+    TRY(c->ops->multi_get(c, keys, 1, &v, &len));
+    char text[32];
+    size_t m = len < sizeof text - 1 ? len : sizeof text - 1;
+    memcpy(text, v, m);
+    text[m] = '\0';
+    free(v);
+    counters[next] = m ? strtoll(text, NULL, 10) : 0;
+    return 0;
 }
 
 int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *marks) {
