@@ -65,9 +65,17 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
 }
 
 void trainer__check_comm(trainer_t *t, int rc, const char *what) {
-    if (rc < 0)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
-                    t->comm->err[0] ? comm_error(t->comm) : "collective error");
+    if (rc >= 0) return;
+    const char *why = t->comm->err[0] ? comm_error(t->comm) : "collective error";
+    /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
+     * not that this rank's question (a stop signal, the loss) failed */
+    if (rc == DDP_ECLOSED)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "a peer is gone (it exited, was killed, or its node "
+                    "failed): %s; noticed at: %s", why, what);
+    if (rc == DDP_ETIMEOUT)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "a peer stopped answering (hung, stopped, or its node "
+                    "is unreachable): %s; noticed at: %s", why, what);
+    trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what, why);
 }
 
 /* A resumed run appends: its metrics continue the interrupted run's. */

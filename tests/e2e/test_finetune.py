@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import textwrap
 
 import pytest
 
@@ -184,3 +185,41 @@ def test_without_a_test_split_the_final_evaluation_is_labelled_val(ddprun, ddpwo
     series = {row["series"] for row in csv.DictReader(open(out))}
     assert {"final_val_loss", "final_val_top1"} <= series, series
     assert not any("test" in s for s in series), series
+
+
+def man_blocks(page, key):
+    """The .nf/.fi examples of the paragraph of key in a man page, as plain text."""
+    text = open(os.path.join(ROOT, "docs", page)).read()
+    para = text.split(f".B {key}\n", 1)[1].split("\n.TP\n", 1)[0]
+    return [textwrap.dedent(b.replace("\\-", "-"))
+            for b in re.findall(r"^\.nf\n(.*?)^\.fi\n", para, re.S | re.M)]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_the_documented_numpy_only_vgg19_bn_file_loads(ddpworker, tmp_path):
+    """train.conf(5)'s model.init recipe as a user runs it, with Debian's torch 1.13 and
+    torchvision 0.14 and no safetensors package: a VGG-19-BN of model.width 16 and fc_width 512
+    built from torchvision's parts, saved with numpy alone, loads into ddpworker strictly."""
+    torch_python = "/usr/bin/python3"
+    if subprocess.run([torch_python, "-c", "import torchvision"], capture_output=True).returncode:
+        pytest.skip("/usr/bin/python3 has no torchvision")
+    blocks = man_blocks("train.conf.5", "model.init")
+    assert len(blocks) == 3, blocks
+    save, build = blocks[1], blocks[2]
+    assert 'weights="DEFAULT"' in save and "numpy()" in save
+    # no network here: the model the third example builds stands for the pretrained one
+    script = "import torch\n" + build + "\n" + "\n".join(
+        "state = model.state_dict()" if line.startswith("state = ") else line
+        for line in save.splitlines())
+    r = subprocess.run([torch_python, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    conf = tmp_path / "vgg.conf"
+    conf.write_text(VGG)
+    r = run(ddpworker, conf, "model.name=vgg19_bn", "model.width=16", "model.fc_width=512",
+            "data.height=224", "data.width=224", "data.classes=20", "data.test_limit=2",
+            "train.batch_size=2", "train.max_steps=0", f"model.init={tmp_path / 'vgg19_bn.safetensors'}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "loaded 118 of the model's 118 tensors\n" in r.stderr, r.stderr

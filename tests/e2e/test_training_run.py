@@ -109,7 +109,7 @@ def test_max_steps_zero_only_evaluates_the_initial_weights(ddpworker, tmp_path):
 
 def test_the_best_weights_are_kept_across_a_restart_and_tested_at_the_end(ddpworker, tmp_path):
     conf = conf_file(tmp_path)
-    snap, best, metrics = tmp_path / "snap", tmp_path / "best.bin", tmp_path / "m.jsonl"
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.safetensors", tmp_path / "m.jsonl"
     common = ["data.val_split=0.25", "train.best_by=val_loss", f"train.best_file={best}",
               "train.eval_interval=3", f"snapshot.dir={snap}", "snapshot.every=3",
               f"train.metrics_file={metrics}"]
@@ -318,7 +318,7 @@ def test_a_best_written_after_the_last_snapshot_survives_a_kill_9(ddprun, ddpwor
 
 def test_a_lost_best_file_is_reported_and_the_best_starts_afresh(ddpworker, tmp_path):
     conf = conf_file(tmp_path)
-    snap, best, metrics = tmp_path / "snap", tmp_path / "best.bin", tmp_path / "m.jsonl"
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.safetensors", tmp_path / "m.jsonl"
     common = ["data.val_split=0.25", "train.best_by=val_top1", f"train.best_file={best}",
               "train.eval_interval=3", f"snapshot.dir={snap}", f"train.metrics_file={metrics}"]
     worker(ddpworker, conf, *common, "train.max_steps=9")
