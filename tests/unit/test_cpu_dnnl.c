@@ -79,3 +79,25 @@ Test(cpu_dnnl, imagenet_stem_7x7_stride_2) { check(shape(2, 16, 16, 3, 8, 7, 2, 
 Test(cpu_dnnl, pointwise_projection_stride_2) { check(shape(3, 8, 8, 16, 32, 1, 2, 0), true); }
 Test(cpu_dnnl, stride_that_does_not_divide) { check(shape(2, 6, 5, 4, 4, 3, 2, 0), true); }
 Test(cpu_dnnl, first_layer_without_dx) { check(shape(2, 8, 8, 3, 16, 3, 1, 1), false); }
+Test(cpu_dnnl, resnet50_imagenet_stem_64x64) { check(shape(8, 64, 64, 3, 4, 7, 2, 3), false); }
+
+/* every convolution of a ResNet-50 of width 4 on 64x64 images, batch 8 (the interop test's case) */
+Test(cpu_dnnl, resnet50_width_4_shapes) {
+    const conv_shape_t shapes[] = {
+        shape(8, 16, 16, 4, 4, 1, 1, 0),   shape(8, 16, 16, 4, 4, 3, 1, 1),
+        shape(8, 16, 16, 4, 16, 1, 1, 0),  shape(8, 16, 16, 16, 4, 1, 1, 0),
+        shape(8, 16, 16, 16, 8, 1, 1, 0),  shape(8, 16, 16, 8, 8, 3, 2, 1),
+        shape(8, 8, 8, 8, 32, 1, 1, 0),    shape(8, 16, 16, 16, 32, 1, 2, 0),
+        shape(8, 8, 8, 32, 8, 1, 1, 0),    shape(8, 8, 8, 8, 8, 3, 1, 1),
+        shape(8, 8, 8, 32, 16, 1, 1, 0),   shape(8, 8, 8, 16, 16, 3, 2, 1),
+        shape(8, 4, 4, 16, 64, 1, 1, 0),   shape(8, 8, 8, 32, 64, 1, 2, 0),
+        shape(8, 4, 4, 64, 16, 1, 1, 0),   shape(8, 4, 4, 16, 16, 3, 1, 1),
+        shape(8, 4, 4, 64, 32, 1, 1, 0),   shape(8, 4, 4, 32, 32, 3, 2, 1),
+        shape(8, 2, 2, 32, 128, 1, 1, 0),  shape(8, 4, 4, 64, 128, 1, 2, 0),
+        shape(8, 2, 2, 128, 32, 1, 1, 0),  shape(8, 2, 2, 32, 32, 3, 1, 1),
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        cr_log_info("shape %zu", i);
+        check(shapes[i], true);
+    }
+}
