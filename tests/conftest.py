@@ -8,6 +8,7 @@ build-py/. The build tree (ddpworker, the test tools) is $DDP_BUILD_DIR when set
 binary came from.
 """
 import os
+import re
 import resource
 import shutil
 import signal
@@ -33,7 +34,12 @@ SECRET_ENV = ("DDPRUN_STORE_SECRET", "DDPRUN_STORE_SECRET_FILE")
 #  - its captured output (the processes that inherited pytest's stdout and stderr),
 #  - any file under its tmp_path (logs the test wrote there, --log-dir), or under the TMPDIR it
 #    gave its processes (ddprun's run directory of a run that failed: its per-rank logs).
-SANITIZER_MARKS = (b"AddressSanitizer", b"LeakSanitizer", b"runtime error:")
+# A report's own lines, not the words in a source file or a comment (a test may copy the tree,
+# this file included, so the pattern is built from pieces): "==PID==ERROR: AddressSanitizer: ..."
+# or LeakSanitizer, and UBSan's "file:LINE:COL" or "(binary+0xOFFSET)" followed by its phrase.
+_UBSAN_PHRASE = b"runtime" + b" error: "
+SANITIZER_REPORT = re.compile(rb"==\d+==ERROR: (?:AddressSanitizer|LeakSanitizer)|(?:\d|\)): " +
+                              _UBSAN_PHRASE)
 # files never worth reading for a report: data, snapshots, weights, archives
 _SCAN_SKIP_SUFFIXES = (".ddps", ".safetensors", ".jpg", ".jpeg", ".png", ".gz", ".bin", ".params",
                        ".deb", ".tar", ".so", ".o", ".a", ".npy", ".pt", ".corrupt")
@@ -45,7 +51,7 @@ def sanitizer_reports_in(text):
     if isinstance(text, str):
         text = text.encode(errors="replace")
     return [line.decode(errors="replace") for line in text.splitlines()
-            if any(m in line for m in SANITIZER_MARKS)]
+            if SANITIZER_REPORT.search(line)]
 
 
 def sanitizer_reports_under(root):
@@ -124,11 +130,16 @@ def env_build_dir():
 
 def find_ddprun():
     env = os.environ.get("DDPRUN_BIN")
+    build = env_build_dir()
     if env:
         if not os.access(env, os.X_OK):
             pytest.exit(f"DDPRUN_BIN={env} is not an executable", returncode=2)
+        if build and (os.path.realpath(os.path.dirname(os.path.dirname(env))) !=
+                      os.path.realpath(build)):
+            # the launcher of one build and the worker and tools of another: a mix nobody built
+            pytest.exit(f"DDPRUN_BIN={env} is not the ddprun of DDP_BUILD_DIR="
+                        f"{os.environ['DDP_BUILD_DIR']}: set one of them", returncode=2)
         return env
-    build = env_build_dir()
     if build:
         path = os.path.join(build, "launcher", "ddprun")
         if not os.access(path, os.X_OK):

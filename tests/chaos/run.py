@@ -152,7 +152,10 @@ def state(ddpworker, snap):
     return fields["state hash"], int(fields["step"].split()[0])
 
 
-SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+# a report's own lines (as tests/conftest.py): "==PID==ERROR: AddressSanitizer: ..." or
+# LeakSanitizer, UBSan's "file:LINE:COL" or "(binary+0xOFFSET)" and its phrase
+SANITIZER_REPORT = re.compile(r"==\d+==ERROR: (?:AddressSanitizer|LeakSanitizer)|(?:\d|\)): " +
+                              "runtime" + " error: ")
 # worker ends no injected fault causes (the faults are SIGKILL, SIGSTOP, a peer's or a disk's
 # failure): a crash, an abort (a sanitizer's too), an internal bug, a sanitizer's exit status 1
 UNINJECTED = re.compile(r"worker rank \d+ \(pid \d+\) (was killed by signal (4|6|7|8|11)|"
@@ -167,7 +170,7 @@ def unexplained(workdir):
         if name.endswith(".log"):
             with open(os.path.join(workdir, name), errors="replace") as f:
                 found += [f"{name}: {line.rstrip()}" for line in f
-                          if any(m in line for m in SANITIZER_MARKS) or UNINJECTED.search(line)]
+                          if SANITIZER_REPORT.search(line) or UNINJECTED.search(line)]
     return found
 
 
