@@ -610,9 +610,12 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__write_weights(t, c->params_file, "train.params_file", NULL);
         t->has_written_params = true;
     }
-    /* the run's last snapshot says it finished, so the same command does not train it again */
+    /* the run's last snapshot says it finished, so the same command does not train it again. Its
+     * state is taken now (the final evaluation may load the best weights into the model) but it
+     * lands only once the final evaluation is done: a crash during that evaluation resumes the
+     * snapshot before, and the final result is not lost to a run that says it finished */
     t->is_finished = true;
-    trainer__snapshot(t, true); /* rank 0 with snapshot.dir writes */
+    double stall = trainer__snapshot_take(t); /* rank 0 with snapshot.dir */
     if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
         double skipped = (double)loader_skipped(t->loader);
         trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
@@ -624,6 +627,8 @@ eval_result_t trainer_run(trainer_t *t) {
                    "that could (data.on_bad_image = skip)\n", (long long)t->skipped_images);
     }
     eval_result_t final = trainer__final(t, &last);
+    trainer__snapshot_commit(t, true, stall);
+    trainer__report_final(t, &final);
     report_summary(t, clock_now_s() - t->start_s);
     if (!isfinite(final.loss))
         trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",

@@ -114,6 +114,12 @@ bool trainer__resume(trainer_t *t);
 /* Take a snapshot of the state after the last step (rank 0 writes; asynchronously unless
  * is_blocking). Returns the stall in seconds. */
 double trainer__snapshot(trainer_t *t, bool is_blocking);
+/* trainer__snapshot in two halves, so the model may change between them (the final evaluation
+ * loads the best weights) and the write land later: take copies the state into the writer's
+ * buffers (rank 0; returns the stall), commit hands them to the writer thread (waits for the
+ * write if is_blocking) and reports the "snapshot" event. */
+double trainer__snapshot_take(trainer_t *t);
+void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall);
 /* After every step, one collective (every rank calls it at the same step; none without
  * snapshot.dir and train.hours): the stop signal any rank received, SIGTERM over SIGUSR1 (0: none,
  * and always 0 without snapshot.dir), and in *is_out_of_time whether train.hours is spent by rank
@@ -138,8 +144,11 @@ void trainer__folder_free(trainer_t *t);
  * says they are the best so far (rank 0 writes train.best_file). Every rank, the same step. */
 eval_result_t trainer__validate(trainer_t *t);
 /* The run's end: the test split (else the validation split) with the best weights when
- * train.best_by kept any (loaded into the model on every rank), else the last; reports "final". */
+ * train.best_by kept any (loaded into the model on every rank), else the last; reported by
+ * trainer__report_final. */
 eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation);
+/* The "final" event (rank 0: metrics and stdout) of trainer__final's result. */
+void trainer__report_final(trainer_t *t, const eval_result_t *r);
 /* One "epoch" event: wall time and images/s of the epoch, and its validation when one ran. */
 void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const eval_result_t *val);
 /* The model's weights as a safetensors file (nn/weights, atomic), with tags (weights_save_tagged:

@@ -196,10 +196,12 @@ eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation)
     data_split_t split = t->data->test.n ? SPLIT_TEST : t->eval_split;
     bool use_best = t->conf->best_by != BEST_BY_NONE && t->best_step >= 0;
     if (use_best) load_best(t);
-    eval_result_t r = use_best || split != last_validation->split ? trainer_evaluate(t, split)
-                                                                  : *last_validation;
-    report_eval(t, &r, "final", use_best ? "best" : "last");
-    return r;
+    return use_best || split != last_validation->split ? trainer_evaluate(t, split) : *last_validation;
+}
+
+void trainer__report_final(trainer_t *t, const eval_result_t *r) {
+    bool use_best = t->conf->best_by != BEST_BY_NONE && t->best_step >= 0;
+    report_eval(t, r, "final", use_best ? "best" : "last");
 }
 
 void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const eval_result_t *val) {

@@ -83,6 +83,12 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
 }
 
 double trainer__snapshot(trainer_t *t, bool is_blocking) {
+    double stall = trainer__snapshot_take(t);
+    trainer__snapshot_commit(t, is_blocking, stall);
+    return stall;
+}
+
+double trainer__snapshot_take(trainer_t *t) {
     t->last_snapshot_step = t->step;
     if (t->snapshots) t->n_snapshots++;
     if (!t->snapshots) return 0;
@@ -108,8 +114,14 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     mem->to_host(t->backend, d->buffers, m->buffers, m->n_buffers * sizeof(float));
     if (optimizer_has_second_moment(&t->optim))
         mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
+    return clock_now_s() - start;
+}
+
+void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall) {
+    if (!t->snapshots) return;
+    double start = clock_now_s() - stall;
+    char err[1024];
     snapshot_writer_submit(t->snapshots);
-    double stall = clock_now_s() - start;
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step, err,
                     t->has_written_params ? "the final weights are in train.params_file"
@@ -123,7 +135,6 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
         if (is_blocking) json_line_num(event, "written_ms", (clock_now_s() - start) * 1e3);
         json_line_write(t->metrics, event);
     }
-    return stall;
 }
 
 int trainer__agree_step(trainer_t *t, bool *is_out_of_time) {
