@@ -1,4 +1,5 @@
-/* http: JSON POSTs over libcurl for the etcd client (the project's only libcurl user). One client
+/* http: JSON POSTs over libcurl for the etcd client (the project's only libcurl user), which is
+ * loaded at the first use, not linked (http_load). One client
  * is one easy handle (keeps its connections alive between requests) used by one thread at a time;
  * http_interrupt may come from any thread. TLS: an optional CA bundle and client certificate. */
 #ifndef DDP_COMMON_HTTP_H
@@ -29,6 +30,11 @@ typedef struct {
     void *arg;
 } http_request_t;
 
+/* Load libcurl (once, any thread): 0, or -ELIBACC with the reason in http_load_error() (where it
+ * is missing, or too old). http_create loads it too. */
+int http_load(void);
+const char *http_load_error(void);
+/* 0, -ELIBACC (libcurl cannot be loaded: http_load_error()) or -ENOMEM. */
 int http_create(const http_opts_t *opts, http_t **out);
 void http_destroy(http_t *h);
 /* POST; *status gets the HTTP status (0 if none came). Without on_chunk, *response gets the body,

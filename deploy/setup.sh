@@ -22,7 +22,7 @@ done
 
 packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev libxxhash-dev
           zlib1g-dev libopenblas-dev libturbojpeg0-dev libcjson-dev libpng-dev libcurl4-openssl-dev
-          libprotobuf-c-dev protobuf-c-compiler libisal-dev dataset-fashion-mnist)
+          libprotobuf-c-dev protobuf-c-compiler libisal-dev libdnnl-dev dataset-fashion-mnist)
 if [ "$with_tests" = 1 ]; then
     packages+=(libcriterion-dev python3 python3-pytest python3-torch python3-torchvision python3-matplotlib python3-yaml python3-venv clang libclang-rt-14-dev iproute2
               etcd-server etcd-client openssl slurmctld slurmd slurm-client munge)

@@ -31,6 +31,7 @@
 #include "liveness.h"
 #include "log.h"
 #include "options.h"
+#include "port_holder.h"
 #include "rendezvous.h"
 #include "rdzv_kv.h"
 #include "store_server.h"
@@ -62,6 +63,7 @@ typedef struct {
     bool is_exit_deadline_armed;
     uv_timer_t linger;
     char self_exe[PATH_MAX];
+    char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
     char master_addr[256];
     uint16_t master_port;
@@ -75,6 +77,7 @@ typedef struct {
     /* several nodes */
     rdzv_t rdzv;
     bool is_etcd;          /* etcd: leases instead of heartbeat counters, a store per round */
+    bool is_endpoint_taken; /* the endpoint is local, and binding it failed: we are a client */
     rdzv_lease_t *lease;   /* etcd: this agent's, shared by its clients */
     rdzv_kv_t *ops;        /* join, report, exit barrier: one at a time */
     rdzv_kv_t *watch;      /* blocked in the restart WAIT of the round */
@@ -85,6 +88,7 @@ typedef struct {
         agent_sm_join_plan_t plan;
         rdzv_result_t joined;
         bool is_refunded;
+        rdzv_kv_t **failed_client; /* a client whose connect failed, for join_after_cb */
         char err[AGENT_SM_TEXT_BYTES];
     } join;
     struct {
@@ -105,6 +109,8 @@ typedef struct {
         uv_timer_t timer;
         bool is_timer_open;
         uint64_t ok_ms; /* last heartbeat the store took */
+        bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
+        bool is_job_lease_only; /* ... as the job in flight was queued */
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
@@ -275,7 +281,7 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
     char attempt_dir[1300], err[512];
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, act->round.round);
     workers_spec_t spec = {
-        .opts = a->opts, .self_exe = a->self_exe, .run_id = a->opts->rdzv_id,
+        .opts = a->opts, .shim_exe = a->shim_exe, .run_id = a->opts->rdzv_id,
         .attempt = act->round.round, .restart_count = act->restart_count,
         .group_rank = act->round.group_rank,
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
@@ -425,6 +431,10 @@ static void hb_work_cb(uv_work_t *req) {
         }
     }
     const rdzv_result_t *round = &a->beat.job.round;
+    if (a->beat.is_job_lease_only) { /* joining: nothing to judge */
+        a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+        return;
+    }
     if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
     else if (round->is_member)
         a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
@@ -442,6 +452,10 @@ static void hb_after_cb(uv_work_t *req, int status) {
     if (a->sm.state == AGENT_SM_DONE) {
         rdzv_kv_destroy(a->hb);
         a->hb = NULL;
+        return;
+    }
+    if (b->is_job_lease_only) {
+        if (b->job.rc == DDP_ELEASE) LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
         return;
     }
     if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */
@@ -488,8 +502,31 @@ static void on_hb_timer(uv_timer_t *t) {
     if (a->beat.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
     a->beat.job.is_busy = true;
     a->beat.job.round = a->sm.round;
+    a->beat.is_job_lease_only = a->beat.is_lease_only;
     a->beat.job.req.data = a;
     uv_queue_work(a->loop, &a->beat.job.req, hb_work_cb, hb_after_cb);
+}
+
+/* How often to beat: keep_alive_interval, on etcd at least three times per lease. */
+static uint64_t beat_every_ms(const agent_t *a) {
+    double every_s = a->opts->keep_alive_interval_s;
+    if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
+    uint64_t every = (uint64_t)(every_s * 1000);
+    return every ? every : 1;
+}
+
+/* etcd between rounds: the lease must outlive a join that takes long (hundreds of agents
+ * contending for the round's counter), else this agent's alive key vanishes while it joins and
+ * the round it joined sees it lost. */
+static void keep_lease_alive(agent_t *a) {
+    struct beat_job *b = &a->beat;
+    if (!b->is_timer_open) {
+        uv_timer_init(a->loop, &b->timer);
+        b->timer.data = a;
+        b->is_timer_open = true;
+    }
+    b->is_lease_only = true;
+    uv_timer_start(&b->timer, on_hb_timer, beat_every_ms(a), beat_every_ms(a));
 }
 
 /* ---- etcd: a member whose lease expired ends the round ------------------------------------- */
@@ -565,10 +602,8 @@ static void start_heartbeats(agent_t *a) {
         b->timer.data = a;
         b->is_timer_open = true;
     }
-    double every_s = a->opts->keep_alive_interval_s;
-    if (a->is_etcd && every_s > a->opts->lease_ttl_s / 3) every_s = a->opts->lease_ttl_s / 3;
-    uint64_t every = (uint64_t)(every_s * 1000);
-    uv_timer_start(&b->timer, on_hb_timer, 0, every ? every : 1);
+    b->is_lease_only = false;
+    uv_timer_start(&b->timer, on_hb_timer, 0, beat_every_ms(a));
     if (a->is_etcd && a->sm.round.is_member) start_liveness(a);
 }
 
@@ -589,8 +624,15 @@ static void join_work_cb(uv_work_t *req) {
         if (j->job.rc < 0) {
             snprintf(j->err, sizeof j->err, "%s", *clients[i] ? (*clients[i])->ops->error(*clients[i])
                                                               : ddp_strerror(j->job.rc));
-            rdzv_kv_destroy(*clients[i]);
-            *clients[i] = NULL;
+            port_holder_t holder; /* who holds the port now, if the endpoint is ours */
+            if (a->is_endpoint_taken) port_holder_find(o->rdzv_port, &holder);
+            if (a->is_endpoint_taken && !holder.is_listening) {
+                size_t n = strlen(j->err);
+                snprintf(j->err + n, sizeof j->err - n, "; port %u on this machine is held by %s",
+                         o->rdzv_port, holder.is_found ? holder.text
+                                                       : "a socket this machine does not list");
+            }
+            j->failed_client = clients[i]; /* destroyed on the loop: INTERRUPT_JOIN may use it */
         }
     }
     int round = j->plan.round, current = 0;
@@ -614,6 +656,11 @@ static void join_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     struct join_job *j = &a->join;
     j->job.is_busy = false;
+    if (j->failed_client) {
+        rdzv_kv_destroy(*j->failed_client);
+        *j->failed_client = NULL;
+        j->failed_client = NULL;
+    }
     if (a->sm.state == AGENT_SM_DONE) { /* left while it joined (a signal) */
         close_idle_clients(a);
         return;
@@ -667,7 +714,8 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         return;
     case AGENT_ACT_START_HEARTBEATS: start_heartbeats(a); return;
     case AGENT_ACT_STOP_HEARTBEATS:
-        if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
+        if (a->is_etcd) keep_lease_alive(a);
+        else if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
         a->liveness.is_wanted = false;
         if (a->liveness.job.is_busy && a->alive) a->alive->ops->interrupt(a->alive);
         return;
@@ -770,6 +818,24 @@ static int host_store(agent_t *a) {
     if (rc < 0 && a->sm.cfg.is_multi && o->is_host != 1 && !a->is_etcd &&
         (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
         a->store = NULL; /* someone else hosts it: we are a client */
+        /* a local port that is taken but where nothing listens: every agent would be a client
+         * of a store nobody hosts; say so now, naming the holder, not after join_timeout */
+        a->is_endpoint_taken = is_host && rc == UV_EADDRINUSE;
+        port_holder_t holder = {.is_listening = true};
+        if (a->is_endpoint_taken) {
+            port_holder_find(o->rdzv_port, &holder);
+            if (!holder.is_listening) { /* a store between its bind and its listen: look again */
+                usleep(100 * 1000);
+                port_holder_find(o->rdzv_port, &holder);
+            }
+        }
+        if (!holder.is_listening)
+            LOG_WARN("the rendezvous endpoint %s:%u is on this machine and its port is taken, but "
+                     "nothing listens there (%s): no store will answer; this agent waits as a "
+                     "client until join_timeout=%gs in case one starts. Free the port or pick "
+                     "another endpoint", o->rdzv_host, o->rdzv_port,
+                     holder.is_found ? holder.text : "a socket this machine does not list",
+                     o->join_timeout_s);
         rc = 0;
     } else if (rc < 0) {
         fprintf(stderr, "ddprun: cannot host the job's store: %s\n", err);
@@ -778,6 +844,22 @@ static int host_store(agent_t *a) {
     snprintf(a->master_addr, sizeof a->master_addr, "%s", so.host);
     a->master_port = a->store ? store_server_port(a->store) : so.port;
     return 0;
+}
+
+/* The shim every worker starts under: ddprun-shim next to ddprun (the build tree), else where
+ * it is installed relative to ddprun (DDP_SHIM_RELPATH: ../libexec/ddprun/ddprun-shim), else
+ * ddprun itself (`ddprun __shim`, the same code with the agent's libraries). */
+static void find_shim(const char *self_exe, char *out, size_t out_len) {
+    const char *slash = strrchr(self_exe, '/');
+    int dir_len = slash ? (int)(slash - self_exe) : 0;
+    const char *candidates[] = {"/ddprun-shim", "/" DDP_SHIM_RELPATH};
+    for (size_t i = 0; slash && i < sizeof candidates / sizeof candidates[0]; i++) {
+        int n = snprintf(out, out_len, "%.*s%s", dir_len, self_exe, candidates[i]);
+        if (n > 0 && (size_t)n < out_len && access(out, X_OK) == 0) return;
+    }
+    size_t len = strnlen(self_exe, out_len - 1);
+    memcpy(out, self_exe, len);
+    out[len] = '\0';
 }
 
 /* The built-in trainer: $DDPWORKER, else next to ddprun (installed), else the build tree's
@@ -828,6 +910,7 @@ int agent_main(ddprun_opts_t *o) {
         return 1;
     }
     a->self_exe[n] = '\0';
+    find_shim(a->self_exe, a->shim_exe, sizeof a->shim_exe);
     const char *prog = o->program_argv[0];
     size_t plen = strlen(prog);
     if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0 && use_builtin_trainer(a, o) < 0) {
@@ -845,10 +928,13 @@ int agent_main(ddprun_opts_t *o) {
         return 1;
     }
     a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
+    char etcd_err[600];
+    if (a->is_etcd && rdzv_kv_etcd_check(etcd_err, sizeof etcd_err) < 0) {
+        fprintf(stderr, "ddprun: --rdzv-backend etcd: %s\n", etcd_err);
+        return 1;
+    }
     if (a->is_etcd && !(a->lease = rdzv_lease_new((int64_t)(o->lease_ttl_s + 0.999)))) {
-        fprintf(stderr, "ddprun: --rdzv-backend etcd: %s\n",
-                rdzv_kv_has_etcd() ? "out of memory"
-                                   : "this ddprun was built without libcurl, so without etcd");
+        fprintf(stderr, "ddprun: --rdzv-backend etcd: out of memory\n");
         return 1;
     }
     if (host_store(a) < 0) return 1;
@@ -871,7 +957,7 @@ int agent_main(ddprun_opts_t *o) {
     signal(SIGPIPE, SIG_IGN);
     if (o->warm_spares) {
         char err[512];
-        if (spares_create(a->loop, o, a->self_exe, a->run_dir, round_is_training, a, &a->spares,
+        if (spares_create(a->loop, o, a->shim_exe, a->run_dir, round_is_training, a, &a->spares,
                           err, sizeof err) < 0)
             LOG_WARN("%s: workers start fresh", err);
     }

@@ -9,7 +9,8 @@ int store_cmd_main(int argc, char **argv);
 int store_cli_main(int argc, char **argv);
 /* `ddprun status ...`: a running job's state from its store (status_cmd.c). */
 int status_cmd_main(int argc, char **argv);
-/* `ddprun __shim AGENT_PID -- PROGRAM ARGS`: the first process of each worker (worker_shim.c). */
+/* `ddprun-shim __shim AGENT_PID -- PROGRAM ARGS` (or `ddprun __shim ...`): the first process of
+ * each worker (worker_shim.c; ddprun-shim is its own executable, shim_main.c). */
 int worker_shim_main(int argc, char **argv);
 /* `ddprun plot RUN.jsonl... -o curves.png`: execs the plotting script (plot_cmd.c); returns only
  * when it cannot (1). */

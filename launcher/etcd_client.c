@@ -121,7 +121,9 @@ int etcd_create(const etcd_opts_t *opts, etcd_t **out) {
                       .cert = opts->cert && *opts->cert ? opts->cert : NULL,
                       .key = opts->key && *opts->key ? opts->key : NULL,
                       .connect_timeout_ms = c->opts.connect_timeout_ms};
-    if (http_create(&ho, &c->http) < 0) return fail(c, -ENOMEM, "etcd: out of memory");
+    int rc = http_create(&ho, &c->http);
+    if (rc == -ELIBACC) return fail(c, rc, "etcd: %s", http_load_error());
+    if (rc < 0) return fail(c, rc, "etcd: out of memory");
     return 0;
 }
 

@@ -1,14 +1,28 @@
 /* rdzv_kv: the backend named by the options (see rdzv_kv.h). */
 #include "rdzv_kv.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "ddp_error.h"
 #include "rdzv_kv_impl.h"
 
 #ifdef DDP_HAVE_ETCD
+#include "http.h"
+
 bool rdzv_kv_has_etcd(void) { return true; }
+
+int rdzv_kv_etcd_check(char *err, size_t err_len) {
+    int rc = http_load();
+    if (rc < 0) snprintf(err, err_len, "%s", http_load_error());
+    return rc;
+}
 #else
+int rdzv_kv_etcd_check(char *err, size_t err_len) {
+    snprintf(err, err_len, "this ddprun was built without libcurl, so without etcd");
+    return -ENOTSUP;
+}
+
 bool rdzv_kv_has_etcd(void) { return false; }
 rdzv_lease_t *rdzv_lease_new(int64_t ttl_s) {
     (void)ttl_s;

@@ -100,6 +100,39 @@ static void sleep_ms(int64_t ms) {
     nanosleep(&ts, NULL);
 }
 
+static void free_records(uint8_t **vals, size_t *lens, int n) {
+    for (int i = 0; vals && i < n; i++) free(vals[i]);
+    free(vals);
+    free(lens);
+}
+
+/* Every member's node record r<R>/node/<i>, once each is there (a member writes it after its
+ * join's ADD): one WAIT on all of them, then one MULTI_GET. */
+static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***vals_out,
+                        size_t **lens_out) {
+    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    uint8_t **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int rc = names && keys && vals && lens ? 0 : -ENOMEM;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        snprintf(names[i], sizeof names[i], "%s/r%d/node/%d", r->prefix, round, i);
+        keys[i] = names[i];
+    }
+    if (rc == 0) rc = c->ops->wait(c, keys, (size_t)n, -1);
+    if (rc == 0) rc = c->ops->multi_get(c, keys, (size_t)n, vals, lens);
+    free(names);
+    free(keys);
+    if (rc < 0) { /* multi_get frees what it got on failure */
+        free(vals);
+        free(lens);
+        return rc;
+    }
+    *vals_out = vals;
+    *lens_out = lens;
+    return 0;
+}
+
 int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
               size_t err_len) {
     const ddprun_opts_t *o = r->opts;
@@ -159,12 +192,28 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     out->join_index = index;
     if (!out->is_member) return 0;
     member_t *m = calloc((size_t)n_members, sizeof *m);
+    uint8_t **vals = NULL;
+    size_t *lens = NULL;
     if (!m) return -ENOMEM;
+    if (!c->ops->keep_alive) {
+        /* the store answers a WAIT on every member's record and a MULTI_GET of them in one round
+         * trip each: 2 per agent instead of one per member (N^2 in all for a round of N) */
+        if ((rc = read_records(r, c, round, (int)n_members, &vals, &lens)) < 0) {
+            free(m);
+            goto fail;
+        }
+    }
     for (int i = 0; i < n_members && rc == 0; i++) {
         snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, i);
         uint8_t *v;
         size_t vn;
-        if ((rc = c->ops->get(c, node_key, &v, &vn)) < 0) break;
+        if (vals) {
+            v = vals[i];
+            vn = lens[i];
+            vals[i] = NULL;
+        } else if ((rc = c->ops->get(c, node_key, &v, &vn)) < 0) {
+            break;
+        }
         rdzv_node_record_t rec;
         bool is_ok = rdzv_record_node_parse((const char *)v, vn, &rec);
         free(v);
@@ -172,12 +221,14 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         if (!is_ok) { /* never echoed: the bytes may be anything */
             snprintf(err, err_len, "round %d: node record %d (%zu bytes) is malformed", round, i, vn);
             free(m);
+            free_records(vals, lens, (int)n_members);
             return DDP_EPROTO;
         }
         m[i].nproc = rec.nproc;
         m[i].hint = rec.hint;
         m[i].is_host = rec.is_host;
     }
+    free_records(vals, lens, (int)n_members);
     if (rc < 0) {
         free(m);
         goto fail;
@@ -352,7 +403,25 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
     snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
     int64_t mine;
     TRY(c->ops->add(c, k, 1, &mine));
-    return read_member_keys(r, c, round, "hb", false, counters);
+    int n = round->group_world_size;
+    for (int i = 0; i < n; i++) counters[i] = LIVENESS_ALIVE;
+    if (n < 2) return 0;
+    /* Only the next member's counter: in a ring where some member lives and some died, some
+     * living member's next one is dead, so this finds any loss, at 2 operations per member and
+     * beat instead of reading N counters each (N^2 for the store at every beat). */
+    int next = (round->group_rank + 1) % n;
+    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, next);
+    const char *keys[] = {k};
+    uint8_t *v = NULL;
+    size_t len = 0;
+    TRY(c->ops->multi_get(c, keys, 1, &v, &len));
+    char text[32];
+    size_t m = len < sizeof text - 1 ? len : sizeof text - 1;
+    memcpy(text, v, m);
+    text[m] = '\0';
+    free(v);
+    counters[next] = m ? strtoll(text, NULL, 10) : 0;
+    return 0;
 }
 
 int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *marks) {

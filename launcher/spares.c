@@ -45,7 +45,7 @@ struct spare {
 struct spares {
     uv_loop_t *loop;
     const ddprun_opts_t *opts;
-    const char *self_exe;
+    const char *shim_exe;
     spares_may_start_cb may_start;
     void *may_start_arg;
     char dir[1300];
@@ -104,7 +104,7 @@ static int spawn_spare(spares_t *s, int local_rank) {
         rc |= worker_env_set(&env, "LOCAL_WORLD_SIZE", "%d", s->opts->nproc_per_node);
         rc |= worker_env_set(&env, DDP_SPARE_FD_ENV, "%d", SPARE_SOCKET_FD);
         rc |= worker_env_set(&env, "DDPRUN_PID_FILE", "%s", sp->pid_path);
-        argv = worker_cmd_argv(s->opts, s->self_exe, pid_text);
+        argv = worker_cmd_argv(s->opts, s->shim_exe, pid_text);
         if (rc == 0 && !argv) rc = -ENOMEM;
     }
     if (rc == 0) {
@@ -115,7 +115,7 @@ static int spawn_spare(spares_t *s, int local_rank) {
             {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
             {.flags = UV_INHERIT_FD, .data.fd = sv[1]},
         };
-        uv_process_options_t po = {.exit_cb = on_spare_exit, .file = s->self_exe, .args = argv,
+        uv_process_options_t po = {.exit_cb = on_spare_exit, .file = s->shim_exe, .args = argv,
                                    .env = env.vars, .stdio = stdio, .stdio_count = 5,
                                    .flags = UV_PROCESS_DETACHED};
         sp->proc.data = sp;
@@ -190,7 +190,7 @@ static void on_spare_exit(uv_process_t *proc, int64_t exit_status, int term_sign
     uv_close((uv_handle_t *)proc, on_spare_closed);
 }
 
-int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *self_exe,
+int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *shim_exe,
                   const char *run_dir, spares_may_start_cb may_start, void *arg, spares_t **out,
                   char *err, size_t err_len) {
     int n = opts->nproc_per_node;
@@ -198,7 +198,7 @@ int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *self_e
     if (!s) return -ENOMEM;
     s->loop = loop;
     s->opts = opts;
-    s->self_exe = self_exe;
+    s->shim_exe = shim_exe;
     s->may_start = may_start;
     s->may_start_arg = arg;
     snprintf(s->dir, sizeof s->dir, "%s/spares", run_dir);

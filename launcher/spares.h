@@ -30,7 +30,7 @@ typedef bool (*spares_may_start_cb)(void *arg);
  * run_dir/spares. A spare starts once may_start(arg) says so, checked a few times a second, and
  * at least a second after the last take. Returns 0, or a negative errno with a message in err
  * (then no spares). */
-int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *self_exe,
+int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *shim_exe,
                   const char *run_dir, spares_may_start_cb may_start, void *arg, spares_t **out,
                   char *err, size_t err_len);
 /* Hand local_rank's spare a round: env (NULL-terminated KEY=VALUE, what a fresh worker of the

@@ -4,12 +4,18 @@
  * step, img/s and snapshot step (rendezvous.h's and status_report.h's records). As a table, or one
  * JSON object with --json. Reads only, never waits for a key (MULTI_GET), so a store that is there
  * answers at once; bounded by --timeout. The calling thread, blocking. */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cJSON.h>
 
@@ -221,8 +227,23 @@ static void print_table(const cJSON *s, const char *id) {
         printf("last failure: round %d, node %d, rank %d, %s%s%s\n", number(f, "round", 0),
                number(f, "node", -1), number(f, "rank", -1), how,
                str_of(f, "time", NULL) ? " at " : "", str_of(f, "time", ""));
-        const char *err = str_of(f, "error", NULL);
-        if (err) printf("  %.300s\n", err);
+        /* the error's lines, indented, without the empty ones (an error file's message often ends
+         * or starts with a newline), 300 characters at most */
+        const char *err = str_of(f, "error", "");
+        int budget = 300;
+        for (const char *p = err; *p && budget > 0;) {
+            const char *end = strchr(p, '\n');
+            int line_len = end ? (int)(end - p) : (int)strlen(p);
+            int k = line_len;
+            while (k > 0 && (p[k - 1] == ' ' || p[k - 1] == '\t' || p[k - 1] == '\r')) k--;
+            const char *q = p;
+            while (k > 0 && (*q == ' ' || *q == '\t')) q++, k--;
+            if (k > 0) {
+                printf("  %.*s\n", k < budget ? k : budget, q);
+                budget -= k;
+            }
+            p += line_len + (end != NULL);
+        }
     }
     printf("%-6s %-10s %-7s %-10s %-10s %s\n", "rank", "step", "epoch", "img/s", "snapshot", "time");
     cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(s, "ranks")) {
@@ -234,6 +255,40 @@ static void print_table(const cJSON *s, const char *id) {
                number(n, "epoch", 0), cJSON_IsNumber(rate) ? rate->valuedouble : NAN, snap,
                str_of(n, "time", ""));
     }
+}
+
+/* One TCP connection attempt to the c10d store, at once: a store that is not there refuses
+ * (ECONNREFUSED) and retrying it for the whole timeout, as a joining agent must, would only make
+ * `ddprun status` of an ended job wait. Returns 0 (something listens), or -errno (ETIMEDOUT when
+ * nothing answered within timeout_ms). */
+static int probe_store(const char *host, uint16_t port, long timeout_ms) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    char service[8];
+    snprintf(service, sizeof service, "%u", port);
+    if (getaddrinfo(host, service, &hints, &res) != 0) return -EHOSTUNREACH;
+    int rc = -ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            rc = -errno;
+            continue;
+        }
+        rc = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : -errno;
+        if (rc == -EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int ready = poll(&p, 1, (int)timeout_ms);
+            int so_error = 0;
+            socklen_t len = sizeof so_error;
+            if (ready == 0) rc = -ETIMEDOUT;
+            else if (ready < 0) rc = -errno;
+            else rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) < 0 ? -errno : -so_error;
+        }
+        close(fd);
+        if (rc == 0) break;
+    }
+    freeaddrinfo(res);
+    return rc;
 }
 
 int status_cmd_main(int argc, char **argv) {
@@ -286,6 +341,19 @@ int status_cmd_main(int argc, char **argv) {
                                    &o.rdzv_port, msg, sizeof msg) < 0) {
         fprintf(stderr, "ddprun status: --rdzv-endpoint: %s\n", msg);
         return 2;
+    }
+    int probe = is_etcd ? 0 : probe_store(o.rdzv_host, o.rdzv_port, timeout_ms);
+    if (probe == -ECONNREFUSED) {
+        fprintf(stderr, "ddprun status: the job's store at %s is gone (connection refused): job '%s' "
+                "has ended, or its host is down (or --rdzv-endpoint names another host or port)\n",
+                o.rdzv_endpoints, o.rdzv_id);
+        return 1;
+    }
+    if (probe < 0) {
+        fprintf(stderr, "ddprun status: the job's store at %s cannot be reached (%s): its host is "
+                "down or unreachable, or job '%s' has ended\n", o.rdzv_endpoints,
+                probe == -ETIMEDOUT ? "no answer within --timeout" : strerror(-probe), o.rdzv_id);
+        return 1;
     }
     reader_t r = {.opts = &o, .timeout_ms = timeout_ms};
     snprintf(r.prefix, sizeof r.prefix, "/ddprun/%s", o.rdzv_id);

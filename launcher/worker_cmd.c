@@ -112,11 +112,11 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-char **worker_cmd_argv(const ddprun_opts_t *o, const char *self_exe, char *pid_text) {
+char **worker_cmd_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text) {
     char **argv = calloc((size_t)o->program_argc + 9, sizeof *argv);
     if (!argv) return NULL;
     int n = 0;
-    argv[n++] = (char *)(uintptr_t)self_exe;
+    argv[n++] = (char *)(uintptr_t)shim_exe;
     argv[n++] = "__shim";
     argv[n++] = pid_text;
     argv[n++] = "--";

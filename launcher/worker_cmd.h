@@ -16,7 +16,7 @@ typedef struct spares spares_t;
 
 typedef struct {
     const ddprun_opts_t *opts;
-    const char *self_exe;  /* this executable, to run the shim */
+    const char *shim_exe;  /* the shim to start workers under (ddprun-shim, or ddprun) */
     const char *run_id;
     int attempt;           /* the round: DDPRUN_ATTEMPT, the log directory */
     int restart_count;     /* TORCHELASTIC_RESTART_COUNT: restarts used (membership changes
@@ -45,9 +45,9 @@ void worker_env_free(worker_env_t *e);
 int worker_env_base(worker_env_t *e);
 /* worker_env_base plus torchrun's variables and DDPRUN_* for local_rank of the round. */
 int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e);
-/* argv of the shim: SELF __shim AGENT_PID -- [python3 -u [-m]] PROGRAM ARGS (NULL-terminated,
+/* argv of the shim: SHIM __shim AGENT_PID (SHIM: ddprun-shim, or ddprun itself) -- [python3 -u [-m]] PROGRAM ARGS (NULL-terminated,
  * pointing into opts and pid_text; free() the array alone), or NULL when out of memory. */
-char **worker_cmd_argv(const ddprun_opts_t *o, const char *self_exe, char *pid_text);
+char **worker_cmd_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text);
 /* The program's pid that the shim wrote at path (DDPRUN_PID_FILE), or 0 when there is none yet. */
 int worker_cmd_program_pid(const char *path);
 

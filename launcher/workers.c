@@ -281,7 +281,7 @@ static int spawn_fresh(workers_t *s, worker_t *w, char **env) {
     const workers_spec_t *sp = &s->spec;
     char pid_text[24];
     snprintf(pid_text, sizeof pid_text, "%d", (int)getpid());
-    char **argv = worker_cmd_argv(sp->opts, sp->self_exe, pid_text);
+    char **argv = worker_cmd_argv(sp->opts, sp->shim_exe, pid_text);
     if (!argv) return UV_ENOMEM;
     uv_stdio_container_t stdio[4] = {
         {.flags = UV_IGNORE},
@@ -289,7 +289,7 @@ static int spawn_fresh(workers_t *s, worker_t *w, char **env) {
         {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err.pipe},
         {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
     };
-    uv_process_options_t po = {.exit_cb = on_process_exit, .file = sp->self_exe, .args = argv,
+    uv_process_options_t po = {.exit_cb = on_process_exit, .file = sp->shim_exe, .args = argv,
                                .env = env, .stdio = stdio, .stdio_count = 4,
                                .flags = UV_PROCESS_DETACHED};
     w->proc.data = w;

@@ -61,7 +61,8 @@ typedef struct {
     uint64_t best_step;
     double elapsed_s;
     uint32_t best_by;        /* train.best_by at save: 0 none, 1 val_loss, 2 val_top1 */
-    uint32_t reserved4;      /* 0 */
+    uint32_t is_finished;    /* 1: the run ended here (its epochs, max_steps or hours used up);
+                                0 in older files: the field was reserved, always 0 */
     /* the dynamic loss scaler (fp16): scale 1 and 0 steps when unused */
     double loss_scale;
     uint64_t loss_scale_good_steps;

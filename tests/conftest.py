@@ -9,8 +9,10 @@ binary came from.
 """
 import os
 import resource
+import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import tempfile
@@ -21,6 +23,96 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAGIC = 0x3C85F7CE
 SECRET_ENV = ("DDPRUN_STORE_SECRET", "DDPRUN_STORE_SECRET_FILE")
+
+# ---- sanitizer reports fail the test ----------------------------------------------------------
+# Under ddprun a worker that a sanitizer aborts is just a failed worker, restarted, and a report
+# can sit in a log nobody reads (the GCC runtimes write it to stderr whatever log_path says). So a
+# test fails, at its teardown, when a sanitizer's mark appears in
+#  - the output of any process it ran through subprocess.run or Popen.communicate (an agent's
+#    console carries its workers' output),
+#  - its captured output (the processes that inherited pytest's stdout and stderr),
+#  - any file under its tmp_path (logs the test wrote there, --log-dir), or under the TMPDIR it
+#    gave its processes (ddprun's run directory of a run that failed: its per-rank logs).
+SANITIZER_MARKS = (b"AddressSanitizer", b"LeakSanitizer", b"runtime error:")
+# files never worth reading for a report: data, snapshots, weights, archives
+_SCAN_SKIP_SUFFIXES = (".ddps", ".safetensors", ".jpg", ".jpeg", ".png", ".gz", ".bin", ".params",
+                       ".deb", ".tar", ".so", ".o", ".a", ".npy", ".pt", ".corrupt")
+_SCAN_MAX_BYTES = 16 << 20
+
+
+def sanitizer_reports_in(text):
+    """The lines of text (str or bytes) that carry a sanitizer report's mark."""
+    if isinstance(text, str):
+        text = text.encode(errors="replace")
+    return [line.decode(errors="replace") for line in text.splitlines()
+            if any(m in line for m in SANITIZER_MARKS)]
+
+
+def sanitizer_reports_under(root):
+    """{path: marked lines} for the regular files under root (symlinks, FIFOs and large or binary
+    data files are not read)."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+                if (not stat.S_ISREG(st.st_mode) or st.st_size > _SCAN_MAX_BYTES or
+                        name.endswith(_SCAN_SKIP_SUFFIXES)):
+                    continue
+                with open(path, "rb") as f:
+                    lines = sanitizer_reports_in(f.read())
+            except OSError:
+                continue
+            if lines:
+                found[path] = lines
+    return found
+
+
+_sanitizer_hits = []  # (command, marked lines) seen by communicate() during the current test
+_real_communicate = subprocess.Popen.communicate
+
+
+def _communicate_and_scan(self, *args, **kwargs):
+    out, err = _real_communicate(self, *args, **kwargs)
+    lines = sanitizer_reports_in(out or "") + sanitizer_reports_in(err or "")
+    if lines:
+        _sanitizer_hits.append((self.args, lines))
+    return out, err
+
+
+subprocess.Popen.communicate = _communicate_and_scan  # subprocess.run goes through it too
+
+
+@pytest.fixture(autouse=True)
+def no_sanitizer_reports(tmp_path, monkeypatch):
+    """Fails the test (at teardown) on a sanitizer report in what its processes printed or wrote."""
+    del _sanitizer_hits[:]
+    proc_tmp = tempfile.mkdtemp(prefix="ddp-test-tmp-")
+    monkeypatch.setenv("TMPDIR", proc_tmp)  # children only: Python's own tempfile dir is cached
+    yield
+    problems = [f"output of {cmd}:\n" + "\n".join(lines[:20]) for cmd, lines in _sanitizer_hits]
+    for root in (tmp_path, proc_tmp):
+        problems += [f"{path}:\n" + "\n".join(lines[:20])
+                     for path, lines in sanitizer_reports_under(root).items()]
+    del _sanitizer_hits[:]
+    if problems:
+        pytest.fail("sanitizer report(s) during this test:\n" + "\n".join(problems),
+                    pytrace=False)
+    shutil.rmtree(proc_tmp, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test whose captured output (processes that inherited it) holds a sanitizer report fails."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when != "call" or not rep.passed:
+        return
+    lines = sanitizer_reports_in("".join(text for name, text in rep.sections if "Captured" in name))
+    if lines:
+        rep.outcome = "failed"
+        rep.longrepr = "sanitizer report(s) in the test's captured output:\n" + "\n".join(lines[:20])
 
 
 def env_build_dir():
@@ -77,6 +169,16 @@ def ddpworker(build_dir):
     if not os.access(path, os.X_OK):
         pytest.exit(f"{path} is not built", returncode=2)
     return path
+
+
+def environment_broken(reason):
+    """A tool that deploy/setup.sh installs did not work at run time (Slurm did not start, no
+    network namespaces, no tmpfs, no ::1): a failure, since on CI it means the environment broke,
+    unless DDP_ALLOW_SKIP=1 says this machine may lack it (then a skip). Does not return."""
+    if os.environ.get("DDP_ALLOW_SKIP") == "1":
+        pytest.skip(reason)
+    pytest.fail(f"{reason} (DDP_ALLOW_SKIP=1 makes this a skip on a machine that may lack it)",
+                pytrace=False)
 
 
 def clean_env(**extra):
@@ -155,6 +257,7 @@ class Store:
         finally:
             self.log.close()
         assert rc == 0, f"store exited {rc} (crashed or failed to shut down):\n{self.stderr()}"
+        assert not sanitizer_reports_in(self.stderr()), f"sanitizer report:\n{self.stderr()}"
 
 
 @pytest.fixture

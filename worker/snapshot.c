@@ -431,7 +431,8 @@ int snapshot_inspect(const char *path, FILE *out) {
             when);
     fprintf(out, "step:        %" PRIu64 " (next to run)\nepoch:       %" PRIu64
             "\ncursor:      %" PRIu64 " of %" PRIu64 " samples\nseed:        %" PRIu64
-            "\nworld size:  %u\n", h->step, h->epoch, h->cursor, h->train_samples, h->seed,
+            "\nworld size:  %u\n", h->step, h->epoch + 1 /* from 1, as the logs and metrics */, h->cursor,
+            h->train_samples, h->seed,
             h->world_size);
     fprintf(out, "model:       %.32s width %u, input %ux%ux%u, %u classes, %" PRIu64
             " parameters, %" PRIu64 " buffer values\n", h->model, h->width, h->height, h->img_width,
@@ -447,6 +448,7 @@ int snapshot_inspect(const char *path, FILE *out) {
         fprintf(out, "best:        %s %.17g at step %" PRIu64 "\n",
                 h->best_by == 1 ? "val_loss" : "val_top1", h->best_value, h->best_step);
     fprintf(out, "elapsed:     %.3f s of training\n", h->elapsed_s);
+    fprintf(out, "finished:    %s\n", h->is_finished ? "yes (the run ended here)" : "no");
     fprintf(out, "loss scale:  %g (%" PRIu64 " good steps)\n", h->loss_scale,
             h->loss_scale_good_steps);
     for (uint32_t i = 0; i < h->n_sections; i++)

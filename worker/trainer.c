@@ -65,9 +65,17 @@ static void *xcalloc(size_t n, size_t size, const char *what) {
 }
 
 void trainer__check_comm(trainer_t *t, int rc, const char *what) {
-    if (rc < 0)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what,
-                    t->comm->err[0] ? comm_error(t->comm) : "collective error");
+    if (rc >= 0) return;
+    const char *why = t->comm->err[0] ? comm_error(t->comm) : "collective error";
+    /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
+     * not that this rank's question (a stop signal, the loss) failed */
+    if (rc == DDP_ECLOSED)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "a peer is gone (it exited, was killed, or its node "
+                    "failed): %s; noticed at: %s", why, what);
+    if (rc == DDP_ETIMEOUT)
+        trainer_die(DDP_EXIT_PEER_FAILURE, "a peer stopped answering (hung, stopped, or its node "
+                    "is unreachable): %s; noticed at: %s", why, what);
+    trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what, why);
 }
 
 /* A resumed run appends: its metrics continue the interrupted run's. */
@@ -211,6 +219,7 @@ void trainer_start(trainer_t *t, comm_t *comm) {
     }
     trainer__snapshot_init(t);
     bool is_resumed = trainer__resume(t);
+    if (t->is_already_finished) return; /* trainer_run does nothing: the metrics stay as they are */
     if (!is_resumed) {
         /* DDP's construction: every rank starts from rank 0's parameters and buffers, so only
          * rank 0 draws them (a resumed run has the snapshot's) */
@@ -378,7 +387,8 @@ double trainer__elapsed_s(const trainer_t *t) {
 }
 
 /* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. The budget
- * counts the whole run's wall time, restarts included (the elapsed time is in snapshots). */
+ * counts the whole run's wall time, restarts included (the elapsed time is in snapshots). At the
+ * start only: after each step trainer__agree_step asks it with the stop signals. */
 static bool is_out_of_time(trainer_t *t) {
     if (t->conf->hours <= 0) return false;
     uint8_t is_over = trainer__elapsed_s(t) > t->conf->hours * 3600.0;
@@ -509,12 +519,13 @@ static void report_summary(trainer_t *t, double this_attempt_s) {
 
 eval_result_t trainer_run(trainer_t *t) {
     const train_conf_t *c = t->conf;
+    if (t->is_already_finished) return (eval_result_t){.loss = NAN, .top1 = NAN, .top5 = NAN};
     t->start_s = clock_now_s();
     double window_s = t->start_s, epoch_s = t->start_s;
     int64_t window_samples = 0, window_steps = 0, epoch_samples = 0;
     eval_result_t last = {0};
     int64_t last_eval_step = -1;
-    bool is_done = is_run_over(t), was_over_at_start = is_done;
+    bool is_done = is_run_over(t);
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
                "batch %lld per rank, lr %g%s%s\n", t->model.name, t->model.n_params,
@@ -543,6 +554,7 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__write_metrics(t, o);
     }
     sampler_set_epoch(&t->sampler, t->epoch);
+    if (!is_done && is_out_of_time(t)) is_done = true; /* resumed with the budget spent */
     while (!is_done) {
         if (is_epoch_over(t)) {
             t->epoch++;
@@ -556,12 +568,13 @@ eval_result_t trainer_run(trainer_t *t) {
         window_samples += n;
         epoch_samples += n;
         window_steps++;
-        is_done = is_run_over(t);
+        bool is_out_of_time_now;
+        int signum = trainer__agree_step(t, &is_out_of_time_now); /* acted on after the evaluation */
+        is_done = is_run_over(t) || is_out_of_time_now;
         if (t->step % c->log_interval == 0 || is_done) {
             log_window(t, window_samples, window_steps, clock_now_s() - window_s);
             window_s = clock_now_s();
             window_samples = window_steps = 0;
-            if (is_out_of_time(t)) is_done = true;
         }
         bool is_epoch_end = is_epoch_over(t);
         bool is_eval_due = c->eval_interval ? t->step % c->eval_interval == 0 : is_epoch_end;
@@ -573,8 +586,7 @@ eval_result_t trainer_run(trainer_t *t) {
             trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
                                   last_eval_step == t->step ? &last : NULL);
         bool is_log_step = t->step % c->log_interval == 0 || is_done; /* the loss was checked */
-        int signum = 0;
-        if (trainer__stop_requested(t, &signum)) {
+        if (signum) {
             if (!is_log_step) check_diverged_now(t);
             trainer__snapshot(t, true);
             trainer__end_progress_line();
@@ -598,7 +610,9 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__write_weights(t, c->params_file, "train.params_file", NULL);
         t->has_written_params = true;
     }
-    if (!was_over_at_start && t->last_snapshot_step != t->step) trainer__snapshot(t, true);
+    /* the run's last snapshot says it finished, so the same command does not train it again */
+    t->is_finished = true;
+    trainer__snapshot(t, true); /* rank 0 with snapshot.dir writes */
     if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
         double skipped = (double)loader_skipped(t->loader);
         trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),

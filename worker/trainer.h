@@ -76,6 +76,9 @@ typedef struct {
     double elapsed_before_s, start_s;
     data_split_t eval_split;
     bool was_spare;          /* this process waited as ddprun's warm spare before its round */
+    /* the snapshot resumed from was a finished run's; the run has ended (snapshots say so) */
+    bool was_finished, is_finished;
+    bool is_already_finished; /* resumed a finished run that train.conf asks nothing more of */
 } trainer_t;
 
 /* Everything a run needs that does not depend on the round (model, optimizer state, the data
@@ -111,9 +114,11 @@ bool trainer__resume(trainer_t *t);
 /* Take a snapshot of the state after the last step (rank 0 writes; asynchronously unless
  * is_blocking). Returns the stall in seconds. */
 double trainer__snapshot(trainer_t *t, bool is_blocking);
-/* Whether any rank got SIGTERM/SIGUSR1 (a collective; every rank calls it at the same step).
- * *signum: SIGTERM if any rank received it, else SIGUSR1. */
-bool trainer__stop_requested(trainer_t *t, int *signum);
+/* After every step, one collective (every rank calls it at the same step; none without
+ * snapshot.dir and train.hours): the stop signal any rank received, SIGTERM over SIGUSR1 (0: none,
+ * and always 0 without snapshot.dir), and in *is_out_of_time whether train.hours is spent by rank
+ * 0's clock. */
+int trainer__agree_step(trainer_t *t, bool *is_out_of_time);
 void trainer__snapshot_free(trainer_t *t);
 /* A collective's result: on failure the worker exits with DDP_EXIT_PEER_FAILURE naming what. */
 void trainer__check_comm(trainer_t *t, int rc, const char *what);

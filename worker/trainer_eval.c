@@ -38,14 +38,23 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
     if (weights) {
         json_line_str(o, "weights", weights);
         if (t->skipped_images) json_line_int(o, "skipped_images", t->skipped_images);
-        if (t->best_step >= 0 && t->conf->best_by != BEST_BY_NONE) {
+        bool is_best = strcmp(weights, "best") == 0;
+        if (is_best) {
             json_line_int(o, "best_step", t->best_step);
             json_line_num(o, "best_value", t->best_value);
+            /* weights chosen on the split they are then reported on look better than they are */
+            json_line_str(o, "chosen_on", data_split_name(t->eval_split));
+            json_line_bool(o, "split_chose_weights", r->split == t->eval_split);
         }
         char *line = json_line_text(o); /* the same line on stdout as in the metrics file */
         trainer__end_progress_line();
         if (line) printf("%s\n", line);
         cJSON_free(line);
+        if (is_best && r->split == t->eval_split)
+            printf("ddpworker: note: the final evaluation is on %s, the split that also chose these "
+                   "weights (train.best_by), so it flatters them; a test split of its own (an image "
+                   "folder's test/, or the dataset's test set with data.val_split) measures them "
+                   "fairly\n", data_split_name(r->split));
     } else {
         trainer__end_progress_line();
         printf("eval  step %lld  %s loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,

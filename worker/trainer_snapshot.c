@@ -78,6 +78,7 @@ static void describe(const trainer_t *t, snapshot_header_t *h) {
     h->best_step = t->best_step < 0 ? 0 : (uint64_t)t->best_step;
     h->best_by = (uint32_t)c->best_by;
     h->elapsed_s = trainer__elapsed_s(t);
+    h->is_finished = t->is_finished;
     h->optimizer = (uint32_t)t->optim.kind;
 }
 
@@ -125,12 +126,20 @@ double trainer__snapshot(trainer_t *t, bool is_blocking) {
     return stall;
 }
 
-bool trainer__stop_requested(trainer_t *t, int *signum) {
-    if (!t->conf->snapshot_dir[0]) return false;
-    double got[2] = {stop_signal == SIGTERM, stop_signal == SIGUSR1}; /* ranks that received each */
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 2), "agreeing on a stop signal");
-    *signum = got[0] > 0 ? SIGTERM : SIGUSR1; /* termination wins over a checkpoint request */
-    return got[0] + got[1] > 0;
+int trainer__agree_step(trainer_t *t, bool *is_out_of_time) {
+    *is_out_of_time = false;
+    bool has_budget = t->conf->hours > 0, has_signals = t->conf->snapshot_dir[0] != '\0';
+    if (!has_budget && !has_signals) return 0;
+    /* ranks that received each signal, and rank 0's clock: every rank must stop at the same step,
+     * and one reduction answers both questions */
+    double got[3] = {stop_signal == SIGTERM, stop_signal == SIGUSR1,
+                     has_budget && t->rank == 0 && trainer__elapsed_s(t) >= t->conf->hours * 3600.0};
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 3),
+                        has_signals ? "agreeing on stop signals and the time budget after a step"
+                                    : "agreeing on the time budget after a step");
+    *is_out_of_time = got[2] > 0;
+    if (!has_signals) return 0;
+    return got[0] > 0 ? SIGTERM : got[1] > 0 ? SIGUSR1 : 0; /* termination wins over a checkpoint */
 }
 
 /* A snapshot from another configuration cannot continue this run: say which key differs. */
@@ -162,9 +171,21 @@ static void check_compatible(const trainer_t *t, const snapshot_header_t *h, con
                optimizer_name(t->optim.kind));
 }
 
+/* Whether train.conf leaves something to train after the state resumed (step, epoch, cursor,
+ * elapsed time): none of its ends is reached. An epoch counts as done when its cursor covers the
+ * training set, whatever the world size that padded it. */
+static bool asks_for_more(const trainer_t *t) {
+    const train_conf_t *c = t->conf;
+    bool is_epoch_done = t->cursor >= t->data->train.n;
+    if (c->max_steps >= 0 && t->step >= c->max_steps) return false;
+    if (c->epochs && (t->epoch + 1 > c->epochs || (t->epoch + 1 == c->epochs && is_epoch_done))) return false;
+    if (c->hours > 0 && t->elapsed_before_s >= c->hours * 3600.0) return false;
+    return true;
+}
+
 bool trainer__resume(trainer_t *t) {
     if (!t->conf->snapshot_dir[0]) return false;
-    int64_t where[5] = {0}; /* found, step, epoch, cursor, optimizer steps */
+    int64_t where[6] = {0}; /* found, step, epoch, cursor, optimizer steps, is finished */
     double run[3] = {NAN, -1, 0}; /* best value, its step, elapsed seconds */
     loss_scale_t ls = {0};
     snapshot_data_t d = {0};
@@ -182,6 +203,7 @@ bool trainer__resume(trainer_t *t) {
             where[2] = (int64_t)d.header.epoch;
             where[3] = (int64_t)d.header.cursor;
             where[4] = (int64_t)d.header.optim_steps;
+            where[5] = d.header.is_finished != 0;
             run[2] = d.header.elapsed_s;
             /* a best value judged by another measure would mislead: start that afresh */
             double best_value = NAN;
@@ -200,6 +222,25 @@ bool trainer__resume(trainer_t *t) {
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, where, sizeof where, 0), "broadcasting the resume point");
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0), "broadcasting the run's state");
     if (!where[0]) return false;
+    t->step = t->last_snapshot_step = where[1];
+    t->epoch = where[2];
+    t->cursor = where[3];
+    t->elapsed_before_s = run[2];
+    t->was_finished = where[5] != 0;
+    /* a finished run is not trained again by the same command (every rank decides alike: the same
+     * train.conf, the state broadcast) */
+    if (t->was_finished && !asks_for_more(t)) {
+        t->is_already_finished = true;
+        if (t->rank == 0) {
+            printf("ddpworker: already finished at step %lld, epoch %lld (snapshot.dir %s): nothing "
+                   "to train; a larger train.max_steps, train.epochs or train.hours continues it, "
+                   "another snapshot.dir starts a new run\n", (long long)t->step,
+                   (long long)t->epoch + 1, t->conf->snapshot_dir);
+            fflush(stdout);
+            snapshot_data_free(&d);
+        }
+        return true;
+    }
     model_t *m = &t->model;
     const backend_memory_i *mem = t->backend->mem;
     if (t->rank == 0) {
@@ -210,8 +251,9 @@ bool trainer__resume(trainer_t *t) {
             mem->to_device(t->backend, t->optim.exp_avg_sq, d.second_moment,
                          m->n_params * sizeof(float));
         printf("ddpworker: resuming from %s: step %lld, epoch %lld, %lld samples into it (saved by "
-               "%u ranks, now %d)\n", path, (long long)where[1], (long long)where[2] + 1,
-               (long long)where[3], d.header.world_size, t->world);
+               "%u ranks, now %d)%s\n", path, (long long)where[1], (long long)where[2] + 1,
+               (long long)where[3], d.header.world_size, t->world,
+               t->was_finished ? "; that run had finished, train.conf now asks for more" : "");
         fflush(stdout);
         snapshot_data_free(&d);
     }
@@ -231,9 +273,5 @@ bool trainer__resume(trainer_t *t) {
     if (t->loss_scale && ls.scale > 0) mem->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
     t->best_value = run[0];
     t->best_step = (int64_t)run[1];
-    t->elapsed_before_s = run[2];
-    t->step = t->last_snapshot_step = where[1];
-    t->epoch = where[2];
-    t->cursor = where[3];
     return true;
 }

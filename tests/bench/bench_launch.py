@@ -13,7 +13,12 @@
 torchrun runs with `-r 1 -t 1` (its enum parsing breaks on the defaults on this Python) and
 --monitor_interval 0.1. Prints each median and the ratio torchrun/ddprun.
 
+--baseline PATH measures a second ddprun (the build before a change) in the same run, alternating
+with this one run by run, so that a before/after comparison sees the same load; --no-torchrun-2x2
+skips torchrun's 2 x 2 recovery (it does not recover: 60 s per run).
+
 Usage: /usr/bin/python3 tests/bench/bench_launch.py [--runs N] [--json FILE] [--rdzv32-torchrun]
+           [--baseline PATH] [--no-torchrun-2x2]
 """
 import argparse
 import json
@@ -106,7 +111,7 @@ def time_recovery(cmds, n_workers):
         os.kill(victim, signal.SIGKILL)
         second = [f"{out}/start.1.{r}" for r in range(n_workers)]
         if not wait_files(second, RECOVERY_LIMIT_S):
-            if cmds[0][0] == ddprun_bin():
+            if "torch.distributed.run" not in cmds[0]:
                 sys.exit("bench_launch: ddprun did not restart every worker")
             return None  # the anchor did not recover in time: reported as such
         started = max(int(open(p).read()) for p in second)
@@ -169,42 +174,64 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--rdzv32-torchrun", action="store_true",
                     help="also time 32 torchrun agents (slow: a Python process each)")
+    ap.add_argument("--baseline", help="another ddprun to measure alongside (before a change)")
+    ap.add_argument("--no-torchrun-2x2", action="store_true",
+                    help="skip torchrun's 2 x 2 recovery (it does not recover: 60 s per run)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-launch-")
     worker = os.path.join(tmp, "worker.sh")
     with open(worker, "w") as f:
         f.write(WORKER)
     os.chmod(worker, 0o755)
-    ddprun = ddprun_bin()
-    results = {"ddprun": {}, "torchrun": {}}
-    launch = commands(ddprun, "/bin/true", 0)
-    recover = commands(ddprun, worker, 1)
-    for name in ("ddprun", "torchrun"):
-        r = results[name]
-        r["launch_s"] = statistics.median(time_launch(launch[name], tmp) for _ in range(args.runs))
-        r["recovery_s"] = median_or_none(time_recovery([recover[name]], 4)
-                                         for _ in range(args.runs))
-        r["recovery2x2_s"] = median_or_none(
-            time_recovery(multi_node(ddprun, worker, 2, 2, 1, name), 4) for _ in range(args.runs))
-    results["ddprun"]["rdzv32_s"] = statistics.median(
-        time_rendezvous(multi_node(ddprun, worker, 32, 1, 0, "ddprun"), 32)
-        for _ in range(args.runs))
+    bins = {"ddprun": ddprun_bin()}
+    if args.baseline:
+        bins["baseline"] = os.path.abspath(args.baseline)
+    results = {name: {} for name in list(bins) + ["torchrun"]}
+
+    def measure(metric, sample):
+        """sample(name) -> seconds or None; the ddprun builds alternate run by run."""
+        for group in ([n for n in bins], ["torchrun"]):
+            if metric == "recovery2x2_s" and group == ["torchrun"] and args.no_torchrun_2x2:
+                continue
+            if metric == "rdzv32_s" and group == ["torchrun"]:
+                continue
+            got = {n: [] for n in group}
+            for _ in range(args.runs):
+                for n in group:
+                    got[n].append(sample(n))
+            for n in group:
+                results[n][metric] = median_or_none(got[n])
+
+    def ddprun_of(name):
+        return bins.get(name, bins["ddprun"])
+
+    measure("launch_s", lambda n: time_launch(commands(ddprun_of(n), "/bin/true", 0)[
+        "torchrun" if n == "torchrun" else "ddprun"], tmp))
+    measure("recovery_s", lambda n: time_recovery([commands(ddprun_of(n), worker, 1)[
+        "torchrun" if n == "torchrun" else "ddprun"]], 4))
+    measure("recovery2x2_s", lambda n: time_recovery(multi_node(
+        ddprun_of(n), worker, 2, 2, 1, "torchrun" if n == "torchrun" else "ddprun"), 4))
+    measure("rdzv32_s", lambda n: time_rendezvous(multi_node(ddprun_of(n), worker, 32, 1, 0,
+                                                             "ddprun"), 32))
     if args.rdzv32_torchrun:
         results["torchrun"]["rdzv32_s"] = time_rendezvous(
-            multi_node(ddprun, worker, 32, 1, 0, "torchrun"), 32)
+            multi_node(bins["ddprun"], worker, 32, 1, 0, "torchrun"), 32)
     for metric in ("launch_s", "recovery_s", "recovery2x2_s", "rdzv32_s"):
-        a, b = results["ddprun"][metric], results["torchrun"].get(metric, "not run")
-        line = f"{metric[:-2]:12} ddprun {a * 1000:8.1f} ms"
-        if b is None:
-            line += f"   torchrun did not recover within {RECOVERY_LIMIT_S} s (median run)"
-        elif b != "not run":
-            results[metric + "_ratio"] = b / a
-            line += f"   torchrun {b * 1000:8.1f} ms   torchrun/ddprun {b / a:6.1f}x"
-        print(line, flush=True)
+        b = results["torchrun"].get(metric, "not run")
+        for name in bins:
+            a = results[name][metric]
+            line = f"{metric[:-2]:12} {name:8} {a * 1000:8.1f} ms"
+            if b is None:
+                line += f"   torchrun did not recover within {RECOVERY_LIMIT_S} s (median run)"
+            elif b != "not run":
+                results[name][metric + "_ratio"] = b / a
+                line += f"   torchrun {b * 1000:8.1f} ms   torchrun/{name} {b / a:6.1f}x"
+            print(line, flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(results, runs=args.runs, date=time.strftime("%Y-%m-%d")), f, indent=1)
+            json.dump(dict(results, runs=args.runs, date=time.strftime("%Y-%m-%d"),
+                           binaries=bins), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 tests/e2e/test_faults.py for the whole story: the final weights equal an uninterrupted run's, bit
 for bit, no worker outlives the job, and no port is left listening.
 
-    tests/chaos/run.py [--duration 120] [--seed N] [--report chaos.json] [--keep] [--warm-spares 1]
+    tests/chaos/run.py [--duration 120] [--seed N] [--report chaos.json] [--keep]
+                       [--warm-spares 0|1|auto] [--rdzv-backend c10d|etcd]
 
 Two ddprun agents (c10d on loopback, --nnodes 2, two ranks each; node 0 hosts the store) train a
 small CNN on synthetic data with snapshots on a small tmpfs when this runs as root (else a plain
@@ -19,7 +20,16 @@ directory, and no disk-full faults). While the duration lasts, every few seconds
 An agent that exits non-zero (its store vanished with node 0) is started again. When the
 duration is over, the job runs to its end; the report says what was injected and what it cost.
 With --warm-spares 1 each agent keeps a spare per local rank, and the worker faults pick among the
-spares too (a spare killed or stopped while it waits, or taken by the next round).
+spares too (a spare killed or stopped while it waits, or taken by the next round); auto (the
+default, as ddprun's) keeps them where ddprun would (a GPU node).
+
+With --rdzv-backend etcd the agents rendezvous on a 3-member etcd (tests/tools/etcd_cluster.py,
+on the address node 1's namespace reaches), each serving its own store for the rounds it leads,
+and the faults add:
+  kill9_etcd_leader    SIGKILL to etcd's leader, restarted 2 s later with its data (a supervisor)
+  kill9_etcd_follower  the same for a follower
+  partition_etcd       one member frozen (SIGSTOP) for 3 s: its peers and clients hear nothing
+A failure prints the command that replays the run (the seed decides the faults and their order).
 """
 import argparse
 import json
@@ -63,6 +73,9 @@ keep = 3
 
 FAULTS = ["kill9_worker", "kill9_agent", "sigstop_worker", "corrupt_newest", "disk_full",
           "partition"]
+ETCD_FAULTS = ["kill9_etcd_leader", "kill9_etcd_follower", "partition_etcd"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools"))
 
 
 class Netns:
@@ -139,6 +152,25 @@ def state(ddpworker, snap):
     return fields["state hash"], int(fields["step"].split()[0])
 
 
+SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
+# worker ends no injected fault causes (the faults are SIGKILL, SIGSTOP, a peer's or a disk's
+# failure): a crash, an abort (a sanitizer's too), an internal bug, a sanitizer's exit status 1
+UNINJECTED = re.compile(r"worker rank \d+ \(pid \d+\) (was killed by signal (4|6|7|8|11)|"
+                        r"exited with (1|70));")
+
+
+def unexplained(workdir):
+    """Lines of the run's logs that no injected fault explains: sanitizer reports and crashes
+    (each of which ddprun would just restart)."""
+    found = []
+    for name in sorted(os.listdir(workdir)):
+        if name.endswith(".log"):
+            with open(os.path.join(workdir, name), errors="replace") as f:
+                found += [f"{name}: {line.rstrip()}" for line in f
+                          if any(m in line for m in SANITIZER_MARKS) or UNINJECTED.search(line)]
+    return found
+
+
 def snapshot_steps(snap):
     try:
         names = os.listdir(snap)
@@ -150,10 +182,11 @@ def snapshot_steps(snap):
 class Job:
     """Two agents of one c10d job; restarts an agent that died, as a supervisor would."""
 
-    def __init__(self, ddprun, conf, snap, workdir, netns=None, warm_spares=0):
+    def __init__(self, ddprun, conf, snap, workdir, netns=None, warm_spares="0", etcd=None):
         self.ddprun, self.conf, self.snap, self.workdir = ddprun, conf, snap, workdir
         self.warm_spares = warm_spares
         self.netns = netns
+        self.etcd = etcd  # an EtcdCluster: the agents rendezvous there, not on node 0's store
         self.host = netns.host_addr if netns else "127.0.0.1"
         self.port = free_port(self.host)
         self.agents = [None, None]
@@ -167,14 +200,18 @@ class Job:
         log = open(os.path.join(self.workdir, f"node{node}.{self.starts[node]}.log"), "w")
         self.starts[node] += 1
         prefix = ["ip", "netns", "exec", self.netns.ns] if self.netns and node == 1 else []
+        conf = "join_timeout=60,last_call_timeout=0.2,keep_alive_interval=0.2,"
+        if self.etcd:
+            local = self.netns.ns_addr if self.netns and node == 1 else self.host
+            rdzv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd.endpoints,
+                    "--local-addr", local, "--rdzv-conf", conf + "lease_ttl=3"]
+        else:
+            rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.host}:{self.port}",
+                    "--rdzv-conf", conf + "heartbeat_timeout=3"]
         self.agents[node] = subprocess.Popen(
-            prefix + [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"{self.host}:{self.port}", "--rdzv-id", "chaos",
-             "--max-restarts", "1000", "--hang-timeout", "20",
-             "--warm-spares", str(self.warm_spares),
-             "--rdzv-conf", "join_timeout=60,last_call_timeout=0.2,keep_alive_interval=0.2,"
-                            "heartbeat_timeout=3",
-             self.conf, f"snapshot.dir={self.snap}"],
+            prefix + [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2"] + rdzv +
+            ["--rdzv-id", "chaos", "--max-restarts", "1000", "--hang-timeout", "20",
+             "--warm-spares", str(self.warm_spares), self.conf, f"snapshot.dir={self.snap}"],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True)
         log.close()
 
@@ -251,10 +288,11 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
         job.exits.append((node, -9))
         time.sleep(0.3)
         job.start(node)
-        return f"node {node}'s agent" + (" (the store host)" if node == 0 else "")
+        return f"node {node}'s agent" + (" (the store host)" if node == 0 and not job.etcd else "")
     if kind == "corrupt_newest":
         steps = snapshot_steps(snap)
-        if len(steps) < 2:
+        last = int(re.search(r"^max_steps = (\d+)$", open(conf).read(), re.M).group(1))
+        if len(steps) < 2 or steps[-1] >= last:  # the final one: the job has ended, nothing resumes
             return None
         path = os.path.join(snap, f"snapshot-{steps[-1]:012d}.ddps")
         try:
@@ -274,6 +312,26 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
         time.sleep(3)
         job.netns.ip("link", "set", job.netns.host_if, "up")
         return "node 1's link down for 3 s"
+    if kind in ("kill9_etcd_leader", "kill9_etcd_follower"):
+        leader = job.etcd.leader()
+        if leader is None:
+            return None  # an election is under way
+        members = [i for i in range(job.etcd.members) if job.etcd.alive(i)]
+        target = leader if kind == "kill9_etcd_leader" else rng.choice(
+            [i for i in members if i != leader])
+        job.etcd.kill(target)
+        time.sleep(2)
+        job.etcd.restart(target)
+        return f"etcd member {target}" + (" (the leader)" if target == leader else "") + \
+            ", restarted after 2 s"
+    if kind == "partition_etcd":
+        target = rng.randrange(job.etcd.members)
+        if not job.etcd.alive(target):
+            return None
+        job.etcd.procs[target].send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        job.etcd.procs[target].send_signal(signal.SIGCONT)
+        return f"etcd member {target} frozen (SIGSTOP) for 3 s"
     if kind == "disk_full":
         if not has_tmpfs:
             return None
@@ -296,6 +354,13 @@ def listening_ports():
     return set(re.findall(r":(\d+)\s", r.stdout)) if r.returncode == 0 else set()
 
 
+def replay_command(args, seed, steps):
+    """The command that runs the same faults in the same order (timings differ with the load)."""
+    return (f"tests/chaos/run.py --duration {args.duration:g} --seed {seed} --steps {steps} "
+            f"--rdzv-backend {args.rdzv_backend} --warm-spares {args.warm_spares}"
+            + (" --no-netns" if args.no_netns else "") + " --keep")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--duration", type=float, default=120, help="seconds of fault injection")
@@ -305,9 +370,12 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--steps", type=int, default=0, help="training steps (0: sized to --duration)")
     p.add_argument("--no-netns", action="store_true", help="no network namespace: no partitions")
-    p.add_argument("--warm-spares", type=int, choices=(0, 1), default=0,
-                   help="ddprun --warm-spares (1: worker faults hit spares too)")
+    p.add_argument("--warm-spares", choices=("0", "1", "auto"), default="auto",
+                   help="ddprun --warm-spares (1: worker faults hit spares too; auto: as ddprun)")
+    p.add_argument("--rdzv-backend", choices=("c10d", "etcd"), default="c10d",
+                   help="etcd: a 3-member etcd, with faults of its own")
     args = p.parse_args()
+    faults_of_backend = FAULTS + (ETCD_FAULTS if args.rdzv_backend == "etcd" else [])
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     ddprun, ddpworker = find_binaries(args)
@@ -346,8 +414,20 @@ def main():
     netns = Netns()
     if args.no_netns or not netns.create():
         netns = None
+    etcd = None
+    if args.rdzv_backend == "etcd":
+        from etcd_cluster import EtcdCluster
+        etcd = EtcdCluster(os.path.join(workdir, "etcd"), members=3,
+                           host=netns.host_addr if netns else "127.0.0.1")
+        try:
+            etcd.start()
+        except RuntimeError:
+            etcd.close()
+            if netns:
+                netns.destroy()
+            raise
     t0 = time.monotonic()
-    job = Job(ddprun, conf, snap, workdir, netns, args.warm_spares)
+    job = Job(ddprun, conf, snap, workdir, netns, args.warm_spares, etcd)
     ok = False
     try:
         next_fault = t0 + rng.uniform(2, 5)
@@ -358,7 +438,7 @@ def main():
                 break
             now = time.monotonic()
             if now - t0 < args.duration and now >= next_fault:
-                kind = rng.choice(FAULTS)
+                kind = rng.choice(faults_of_backend)
                 what = inject(kind, job, conf, snap, has_tmpfs, rng, print)
                 if what:
                     faults.append({"t": round(now - t0, 2), "fault": kind, "target": what})
@@ -367,6 +447,8 @@ def main():
             time.sleep(0.05)
     finally:
         job.kill_all()
+        if etcd:
+            etcd.close()
         if netns:
             netns.destroy()
     elapsed = time.monotonic() - t0
@@ -379,6 +461,9 @@ def main():
         problems.append(f"no final state: no snapshot named by {snap}/latest verifies")
     elif got != want:
         problems.append(f"final state {got} differs from the uninterrupted run's {want}")
+    bad = unexplained(workdir)
+    if bad:
+        problems.append(f"{len(bad)} log lines no fault explains: " + "; ".join(bad[:10]))
     time.sleep(1)
     orphans = workers(conf)
     if orphans:
@@ -390,13 +475,14 @@ def main():
         problems.append(f"the store's port {job.port} is still listening")
     report = {
         "seed": seed, "steps": steps, "duration_s": args.duration, "warm_spares": args.warm_spares,
+        "rdzv_backend": args.rdzv_backend,
         "uninterrupted_s": round(t_ref, 2), "chaos_s": round(elapsed, 2),
         "faults": faults, "agent_restarts": len(job.exits),
         "lost_s": round(elapsed - t_ref, 2),
         "lost_per_fault_s": round((elapsed - t_ref) / len(faults), 2) if faults else 0,
         "bit_identical": got is not None and got == want, "problems": problems,
     }
-    by_kind = {k: sum(f["fault"] == k for f in faults) for k in FAULTS}
+    by_kind = {k: sum(f["fault"] == k for f in faults) for k in faults_of_backend}
     print(f"chaos: {len(faults)} faults {by_kind}, {len(job.exits)} agent restarts, "
           f"{elapsed:.1f} s against {t_ref:.1f} s uninterrupted "
           f"({report['lost_per_fault_s']} s lost per fault)", flush=True)
@@ -407,6 +493,7 @@ def main():
         subprocess.run(["umount", "-l", snap])
     if problems:
         print("chaos: FAILED: " + "; ".join(problems) + f" (logs in {workdir})", flush=True)
+        print(f"chaos: replay: {replay_command(args, seed, steps)}", flush=True)
         return 1
     print("chaos: passed: bit-identical final weights, no orphans, no leaked ports", flush=True)
     if not args.keep:

@@ -316,11 +316,16 @@ def test_a_diverging_loss_ends_the_run_with_its_own_code_and_is_not_retried(ddpr
                        capture_output=True, text=True, timeout=300, env=clean_env())
     assert r.returncode == EXIT_DIVERGED, r.stdout + r.stderr
     assert "the run diverged" in r.stderr and "exit 80 is not retried" in r.stderr, r.stderr
-    assert "attempt 1 of 4" in r.stderr, "no restart"
+    # no restart: the root cause is on the first attempt, nothing was restarted, one start
+    assert "on attempt 1 of 4" in r.stderr, r.stderr
+    assert "restarting every worker" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert '"event":"final"' not in r.stdout, "never a final result from NaN weights"
+    events = []
     for line in metrics.read_text().splitlines():
         event = json.loads(line)                     # every line parses (no -nan, no inf)
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["time"]), event
+        events.append(event["event"])
+    assert events.count("start") == 1, events
 
 
 def test_a_diverged_run_snapshots_no_nan_weights_between_log_steps(ddpworker, tmp_path):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import clean_env, free_port
+from conftest import clean_env, environment_broken, free_port
 
 EXIT_IO = 74
 EXIT_CONFIG = 78
@@ -63,6 +63,14 @@ def final_state(ddpworker, snap_dir):
     return f["state hash"], int(f["step"].split()[0]), int(f["world size"])
 
 
+def restarts(out):
+    """How many times the agent whose output this is restarted its workers: the N of its last
+    "restart N of M". A test allows exactly the restarts its faults cause: a worker that failed on
+    its own (a sanitizer abort, a crash) is restarted too and would pass unseen."""
+    found = re.findall(r"restarting every worker \(restart (\d+) of", out)
+    return int(found[-1]) if found else 0
+
+
 def snapshot_steps(snap_dir):
     return sorted(int(m.group(1)) for name in os.listdir(snap_dir)
                   if (m := re.match(r"snapshot-(\d+)\.ddps$", name)))
@@ -95,8 +103,10 @@ def read_until_step(job, step):
 
 
 def run_job(ddprun, conf, snap_dir, *extra, timeout=300, **kw):
+    """A job with no fault injected: it must not restart anything."""
     p = start_job(ddprun, conf, snap_dir, *extra, **kw)
     out, _ = p.communicate(timeout=timeout)
+    assert restarts(out) == 0, out
     return p.returncode, out
 
 
@@ -112,6 +122,7 @@ def reference(ddprun, ddpworker, conf, tmp_path, nproc=2, nnodes=1):
                 for _ in range(nnodes)]
         outs = [j.communicate(timeout=300)[0] for j in jobs]
         assert [j.returncode for j in jobs] == [0] * nnodes, outs
+        assert [restarts(o) for o in outs] == [0] * nnodes, outs
     return final_state(ddpworker, snap)
 
 
@@ -170,7 +181,7 @@ def test_kill_9_of_random_workers_ends_with_the_uninterrupted_weights(ddprun, dd
         gone |= set(current)
     outs = [j.communicate(timeout=300)[0] for j in jobs]
     assert [j.returncode for j in jobs] == [0, 0], outs
-    assert all("restarting every worker (restart 3 of" in o for o in outs), outs
+    assert [restarts(o) for o in outs] == [3, 3], outs  # one per kill, no more
     assert sum(o.count("resuming from") for o in outs) >= 3, outs
     assert final_state(ddpworker, snap) == want
 
@@ -187,6 +198,7 @@ def test_a_stopped_worker_fails_the_collective_deadline_and_the_job_recovers(ddp
     out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, out
     assert re.search(r"no data (from|to) rank \d", out) and "resuming from" in out, out
+    assert restarts(out) == 1, out
     assert time.monotonic() - t0 < 60
     assert final_state(ddpworker, snap) == want
 
@@ -204,6 +216,7 @@ def test_the_agent_detects_a_hung_worker_from_its_progress(ddprun, ddpworker, co
     assert job.returncode == 0, out
     assert "made no progress for" in out and "--hang-timeout" in out, out
     assert "resuming from" in out
+    assert restarts(out) == 1, out
     assert time.monotonic() - t0 < 30, "detected by the agent, not by the 300 s collective deadline"
     assert final_state(ddpworker, snap) == want
 
@@ -220,6 +233,7 @@ def test_sigterm_takes_a_snapshot_at_the_next_step_and_the_rerun_continues_exact
     job.send_signal(signal.SIGTERM)
     out = before + job.communicate(timeout=60)[0]
     assert job.returncode == 128 + signal.SIGTERM, out
+    assert restarts(out) == 0, out
     assert re.search(r"signal 15: snapshot at step \d+ taken", out), out
     steps = snapshot_steps(snap)
     assert len(steps) == 1 and steps[0] > 0, steps
@@ -238,6 +252,7 @@ def test_sigusr1_to_one_worker_snapshots_and_the_job_resumes_from_there(ddprun, 
     os.kill(workers_of(conf)[-1], signal.SIGUSR1)
     out = before + job.communicate(timeout=120)[0]
     assert job.returncode == 0, out
+    assert restarts(out) == 1, out  # the worker's exit after its snapshot, and no other
     match = re.search(r"signal 10: snapshot at step (\d+) taken", out)
     assert match, out
     assert f"snapshot-{int(match.group(1)):012d}.ddps: step {match.group(1)}" in out, out
@@ -291,6 +306,7 @@ def test_an_adamw_run_preempted_and_rerun_ends_with_the_uninterrupted_weights(
     job.send_signal(signal.SIGTERM)
     out = before + job.communicate(timeout=60)[0]
     assert job.returncode == 128 + signal.SIGTERM, out
+    assert restarts(out) == 0, out
     steps = snapshot_steps(snap)
     assert len(steps) == 1 and steps[0] > 0, steps
     rc, f = inspect(ddpworker, snap / f"snapshot-{steps[0]:012d}.ddps")
@@ -337,10 +353,11 @@ def test_a_lost_node_scales_the_job_down_and_it_resumes_with_fewer_ranks(ddprun,
     out, _ = jobs[0].communicate(timeout=300)
     assert jobs[0].returncode == 0, out
     assert re.search(r"saved by 4 ranks, now 2", out), out
+    assert restarts(out) == 1 and "the last restart was a lost node" in out, out
     _, step, world = final_state(ddpworker, snap)
     assert world == 2
     rc, f = inspect(ddpworker, snap / (snap / "latest").read_text().strip())
-    assert int(f["epoch"]) == 1 and f["cursor"].startswith("4096 of 4096"), f
+    assert int(f["epoch"]) == 2 and f["cursor"].startswith("4096 of 4096"), f
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -356,7 +373,7 @@ def small_tmpfs(tmp_path):
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(d)],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+            environment_broken(f"cannot mount a tmpfs: {r.stderr.strip()}")
         mounted.append(d)
         return d
 

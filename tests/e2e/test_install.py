@@ -53,7 +53,7 @@ def has_cuda_lib(build_dir):
 
 
 def test_install_puts_every_file_in_place(installed, build_dir):
-    for rel in ("bin/ddprun", "bin/ddpworker"):
+    for rel in ("bin/ddprun", "bin/ddpworker", "libexec/ddprun/ddprun-shim"):
         assert os.access(os.path.join(installed, rel), os.X_OK), f"{rel} is not installed"
     for rel in ("share/man/man1/ddprun.1", "share/man/man1/ddpworker.1",
                 "share/man/man5/train.conf.5", "share/bash-completion/completions/ddprun",

@@ -24,6 +24,13 @@ PY
 echo "hello from rank $RANK"
 echo "warning from rank $RANK" >&2
 if [ "$RANK" = "${FAIL_RANK:-none}" ]; then
+    # FAIL_AFTER_RANK: fail only once that rank has written its dump of this attempt (else the
+    # agent may stop it before it does), for at most 30 s
+    n=0
+    while [ -n "${FAIL_AFTER_RANK:-}" ] && [ $n -lt 600 ] &&
+          [ ! -e "$OUT_DIR/rank$FAIL_AFTER_RANK.attempt$TORCHELASTIC_RESTART_COUNT.json" ]; do
+        sleep 0.05; n=$((n + 1))
+    done
     if [ "$TORCHELASTIC_RESTART_COUNT" -lt "${FAIL_ATTEMPTS:-1000}" ]; then exit "${FAIL_CODE:-3}"; fi
 fi
 exit 0
@@ -114,11 +121,12 @@ def test_omp_num_threads_is_kept_when_set(ddprun, script, tmp_path):
 
 def test_failure_restarts_every_worker_until_the_budget(ddprun, script, tmp_path):
     r = launch(ddprun, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "2",
-                        script(ENV_DUMP)], tmp_path, env={"FAIL_RANK": "1", "FAIL_CODE": "5"})
+                        script(ENV_DUMP)], tmp_path,
+               env={"FAIL_RANK": "1", "FAIL_CODE": "5", "FAIL_AFTER_RANK": "0"})
     assert r.returncode == 5, r.stderr
-    for attempt in range(3):
+    for attempt in range(3):  # every worker, rank 0 too, ran in every attempt
         for rank in range(2):
-            assert (tmp_path / f"rank{rank}.attempt{attempt}.json").exists() or rank == 0
+            assert (tmp_path / f"rank{rank}.attempt{attempt}.json").exists(), (rank, attempt)
     assert not (tmp_path / "rank1.attempt3.json").exists()
     assert "root cause: node 0 rank 1" in r.stderr and "exited with 5 on attempt 3 of 3" in r.stderr
     assert "warning from rank 1" in r.stderr.split("root cause")[1], "its last stderr lines"

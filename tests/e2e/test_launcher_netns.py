@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import free_port
+from conftest import environment_broken, free_port
 
 WORKER = r"""#!/bin/sh
 echo "$GROUP_WORLD_SIZE $WORLD_SIZE $MASTER_ADDR" > "$OUT_DIR/seen.$DDPRUN_ATTEMPT.$RANK"
@@ -34,7 +34,7 @@ def veth_pair():
     try:
         subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
     except subprocess.CalledProcessError as e:
-        pytest.skip(f"network namespaces unavailable: {e.stderr.decode().strip()}")
+        environment_broken(f"network namespaces unavailable: {e.stderr.decode().strip()}")
     try:
         ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
         ip("link", "set", ns_if, "netns", ns)

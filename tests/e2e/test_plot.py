@@ -76,7 +76,7 @@ def test_csv_has_every_series_of_every_run(ddprun, metrics, tmp_path):
     rows = list(csv.DictReader(open(out)))
     series = {(row["run"], row["series"]) for row in rows}
     for run in ("real run", "hand"):
-        for s in ("train_loss", "val_loss", "val_top1", "test_loss", "test_top1"):
+        for s in ("train_loss", "val_loss", "val_top1", "final_test_loss", "final_test_top1"):
             assert (run, s) in series, f"{run} lacks {s}: {sorted(series)}"
     # the real run's figures are its file's
     events = [json.loads(line) for line in open(real)]
@@ -103,6 +103,25 @@ def test_csv_has_every_series_of_every_run(ddprun, metrics, tmp_path):
     restarts = [(row["epoch"], row["time_s"], row["step"]) for row in hand_rows
                 if row["series"] == "restart"]
     assert restarts == [("1.5", "70.0", "15")], restarts
+
+
+def test_one_restart_is_one_restart_line(ddprun, tmp_path):
+    """A resumed start event followed by the steps it replays is one restart, not two."""
+    lines = [{"event": "start", "time": at(0), "step": 0, "epoch": 1, "resumed": False},
+             {"event": "train", "time": at(5), "step": 5, "epoch": 1, "loss": 2.0},
+             {"event": "train", "time": at(10), "step": 10, "epoch": 1, "loss": 1.5},
+             # killed after step 10; resumed from the snapshot of step 5: step 10 again
+             {"event": "start", "time": at(20), "step": 5, "epoch": 1, "resumed": True,
+              "restart_count": 1},
+             {"event": "train", "time": at(25), "step": 10, "epoch": 1, "loss": 1.5},
+             {"event": "train", "time": at(30), "step": 15, "epoch": 1, "loss": 1.0}]
+    f = tmp_path / "restarted.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    r = plot(ddprun, f, "--csv", tmp_path / "c.csv")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    restarts = [(row["time_s"], row["step"]) for row in rows if row["series"] == "restart"]
+    assert restarts == [("20.0", "5")], restarts
 
 
 def test_a_file_without_time_plots_against_epoch_only(ddprun, tmp_path):
@@ -148,3 +167,66 @@ def test_usage_errors(ddprun, metrics, tmp_path):
     r = subprocess.run([ddprun, "plot", real, "--csv", tmp_path / "x.csv"], capture_output=True,
                        text=True, env=clean_env(DDPRUN_PLOT_SCRIPT=str(tmp_path / "nope.py")))
     assert r.returncode == 1 and "DDPRUN_PLOT_SCRIPT" in r.stderr, r.stderr
+
+
+def utc(stamp):
+    import datetime
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_scaling_report_of_a_1_and_a_2_worker_run(ddprun, tmp_path):
+    """`ddprun plot --table` over the metrics of real runs on 1 and 2 workers (sqrt lr scaling):
+    per run the world size, global batch, lr after scaling, img/s, speed-up and efficiency against
+    the 1-worker run, time to the best validation loss, that loss, the final top-1/top-5 with its
+    split, and restarts; as Markdown on stdout and as CSV, the figures those of the files."""
+    conf = tmp_path / "scale.conf"
+    conf.write_text("[model]\nname = mlp\nwidth = 16\n[data]\nkind = synthetic\nheight = 8\n"
+                    "width = 8\nchannels = 1\ntrain_limit = 512\ntest_limit = 64\n"
+                    "val_split = 0.25\n[optim]\nlr = 0.05\nlr_scaling = sqrt\n[train]\n"
+                    "batch_size = 16\nepochs = 2\nlog_interval = 2\nseed = 1\n")
+    files = []
+    for world in (1, 2):
+        metrics = tmp_path / f"w{world}.jsonl"
+        r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", str(world), str(conf),
+                            f"train.metrics_file={metrics}"], capture_output=True, text=True,
+                           timeout=300, env=clean_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+        files.append(metrics)
+    table_csv = tmp_path / "scaling.csv"
+    r = plot(ddprun, *files, "--table", "--table-csv", table_csv)
+    assert r.returncode == 0, r.stderr
+    rows = {row["run"]: row for row in csv.DictReader(open(table_csv))}
+    assert set(rows) == {"w1", "w2"}, rows
+    want = {}
+    for f in files:
+        ev = [json.loads(line) for line in open(f)]
+        start = ev[0]
+        rates = sorted(e["img_per_s"] for e in ev if e["event"] == "train")
+        evals = [e for e in ev if e["event"] == "eval"]
+        best = min(evals, key=lambda e: e["loss"])
+        want[f.stem] = {"world": start["world"], "batch": start["global_batch"], "lr": start["lr"],
+                        "rate": rates[len(rates) // 2], "best": best["loss"],
+                        "to_best": utc(best["time"]) - utc(start["time"]), "final": ev[-1]}
+    assert want["w2"]["lr"] == pytest.approx(0.05 * 2 ** 0.5) and want["w1"]["lr"] == 0.05
+    for name, w in want.items():
+        row = rows[name]
+        assert int(row["world_size"]) == w["world"] and int(row["global_batch"]) == w["batch"]
+        assert float(row["lr"]) == w["lr"] and float(row["img_per_s"]) == w["rate"]
+        assert float(row["best_val_loss"]) == w["best"] and row["validation_split"] == "val"
+        assert float(row["time_to_best_s"]) == pytest.approx(w["to_best"], abs=1e-6)
+        assert float(row["final_top1"]) == w["final"]["top1"]
+        assert float(row["final_top5"]) == w["final"]["top5"]
+        assert row["final_split"] == "test" and row["restarts"] == "0", row
+    assert (int(rows["w1"]["world_size"]), int(rows["w2"]["world_size"])) == (1, 2)
+    assert float(rows["w1"]["speedup"]) == 1.0 and float(rows["w1"]["efficiency"]) == 1.0
+    speedup = want["w2"]["rate"] / want["w1"]["rate"]
+    assert float(rows["w2"]["speedup"]) == pytest.approx(speedup)
+    assert float(rows["w2"]["efficiency"]) == pytest.approx(speedup / 2)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("| run | world size | global batch | lr (after scaling) | img/s | "
+                               "speed-up | efficiency | time to best val loss (s) |"), r.stdout
+    row2 = next(line for line in lines if line.startswith("| w2 |"))
+    assert row2.startswith(f"| w2 | 2 | 32 | {0.05 * 2 ** 0.5:.6g} | {want['w2']['rate']:.0f} | "
+                           f"{speedup:.2f} | {speedup / 2:.2f} |"), row2
+    assert row2.endswith(" | test | 0 |"), row2
+    assert "against w1 (world size 1)" in r.stdout, r.stdout

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, environment_broken
 
 SBATCH = os.path.join(ROOT, "deploy", "slurm", "train.sbatch")
 EXAMPLE = os.path.join(ROOT, "docs", "examples", "fashion-mnist.conf")
@@ -193,7 +193,8 @@ PartitionName=ddptest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         if "idle" not in state:
             logs = "".join((d / f).read_text()[-600:] for f in ("slurmctld.out", "slurmd.out")
                            if (d / f).exists())
-            pytest.skip(f"the test's Slurm did not start (node state '{state.strip()}'): {logs}")
+            environment_broken(f"the test's Slurm did not start (node state '{state.strip()}'): "
+                               f"{logs}")
         yield env, d
     finally:
         for p in daemons:

@@ -80,13 +80,21 @@ def test_status_of_a_running_job_and_its_last_failure(ddprun, tmp_path):
         f = s["last_failure"]
         assert f["round"] == 0 and f.get("signal") == 9 and f["time"].endswith("Z"), s
         assert s["restarts"]["used"] == 1 and s["restarts"]["left"] == 2
-        assert "last failure: round 0" in status(ddprun, port).stdout
+        table = status(ddprun, port).stdout
+        assert "last failure: round 0" in table, table
+        below = table.split("last failure: round 0", 1)[1].splitlines()[1:]
+        assert below and all(line.strip() for line in below), "no empty line under it:\n" + table
     finally:
         for a in agents:
             os.killpg(a.pid, signal.SIGKILL)
             a.wait()
-    r = status(ddprun, free_port(), "--timeout", "500")
-    assert r.returncode == 1 and "st" in r.stderr
+    # the job has ended: its store is gone, and status says so at once (no --timeout needed)
+    start = time.monotonic()
+    r = status(ddprun, port)
+    took = time.monotonic() - start
+    assert r.returncode == 1 and f"the job's store at 127.0.0.1:{port} is gone" in r.stderr, r.stderr
+    assert "job 'st' has ended, or its host is down" in r.stderr, r.stderr
+    assert "Connection refused" not in r.stderr and took < 2, (took, r.stderr)
 
 
 def test_status_usage_errors(ddprun):

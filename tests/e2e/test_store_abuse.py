@@ -20,6 +20,7 @@ from conftest import (clean_env, closed_now, connect, healthy_ping, is_closed_by
 
 KEY_LIMIT = 8 * 1024
 VALUE_LIMIT = 8 * 1024 * 1024
+FRAME_TIMEOUT_S = 30  # STORE_DEFAULT_FRAME_TIMEOUT_MS: how long a partial frame may wait
 
 # Legacy numbering (torch 1.9-2.1): no VALIDATE, SET=0 ... GETNUMKEYS=6 WATCH_KEY=7 DELETE_KEY=8.
 L_SET, L_GET, L_ADD, L_WAIT, L_GETNUMKEYS, L_WATCH_KEY = 0, 2, 3, 5, 6, 7
@@ -122,8 +123,10 @@ def test_absurd_lengths_are_dropped_at_once(store, frame, why, limit):
         name = peer(s)
         t0 = time.monotonic()
         s.sendall(frame)
-        assert is_closed_by_peer(s, timeout=5)
-        assert time.monotonic() - t0 < 2, "dropped only after a timeout, not at once"
+        # at once means before the frame timeout, the only other reason to drop this client: the
+        # bound is a third of it, not a guess at a loaded machine's speed
+        assert is_closed_by_peer(s, timeout=FRAME_TIMEOUT_S / 3)
+        assert time.monotonic() - t0 < FRAME_TIMEOUT_S / 3, "dropped only after a timeout"
     line = store.wait_log(f"dropping client {name}", why)
     assert name.startswith("127.0.0.3:") and limit in line, line
     healthy_ping(store.port)
@@ -495,7 +498,7 @@ def test_port_in_use_is_a_clear_error(store, ddprun):
     t0 = time.monotonic()
     r = subprocess.run([ddprun, "store", "--host", "127.0.0.1", "--port", str(store.port)],
                        capture_output=True, text=True, timeout=10, env=clean_env())
-    assert r.returncode != 0
+    assert r.returncode == 1, r.stderr  # ddprun(1): the store cannot start (not a crash, not 134)
     assert "in use" in r.stderr and str(store.port) in r.stderr, r.stderr
     assert time.monotonic() - t0 < 5
     healthy_ping(store.port)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, clean_env, free_port, wait_until
+from conftest import ROOT, clean_env, environment_broken, free_port, wait_until
 
 
 def run(ddprun, endpoint, *args, legacy=False, timeout_ms=None, extra=()):
@@ -258,7 +258,7 @@ def test_ipv6_loopback(ddprun, tmp_path):
         if proc.poll() is not None:
             err = proc.stderr.read()
             if "address not available" in err.lower() or "cannot assign" in err.lower():
-                pytest.skip("::1 is not configured here")
+                environment_broken("::1 is not configured here")
             pytest.fail(err)
         ep = f"[::1]:{port_file.read_text().strip()}"
         assert ok(ddprun, ep, "set", "v6", "yes") == ""

@@ -3,6 +3,7 @@ int32 labels (1000 classes), model.classes, the best weights by validation kept 
 (train.best_by, train.best_file), also a best newer than the newest snapshot across a kill -9
 under ddprun and a best file that vanished, the test at the end with them, evaluation-only runs
 (train.max_steps = 0), the start event, and train.hours counted across restarts."""
+import datetime
 import json
 import os
 import re
@@ -108,7 +109,7 @@ def test_max_steps_zero_only_evaluates_the_initial_weights(ddpworker, tmp_path):
 
 def test_the_best_weights_are_kept_across_a_restart_and_tested_at_the_end(ddpworker, tmp_path):
     conf = conf_file(tmp_path)
-    snap, best, metrics = tmp_path / "snap", tmp_path / "best.bin", tmp_path / "m.jsonl"
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.safetensors", tmp_path / "m.jsonl"
     common = ["data.val_split=0.25", "train.best_by=val_loss", f"train.best_file={best}",
               "train.eval_interval=3", f"snapshot.dir={snap}", "snapshot.every=3",
               f"train.metrics_file={metrics}"]
@@ -133,22 +134,92 @@ def test_the_best_weights_are_kept_across_a_restart_and_tested_at_the_end(ddpwor
     assert {k: v.shape for k, v in safetensors_file.load(str(best)).items()}, "a weights file"
 
 
+def stopped_by_sigterm(ddpworker, conf, snap, *overrides, steps=4):
+    """A run stopped by SIGTERM once it has trained `steps` steps: its snapshot is not finished."""
+    job = subprocess.Popen([ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=1000",
+                            "train.log_interval=1", *overrides], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=clean_env())
+    try:
+        for line in job.stdout:
+            if re.search(rf"step {steps}\b", line):
+                job.send_signal(signal.SIGTERM)
+                break
+        out = job.communicate(timeout=120)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 128 + signal.SIGTERM, out
+    latest = (snap / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True)
+    assert re.search(r"^finished:\s+no$", r.stdout, re.M), r.stdout
+    return r.stdout
+
+
 def test_hours_count_the_whole_run_across_restarts(ddpworker, tmp_path):
     conf = conf_file(tmp_path)
     snap = tmp_path / "snap"
     # a budget already spent by an earlier part of the run: the resumed part stops at once
-    r = worker(ddpworker, conf, f"snapshot.dir={snap}", "snapshot.every=2", "train.max_steps=4",
-               "train.epochs=1000", "train.log_interval=1")
-    latest = (snap / "latest").read_text().strip()
-    r = subprocess.run([ddpworker, "inspect", str(snap / latest)], capture_output=True, text=True)
-    elapsed = float(re.search(r"^elapsed:\s+(\S+) s", r.stdout, re.M).group(1))
+    inspected = stopped_by_sigterm(ddpworker, conf, snap)
+    elapsed = float(re.search(r"^elapsed:\s+(\S+) s", inspected, re.M).group(1))
+    step = int(re.search(r"^step:\s+(\d+)", inspected, re.M).group(1))
     assert elapsed > 0
     hours = elapsed / 3600 * 0.5                                  # half of what was used already
     r = worker(ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=0", "train.max_steps=-1",
                "train.log_interval=1", f"train.hours={hours:.9f}", "optim.schedule=constant")
-    steps = [int(s) for s in re.findall(r"step (\d+)  hours", r.stdout)]
-    assert steps == [5], "one step (the budget is checked at log intervals), then the end: " + r.stdout
-    assert re.search(r"step 5  hours \d+\.\d\d/0\.00", r.stdout), r.stdout
+    assert not re.findall(r"step (\d+)  hours", r.stdout), "no step: the budget is spent " + r.stdout
+    assert f"ddpworker: done: {step} steps" in r.stdout, r.stdout
+    # that end is a finished run's: the same command again trains nothing
+    r = worker(ddpworker, conf, f"snapshot.dir={snap}", "train.epochs=0", "train.max_steps=-1",
+               "train.log_interval=1", f"train.hours={hours:.9f}", "optim.schedule=constant")
+    assert f"already finished at step {step}, epoch 1 (snapshot.dir {snap})" in r.stdout, r.stdout
+
+
+BUDGET_CONF = """[model]
+name = resnet18
+width = 8
+[data]
+kind = synthetic
+height = 16
+width = 16
+channels = 3
+classes = 10
+train_limit = 4096
+test_limit = 32
+[optim]
+schedule = constant
+[train]
+batch_size = 16
+epochs = 1000
+log_interval = 100000
+threads = 1
+hours = 0.003333
+"""
+
+
+def utc(stamp):
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_12_s_budget_ends_within_a_step_of_its_time(ddpworker, tmp_path):
+    """train.hours is checked after every step (with the stop signals, in one reduction), not at
+    log intervals: a log interval longer than the run does not stretch the budget."""
+    conf = tmp_path / "budget.conf"
+    conf.write_text(BUDGET_CONF)
+    metrics = tmp_path / "m.jsonl"
+    r = subprocess.run([ddpworker, str(conf), f"train.metrics_file={metrics}"], capture_output=True,
+                       text=True, timeout=90, env=clean_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    ev = events(metrics)
+    start, last = ev[0], [e for e in ev if e["event"] == "train"][-1]
+    assert start["event"] == "start"
+    trained_s = utc(last["time"]) - utc(start["time"])    # to the end of the last step
+    step_s = start["global_batch"] / last["img_per_s"]     # the mean step
+    budget_s = 0.003333 * 3600
+    print(f"budget {budget_s:.3f} s, trained {trained_s:.3f} s, {last['step']} steps of "
+          f"{step_s * 1e3:.0f} ms: over by {(trained_s - budget_s) * 1e3:.0f} ms")
+    assert budget_s - 0.01 <= trained_s <= budget_s + max(2 * step_s, step_s + 0.2), \
+        (trained_s, step_s)
 
 
 KILL_CONF = """[model]
@@ -247,7 +318,7 @@ def test_a_best_written_after_the_last_snapshot_survives_a_kill_9(ddprun, ddpwor
 
 def test_a_lost_best_file_is_reported_and_the_best_starts_afresh(ddpworker, tmp_path):
     conf = conf_file(tmp_path)
-    snap, best, metrics = tmp_path / "snap", tmp_path / "best.bin", tmp_path / "m.jsonl"
+    snap, best, metrics = tmp_path / "snap", tmp_path / "best.safetensors", tmp_path / "m.jsonl"
     common = ["data.val_split=0.25", "train.best_by=val_top1", f"train.best_file={best}",
               "train.eval_interval=3", f"snapshot.dir={snap}", f"train.metrics_file={metrics}"]
     worker(ddpworker, conf, *common, "train.max_steps=9")

@@ -53,6 +53,7 @@ if [ "$dry" = 1 ]; then
     note "gpu: none (DDP_GPU_DRY_RUN=1)"
 else
     source deploy/gpu_deps.sh --env
+    export DDP_REQUIRE_GPU=1  # test_gpu.py fails instead of skipping when it finds no GPU
     export DDP_DATA_DIR="$PWD/.deps/root/usr/share/datasets/fashion-mnist"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
     stage_rc gpu $? || true

@@ -22,9 +22,9 @@ ETCDCTL = "/usr/bin/etcdctl"
 START_TIMEOUT_S = 20
 
 
-def free_port():
+def free_port(host="127.0.0.1"):
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     port = sock.getsockname()[1]
     sock.close()
     return port
@@ -51,7 +51,8 @@ def etcd_cluster_or_skip(tmp_path, **kw):
 
 
 class EtcdCluster:
-    def __init__(self, workdir, members=3, tls=False, auth_password=None):
+    def __init__(self, workdir, members=3, tls=False, auth_password=None, host="127.0.0.1"):
+        self.host = host  # where the members listen (the chaos harness: an address a netns reaches)
         self.workdir = os.path.abspath(workdir)
         self.members = members
         self.tls = tls
@@ -73,18 +74,19 @@ class EtcdCluster:
 
     @property
     def urls(self):
-        return [f"{self.scheme}://127.0.0.1:{p}" for p in self.client_ports]
+        return [f"{self.scheme}://{self.host}:{p}" for p in self.client_ports]
 
     @property
     def endpoints(self):
         """For --rdzv-endpoint: host:port,host:port,... without a scheme."""
-        return ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        return ",".join(f"{self.host}:{p}" for p in self.client_ports)
 
     def _name(self, i):
         return f"member-{i}"
 
     def _initial_cluster(self):
-        return ",".join(f"{self._name(i)}=http://127.0.0.1:{p}" for i, p in enumerate(self.peer_ports))
+        return ",".join(f"{self._name(i)}=http://{self.host}:{p}"
+                        for i, p in enumerate(self.peer_ports))
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -95,8 +97,8 @@ class EtcdCluster:
         # start fails with "address already in use", and the whole cluster is tried again on new
         # ports (the members' data dirs are fresh, so nothing of the failed try survives).
         for attempt in range(3):
-            self.client_ports = [free_port() for _ in range(self.members)]
-            self.peer_ports = [free_port() for _ in range(self.members)]
+            self.client_ports = [free_port(self.host) for _ in range(self.members)]
+            self.peer_ports = [free_port(self.host) for _ in range(self.members)]
             if len(set(self.client_ports + self.peer_ports)) < 2 * self.members:
                 continue
             for i in range(self.members):
@@ -128,8 +130,8 @@ class EtcdCluster:
         pp = self.peer_ports[i]
         cmd = [ETCD, "--name", self._name(i), "--data-dir", self._data(i),
                "--listen-client-urls", self.urls[i], "--advertise-client-urls", self.urls[i],
-               "--listen-peer-urls", f"http://127.0.0.1:{pp}",
-               "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
+               "--listen-peer-urls", f"http://{self.host}:{pp}",
+               "--initial-advertise-peer-urls", f"http://{self.host}:{pp}",
                "--initial-cluster", self._initial_cluster(), "--initial-cluster-state", state,
                "--initial-cluster-token", f"ddprun-test-{os.getpid()}-{self.peer_ports[0]}",
                # A lost leader is replaced within about a second instead of the default's ~2 s.

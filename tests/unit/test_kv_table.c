@@ -487,21 +487,23 @@ Test(kv_table, many_empty_keys_are_bounded_too) {
     kv_table_destroy(small);
 }
 
+/* Heap bytes in use. Under AddressSanitizer (every CI build) malloc is the sanitizer's, which
+ * mallinfo2 does not see: its own counter, which counts a freed block as freed even while it waits
+ * in quarantine. */
 #if defined(__SANITIZE_ADDRESS__)
-#define HAS_PLAIN_MALLOC 0
+/* sanitizer/allocator_interface.h's declaration: GCC ships the function, not always the header */
+size_t __sanitizer_get_current_allocated_bytes(void);
+static size_t heap_in_use(void) { return __sanitizer_get_current_allocated_bytes(); }
 #else
-#define HAS_PLAIN_MALLOC 1
-#endif
-
 static size_t heap_in_use(void) {
     struct mallinfo2 m = mallinfo2();
     return m.uordblks + m.hblkhd;
 }
+#endif
 
 /* The budget bounds memory, not just the byte count: a value that shrinks or is deleted must not
  * leave its old buffer behind uncharged. */
 Test(kv_table, memory_held_follows_the_budget) {
-    if (!HAS_PLAIN_MALLOC) cr_skip_test("mallinfo2 does not see the sanitizer's allocator");
     const size_t big = 1u << 20;
     char *v = calloc(1, big);
     char key[32];

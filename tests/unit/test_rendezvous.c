@@ -94,6 +94,7 @@ static ddprun_opts_t opts; /* the job's options, as every agent has them */
 static void job_options(uint16_t port) {
     memset(&opts, 0, sizeof opts);
     opts.min_nodes = opts.max_nodes = 2; /* --nnodes 2: a late agent finds the job full */
+    opts.last_call_timeout_s = 0;
     opts.nproc_per_node = 2;
     opts.node_rank = -1;
     strcpy(opts.rdzv_backend, "c10d");
@@ -305,6 +306,52 @@ Test(rendezvous, late_agent_leaves_a_living_round_alone) {
     agent_dies(&a);
     agent_dies(&b);
     agent_dies(&c);
+    server_stop(&srv);
+}
+
+/* Every member beats and judges only the next one around the ring (O(N) for the store, not
+ * O(N^2)), and still some living member finds any member's loss. */
+Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = opts.max_nodes = 3;
+    agent_t m[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) agent_start(&m[i], i == 0);
+    for (int i = 0; i < 3; i++) cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
+        cr_assert(m[i].out.is_member && m[i].out.group_world_size == 3);
+    }
+    agent_t *by_rank[3];
+    for (int i = 0; i < 3; i++) by_rank[m[i].out.group_rank] = &m[i];
+    int64_t counters[RDZV_MAX_NODES];
+    liveness_t judges[3];
+    for (int g = 0; g < 3; g++) liveness_reset(&judges[g], 3, 1000, 0);
+    for (int g = 0; g < 3; g++) { /* everyone beats: nobody is stale */
+        cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, counters), 0);
+        for (int i = 0; i < 3; i++)
+            cr_assert_eq(counters[i] == LIVENESS_ALIVE, i != (g + 1) % 3, "rank %d reads %d", g, i);
+        cr_assert_eq(liveness_judge(&judges[g], counters, g, 0), -1);
+    }
+    agent_dies(by_rank[2]);
+    int found = 0;
+    for (uint64_t now = 1500; now <= 3000; now += 1500) { /* the two that live beat on */
+        for (int g = 0; g < 2; g++) {
+            cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out,
+                                        counters), 0);
+            int lost = liveness_judge(&judges[g], counters, g, now);
+            if (lost < 0) continue;
+            cr_assert_eq(g, 1, "rank %d judged %d: only the one before the dead one does", g, lost);
+            cr_assert_eq(lost, 2);
+            cr_assert_eq(now, 3000, "its last beat (after 0) changed its counter at 1500");
+            found++;
+        }
+    }
+    cr_assert_eq(found, 1, "the member before the dead one finds it");
+    for (int g = 0; g < 2; g++) agent_dies(by_rank[g]);
     server_stop(&srv);
 }
 

@@ -5,6 +5,7 @@
  * on the thread count (a channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. */
 #include "backend.h"
 #include "backend_cpu_internal.h"
+#include "cpu_dnnl.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -18,6 +19,7 @@ typedef struct {
     backend_t base;
     float *workspace; /* im2col columns of one image */
     size_t workspace_bytes;
+    cpu_dnnl_t *dnnl; /* convolutions through oneDNN (DDP_CPU_ONEDNN=1), or NULL: im2col */
 } cpu_t;
 
 void openblas_set_num_threads(int num_threads); /* not in every cblas.h */
@@ -132,6 +134,7 @@ static int conv_chunk(const cpu_t *c, const conv_shape_t *s) {
 static void cpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
                                float *y) {
     cpu_t *c = cpu_of(b);
+    if (c->dnnl && cpu_dnnl_conv_forward(c->dnnl, s, x, w, y) == 0) return;
     int rsc = s->r * s->s * s->c, p = s->oh * s->ow;
     size_t in_image = (size_t)s->h * s->w * s->c, col_image = (size_t)p * rsc;
     if (conv_is_pointwise(s)) {
@@ -152,6 +155,7 @@ static void cpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float 
 static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
                                 const float *dy, float *dx, float *dw) {
     cpu_t *c = cpu_of(b);
+    if (c->dnnl && cpu_dnnl_conv_backward(c->dnnl, s, x, w, dy, dx, dw) == 0) return;
     int rsc = s->r * s->s * s->c, p = s->oh * s->ow;
     size_t in_image = (size_t)s->h * s->w * s->c, col_image = (size_t)p * rsc;
     if (conv_is_pointwise(s)) {
@@ -421,6 +425,7 @@ static void cpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t
 
 static void cpu_destroy(backend_t *b) {
     cpu_t *c = cpu_of(b);
+    cpu_dnnl_destroy(c->dnnl);
     free(c->workspace);
     free(c);
 }
@@ -484,5 +489,7 @@ backend_t *backend_cpu_create(int threads) {
         free(c);
         return NULL;
     }
+    const char *onednn = getenv("DDP_CPU_ONEDNN"); /* opt-in until it is the default (cpu_dnnl.h) */
+    if (onednn && !strcmp(onednn, "1")) c->dnnl = cpu_dnnl_create();
     return &c->base;
 }
