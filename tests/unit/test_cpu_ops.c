@@ -800,8 +800,18 @@ Test(cpu_ops, bn_act_gives_the_unfused_ops_bits) {
 }
 
 /* conv_shape_t.is_dx_written: the backward writes dx, bit for bit what adding onto zeros gives,
- * for the GEMM-only (1x1) path and the im2col one. */
-Test(cpu_ops, conv_backward_writes_dx_when_told) {
+ * for the GEMM-only (1x1) path and the im2col one, and through oneDNN (DDP_CPU_ONEDNN=1) where the
+ * build has it. */
+static void conv_written_cases(void);
+
+Test(cpu_ops, conv_backward_writes_dx_when_told) { conv_written_cases(); }
+
+Test(cpu_ops, conv_backward_writes_dx_when_told_through_onednn) {
+    setenv("DDP_CPU_ONEDNN", "1", 1); /* this test's own process; without oneDNN: im2col again */
+    conv_written_cases();
+}
+
+static void conv_written_cases(void) {
     backend_t *b = backend_cpu_create(1);
     cr_assert_eq(b->mem->reserve_workspace(b, 1 << 20), 0);
     conv_shape_t shapes[2] = {

@@ -19,7 +19,8 @@ void cpu_dnnl_destroy(cpu_dnnl_t *d);
  * computes it its own way). */
 int cpu_dnnl_conv_forward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x, const float *w,
                           float *y);
-/* dx += dL/dx (skipped when dx is NULL), dw += dL/dw; returns as cpu_dnnl_conv_forward. */
+/* dx += dL/dx (dx = with s->is_dx_written; skipped when dx is NULL), dw += dL/dw; returns as
+ * cpu_dnnl_conv_forward. */
 int cpu_dnnl_conv_backward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x, const float *w,
                            const float *dy, float *dx, float *dw);
 
