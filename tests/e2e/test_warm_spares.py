@@ -207,6 +207,10 @@ def test_a_spare_that_cannot_load_the_data_ends_the_spares_and_restarts_start_fr
         assert deaths == 2 and any("no more warm spares" in s for s in seen), "".join(seen)
         hidden.rename(data)
         time.sleep(1.5)  # longer than the agent waits before it replaces a spare
+        # the kill must find a snapshot to resume from (on a loaded machine the spares can be
+        # done with before the job's first snapshot)
+        assert wait_until(lambda: (tmp_path / "snap-nodata" / "latest").exists(), timeout=120), \
+            "no snapshot in 120 s"
         training, spares = split(str(conf))
         assert len(training) == 2 and not spares, (training, spares)
         os.kill(min(training), signal.SIGKILL)
