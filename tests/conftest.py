@@ -118,7 +118,8 @@ def pytest_runtest_makereport(item, call):
     lines = sanitizer_reports_in("".join(text for name, text in rep.sections if "Captured" in name))
     if lines:
         rep.outcome = "failed"
-        rep.longrepr = "sanitizer report(s) in the test's captured output:\n" + "\n".join(lines[:20])
+        rep.longrepr = ("sanitizer report(s) in the test's captured output:\n" +
+                        "\n".join(lines[:20]))
 
 
 def env_build_dir():

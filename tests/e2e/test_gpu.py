@@ -151,7 +151,7 @@ def kill_9_and_resume(ddprun, ddpworker, tmp_path, conf_text, spares, total_step
             lines = [json.loads(line) for line in open(metrics)] if metrics.exists() else []
         return [e for e in lines if e.get("event") == kind]
     try:
-        assert wait_until(lambda: len(events("snapshot")) >= 2, timeout=120), "no snapshots appeared"
+        assert wait_until(lambda: len(events("snapshot")) >= 2, timeout=120), "no snapshots"
         if spares:
             assert wait_until(lambda: spare_is_ready(tmp_path), timeout=120), "no spare got ready"
         landed = snapshot_steps(snaps)  # complete (renamed into place) before the kill
@@ -211,10 +211,10 @@ def kill_9_and_resume(ddprun, ddpworker, tmp_path, conf_text, spares, total_step
     return finals[-1]
 
 
-KILL_CONF_CPU = ("[model]\nname = cnn\nwidth = 8\n[data]\nkind = synthetic\nheight = 16\nwidth = 16\n"
-                 "channels = 1\nclasses = 10\ntrain_limit = 4096\ntest_limit = 128\naugment = true\n"
-                 "[optim]\nlr = 0.05\n[train]\nbatch_size = 16\nepochs = {epochs}\nlog_interval = 16\n"
-                 "[snapshot]\ndir = {{snaps}}\nevery = 20\nkeep = 2\n")
+KILL_CONF_CPU = ("[model]\nname = cnn\nwidth = 8\n[data]\nkind = synthetic\nheight = 16\n"
+                 "width = 16\nchannels = 1\nclasses = 10\ntrain_limit = 4096\ntest_limit = 128\n"
+                 "augment = true\n[optim]\nlr = 0.05\n[train]\nbatch_size = 16\nepochs = {epochs}\n"
+                 "log_interval = 16\n[snapshot]\ndir = {{snaps}}\nevery = 20\nkeep = 2\n")
 
 
 @pytest.mark.parametrize("spares", [0, 1])
