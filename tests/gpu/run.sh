@@ -80,13 +80,15 @@ if has build; then
 fi
 
 if has unit; then
-    # the CUDA unit tests (tests/unit/CMakeLists.txt: test_backend_cuda; NCCL has none of its own);
-    # a test that skipped (no GPU visible) counts as a failure here
-    (cd "$build" && ctest -R '^test_backend_cuda$' --no-tests=error --output-on-failure -V) \
-        >"$out/unit.log" 2>&1
+    # the CUDA unit tests (tests/unit/CMakeLists.txt: test_backend_cuda, test_cuda_fused with the
+    # fused kernels' host emulation; NCCL has none of its own); any test that skipped (no GPU
+    # visible) counts as a failure here
+    cuda_tests='^(test_backend_cuda|test_cuda_fused|test_cuda_bn_act_emulated)$'
+    (cd "$build" && CRITERION_VERBOSITY_LEVEL=1 ctest -R "$cuda_tests" --no-tests=error \
+        --output-on-failure -V) >"$out/unit.log" 2>&1
     rc=$?
-    if [ $rc -eq 0 ] && grep -qE 'Synthesis: Tested: 0 ' "$out/unit.log"; then
-        echo "unit: every CUDA test skipped (no GPU visible?)" >>"$out/unit.log"
+    if [ $rc -eq 0 ] && grep -qE '\[SKIP\]|Synthesis: Tested: 0 ' "$out/unit.log"; then
+        echo "unit: CUDA tests skipped (no GPU visible?)" >>"$out/unit.log"
         rc=4
     fi
     stage_rc unit $rc
