@@ -111,6 +111,7 @@ typedef struct {
         uint64_t ok_ms; /* last heartbeat the store took */
         bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
         bool is_job_lease_only; /* ... as the job in flight was queued */
+        bool is_lease_lost_said;
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
@@ -455,7 +456,11 @@ static void hb_after_cb(uv_work_t *req, int status) {
         return;
     }
     if (b->is_job_lease_only) {
-        if (b->job.rc == DDP_ELEASE) LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
+        /* once: the join goes on (the round's members will see this agent lost and end the
+         * round; its next put is refused, 'requested lease not found', and it leaves) */
+        if (b->job.rc == DDP_ELEASE && !b->is_lease_lost_said)
+            LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
+        b->is_lease_lost_said |= b->job.rc == DDP_ELEASE;
         return;
     }
     if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */

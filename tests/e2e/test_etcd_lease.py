@@ -17,7 +17,11 @@ TTL_S = 2
 
 
 def test_a_join_longer_than_the_lease_keeps_the_lease(ddprun, tmp_path):
-    etcd = etcd_cluster_or_skip(tmp_path / "etcd")
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        run_two_agents(ddprun, etcd)
+
+
+def run_two_agents(ddprun, etcd):
     args = [ddprun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
             "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", "lease",
             "--rdzv-conf", f"join_timeout=60,last_call_timeout=0.1,lease_ttl={TTL_S},"

@@ -56,6 +56,7 @@ def test_agents_arriving_after_a_round_whose_members_died_open_the_next(
         str(worker)]
     env = clean_env(OUT_DIR=str(tmp_path))
     procs, logs = [], []
+    cluster = etcd if backend == "etcd" else None
 
     def start(name):
         log = open(tmp_path / f"{name}.log", "w")
@@ -90,3 +91,5 @@ def test_agents_arriving_after_a_round_whose_members_died_open_the_next(
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        if cluster:
+            cluster.close()
