@@ -25,15 +25,14 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from build_paths import build_path
+
 RECOVERY_LIMIT_S = 60
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 WORKER = """#!/bin/sh
 date +%s%N > "$OUT_DIR/start.$TORCHELASTIC_RESTART_COUNT.$RANK"
@@ -41,14 +40,6 @@ echo $$ > "$OUT_DIR/pid.$TORCHELASTIC_RESTART_COUNT.$RANK"
 [ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] || [ -n "$BENCH_EXIT_AT_ONCE" ] && exit 0
 exec sleep 60
 """
-
-
-def ddprun_bin():
-    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
-        path = os.path.join(ROOT, build, "launcher", "ddprun")
-        if os.access(path, os.X_OK):
-            return path
-    sys.exit("bench_launch: ddprun not built")
 
 
 def commands(ddprun, program, restarts):
@@ -183,7 +174,7 @@ def main():
     with open(worker, "w") as f:
         f.write(WORKER)
     os.chmod(worker, 0o755)
-    bins = {"ddprun": ddprun_bin()}
+    bins = {"ddprun": build_path("launcher", "ddprun")}
     if args.baseline:
         bins["baseline"] = os.path.abspath(args.baseline)
     results = {name: {} for name in list(bins) + ["torchrun"]}

@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from build_paths import build_path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
@@ -35,14 +37,6 @@ date +%s%N > "$OUT_DIR/start.$DDPRUN_ATTEMPT.$RANK.tmp" && mv "$OUT_DIR/start.$D
 echo $$ > "$OUT_DIR/pid.$DDPRUN_ATTEMPT.$RANK"
 exec sleep 600
 """
-
-
-def ddprun_bin():
-    for build in (os.environ.get("DDP_BUILD_DIR", "build"), "build", "build-test"):
-        path = os.path.join(ROOT, build, "launcher", "ddprun")
-        if os.access(path, os.X_OK):
-            return path
-    sys.exit("bench_scale: ddprun not built")
 
 
 def cpu_and_rss(pids):
@@ -163,7 +157,7 @@ def main():
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    ddprun = ddprun_bin()
+    ddprun = build_path("launcher", "ddprun")
     rows = []
     for n in (int(x) for x in args.agents.split(",")):
         r = run(ddprun, n, args.backend, args.timeout)
