@@ -143,6 +143,8 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     CHECK_CUDA(cudaDeviceGetAttribute(&g->sm_count, cudaDevAttrMultiProcessorCount, device));
     const char *graphs = getenv("DDP_CUDA_GRAPHS");
     g->is_graphs = graphs && strcmp(graphs, "1") == 0;
+    const char *nondet = getenv("DDP_CUDA_NONDETERMINISTIC");
+    g->is_nondeterministic = nondet && strcmp(nondet, "1") == 0;
     const char *profile = getenv("DDP_CUDA_PROFILE");
     if (profile && (sscanf(profile, "%ld,%ld", &g->profile_first, &g->profile_count) != 2 ||
                     g->profile_first < 1 || g->profile_count < 1)) {
