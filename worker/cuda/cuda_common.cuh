@@ -101,6 +101,11 @@ typedef struct {
      * little faster for some shapes; two runs then differ in the last bits). Default: only
      * deterministic ones, as torch.backends.cudnn.deterministic. */
     bool is_nondeterministic;
+    /* DDP_STARTUP_TRACE=1 (startup_trace.h): the first step's time (from the first forward to the
+     * second) and the part of it cuDNN's timed search took, printed at the second forward */
+    long trace_forwards;
+    double trace_first_forward, search_seconds;
+    int searched_shapes;
     uint64_t scratch_generation;
 } gpu_t;
 

@@ -2,6 +2,8 @@
  * timed search kept in a cache file across runs. */
 #include "cuda_common.cuh"
 
+#include "startup_trace.h"
+
 /* ---- convolution (cuDNN, NHWC, KRSC filters) ---- */
 
 /* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32.
@@ -113,6 +115,7 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
         memset(a, 0, sizeof *a);
         a->shape = *s;
         a->shape.is_dx_written = false;
+        double t = startup_trace_now();
         int n = 0;
         cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(g->cudnn, g->x_desc, g->w_desc, g->conv_desc, g->y_desc,
@@ -129,6 +132,8 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
                                                                 &n, bf));
         a->bwd_filter = FASTEST(g, bf, n, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
         algo_cache_append(g, a);
+        g->search_seconds += startup_trace_now() - t;
+        g->searched_shapes++;
     }
     if (!a->is_sized) { /* found now or read from the cache file: make room for its workspace */
         size_t need = 0, bytes = 0;
