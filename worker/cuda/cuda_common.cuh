@@ -97,6 +97,15 @@ typedef struct {
      * in forwards that a recording would skip). scratch_generation counts the replacements of
      * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale. */
     bool is_graphs, is_recording;
+    /* DDP_CUDA_NONDETERMINISTIC=1: convolution algorithms that sum with atomics may be chosen (a
+     * little faster for some shapes; two runs then differ in the last bits). Default: only
+     * deterministic ones, as torch.backends.cudnn.deterministic. */
+    bool is_nondeterministic;
+    /* DDP_STARTUP_TRACE=1 (startup_trace.h): the first step's time (from the first forward to the
+     * second) and the part of it cuDNN's timed search took, printed at the second forward */
+    long trace_forwards;
+    double trace_first_forward, search_seconds;
+    int searched_shapes;
     uint64_t scratch_generation;
 } gpu_t;
 
