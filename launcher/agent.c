@@ -29,6 +29,7 @@
 #include "fs.h"
 #include "json_lines.h"
 #include "liveness.h"
+#include "memory_region.h"
 #include "log.h"
 #include "options.h"
 #include "port_holder.h"
@@ -65,6 +66,7 @@ typedef struct {
     char self_exe[PATH_MAX];
     char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
+    char memory_dir[1200]; /* memory snapshots (memory_region), "" when none */
     char master_addr[256];
     uint16_t master_port;
     int exit_code;
@@ -287,7 +289,8 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
         .group_rank = act->round.group_rank,
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
         .world_size = act->round.world_size, .master_addr = a->master_addr,
-        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares};
+        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares,
+        .memory_dir = a->memory_dir};
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
         spec.master_addr = act->round.store_host;
         spec.master_port = act->round.store_port;
@@ -932,6 +935,9 @@ int agent_main(ddprun_opts_t *o) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;
     }
+    char mem_err[512];
+    if (memory_region_create(a->memory_dir, sizeof a->memory_dir, mem_err, sizeof mem_err) < 0)
+        LOG_WARN("%s: restarts resume from snapshot.dir", mem_err);
     a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
     char etcd_err[600];
     if (a->is_etcd && rdzv_kv_etcd_check(etcd_err, sizeof etcd_err) < 0) {
@@ -971,6 +977,7 @@ int agent_main(ddprun_opts_t *o) {
     rdzv_kv_destroy(a->ops);
     rdzv_kv_destroy(a->watch);
     rdzv_lease_free(a->lease);
+    memory_region_remove(a->memory_dir);
     /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
     if (a->exit_code == 0 && !o->log_dir[0]) nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return a->exit_code;
