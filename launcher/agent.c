@@ -29,6 +29,7 @@
 #include "fs.h"
 #include "json_lines.h"
 #include "liveness.h"
+#include "memory_peer.h"
 #include "memory_region.h"
 #include "log.h"
 #include "options.h"
@@ -67,6 +68,7 @@ typedef struct {
     char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
     char memory_dir[1200]; /* memory snapshots (memory_region), "" when none */
+    memory_peer_t *memory_peer; /* their copies to and from other nodes, or NULL */
     char master_addr[256];
     uint16_t master_port;
     int exit_code;
@@ -191,6 +193,8 @@ static void arm_exit_deadline(agent_t *a) {
  * clients when they come back. */
 static void finish(agent_t *a, int code) {
     a->exit_code = code;
+    memory_peer_stop(a->memory_peer);
+    a->memory_peer = NULL;
     if (a->spares) spares_destroy(a->spares);
     a->spares = NULL;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
@@ -291,6 +295,8 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
         .world_size = act->round.world_size, .master_addr = a->master_addr,
         .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares,
         .memory_dir = a->memory_dir};
+    memory_peer_round(a->memory_peer, act->round.round, act->round.group_rank,
+                      act->round.group_world_size);
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
         spec.master_addr = act->round.store_host;
         spec.master_port = act->round.store_port;
@@ -960,6 +966,10 @@ int agent_main(ddprun_opts_t *o) {
                  o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
                  a->run_dir);
     }
+    if (a->memory_dir[0] && a->sm.cfg.is_multi &&
+        memory_peer_start(a->loop, o, a->lease, a->memory_dir, &a->memory_peer, mem_err,
+                          sizeof mem_err) < 0)
+        LOG_WARN("%s: memory snapshots stay on this node", mem_err);
     for (int i = 0; i < o->n_signals; i++) {
         uv_signal_init(a->loop, &a->sig_handles[i]);
         a->sig_handles[i].data = a;

@@ -233,10 +233,14 @@ memory_snapshot_source_t memory_snapshot_find_latest(const char *dir, FILE *repo
     for (struct dirent *e; (e = readdir(dh));) {
         char p[4200];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (strcmp(e->d_name, PROGRESS_FILE) == 0) {
+        size_t len = strlen(e->d_name), lp = strlen("-" PROGRESS_FILE);
+        bool is_peer_progress = strncmp(e->d_name, "peer-", 5) == 0 && len > lp &&
+                                strcmp(e->d_name + len - lp, "-" PROGRESS_FILE) == 0;
+        if (strcmp(e->d_name, PROGRESS_FILE) == 0 || is_peer_progress) {
             uint64_t v[2];
             int fd = open(p, O_RDONLY | O_CLOEXEC);
-            if (fd >= 0 && pread(fd, v, sizeof v, 0) == (ssize_t)sizeof v && v[1] == ~v[0])
+            if (fd >= 0 && pread(fd, v, sizeof v, 0) == (ssize_t)sizeof v && v[1] == ~v[0] &&
+                (int64_t)v[0] > *reached)
                 *reached = (int64_t)v[0];
             if (fd >= 0) close(fd);
             continue;

@@ -68,7 +68,8 @@ typedef enum {
 /* The newest generation in dir that verifies (own or a peer's), read into d (malloc'd:
  * snapshot_data_free) and its path into path. Slots that do not verify are reported on report
  * (may be NULL) with path and reason, and left as they are (the writer reuses them). *reached gets
- * the newest step the progress file records (-1: none). Returns the source, MEMORY_SNAPSHOT_NONE
+ * the newest step the progress files record (this node's, and what a peer's agent said its node
+ * had reached when it sent its last copy; -1: none). Returns the source, MEMORY_SNAPSHOT_NONE
  * when none verifies or there is no dir. Reads; never blocks on anyone. */
 memory_snapshot_source_t memory_snapshot_find_latest(const char *dir, FILE *report,
                                                      snapshot_data_t *d, char *path,

@@ -4,6 +4,7 @@ a worker with SIGKILL (after damaging its memory copies where that is the point)
 outcome: the source the job resumed from, the steps lost, and a final state equal bit for bit to
 an uninterrupted run's. The job is small (two CPU ranks, 64 steps): seconds each."""
 import glob
+import shutil
 import json
 import os
 import re
@@ -214,3 +215,51 @@ def test_corrupt_memory_copies_fall_back_to_the_disk(ddprun, ddpworker, tmp_path
     assert step % 8 == 0 and step >= 16, (steps, out)
     assert lost in (max(steps.values()) - step, max(steps.values()) - step + 1), (steps, out)
     assert state_hash(ddpworker, snap) == ref
+
+
+def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, tmp_path,
+                                                            start_store):
+    """Two nodes on an outside store; node 0 (rank 0: the memory and disk snapshots) loses its
+    agent, its workers and its snapshot directory. Node 1's agent holds a copy of node 0's memory
+    snapshots: the job, scaled down to node 1, resumes from it, losing at most a step, and ends
+    as a run resumed from that very copy."""
+    conf = write_conf(tmp_path, 8)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    snaps = [tmp_path / "snap0", tmp_path / "snap1"]
+    jobs = []
+    try:
+        for node in (0, 1):
+            jobs.append(start_job(ddprun, conf, snaps[node], tmp_path / f"m{node}.jsonl",
+                                  "--node-rank", str(node), "--local-addr", "127.0.0.1",
+                                  "--rdzv-conf", rdzv, nnodes="1:2", port=store.port))
+        seen = read_until_step(jobs[0], 12)
+        peer_dir = memory_dir(jobs[1].pid)
+        assert wait_until(lambda: glob.glob(f"{peer_dir}/peer-0-*.ddps"), timeout=30), \
+            "no copy reached node 1"
+        os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0: its agent and its workers
+        jobs[0].communicate()
+        shutil.rmtree(snaps[0])                 # and its disk
+        kept = tmp_path / "kept"  # node 1's copies as they are now, for the reference
+        kept.mkdir()
+        for path in glob.glob(f"{peer_dir}/peer-0-*.ddps"):
+            shutil.copy(path, kept)
+        out = finish(jobs[1])
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+    assert jobs[1].returncode == 0, out
+    path, step, source, lost = resume_of(out)
+    assert source == "peer" and os.path.basename(path).startswith("peer-0-"), out
+    assert step >= 11 and lost is not None and lost <= 1, (step, lost, seen)
+    assert re.search(r"saved by 4 ranks, now 2", out), out
+    # the reference: node 1 alone, resumed from the copy it resumed from
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    shutil.copy(kept / os.path.basename(path), ref / f"snapshot-{step:012d}.ddps")
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", conf,
+                        f"snapshot.dir={ref}", "snapshot.every_memory=0"], capture_output=True,
+                       text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0 and f"resuming from {ref}" in r.stdout, r.stdout + r.stderr
+    assert state_hash(ddpworker, ref) == state_hash(ddpworker, snaps[1])
