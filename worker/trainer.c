@@ -240,6 +240,7 @@ void trainer_start(trainer_t *t, comm_t *comm) {
             conf->source_path, conf->overrides, &t->tb, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "%s", err);
     t->status = status_report_open(t->rank);
+    trainer__report_resume(t);
 }
 
 void trainer_free(trainer_t *t) {

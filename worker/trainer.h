@@ -68,6 +68,7 @@ typedef struct {
     bool is_memory_copying;  /* copies out to memory are in flight: fence before the optimizer */
     const char *resume_source; /* "memory", "peer", "disk"; NULL: not resumed */
     int64_t steps_lost;      /* steps trained before the restart and lost (-1: unknown) */
+    int resume_rank;         /* the rank that sent the state resumed from */
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
     status_report_t *status; /* progress for `ddprun status`, or NULL */
@@ -143,6 +144,9 @@ void trainer__memory_snapshot(trainer_t *t);
 /* Before anything overwrites the state (the optimizer, the loss scaler): wait for the copies. */
 void trainer__memory_fence(trainer_t *t);
 void trainer__memory_free(trainer_t *t);
+/* Rank 0 after a resume: its source and steps lost as a "resume" metrics event and for
+ * `ddprun status`. */
+void trainer__report_resume(trainer_t *t);
 /* The header of the state after the last step (trainer_snapshot.c): everything but checksums. */
 void trainer__describe(const trainer_t *t, snapshot_header_t *h);
 /* A collective's result: on failure the worker exits with DDP_EXIT_PEER_FAILURE naming what. */

@@ -102,3 +102,15 @@ void trainer__memory_free(trainer_t *t) {
     memory_snapshot_destroy(t->memory);
     t->memory = NULL;
 }
+
+void trainer__report_resume(trainer_t *t) {
+    if (t->rank != 0 || !t->resume_source) return;
+    status_report_resume(t->status, t->step, t->resume_source, t->resume_rank, t->steps_lost);
+    if (!t->metrics) return;
+    cJSON *event = json_line_new("resume");
+    json_line_int(event, "step", t->step);
+    json_line_str(event, "source", t->resume_source);
+    json_line_int(event, "rank", t->resume_rank);
+    json_line_int(event, "steps_lost", t->steps_lost);
+    json_line_write(t->metrics, event);
+}

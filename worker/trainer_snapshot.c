@@ -298,6 +298,7 @@ bool trainer__resume(trainer_t *t) {
     t->elapsed_before_s = run[2];
     t->was_finished = where[5] != 0;
     t->resume_source = source_name(chosen);
+    t->resume_rank = root;
     t->steps_lost = max_reached > 0 ? (int64_t)max_reached - 1 - where[1] : -1;
     if (t->steps_lost < 0 && max_reached > 0) t->steps_lost = 0;
     /* a finished run is not trained again by the same command (every rank decides alike: the same

@@ -254,6 +254,18 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
     assert source == "peer" and os.path.basename(path).startswith("peer-0-"), out
     assert step >= 11 and lost is not None and lost <= 1, (step, lost, seen)
     assert re.search(r"saved by 4 ranks, now 2", out), out
+    # `ddprun status` (the store outlives the job here) says the same
+    r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
+                        "memsnap", "--json"], capture_output=True, text=True, timeout=30,
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["last_resume"]
+    assert (res["step"], res["source"], res["steps_lost"]) == (step, "peer", lost), res
+    r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
+                        "memsnap"], capture_output=True, text=True, timeout=30, env=clean_env())
+    assert f"last resume: step {step} from peer (rank 0), {lost} step" in r.stdout, r.stdout
+    events = [e for e in map(json.loads, open(tmp_path / "m1.jsonl")) if e["event"] == "resume"]
+    assert [(e["step"], e["source"]) for e in events] == [(step, "peer")], events
     # the reference: node 1 alone, resumed from the copy it resumed from
     ref = tmp_path / "reference"
     ref.mkdir()
