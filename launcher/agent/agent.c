@@ -29,6 +29,8 @@
 #include "fs.h"
 #include "json_lines.h"
 #include "rdzv/liveness.h"
+#include "agent/memory_peer.h"
+#include "agent/memory_region.h"
 #include "log.h"
 #include "options.h"
 #include "agent/port_holder.h"
@@ -65,6 +67,8 @@ typedef struct {
     char self_exe[PATH_MAX];
     char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
+    char memory_dir[1200]; /* memory snapshots (memory_region), "" when none */
+    memory_peer_t *memory_peer; /* their copies to and from other nodes, or NULL */
     char master_addr[256];
     uint16_t master_port;
     int exit_code;
@@ -189,6 +193,8 @@ static void arm_exit_deadline(agent_t *a) {
  * clients when they come back. */
 static void finish(agent_t *a, int code) {
     a->exit_code = code;
+    memory_peer_stop(a->memory_peer);
+    a->memory_peer = NULL;
     if (a->spares) spares_destroy(a->spares);
     a->spares = NULL;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
@@ -287,7 +293,10 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
         .group_rank = act->round.group_rank,
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
         .world_size = act->round.world_size, .master_addr = a->master_addr,
-        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares};
+        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares,
+        .memory_dir = a->memory_dir};
+    memory_peer_round(a->memory_peer, act->round.round, act->round.group_rank,
+                      act->round.group_world_size);
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
         spec.master_addr = act->round.store_host;
         spec.master_port = act->round.store_port;
@@ -932,6 +941,9 @@ int agent_main(ddprun_opts_t *o) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;
     }
+    char mem_err[512];
+    if (memory_region_create(a->memory_dir, sizeof a->memory_dir, mem_err, sizeof mem_err) < 0)
+        LOG_WARN("%s: restarts resume from snapshot.dir", mem_err);
     a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
     char etcd_err[600];
     if (a->is_etcd && rdzv_kv_etcd_check(etcd_err, sizeof etcd_err) < 0) {
@@ -954,6 +966,10 @@ int agent_main(ddprun_opts_t *o) {
                  o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
                  a->run_dir);
     }
+    if (a->memory_dir[0] && a->sm.cfg.is_multi &&
+        memory_peer_start(a->loop, o, a->lease, a->memory_dir, &a->memory_peer, mem_err,
+                          sizeof mem_err) < 0)
+        LOG_WARN("%s: memory snapshots stay on this node", mem_err);
     for (int i = 0; i < o->n_signals; i++) {
         uv_signal_init(a->loop, &a->sig_handles[i]);
         a->sig_handles[i].data = a;
@@ -971,6 +987,7 @@ int agent_main(ddprun_opts_t *o) {
     rdzv_kv_destroy(a->ops);
     rdzv_kv_destroy(a->watch);
     rdzv_lease_free(a->lease);
+    memory_region_remove(a->memory_dir);
     /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
     if (a->exit_code == 0 && !o->log_dir[0]) nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return a->exit_code;

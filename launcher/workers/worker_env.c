@@ -1,6 +1,8 @@
 /* worker_env: see worker_env.h. */
 #include "workers/worker_env.h"
 
+#include "agent/memory_region.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -93,6 +95,8 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) 
     rc |= worker_env_set(e, "DDPRUN_ATTEMPT", "%d", sp->attempt);
     rc |= worker_env_set(e, "DDPRUN_PROGRESS_FILE", "%s/%d/progress", sp->attempt_dir, local_rank);
     rc |= worker_env_set(e, "DDPRUN_PID_FILE", "%s/%d/pid", sp->attempt_dir, local_rank);
+    if (sp->memory_dir && sp->memory_dir[0])
+        rc |= worker_env_set(e, MEMORY_REGION_ENV, "%s", sp->memory_dir);
     return rc;
 }
 

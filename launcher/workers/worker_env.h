@@ -28,6 +28,7 @@ typedef struct {
     uint16_t master_port;
     const char *attempt_dir; /* logs and error files of this attempt (always set) */
     spares_t *spares;      /* warm spares to take the workers' places, or NULL */
+    const char *memory_dir; /* the agent's memory snapshot directory ("" or NULL: none) */
 } workers_spec_t;
 
 /* A NULL-terminated KEY=VALUE array (execve's envp); a later set of a key replaces it. */
