@@ -342,15 +342,6 @@ int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *va
     return 0;
 }
 
-int etcd_delete(etcd_t *c, const char *key) {
-    cJSON *body = cJSON_CreateObject(), *answer;
-    add_b64(body, "key", key, strlen(key));
-    int rc = call(c, "/v3/kv/deleterange", body, &answer);
-    cJSON_Delete(body);
-    cJSON_Delete(answer);
-    return rc;
-}
-
 /* ---- leases -------------------------------------------------------------------------------- */
 
 int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id) {
@@ -375,15 +366,6 @@ int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s) {
     *ttl_s = etcd_answer_i64(cJSON_GetObjectItemCaseSensitive(answer, "result"), "TTL");
     cJSON_Delete(answer);
     return 0;
-}
-
-int etcd_lease_revoke(etcd_t *c, int64_t id) {
-    cJSON *body = cJSON_CreateObject(), *answer;
-    add_i64(body, "ID", id);
-    int rc = call(c, "/v3/lease/revoke", body, &answer);
-    cJSON_Delete(body);
-    cJSON_Delete(answer);
-    return rc;
 }
 
 /* ---- watch --------------------------------------------------------------------------------- */

@@ -63,11 +63,9 @@ int etcd_put(etcd_t *c, const char *key, const void *val, size_t len, int64_t le
  * *is_put says whether it did. The compare-and-swap every counter and round is made of. */
 int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *val, size_t len,
                 int64_t lease, bool *is_put);
-int etcd_delete(etcd_t *c, const char *key);
 int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id);
 /* *ttl_s: the lease's time left after the refresh; 0 when it had already expired. */
 int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s);
-int etcd_lease_revoke(etcd_t *c, int64_t id);
 /* Watch key (is_prefix: every key under it) from start_revision (> 0) until fn returns true
  * (returns 0) or timeout_ms passes (DDP_ETIMEOUT). */
 int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revision,
