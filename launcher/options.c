@@ -12,8 +12,6 @@
 
 #include "ddp_error.h"
 #include "endpoint.h"
-#include "rdzv/rdzv_kv.h"
-#include "slurm.h"
 #include "store_limits.h"
 
 typedef int (*opt_set_fn)(ddprun_opts_t *o, const char *value, char *err, size_t err_len);
@@ -516,9 +514,10 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
 /* etcd: the endpoint list, the lease, TLS files that exist, and the password (from password=,
  * password_file= or $DDPRUN_ETCD_PASSWORD) when there is a user. */
 int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
-    if (!rdzv_kv_has_etcd())
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd: this ddprun was built without libcurl, so "
-                             "without its etcd backend");
+#ifndef DDP_HAVE_ETCD /* rdzv/rdzv_kv's build, libcurl found or not */
+    return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd: this ddprun was built without libcurl, "
+                                    "so without its etcd backend");
+#endif
     if (!o->has_rdzv_endpoint || !o->rdzv_endpoints[0])
         return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
     if (o->lease_ttl_s < 1 || o->lease_ttl_s > 3600)
@@ -615,10 +614,11 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     return 0;
 }
 
-int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
+int options_parse(int argc, char **argv, ddprun_opts_t *o, options_defaults_fn defaults,
+                  FILE *errf_out) {
     char err[768];
     set_defaults(o);
-    int rc = slurm_apply_defaults(o, err, sizeof err); /* then PET_* and flags override them */
+    int rc = defaults ? defaults(o, err, sizeof err) : 0; /* then PET_* and flags override them */
     if (rc == 0) rc = apply_env(o, err, sizeof err);
     int i = 1;
     for (; rc == 0 && i < argc; i++) {
