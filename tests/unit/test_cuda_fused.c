@@ -19,6 +19,28 @@
 #include "backend_cuda.h"
 #endif
 
+/* A tensor as the ops take it (backend.h): narrow where the backend under test keeps narrow
+ * activations (the arenas given to mark_arenas, registered by narrow_arenas), else fp32, as the
+ * model describes its own tensors; the ops take sizes from their own arguments. */
+static backend_t *narrow_b;
+static const float *narrow_arena[2];
+static size_t narrow_n;
+
+static inline void narrow_arenas(backend_t *b, const float *acts, const float *dacts, size_t n) {
+    narrow_b = b;
+    narrow_arena[0] = acts;
+    narrow_arena[1] = dacts;
+    narrow_n = n;
+}
+
+static inline tensor_desc_t TD(backend_t *b, const void *p) {
+    dtype_t t = DTYPE_F32;
+    for (int i = 0; i < 2 && p && b == narrow_b && b->mem->activation_dtype; i++)
+        if ((const float *)p >= narrow_arena[i] && (const float *)p < narrow_arena[i] + narrow_n)
+            t = b->mem->activation_dtype(b);
+    return tensor_desc(p, t, 0, 0, 0, 0);
+}
+
 static uint64_t seed = 2026;
 
 static float *random_values(size_t n, float scale, float offset) {
@@ -50,7 +72,7 @@ Test(cuda_fused_math, value_gives_the_cpu_reference_bits) {
     for (int combo = 0; combo < 4; combo++) {
         bool has_res = combo & 1, has_relu = combo & 2;
         unsigned flags = has_relu ? BN_ACT_RELU : 0;
-        b->ops->bn_act_forward_train(b, rows, c, x, gamma, beta, has_res ? res : NULL, flags, y, save,
+        b->ops->bn_act_forward_train(b, rows, c, TD(b, x), gamma, beta, TD(b, has_res ? res : NULL), flags, TD(b, y), save,
                                      save + c, run, run + c, 0.1f, 1e-5f);
         for (size_t i = 0; i < n; i++) {
             int ch = (int)(i % (size_t)c);
@@ -59,7 +81,7 @@ Test(cuda_fused_math, value_gives_the_cpu_reference_bits) {
             cr_assert(memcmp(&want, &y[i], sizeof want) == 0, "combo %d value %zu: %.9g vs cpu %.9g", combo, i,
                       want, y[i]);
         }
-        b->ops->bn_act_forward_eval(b, rows, c, x, gamma, beta, has_res ? res : NULL, flags, y, run, run + c,
+        b->ops->bn_act_forward_eval(b, rows, c, TD(b, x), gamma, beta, TD(b, has_res ? res : NULL), flags, TD(b, y), run, run + c,
                                     1e-5f);
         for (size_t i = 0; i < n; i++) {
             int ch = (int)(i % (size_t)c);
@@ -89,7 +111,7 @@ Test(cuda_fused_math, one_pass_statistics_match_the_cpu_two_passes) {
     float *y = malloc(n * sizeof *y), save[6], run[6] = {0.5f, 0.5f, 0.5f, 2, 2, 2};
     float mine_run[6];
     memcpy(mine_run, run, sizeof run);
-    b->ops->bn_act_forward_train(b, rows, c, x, gamma, beta, NULL, 0, y, save, save + c, run, run + c, 0.1f,
+    b->ops->bn_act_forward_train(b, rows, c, TD(b, x), gamma, beta, TD(b, NULL), 0, TD(b, y), save, save + c, run, run + c, 0.1f,
                                  1e-5f);
     enum { BLOCKS = 37 }; /* rows r go to block r % BLOCKS, as the kernels' grid-stride does */
     for (int ch = 0; ch < c; ch++) {
@@ -126,9 +148,9 @@ Test(cuda_fused_math, coefficients_give_the_cpu_backward_bits) {
     float *y = malloc(n * sizeof *y), *dx = malloc(n * sizeof *dx), *dres = malloc(n * sizeof *dres);
     float save[12], run[12] = {0}, dgamma[6] = {0}, dbeta[6] = {0};
     unsigned flags = BN_ACT_RELU | BN_ACT_WRITE_DX | BN_ACT_WRITE_DRESIDUAL;
-    b->ops->bn_act_forward_train(b, rows, c, x, gamma, beta, res, flags, y, save, save + c, run, run + c, 0.1f,
+    b->ops->bn_act_forward_train(b, rows, c, TD(b, x), gamma, beta, TD(b, res), flags, TD(b, y), save, save + c, run, run + c, 0.1f,
                                  1e-5f);
-    b->ops->bn_act_backward(b, rows, c, x, gamma, save, save + c, y, dy, flags, dx, dres, dgamma, dbeta);
+    b->ops->bn_act_backward(b, rows, c, TD(b, x), gamma, save, save + c, TD(b, y), TD(b, dy), flags, TD(b, dx), TD(b, dres), dgamma, dbeta);
     int masked = 0;
     for (int ch = 0; ch < c; ch++) {
         double sum_dz = 0, sum_dz_xhat = 0;
@@ -196,6 +218,7 @@ static gpu_side_t gpu_make(unsigned flag, size_t n_params) {
     g.dacts = g.b->mem->alloc(g.b, n * sizeof(float));
     g.params = g.b->mem->alloc(g.b, n_params * sizeof(float));
     cr_assert_eq(g.b->mem->mark_arenas(g.b, g.params, n_params, g.acts, g.dacts, n), 0);
+    narrow_arenas(g.b, g.acts, g.dacts, n);
     return g;
 }
 
@@ -264,12 +287,12 @@ static void act_case(unsigned flag, size_t rows, int c, unsigned flags, bool has
         memcpy(run, run0, 2 * c * 4);
         memcpy(dgm, dg0, c * 4);
         memcpy(dbt, dg0, c * 4);
-        cb->ops->bn_act_forward_train(cb, rows, c, x, gamma, beta, has_res ? res : NULL, flags, y, save, save + c,
+        cb->ops->bn_act_forward_train(cb, rows, c, TD(cb, x), gamma, beta, TD(cb, has_res ? res : NULL), flags, TD(cb, y), save, save + c,
                                       run, run + c, 0.1f, 1e-5f);
         for (size_t i = 0; i < n; i++) y[i] = round_to(flag, y[i]); /* what the narrow backward sees */
-        cb->ops->bn_act_backward(cb, rows, c, x, gamma, save, save + c, y, dy, flags, dx, has_res ? dr : NULL, dgm,
+        cb->ops->bn_act_backward(cb, rows, c, TD(cb, x), gamma, save, save + c, TD(cb, y), TD(cb, dy), flags, TD(cb, dx), TD(cb, has_res ? dr : NULL), dgm,
                                  dbt);
-        cb->ops->bn_act_forward_eval(cb, rows, c, x, gamma, beta, has_res ? res : NULL, flags, ye, run, run + c,
+        cb->ops->bn_act_forward_eval(cb, rows, c, TD(cb, x), gamma, beta, TD(cb, has_res ? res : NULL), flags, TD(cb, ye), run, run + c,
                                      1e-5f);
         float *got[K] = {y, dx, dr, run, save, dgm, dbt, ye};
         memcpy(out[0], got, sizeof got);
@@ -285,11 +308,11 @@ static void act_case(unsigned flag, size_t rows, int c, unsigned flags, bool has
     float *gamma_ = gpu_param(&g, gamma, (size_t)c), *beta_ = gpu_param(&g, beta, (size_t)c);
     float *run_ = gpu_param(&g, run0, 2 * (size_t)c), *save_ = gpu_param(&g, run0, 2 * (size_t)c);
     float *dgm_ = gpu_param(&g, dg0, (size_t)c), *dbt_ = gpu_param(&g, dg0, (size_t)c);
-    b->ops->bn_act_forward_train(b, rows, c, x_, gamma_, beta_, has_res ? res_ : NULL, flags, y_, save_, save_ + c,
+    b->ops->bn_act_forward_train(b, rows, c, TD(b, x_), gamma_, beta_, TD(b, has_res ? res_ : NULL), flags, TD(b, y_), save_, save_ + c,
                                  run_, run_ + c, 0.1f, 1e-5f);
-    b->ops->bn_act_backward(b, rows, c, x_, gamma_, save_, save_ + c, y_, dy_, flags, dx_, has_res ? dr_ : NULL,
+    b->ops->bn_act_backward(b, rows, c, TD(b, x_), gamma_, save_, save_ + c, TD(b, y_), TD(b, dy_), flags, TD(b, dx_), TD(b, has_res ? dr_ : NULL),
                             dgm_, dbt_);
-    b->ops->bn_act_forward_eval(b, rows, c, x_, gamma_, beta_, has_res ? res_ : NULL, flags, ye_, run_, run_ + c,
+    b->ops->bn_act_forward_eval(b, rows, c, TD(b, x_), gamma_, beta_, TD(b, has_res ? res_ : NULL), flags, TD(b, ye_), run_, run_ + c,
                                 1e-5f);
     const float *dev[K] = {y_, dx_, dr_, run_, save_, dgm_, dbt_, ye_};
     for (int k = 0; k < K; k++) out[1][k] = gpu_get(&g, dev[k], sizes[k]);
@@ -353,14 +376,14 @@ static void conv_written_case(unsigned flag) {
     backend_t *cb = cpu_backend();
     float *want = malloc(nx * 4), *dwc = calloc(nw, 4);
     memcpy(want, nan, nx * 4);
-    cb->ops->conv2d_backward(cb, &s, x, w, dy, want, dwc);
+    cb->ops->conv2d_backward(cb, &s, TD(cb, x), w, TD(cb, dy), TD(cb, want), dwc);
     cb->mem->destroy(cb);
     gpu_side_t g = gpu_make(flag, nw); /* the filter is the parameter arena */
     float *x_ = gpu_put(&g, 0, x, nx, 0), *dy_ = gpu_put(&g, 1, dy, nx, 0), *dx_ = gpu_put(&g, 1, nan, nx, 0);
     float *dw_ = gpu_param(&g, dw0, nw);
     g.b->mem->to_device(g.b, g.params, w, nw * 4);
     g.b->mem->prepare_forward(g.b); /* a narrow backend reads filters from its copy of the arena */
-    g.b->ops->conv2d_backward(g.b, &s, x_, g.params, dy_, dx_, dw_);
+    g.b->ops->conv2d_backward(g.b, &s, TD(g.b, x_), g.params, TD(g.b, dy_), TD(g.b, dx_), dw_);
     float *got = gpu_get(&g, dx_, nx);
     g.b->mem->destroy(g.b);
     close_to(want, got, nx, flag ? 1e-2 : 1e-4, "written conv dx");

@@ -32,6 +32,8 @@ static void gpu_destroy(backend_t *b) {
     free(g);
 }
 
+static dtype_t gpu_activation_dtype(backend_t *b) { return low_dtype(gpu_of(b)); }
+
 static backend_memory_i make_mem(void) {
     backend_memory_i m;
     memset(&m, 0, sizeof m);
@@ -40,6 +42,7 @@ static backend_memory_i make_mem(void) {
     m.release = gpu_release;
     m.is_device = gpu_is_device;
     m.mark_arenas = gpu_mark_arenas;
+    m.activation_dtype = gpu_activation_dtype;
     m.prepare_forward = gpu_prepare_forward;
     m.graph_begin = gpu_graph_begin;
     m.graph_end = gpu_graph_end;
