@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -516,6 +517,92 @@ Test(cuda_fused, two_runs_give_the_same_bits, .timeout = 120) {
     repeat_case(0);
     repeat_case(BACKEND_CUDA_BF16);
     repeat_case(BACKEND_CUDA_FP16);
+}
+
+/* cuDNN's ConvBNfprop fusion (conv2d_bn_forward, fp16 with DDP_CUDA_CONV_FUSION=1): y = the
+ * convolution of relu(x * scale + bias) and y's per-channel sum and sum of squares, against the cpu
+ * backend's convolution of the same input made on the host (fp16 values, as cuDNN's fp16
+ * intermediates), with sums in double. ResNet's shapes: 3x3 stride 1 and 2, 1x1 expansion. Also
+ * prints the fused op's time against the plain convolution's (20 runs each), for the GPU session
+ * to decide where it pays. A shape cuDNN refuses fails the test (its reason is on stderr). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fusion_case(int n, int side, int c, int k, int size, int stride) {
+    int pad = size / 2, o = (side + 2 * pad - size) / stride + 1;
+    conv_shape_t s = {.n = n, .h = side, .w = side, .c = c, .k = k, .r = size, .s = size, .stride = stride,
+                      .pad = pad, .oh = o, .ow = o};
+    unsigned flag = BACKEND_CUDA_FP16;
+    size_t nx = (size_t)n * side * side * c, nw = (size_t)k * size * size * c, ny = (size_t)n * o * o * k;
+    float *x = random_values(nx, 2.0f, 0.0f), *w = random_values(nw, 0.2f, 0.0f);
+    float *scale = random_values((size_t)c, 0.5f, 1.0f), *bias = random_values((size_t)c, 0.5f, 0.0f);
+    for (size_t i = 0; i < nx; i++) x[i] = round_to(flag, x[i]);
+    for (size_t i = 0; i < nw; i++) w[i] = round_to(flag, w[i]);
+    for (int i = 0; i < c; i++) scale[i] = round_to(flag, scale[i]), bias[i] = round_to(flag, bias[i]);
+    float *xs = malloc(nx * 4), *want = malloc(ny * 4);
+    for (size_t i = 0; i < nx; i++) {
+        float v = round_to(flag, round_to(flag, x[i] * scale[i % (size_t)c]) + bias[i % (size_t)c]);
+        xs[i] = v > 0.0f ? v : 0.0f;
+    }
+    backend_t *cb = cpu_backend();
+    cb->ops->conv2d_forward(cb, &s, TD(cb, xs), w, TD(cb, want));
+    cb->mem->destroy(cb);
+    float *want_sums = calloc(2 * (size_t)k, 4);
+    for (int ch = 0; ch < k; ch++) {
+        double s1 = 0, s2 = 0;
+        for (size_t r = 0; r < ny / (size_t)k; r++) {
+            double v = round_to(flag, want[r * (size_t)k + (size_t)ch]);
+            s1 += v, s2 += v * v;
+        }
+        want_sums[ch] = (float)s1, want_sums[k + ch] = (float)s2;
+    }
+    setenv("DDP_CUDA_CONV_FUSION", "1", 1);
+    gpu_side_t g = gpu_make(flag, nw);
+    unsetenv("DDP_CUDA_CONV_FUSION");
+    cr_assert_not_null(g.b->ops->conv2d_bn_forward);
+    float *x_ = gpu_put(&g, 0, x, nx, 0), *y_ = gpu_put(&g, 0, want, ny, 0);
+    float *sc_ = gpu_param(&g, scale, (size_t)c), *bi_ = gpu_param(&g, bias, (size_t)c);
+    float *sums_ = gpu_param(&g, want_sums, 2 * (size_t)k);
+    g.b->mem->to_device(g.b, g.params, w, nw * 4);
+    g.b->mem->prepare_forward(g.b); /* the filter's fp16 copy */
+    int rc = g.b->ops->conv2d_bn_forward(g.b, &s, TD(g.b, x_), sc_, bi_, g.params, TD(g.b, y_), sums_,
+                                         sums_ + k);
+    cr_assert_eq(rc, 0, "cuDNN ran no fusion for %dx%d/%d %d -> %d channels at %d px (stderr says why)", size, size,
+                 stride, c, k, side);
+    float *got = gpu_get(&g, y_, ny), *got_sums = gpu_get(&g, sums_, 2 * (size_t)k);
+    char what[96];
+    snprintf(what, sizeof what, "fused %dx%d/%d conv %d->%d: y", size, size, stride, c, k);
+    close_to(want, got, ny, 1e-2, what);
+    snprintf(what, sizeof what, "fused %dx%d/%d conv %d->%d: sums", size, size, stride, c, k);
+    close_to(want_sums, got_sums, (size_t)k, 2e-2, what);
+    snprintf(what, sizeof what, "fused %dx%d/%d conv %d->%d: sums of squares", size, size, stride, c, k);
+    close_to(want_sums + k, got_sums + k, (size_t)k, 2e-2, what);
+    float one;
+    double t[2];
+    for (int pass = 0; pass < 2; pass++) {
+        double t0 = now_s();
+        for (int i = 0; i < 20; i++) {
+            if (pass) g.b->ops->conv2d_forward(g.b, &s, TD(g.b, x_), g.params, TD(g.b, y_));
+            else g.b->ops->conv2d_bn_forward(g.b, &s, TD(g.b, x_), sc_, bi_, g.params, TD(g.b, y_), sums_, sums_ + k);
+        }
+        g.b->mem->to_host(g.b, &one, sums_, sizeof one);
+        t[pass] = (now_s() - t0) / 20;
+    }
+    printf("conv fusion %dx%d/%d %d->%d, batch %d at %d px: fused %.1f us, the plain convolution alone %.1f us\n",
+           size, size, stride, c, k, n, side, t[0] * 1e6, t[1] * 1e6);
+    g.b->mem->destroy(g.b);
+    free(x), free(w), free(scale), free(bias), free(xs), free(want), free(want_sums), free(got), free(got_sums);
+}
+
+Test(cuda_fused, conv_bn_fusion_in_fp16_matches_cpu, .timeout = 120) {
+    SKIP_WITHOUT_GPU();
+    fusion_case(8, 16, 64, 64, 3, 1);
+    fusion_case(8, 16, 64, 128, 3, 2);
+    fusion_case(8, 16, 64, 256, 1, 1);
+    fusion_case(32, 32, 64, 64, 3, 1); /* a size where the times say something */
 }
 
 #endif

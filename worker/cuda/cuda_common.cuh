@@ -41,6 +41,16 @@ static inline void check_cublas(cublasStatus_t rc, const char *what, const char 
 
 #define CONV_CACHE 128
 
+/* cuda_conv_fusion.cu: one shape's execution plan (a cudnnBackendDescriptor_t; NULL: cuDNN has
+ * none for it, the op returns -1) */
+typedef struct {
+    conv_shape_t shape;
+    void *plan;
+    size_t workspace;
+} conv_fusion_plan_t;
+
+#define CONV_FUSION_PLANS 64
+
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
@@ -104,6 +114,11 @@ typedef struct {
     bool is_nondeterministic;
     /* DDP_STARTUP_TRACE=1 (startup_trace.h): the first step's time (from the first forward to the
      * second) and the part of it cuDNN's timed search took, printed at the second forward */
+    /* DDP_CUDA_CONV_FUSION=1 (fp16 only): conv2d_bn_forward runs cuDNN's fused graph */
+    bool is_conv_fusion;
+    conv_fusion_plan_t fusion_plans[CONV_FUSION_PLANS];
+    int n_fusion_plans;
+    void *fusion_affine; /* scale and bias in fp16, 2 x BN_MAX_CHANNELS */
     long trace_forwards;
     double trace_first_forward, search_seconds;
     int searched_shapes;
@@ -262,6 +277,10 @@ void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d
 void gpu_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
                          const float *save_mean, const float *save_invstd, tensor_desc_t y_d, tensor_desc_t dy_d,
                          unsigned flags, tensor_desc_t dx_d, tensor_desc_t dresidual_d, float *dgamma, float *dbeta);
+/* cuda_conv_fusion.cu */
+int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
+                          const float *bias, const float *w, tensor_desc_t y, float *sum, float *sqsum);
+void gpu_conv_fusion_free(gpu_t *g);
 /* cuda_pool.cu */
 void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d, int32_t *argmax);
 void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, tensor_desc_t dy_d,

@@ -144,6 +144,16 @@ typedef struct {
     /* dx += dL/dx (skipped when dx.data is NULL), dw += dL/dw. */
     void (*conv2d_backward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
                             tensor_desc_t dy, tensor_desc_t dx, float *dw);
+    /* Optional (NULL: not offered; cuda: in fp16 with DDP_CUDA_CONV_FUSION=1): y = the convolution
+     * of relu(x * scale + bias) (scale, bias: C fp32, per input channel: a batch norm folded into
+     * a scale and a shift, and its ReLU, applied as the convolution reads x; x is not changed),
+     * and sum, sqsum (K fp32, written): the sums of y and of its squares per output channel over
+     * (N, OH, OW), the statistics the batch norm after it needs. cuDNN's ConvBNfprop fusion.
+     * Returns 0, or -1 when it cannot run this shape, type or alignment (nothing written: run
+     * the ops one by one). */
+    int (*conv2d_bn_forward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
+                             const float *bias, const float *w, tensor_desc_t y, float *sum,
+                             float *sqsum);
     /* Training: normalize with the batch's statistics over (N,H,W) per channel, save mean and
      * 1/sqrt(var+eps) for backward, update the running estimates with momentum. */
     void (*batchnorm_forward_train)(backend_t *b, size_t rows, int c, tensor_desc_t x,
