@@ -1,8 +1,11 @@
-/* backend_cpu: the reference backend. fp32, NHWC, host memory; convolutions are im2col + SGEMM
- * and linear layers SGEMM through OpenBLAS, everything else plain loops written to be read and
- * checked (tests hold every op against finite differences, and the CUDA backend against these).
- * Reductions accumulate in double. Loops run on OpenMP threads, split so that no result depends
- * on the thread count (a channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. */
+/* backend_cpu: the reference backend. fp32, NHWC, host memory. Where the build has oneDNN
+ * (cpu_dnnl.h; DDP_CPU_ONEDNN=0 turns it off) its primitives take the ops it has; the plain path
+ * below stays for the rest and for builds without it: convolutions as im2col + SGEMM, linear
+ * layers SGEMM through OpenBLAS, everything else loops written to be read and checked (tests hold
+ * every op against finite differences, and the CUDA backend against these). Reductions accumulate
+ * in double. Loops run on OpenMP threads, split so that no result depends on the thread count (a
+ * channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. oneDNN's kernels split
+ * some sums by thread, so with oneDNN a run repeats bit for bit at the same train.threads only. */
 #include "backend.h"
 #include "backend_cpu_internal.h"
 #include "cpu_dnnl.h"
@@ -19,7 +22,7 @@ typedef struct {
     backend_t base;
     float *workspace; /* im2col columns of one image */
     size_t workspace_bytes;
-    cpu_dnnl_t *dnnl; /* convolutions through oneDNN (DDP_CPU_ONEDNN=1), or NULL: im2col */
+    cpu_dnnl_t *dnnl; /* oneDNN's primitives (cpu_dnnl.h), or NULL: im2col and the plain loops */
 } cpu_t;
 
 void openblas_set_num_threads(int num_threads); /* not in every cblas.h */
@@ -489,7 +492,8 @@ backend_t *backend_cpu_create(int threads) {
         free(c);
         return NULL;
     }
-    const char *onednn = getenv("DDP_CPU_ONEDNN"); /* opt-in until it is the default (cpu_dnnl.h) */
-    if (onednn && !strcmp(onednn, "1")) c->dnnl = cpu_dnnl_create();
+    /* oneDNN where the build has it, unless DDP_CPU_ONEDNN=0 asks for the plain loops (cpu_dnnl.h) */
+    const char *onednn = getenv("DDP_CPU_ONEDNN");
+    if (!onednn || strcmp(onednn, "0")) c->dnnl = cpu_dnnl_create();
     return &c->base;
 }

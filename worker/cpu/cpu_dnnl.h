@@ -1,9 +1,12 @@
-/* cpu_dnnl: the cpu backend's convolutions through oneDNN (Debian's libdnnl), where the build has
- * it and DDP_CPU_ONEDNN=1 asks for it (off by default until the rest of issue 28's part 3 lands:
- * results differ from the im2col path in the last bits, which the tests that pin state hashes
- * would see). Same layouts as the backend: x (N,H,W,C) NHWC, w (K,R,S,C), y (N,OH,OW,K). A
- * primitive per shape and direction is made on its first use and kept; oneDNN runs on the same
- * OpenMP threads as the rest of the backend (train.threads). The trainer's thread. */
+/* cpu_dnnl: the cpu backend's convolutions through oneDNN (Debian's libdnnl), on by default where
+ * the build has it (DDP_CPU_ONEDNN=0: off). Same layouts as the backend: x (N,H,W,C) NHWC,
+ * w (K,R,S,C), y (N,OH,OW,K). A primitive per shape and direction is made on its first use and
+ * kept; oneDNN runs on the same OpenMP threads as the rest of the backend (libdnnl is built on
+ * libgomp: omp_set_num_threads(train.threads) binds both). The trainer's thread.
+ * Results differ from the im2col path in the last bits, and oneDNN's backward-weights kernels
+ * split the sum over N*OH*OW between threads (oneDNN 2.6 has no deterministic mode): the same
+ * train.threads repeats a run bit for bit, another thread count does not. Tests that compare
+ * state hashes between jobs of different shapes pin train.threads for that reason. */
 #ifndef DDP_WORKER_CPU_DNNL_H
 #define DDP_WORKER_CPU_DNNL_H
 
