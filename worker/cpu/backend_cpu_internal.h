@@ -13,6 +13,9 @@
     int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                   \
     int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
 
+/* Channels per block of the per-channel sums that a thread keeps in local arrays. */
+#define BN_SUM_BLOCK 32
+
 /* The backend's scratch space, at least n_bytes (reserve_workspace made room; aborts otherwise:
  * a bug in the caller's sizing). */
 void *backend_cpu__workspace(backend_t *b, size_t n_bytes);
