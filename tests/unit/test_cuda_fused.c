@@ -437,4 +437,62 @@ Test(cuda_fused, recorded_steps_give_the_eager_bits) {
     graphs_case(BACKEND_CUDA_BF16);
 }
 
+/* Two runs of the same steps give the same bits (what the GPU kill -9 test asks of a run resumed
+ * from a snapshot against an uninterrupted one): ResNet-18 with the ImageNet stem (its 3x3/2 max
+ * pool's windows overlap: the backward gathers instead of adding with atomics), 3 SGD steps at
+ * batch 32, both runs with the same convolution algorithms (one cache file: the first run's timed
+ * search, the second reads it), which cuda_conv.cu now chooses among deterministic ones only
+ * (without DDP_CUDA_NONDETERMINISTIC=1). With atomics (the old max-pool backward, or cuDNN's
+ * backward-filter ALGO_0 / ALGO_3) the parameters differ in their last bits. */
+static void repeat_case(unsigned flag) {
+    enum { N = 32, SIDE = 32, STEPS = 3 };
+    size_t n_in = (size_t)N * SIDE * SIDE * 3;
+    float *x = random_values(n_in, 2.0f, 0.0f);
+    int32_t labels[N];
+    for (int i = 0; i < N; i++) labels[i] = i % 10;
+    float *params[2];
+    size_t n_params = 0;
+    char cache[] = "/tmp/test_cuda_fused_repeat_XXXXXX";
+    int fd = mkstemp(cache);
+    cr_assert(fd >= 0);
+    close(fd);
+    unsetenv("DDP_CUDA_GRAPHS");
+    unsetenv("DDP_CUDA_NONDETERMINISTIC");
+    for (int run = 0; run < 2; run++) {
+        char err[256];
+        backend_t *b = backend_cuda_create(0, flag, cache, err, sizeof err);
+        cr_assert_not_null(b, "%s", err);
+        model_t m;
+        model_opts_t o = model_opts_default("resnet18", 16);
+        o.stem = MODEL_STEM_IMAGENET;
+        cr_assert_eq(model_init_opts(&m, b, &o, SIDE, SIDE, 3, 10, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_params(&m, 11), 0);
+        b->mem->to_device(b, model_input(&m), x, n_in * sizeof(float));
+        b->mem->to_device(b, m.labels, labels, sizeof labels);
+        for (int s = 0; s < STEPS; s++) {
+            model_forward(&m, N, true);
+            model_loss(&m, N, 0.0f, 1.0f, NULL);
+            model_backward(&m, N, NULL, NULL);
+            b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.05f, 0.9f, 5e-4f, false, 1.0f, NULL);
+        }
+        n_params = m.n_params;
+        params[run] = malloc(n_params * sizeof(float));
+        b->mem->to_host(b, params[run], m.params, n_params * sizeof(float));
+        model_free(&m);
+        b->mem->destroy(b);
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < n_params; i++) differ += memcmp(&params[0][i], &params[1][i], sizeof(float)) != 0;
+    cr_assert_eq(differ, 0, "precision %u: %zu of %zu parameters differ between two runs", flag, differ, n_params);
+    free(params[0]), free(params[1]), free(x);
+    unlink(cache);
+}
+
+Test(cuda_fused, two_runs_give_the_same_bits, .timeout = 120) {
+    SKIP_WITHOUT_GPU();
+    repeat_case(0);
+    repeat_case(BACKEND_CUDA_BF16);
+    repeat_case(BACKEND_CUDA_FP16);
+}
+
 #endif

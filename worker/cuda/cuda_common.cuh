@@ -97,7 +97,20 @@ typedef struct {
      * in forwards that a recording would skip). scratch_generation counts the replacements of
      * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale. */
     bool is_graphs, is_recording;
+    /* DDP_CUDA_NONDETERMINISTIC=1: convolution algorithms that sum with atomics may be chosen (a
+     * little faster for some shapes; two runs then differ in the last bits). Default: only
+     * deterministic ones, as torch.backends.cudnn.deterministic. */
+    bool is_nondeterministic;
+    /* DDP_STARTUP_TRACE=1 (startup_trace.h): the first step's time (from the first forward to the
+     * second) and the part of it cuDNN's timed search took, printed at the second forward */
+    long trace_forwards;
+    double trace_first_forward, search_seconds;
+    int searched_shapes;
     uint64_t scratch_generation;
+    /* copy_out_*: the side stream memory snapshots are copied out on, created at first use;
+     * copy_start marks the main stream where copies start, copy_end where they end */
+    cudaStream_t copy_stream;
+    cudaEvent_t copy_start, copy_end;
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)
@@ -188,6 +201,12 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes);
 float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes);
 void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes);
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes);
+int gpu_pin_host(backend_t *b, void *p, size_t n_bytes);
+void gpu_unpin_host(backend_t *b, void *p);
+void gpu_copy_out_begin(backend_t *b);
+void gpu_copy_out(backend_t *b, void *dst, const void *src, size_t n_bytes);
+void gpu_copy_out_fence(backend_t *b);
+void gpu_copy_out_wait(backend_t *b);
 int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts);
 void gpu_prepare_forward(backend_t *b);
 int gpu_graph_begin(backend_t *b);
