@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "endpoint.h"
-#include "rdzv_kv.h"
+#include "rdzv/rdzv_kv.h"
 #include "slurm.h"
 #include "store_limits.h"
 

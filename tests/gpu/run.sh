@@ -80,9 +80,9 @@ if has build; then
 fi
 
 if has unit; then
-    # the CUDA unit tests (tests/unit/CMakeLists.txt: test_backend_cuda, test_cuda_fused with the
-    # fused kernels' host emulation; NCCL has none of its own); any test that skipped (no GPU
-    # visible) counts as a failure here
+    # the CUDA unit tests (tests/gpu/CMakeLists.txt: test_backend_cuda; tests/unit/CMakeLists.txt:
+    # test_cuda_fused with the fused kernels' host emulation; NCCL has none of its own); any test
+    # that skipped (no GPU visible) counts as a failure here
     cuda_tests='^(test_backend_cuda|test_cuda_fused|test_cuda_bn_act_emulated)$'
     (cd "$build" && CRITERION_VERBOSITY_LEVEL=1 ctest -R "$cuda_tests" --no-tests=error \
         --output-on-failure -V) >"$out/unit.log" 2>&1
@@ -106,7 +106,7 @@ if has smoke; then
 fi
 
 if has e2e; then
-    python3 -m pytest -q -rA --durations=0 tests/e2e/test_gpu.py \
+    python3 -m pytest -q -rA --durations=0 tests/gpu/test_gpu.py \
         tests/interop/test_torch_loss_scale.py >"$out/e2e.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ] && ! tail -1 "$out/e2e.log" | grep -qE '[0-9]+ passed'; then

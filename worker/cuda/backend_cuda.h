@@ -1,6 +1,6 @@
 /* backend_cuda: backend_i on one NVIDIA GPU: cuDNN convolutions (NHWC), cuBLAS for
  * linear layers, own kernels for the rest, all on one stream. Built when CMake finds CUDA and cuDNN
- * (DDP_HAVE_CUDA_BACKEND); held op by op against the CPU reference by tests/unit/test_backend_cuda.c
+ * (DDP_HAVE_CUDA_BACKEND); held op by op against the CPU reference by tests/gpu/test_backend_cuda.c
  * (skipped without a GPU). fp32, tf32, bf16 and fp16. */
 #ifndef DDP_WORKER_BACKEND_CUDA_H
 #define DDP_WORKER_BACKEND_CUDA_H
