@@ -172,3 +172,25 @@ Test(memory_snapshot, no_directory_is_no_snapshot) {
                  MEMORY_SNAPSHOT_NONE);
     cr_assert_eq(reached, -1);
 }
+
+Test(memory_snapshot, the_progress_record_alone_counts_steps_without_slots) {
+    memory_snapshot_t *m;
+    char err[512];
+    cr_assert_eq(memory_snapshot_create_progress(dir, &m, err, sizeof err), 0, "%s", err);
+    memory_snapshot_mark_reached(m, 41);
+    cr_assert_eq(memory_snapshot_sealed_step(m), -1);
+    memory_snapshot_destroy(m);
+    memory_snapshot_source_t source;
+    int64_t reached;
+    cr_assert_eq(found_step(&source, &reached), -1);
+    cr_assert_eq(reached, 41);
+    /* a peer's word on how far its node got counts too: the newest wins */
+    char path[512];
+    snprintf(path, sizeof path, "%s/peer-1-progress", dir);
+    FILE *f = fopen(path, "wb");
+    uint64_t v[2] = {57, ~(uint64_t)57};
+    fwrite(v, sizeof v, 1, f);
+    fclose(f);
+    cr_assert_eq(found_step(&source, &reached), -1);
+    cr_assert_eq(reached, 57);
+}

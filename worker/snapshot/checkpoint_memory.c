@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "trainer.h"
 
 /* The writer's thread waits for the side stream before it hashes. */
@@ -36,9 +37,13 @@ static bool is_async(const trainer_t *t) {
 
 void trainer__memory_init(trainer_t *t) {
     const char *dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
-    if (!dir || !*dir || t->conf->snapshot_every_memory == 0 || t->rank != 0) return;
+    if (!dir || !*dir || t->rank != 0) return;
     memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = t->backend};
     char err[1024];
+    if (t->conf->snapshot_every_memory == 0) { /* how far training got, for the steps lost */
+        if (memory_snapshot_create_progress(dir, &t->memory, err, sizeof err) < 0) t->memory = NULL;
+        return;
+    }
     if (memory_snapshot_create(dir, t->model.n_params, t->model.n_buffers,
                                optimizer_has_second_moment(&t->optim),
                                is_async(t) ? &wait : NULL, &t->memory, err, sizeof err) < 0) {
@@ -53,7 +58,9 @@ void trainer__memory_init(trainer_t *t) {
 void trainer__memory_snapshot(trainer_t *t) {
     if (!t->memory) return;
     memory_snapshot_mark_reached(t->memory, t->step);
-    if (t->step % t->conf->snapshot_every_memory != 0) return;
+    int64_t every = t->conf->snapshot_every_memory;
+    if (every == 0 || t->step % every != 0) return;
+    double start = clock_now_s();
     snapshot_data_t *d = memory_snapshot_begin(t->memory); /* the previous one is sealed */
     snapshot_header_t h;
     memset(&h, 0, sizeof h);
@@ -87,6 +94,10 @@ void trainer__memory_snapshot(trainer_t *t) {
         if (has_second) mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
     }
     memory_snapshot_submit(t->memory, &h);
+    double stall = clock_now_s() - start;
+    t->memory_stall_s += stall;
+    if (stall > t->memory_stall_max_s) t->memory_stall_max_s = stall;
+    t->n_memory++;
 }
 
 void trainer__memory_fence(trainer_t *t) {
@@ -98,6 +109,14 @@ void trainer__memory_fence(trainer_t *t) {
 void trainer__memory_free(trainer_t *t) {
     if (!t->memory) return;
     memory_snapshot_flush(t->memory);
+    if (t->metrics && t->n_memory) { /* what they cost the training thread (tests/bench) */
+        cJSON *event = json_line_new("memory_snapshots");
+        json_line_int(event, "count", t->n_memory);
+        json_line_num(event, "stall_ms_mean", t->memory_stall_s * 1e3 / (double)t->n_memory);
+        json_line_num(event, "stall_ms_max", t->memory_stall_max_s * 1e3);
+        json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
+        json_line_write(t->metrics, event);
+    }
     if (is_async(t) && t->backend->mem->unpin_host) memory_snapshot_each_slot(t->memory, unpin, t->backend);
     memory_snapshot_destroy(t->memory);
     t->memory = NULL;

@@ -41,6 +41,10 @@ typedef struct {
 int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
                            bool has_second_moment, const memory_snapshot_wait_t *wait,
                            memory_snapshot_t **out, char *err, size_t err_len);
+/* The progress record alone (memory_snapshot_mark_reached; no slots, no thread): with
+ * snapshot.every_memory = 0 a restart still says how many steps it lost. */
+int memory_snapshot_create_progress(const char *dir, memory_snapshot_t **out, char *err,
+                                    size_t err_len);
 /* The sections to fill for the next generation (params, momentum, buffers, second moment point
  * into the shared mapping; the header is ignored): waits for the previous generation's seal,
  * invalidates the slot that does not hold the newest sealed generation and makes it writable. */

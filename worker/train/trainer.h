@@ -64,8 +64,10 @@ typedef struct {
     int64_t step, epoch;     /* the next step to run, the epoch it belongs to */
     int64_t cursor;          /* global sample positions of this epoch already trained on */
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
-    memory_snapshot_t *memory; /* rank 0 under ddprun with snapshot.every_memory, else NULL */
+    memory_snapshot_t *memory; /* rank 0 under ddprun (snapshot.every_memory 0: progress alone) */
     bool is_memory_copying;  /* copies out to memory are in flight: fence before the optimizer */
+    double memory_stall_s, memory_stall_max_s; /* the trainer's time in memory snapshots */
+    int64_t n_memory;        /* memory snapshots taken by this process */
     const char *resume_source; /* "memory", "peer", "disk"; NULL: not resumed */
     int64_t steps_lost;      /* steps trained before the restart and lost (-1: unknown) */
     int resume_rank;         /* the rank that sent the state resumed from */
