@@ -13,6 +13,9 @@
 
 Run it niced on a shared machine:
   nice -n 10 /usr/bin/python3 tests/bench/bench_memory_snapshot.py [--rounds 3] [--json FILE]
+On a GPU (tests/gpu/run.sh memsnap): --backend cuda --ranks 1 --precision bf16 runs ResNet-18
+(CIFAR shape) and ResNet-50 (128x128) instead, one rank on the GPU; the copy is then the
+side-stream one, overlapped with the next step.
 """
 import argparse
 import json
@@ -30,13 +33,16 @@ from build_paths import build_path  # noqa: E402
 
 MODELS = [("cnn", 32, 28, 1, 64, 120), ("resnet18", 16, 32, 3, 32, 50),
           ("resnet18", 64, 32, 3, 8, 30)]
+GPU_MODELS = [("resnet18", 64, 32, 3, 256, 120), ("resnet50", 64, 128, 3, 128, 60)]
+EXTRA = []   # train.conf overrides of every run (--backend, --precision)
+RANKS = 2
 
 
 def write_conf(tmp, model, width, size, channels, batch, steps, every):
     metrics = os.path.join(tmp, "m.jsonl")
     conf = os.path.join(tmp, "b.conf")
     open(conf, "w").write(CONF.format(model=model, width=width, size=size, channels=channels,
-                                      samples=batch * 2 * steps, batch=batch, steps=steps,
+                                      samples=batch * RANKS * steps, batch=batch, steps=steps,
                                       metrics=metrics, every=every))
     return conf, metrics
 
@@ -45,12 +51,13 @@ def one_run(model, width, size, channels, batch, steps, memory):
     """(step times in ms past the warm-up, rank 0's memory snapshot stall per snapshot in ms)."""
     with tempfile.TemporaryDirectory() as tmp:
         conf, metrics = write_conf(tmp, model, width, size, channels, batch, steps, 0)
-        subprocess.run([build_path("launcher", "ddprun"), "--standalone", "--nproc-per-node", "2",
-                        conf, f"snapshot.dir={tmp}/snap", f"snapshot.every_memory={memory}"],
+        subprocess.run([build_path("launcher", "ddprun"), "--standalone", "--nproc-per-node",
+                        str(RANKS), conf, f"snapshot.dir={tmp}/snap",
+                        f"snapshot.every_memory={memory}", *EXTRA],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         events = read_events(metrics)
         trains = [e for e in events if e["event"] == "train"][3:]
-        step_ms = [batch * 2 / e["img_per_s"] * 1e3 for e in trains]
+        step_ms = [batch * RANKS / e["img_per_s"] * 1e3 for e in trains]
         mem = [e for e in events if e["event"] == "memory_snapshots"]
         if memory and not mem:
             sys.exit("bench_memory_snapshot: no memory_snapshots event: not under ddprun?")
@@ -86,13 +93,15 @@ def wait_for_restart_step(metrics, starts_before, timeout=120):
     sys.exit(f"bench_memory_snapshot: no step after the restart within {timeout} s")
 
 
-def recovery(memory, steps=400, every=20, kill_after=70):
+def recovery(memory, spec, steps=400, every=20, kill_after=70):
     """(ms from the kill to the first step after it, steps lost, resume source)."""
+    model, width, size, channels, batch, _ = spec
     with tempfile.TemporaryDirectory() as tmp:
-        conf, metrics = write_conf(tmp, "cnn", 32, 28, 1, 64, steps, every)
+        conf, metrics = write_conf(tmp, model, width, size, channels, batch, steps, every)
         job = subprocess.Popen([build_path("launcher", "ddprun"), "--standalone",
-                                "--nproc-per-node", "2", "--max-restarts", "3", conf,
-                                f"snapshot.dir={tmp}/snap", f"snapshot.every_memory={memory}"],
+                                "--nproc-per-node", str(RANKS), "--max-restarts", "3", conf,
+                                f"snapshot.dir={tmp}/snap", f"snapshot.every_memory={memory}",
+                                *EXTRA],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_for_step(metrics, kill_after)
@@ -116,10 +125,20 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="on/off pairs per model; recoveries")
     ap.add_argument("--models", default="all", help="'all', or how many of the list to run")
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--precision", default=None, help="precision.mode (cuda: bf16, fp16, ...)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    models = MODELS if args.models == "all" else MODELS[:int(args.models)]
-    print(f"memory snapshot every step vs none (2 ranks under ddprun, CPU; median step time over "
+    global RANKS
+    RANKS = args.ranks
+    EXTRA.append(f"train.backend={args.backend}")
+    if args.precision:
+        EXTRA.append(f"precision.mode={args.precision}")
+    table = GPU_MODELS if args.backend == "cuda" else MODELS
+    models = table if args.models == "all" else table[:int(args.models)]
+    print(f"memory snapshot every step vs none ({RANKS} rank(s) under ddprun, {args.backend}"
+          f"{' ' + args.precision if args.precision else ''}; median step time over "
           f"{args.rounds} alternating on/off runs each)")
     print(f"{'model':30} {'off ms':>8} {'on ms':>8} {'overhead':>9} {'stall ms':>9} {'stall/step':>10}")
     rows = []
@@ -131,9 +150,9 @@ def main():
     runs = {"memory": [], "disk": []}
     for i in range(args.rounds):
         for memory in ((1, 0) if i % 2 == 0 else (0, 1)):
-            runs["memory" if memory else "disk"].append(recovery(memory))
-    print(f"\nkill -9 of 1 of 2 workers at step 70 (disk snapshots every 20) -> first step "
-          f"completed after the restart (median of {args.rounds})")
+            runs["memory" if memory else "disk"].append(recovery(memory, models[0]))
+    print(f"\nkill -9 of 1 of {RANKS} workers at step 70 ({models[0][0]}, disk snapshots every "
+          f"20) -> first step completed after the restart (median of {args.rounds})")
     for name, rs in runs.items():
         ms = statistics.median(r[0] for r in rs)
         print(f"  {name:7}: {ms:8.1f} ms, steps lost {[r[1] for r in rs]}, "

@@ -4,10 +4,10 @@ a worker with SIGKILL (after damaging its memory copies where that is the point)
 outcome: the source the job resumed from, the steps lost, and a final state equal bit for bit to
 an uninterrupted run's. The job is small (two CPU ranks, 64 steps): seconds each."""
 import glob
-import shutil
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import clean_env, free_port, wait_until
+from conftest import clean_env, wait_until
 
 CONF = """[model]
 name = cnn
