@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -217,13 +218,18 @@ def test_corrupt_memory_copies_fall_back_to_the_disk(ddprun, ddpworker, tmp_path
     assert state_hash(ddpworker, snap) == ref
 
 
+SECRET = "memory-snapshot-test-secret"
+
+
 def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, tmp_path,
                                                             start_store):
     """Two nodes on an outside store; node 0 (rank 0: the memory and disk snapshots) loses its
     agent, its workers and its snapshot directory. Node 1's agent holds a copy of node 0's memory
     snapshots: the job, scaled down to node 1, resumes from it, losing at most a step, and ends
-    as a run resumed from that very copy."""
+    as a run resumed from that very copy. The agents hold a shared secret (DDPRUN_STORE_SECRET),
+    which their copies prove (the chaos suite runs without one)."""
     conf = write_conf(tmp_path, 8)
+    env = clean_env(DDPRUN_STORE_SECRET=SECRET)
     store = start_store()
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
     snaps = [tmp_path / "snap0", tmp_path / "snap1"]
@@ -232,7 +238,7 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
         for node in (0, 1):
             jobs.append(start_job(ddprun, conf, snaps[node], tmp_path / f"m{node}.jsonl",
                                   "--node-rank", str(node), "--local-addr", "127.0.0.1",
-                                  "--rdzv-conf", rdzv, nnodes="1:2", port=store.port))
+                                  "--rdzv-conf", rdzv, nnodes="1:2", port=store.port, env=env))
         seen = read_until_step(jobs[0], 12)
         peer_dir = memory_dir(jobs[1].pid)
         assert wait_until(lambda: glob.glob(f"{peer_dir}/peer-0-*.ddps"), timeout=30), \
@@ -275,3 +281,39 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
                        text=True, timeout=300, env=clean_env())
     assert r.returncode == 0 and f"resuming from {ref}" in r.stdout, r.stdout + r.stderr
     assert state_hash(ddpworker, ref) == state_hash(ddpworker, snaps[1])
+
+
+def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):
+    """An agent that holds a shared secret takes copies only from peers that prove it: a
+    well-formed frame sent without the proof writes nothing and is logged."""
+    conf = write_conf(tmp_path, 8)
+    env = clean_env(DDPRUN_STORE_SECRET=SECRET)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=5"
+    jobs = [start_job(ddprun, conf, tmp_path / f"snap{node}", tmp_path / f"m{node}.jsonl",
+                      "--node-rank", str(node), "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv,
+                      nnodes="2", port=store.port, env=env) for node in (0, 1)]
+    try:
+        seen = read_until_step(jobs[0], 4)
+        r = subprocess.run([ddprun, "store-client", "--endpoint", store.endpoint, "get",
+                            "/ddprun/memsnap/memsnap/r0/1"], capture_output=True, text=True,
+                           timeout=30, env=clean_env())
+        assert r.returncode == 0, r.stderr
+        host, port = r.stdout.strip().rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            nonce = s.recv(32)
+            assert len(nonce) == 32, nonce  # the challenge comes first
+            payload = b"\0" * 1024
+            s.sendall(b"DDPMEMR1" + struct.pack("<IIQQQ", 7, 0, 1, len(payload), 1) + payload)
+            s.settimeout(10)
+            assert s.recv(1) == b"", "the connection stays open"
+        peer_dir = memory_dir(jobs[1].pid)
+        assert not glob.glob(f"{peer_dir}/peer-7-*"), os.listdir(peer_dir)
+        for j in jobs:
+            os.killpg(j.pid, signal.SIGTERM)
+        outs = [seen + j.communicate(timeout=60)[0] for j in jobs]
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+    assert "a peer connection without the store's secret refused" in outs[1], outs[1]
