@@ -1,9 +1,9 @@
 /* checkpoint_memory: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
- * state after every snapshot.every_memory steps into the agent's shared memory. On the cpu backend
- * the copy is a memcpy on the trainer's thread; on a GPU it is queued on the backend's side
- * stream into page-locked slots and overlaps the next step's forward and backward, with the
- * optimizer waiting for it on the device. The checksums are the memory writer's thread's. Runs on
- * the trainer's thread. */
+ * state after every snapshot.every_memory steps into the agent's shared memory. The copy overlaps
+ * the next step's forward and backward: on the cpu backend the memory writer's thread makes it, on
+ * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
+ * waits for it (trainer__memory_fence), and the batch-norm statistics, which the next forward
+ * changes, are copied first. The checksums are the writer thread's. The trainer's thread. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -55,6 +55,14 @@ void trainer__memory_init(trainer_t *t) {
     if (is_async(t) && t->backend->mem->pin_host) memory_snapshot_each_slot(t->memory, pin, t->backend);
 }
 
+/* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */
+static void account(trainer_t *t, double start) {
+    double stall = clock_now_s() - start;
+    t->memory_stall_s += stall;
+    if (stall > t->memory_stall_max_s) t->memory_stall_max_s = stall;
+    t->n_memory++;
+}
+
 void trainer__memory_snapshot(trainer_t *t) {
     if (!t->memory) return;
     memory_snapshot_mark_reached(t->memory, t->step);
@@ -87,6 +95,17 @@ void trainer__memory_snapshot(trainer_t *t) {
         mem->copy_out(t->backend, d->momentum, m->momentum, p_bytes);
         if (has_second) mem->copy_out(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
         t->is_memory_copying = true;
+    } else if (!mem->is_device(t->backend, m->params)) {
+        /* host arenas (cpu): the writer's thread copies what the next forward does not change,
+         * overlapped with it; the running statistics change in the forward: copied now */
+        mem->to_host(t->backend, d->buffers, m->buffers, b_bytes);
+        memory_snapshot_copy_t copies[3] = {{d->params, m->params, p_bytes},
+                                            {d->momentum, m->momentum, p_bytes},
+                                            {d->second_moment, t->optim.exp_avg_sq, p_bytes}};
+        memory_snapshot_submit_copies(t->memory, &h, copies, has_second ? 3 : 2);
+        t->is_memory_copying = true;
+        account(t, start);
+        return;
     } else {
         mem->to_host(t->backend, d->params, m->params, p_bytes);
         mem->to_host(t->backend, d->momentum, m->momentum, p_bytes);
@@ -94,15 +113,13 @@ void trainer__memory_snapshot(trainer_t *t) {
         if (has_second) mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
     }
     memory_snapshot_submit(t->memory, &h);
-    double stall = clock_now_s() - start;
-    t->memory_stall_s += stall;
-    if (stall > t->memory_stall_max_s) t->memory_stall_max_s = stall;
-    t->n_memory++;
+    account(t, start);
 }
 
 void trainer__memory_fence(trainer_t *t) {
     if (!t->is_memory_copying) return;
-    t->backend->mem->copy_out_fence(t->backend);
+    if (is_async(t)) t->backend->mem->copy_out_fence(t->backend);
+    else memory_snapshot_wait_copied(t->memory);
     t->is_memory_copying = false;
 }
 

@@ -40,6 +40,9 @@ struct memory_snapshot {
     pthread_cond_t cond;
     bool has_job, is_stopping;
     snapshot_header_t job;
+    memory_snapshot_copy_t copies[MEMORY_SNAPSHOT_MAX_COPIES]; /* the job's, done by the thread */
+    int n_copies;
+    bool is_copied;            /* the job's copies are done: their sources may change */
 };
 
 static int map_file(const char *path, size_t bytes, uint8_t **out, char *err, size_t err_len) {
@@ -91,6 +94,12 @@ static void *writer_main(void *arg) {
         if (!m->has_job) break;
         snapshot_header_t h = m->job;
         int slot = m->filling;
+        pthread_mutex_unlock(&m->lock);
+        for (int i = 0; i < m->n_copies; i++)
+            memcpy(m->copies[i].dst, m->copies[i].src, m->copies[i].n_bytes);
+        pthread_mutex_lock(&m->lock);
+        m->is_copied = true;
+        pthread_cond_broadcast(&m->cond);
         pthread_mutex_unlock(&m->lock);
         if (m->wait.cb) m->wait.cb(m->wait.arg);
         snapshot_seal(&h, &m->data);
@@ -181,10 +190,24 @@ snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m) {
 }
 
 void memory_snapshot_submit(memory_snapshot_t *m, const snapshot_header_t *h) {
+    memory_snapshot_submit_copies(m, h, NULL, 0);
+}
+
+void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t *h,
+                                   const memory_snapshot_copy_t *copies, int n_copies) {
     pthread_mutex_lock(&m->lock);
     m->job = *h;
+    m->n_copies = n_copies < MEMORY_SNAPSHOT_MAX_COPIES ? n_copies : MEMORY_SNAPSHOT_MAX_COPIES;
+    if (m->n_copies > 0) memcpy(m->copies, copies, (size_t)m->n_copies * sizeof *copies);
+    m->is_copied = false;
     m->has_job = true;
     pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void memory_snapshot_wait_copied(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    while (m->has_job && !m->is_copied) pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
 }
 
