@@ -22,6 +22,7 @@
 #include "dataset.h"
 #include "snapshot.h"
 #include "spare.h"
+#include "startup_trace.h"
 #include "exit_codes.h"
 #include "trainer.h"
 
@@ -248,7 +249,9 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     }
     char path[PATH_MAX];
     cuda_lib_path(path, sizeof path);
+    double t = startup_trace_now();
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    startup_trace_end("loading libddpworker_cuda.so (CUDA, cuDNN, cuBLAS, NCCL)", t);
     if (!lib)
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
                                      "cuDNN; packaged as ddprun-cuda): %s", path, dlerror());
@@ -307,6 +310,7 @@ int main(int argc, char **argv) {
      * what a spare is started with (LOCAL_RANK, LOCAL_WORLD_SIZE) may be read */
     int spare_fd = spare_fd_from_env();
     int local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
+    double t = startup_trace_now();
 
     train_conf_t conf;
     char err[1024];
@@ -325,27 +329,34 @@ int main(int argc, char **argv) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
+    t = startup_trace_end("reading the configuration", t);
     backend_t *backend = make_backend(&conf, threads);
-    trainer_t t;
+    t = startup_trace_end("backend (all of it)", t);
+    trainer_t tr;
     if (spare_fd >= 0) { /* everything but the round, then wait for one */
         finish_loading(&load, loader, is_loading, -1);
-        trainer_prepare(&t, &conf, &load.data, backend);
-        trainer_warm_up(&t);
+        trainer_prepare(&tr, &conf, &load.data, backend);
+        trainer_warm_up(&tr);
         spare_wait_for_round(spare_fd);
-        t.was_spare = true;
+        tr.was_spare = true;
+        t = startup_trace_now();
     }
     int world = (int)env_long("WORLD_SIZE", 1, 1, 1 << 20);
     int rank = (int)env_long("RANK", 0, 0, world - 1);
     local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
     /* a fresh worker joins the collective while its data loads */
     comm_t *comm = make_comm(rank, world, local_world, &conf, backend);
+    t = startup_trace_end("collective", t);
     if (spare_fd < 0) {
         finish_loading(&load, loader, is_loading, rank);
-        trainer_prepare(&t, &conf, &load.data, backend);
+        t = startup_trace_end("waiting for the data", t);
+        trainer_prepare(&tr, &conf, &load.data, backend);
+        t = startup_trace_end("model and trainer (arenas)", t);
     }
-    trainer_start(&t, comm);
-    trainer_run(&t);
-    trainer_free(&t);
+    trainer_start(&tr, comm);
+    startup_trace_end("trainer start (initial parameters or snapshot, broadcast)", t);
+    trainer_run(&tr);
+    trainer_free(&tr);
     comm->ops->destroy(comm);
     backend->mem->destroy(backend);
     data_splits_free(&load.data);

@@ -11,6 +11,9 @@
 #include "cpu/cpu_dnnl.h"
 #include "rng.h"
 
+/* An fp32 tensor as the ops take it (backend.h); the ops take sizes from their own arguments. */
+#define T(p) tensor_f32((p), 0)
+
 #define PREFILL 0.25f
 
 static uint64_t rng_state = 777;
@@ -54,13 +57,13 @@ static void check(conv_shape_t s, bool with_dx) {
     cr_assert_eq(ref->mem->reserve_workspace(ref, 1 << 22), 0);
     float *x = random_buffer(nx), *w = random_buffer(nw), *dy = random_buffer(ny);
     float *y_ref = filled(ny, NAN), *y = filled(ny, NAN);
-    ref->ops->conv2d_forward(ref, &s, x, w, y_ref);
+    ref->ops->conv2d_forward(ref, &s, T(x), w, T(y_ref));
     cr_assert_eq(cpu_dnnl_conv_forward(d, &s, x, w, y), 0, "oneDNN refused the shape");
     assert_close(y, y_ref, ny, "y");
 
     float *dx_ref = filled(nx, PREFILL), *dx = filled(nx, PREFILL);
     float *dw_ref = filled(nw, PREFILL), *dw = filled(nw, PREFILL);
-    ref->ops->conv2d_backward(ref, &s, x, w, dy, with_dx ? dx_ref : NULL, dw_ref);
+    ref->ops->conv2d_backward(ref, &s, T(x), w, T(dy), T(with_dx ? dx_ref : NULL), dw_ref);
     cr_assert_eq(cpu_dnnl_conv_backward(d, &s, x, w, dy, with_dx ? dx : NULL, dw), 0);
     assert_close(dw, dw_ref, nw, "dw");
     assert_close(dx, dx_ref, nx, "dx"); /* without dx: both still hold the prefill */

@@ -2,6 +2,8 @@
  * always; narrow activations converted on the device) and the model's arenas. */
 #include "cuda_common.cuh"
 
+#include "startup_trace.h"
+
 #include <cuda_profiler_api.h>
 
 /* ---- memory ---- */
@@ -65,7 +67,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
     if (!n_bytes) return;
     /* from pageable memory the copy has read src before it returns, so src may be reused */
-    if (!is_low(g, dst)) {
+    if (!in_low_arena(g, dst)) {
         CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
         return;
     }
@@ -77,7 +79,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
 
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
-    if (n_bytes && is_low(g, src)) {
+    if (n_bytes && in_low_arena(g, src)) {
         float *s = stage(g, n_bytes);
         size_t n = n_bytes / sizeof(float);
         WITH_LOW(g, LAUNCH((convert_kernel<Low, float>), n, CLOW(src), s, n));
@@ -155,6 +157,17 @@ int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, f
 /* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
 void gpu_prepare_forward(backend_t *b) {
     gpu_t *g = gpu_of(b);
+    if (g->trace_forwards < 2 && startup_trace_is_on()) {
+        if (++g->trace_forwards == 1) {
+            g->trace_first_forward = startup_trace_now();
+        } else { /* the first step has been queued whole: wait for it */
+            CHECK_CUDA(cudaStreamSynchronize(g->stream));
+            char what[160];
+            snprintf(what, sizeof what, "first step (of which cuDNN's algorithm search: %.3f s for %d shapes)",
+                     g->search_seconds, g->searched_shapes);
+            startup_trace_end(what, g->trace_first_forward);
+        }
+    }
     if (g->profile_first > 0) { /* the capture range: whole steps, each from its forward on */
         g->forwards++;
         if (g->forwards == g->profile_first) {
