@@ -118,9 +118,11 @@ void trainer__memory_snapshot(trainer_t *t) {
 
 void trainer__memory_fence(trainer_t *t) {
     if (!t->is_memory_copying) return;
+    double start = clock_now_s();
     if (is_async(t)) t->backend->mem->copy_out_fence(t->backend);
     else memory_snapshot_wait_copied(t->memory);
     t->is_memory_copying = false;
+    t->memory_stall_s += clock_now_s() - start; /* a copy the step outran is a stall too */
 }
 
 void trainer__memory_free(trainer_t *t) {
