@@ -68,7 +68,7 @@ typedef struct {
     bool is_memory_copying;  /* copies out to memory are in flight: fence before the optimizer */
     double memory_stall_s, memory_stall_max_s; /* the trainer's time in memory snapshots */
     int64_t n_memory;        /* memory snapshots taken by this process */
-    const char *resume_source; /* "memory", "peer", "disk"; NULL: not resumed */
+    const char *resume_source; /* "memory", "peer", "disk", "none" (lost all); NULL: first start */
     int64_t steps_lost;      /* steps trained before the restart and lost (-1: unknown) */
     int resume_rank;         /* the rank that sent the state resumed from */
     int64_t last_snapshot_step;
