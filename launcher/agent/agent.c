@@ -29,6 +29,8 @@
 #include "fs.h"
 #include "json_lines.h"
 #include "rdzv/liveness.h"
+#include "agent/memory_peer.h"
+#include "agent/memory_region.h"
 #include "log.h"
 #include "options.h"
 #include "agent/port_holder.h"
@@ -41,6 +43,7 @@
 #define STORE_LINGER_MS 5000
 #define EXIT_GRACE_MS   2000 /* after a signal, for what is on the thread pool to come back */
 #define EVENT_QUEUE_LEN 8
+#define JOIN_LOST_ROUNDS_MAX 16 /* rounds one join ends for members lost while they gathered */
 
 /* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
  * writes (a copy of what the action asked for, and the result), so the loop and the thread share
@@ -65,6 +68,8 @@ typedef struct {
     char self_exe[PATH_MAX];
     char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
+    char memory_dir[1200]; /* memory snapshots (memory_region), "" when none */
+    memory_peer_t *memory_peer; /* their copies to and from other nodes, or NULL */
     char master_addr[256];
     uint16_t master_port;
     int exit_code;
@@ -112,6 +117,7 @@ typedef struct {
         bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
         bool is_job_lease_only; /* ... as the job in flight was queued */
         bool is_lease_lost_said;
+        bool is_renewed; /* the last keep_alive found the lease expired and renewed it */
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
@@ -189,6 +195,8 @@ static void arm_exit_deadline(agent_t *a) {
  * clients when they come back. */
 static void finish(agent_t *a, int code) {
     a->exit_code = code;
+    memory_peer_stop(a->memory_peer);
+    a->memory_peer = NULL;
     if (a->spares) spares_destroy(a->spares);
     a->spares = NULL;
     for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
@@ -287,7 +295,10 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
         .group_rank = act->round.group_rank,
         .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
         .world_size = act->round.world_size, .master_addr = a->master_addr,
-        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares};
+        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares,
+        .memory_dir = a->memory_dir};
+    memory_peer_round(a->memory_peer, act->round.round, act->round.group_rank,
+                      act->round.group_world_size);
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
         spec.master_addr = act->round.store_host;
         spec.master_port = act->round.store_port;
@@ -432,11 +443,12 @@ static void hb_work_cb(uv_work_t *req) {
         }
     }
     const rdzv_result_t *round = &a->beat.job.round;
+    a->beat.is_renewed = false;
     if (a->beat.is_job_lease_only) { /* joining: nothing to judge */
-        a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+        a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
         return;
     }
-    if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+    if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
     else if (round->is_member)
         a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
     /* a spare beats for no round (etcd: it keeps its lease) and reads whether the members live */
@@ -455,9 +467,11 @@ static void hb_after_cb(uv_work_t *req, int status) {
         a->hb = NULL;
         return;
     }
+    /* a lease that had expired was renewed: the round's members see this agent lost and end
+     * the round (its alive key vanished); this agent goes on to the next */
+    if (b->is_renewed) LOG_WARN("%s", a->hb->ops->error(a->hb));
     if (b->is_job_lease_only) {
-        /* once: the join goes on (the round's members will see this agent lost and end the
-         * round; its next put is refused, 'requested lease not found', and it leaves) */
+        /* once: the join goes on, and the round's members will see this agent lost */
         if (b->job.rc == DDP_ELEASE && !b->is_lease_lost_said)
             LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
         b->is_lease_lost_said |= b->job.rc == DDP_ELEASE;
@@ -643,9 +657,19 @@ static void join_work_cb(uv_work_t *req) {
     int round = j->plan.round, current = 0;
     if (j->job.rc == 0 && (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
         snprintf(j->err, sizeof j->err, "%s", a->ops->ops->error(a->ops));
-    if (j->job.rc == 0)
-        j->job.rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
-                          sizeof j->err);
+    for (int lost = 0; j->job.rc == 0; lost++) {
+        int at = current > round ? current : round;
+        j->job.rc = rdzv_join(&a->rdzv, a->ops, at, &j->joined, j->err, sizeof j->err);
+        if (j->job.rc != DDP_ELOST || lost == JOIN_LOST_ROUNDS_MAX) break;
+        /* a member died while the round gathered: that round can never start; the next */
+        LOG_WARN("%s", j->err);
+        rdzv_why_t why = {.code = 0, .node = -1, .rank = -1};
+        if ((j->job.rc = rdzv_request_restart(&a->rdzv, a->ops, at, &why)) == 0 &&
+            (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) == 0 && current <= at)
+            current = at + 1;
+        if (j->job.rc < 0)
+            snprintf(j->err, sizeof j->err, "ending round %d: %s", at, a->ops->ops->error(a->ops));
+    }
     if (j->job.rc == 0 && j->joined.is_member) { /* for `ddprun status`; best effort */
         rdzv_publish_job(&a->rdzv, a->ops);
         rdzv_publish_member(&a->rdzv, a->ops, &j->joined);
@@ -932,6 +956,9 @@ int agent_main(ddprun_opts_t *o) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;
     }
+    char mem_err[512];
+    if (memory_region_create(a->memory_dir, sizeof a->memory_dir, mem_err, sizeof mem_err) < 0)
+        LOG_WARN("%s: restarts resume from snapshot.dir", mem_err);
     a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
     char etcd_err[600];
     if (a->is_etcd && rdzv_kv_etcd_check(etcd_err, sizeof etcd_err) < 0) {
@@ -954,6 +981,10 @@ int agent_main(ddprun_opts_t *o) {
                  o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
                  a->run_dir);
     }
+    if (a->memory_dir[0] && a->sm.cfg.is_multi &&
+        memory_peer_start(a->loop, o, a->lease, a->memory_dir, &a->memory_peer, mem_err,
+                          sizeof mem_err) < 0)
+        LOG_WARN("%s: memory snapshots stay on this node", mem_err);
     for (int i = 0; i < o->n_signals; i++) {
         uv_signal_init(a->loop, &a->sig_handles[i]);
         a->sig_handles[i].data = a;
@@ -971,6 +1002,7 @@ int agent_main(ddprun_opts_t *o) {
     rdzv_kv_destroy(a->ops);
     rdzv_kv_destroy(a->watch);
     rdzv_lease_free(a->lease);
+    memory_region_remove(a->memory_dir);
     /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
     if (a->exit_code == 0 && !o->log_dir[0]) nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return a->exit_code;

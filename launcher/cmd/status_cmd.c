@@ -75,14 +75,18 @@ static cJSON *read_key(reader_t *r, const char *rel) {
 }
 
 /* A worker's progress: from the round's store while it is there, else etcd's copy. */
-static cJSON *read_progress(reader_t *r, int rank) {
-    char rel[64];
-    snprintf(rel, sizeof rel, "progress/%d", rank);
+static cJSON *read_progress_key(reader_t *r, const char *rel) {
     size_t n;
     uint8_t *val = r->progress ? read_raw(r, r->progress, rel, &n) : NULL;
     cJSON *o = val ? cJSON_ParseWithLength((const char *)val, n) : NULL;
     free(val);
     return o ? o : read_key(r, rel);
+}
+
+static cJSON *read_progress(reader_t *r, int rank) {
+    char rel[64];
+    snprintf(rel, sizeof rel, "progress/%d", rank);
+    return read_progress_key(r, rel);
 }
 
 /* etcd: connect to the store node 0 of round `round` serves (HOST:PORT in r<R>/store). */
@@ -198,6 +202,12 @@ static cJSON *gather(reader_t *r) {
         cJSON_DeleteItemFromObjectCaseSensitive(p, "event");
         cJSON_AddItemToArray(ranks, p);
     }
+    /* the newest restart's resume: where the state came from, how many steps it lost */
+    cJSON *resume = read_progress_key(r, "progress/resume");
+    if (resume) {
+        cJSON_DeleteItemFromObjectCaseSensitive(resume, "event");
+        cJSON_AddItemToObject(out, "last_resume", resume);
+    }
     return out;
 }
 
@@ -244,6 +254,16 @@ static void print_table(const cJSON *s, const char *id) {
             }
             p += line_len + (end != NULL);
         }
+    }
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(s, "last_resume");
+    if (res) {
+        char lost[48] = "steps lost unknown";
+        if (number(res, "steps_lost", -1) >= 0)
+            snprintf(lost, sizeof lost, "%d step%s lost", number(res, "steps_lost", 0),
+                     number(res, "steps_lost", 0) == 1 ? "" : "s");
+        printf("last resume: step %d from %s (rank %d), %s%s%s\n", number(res, "step", 0),
+               str_of(res, "source", "?"), number(res, "rank", -1), lost,
+               str_of(res, "time", NULL) ? " at " : "", str_of(res, "time", ""));
     }
     printf("%-6s %-10s %-7s %-10s %-10s %s\n", "rank", "step", "epoch", "img/s", "snapshot", "time");
     cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(s, "ranks")) {

@@ -206,12 +206,10 @@ class Job:
         conf = "join_timeout=60,last_call_timeout=0.2,keep_alive_interval=0.2,"
         if self.etcd:
             local = self.netns.ns_addr if self.netns and node == 1 else self.host
-            # lease_ttl above partition_etcd's 3 s freeze: a keep-alive stuck on the frozen
-            # member is answered when it thaws, before the lease ends (a shorter lease turns every
-            # freeze into lost leases, and joins then wait out their holes: see the notes of
-            # issue 23)
+            # lease_ttl as short as c10d's heartbeat_timeout, as long as partition_etcd's 3 s
+            # freeze: a keep-alive stuck on the frozen member must go to another in time
             rdzv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd.endpoints,
-                    "--local-addr", local, "--rdzv-conf", conf + "lease_ttl=6"]
+                    "--local-addr", local, "--rdzv-conf", conf + "lease_ttl=3"]
         else:
             rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.host}:{self.port}",
                     "--rdzv-conf", conf + "heartbeat_timeout=3"]

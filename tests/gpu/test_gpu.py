@@ -214,7 +214,7 @@ def kill_9_and_resume(ddprun, ddpworker, tmp_path, conf_text, spares, total_step
 KILL_CONF_CPU = ("[model]\nname = cnn\nwidth = 8\n[data]\nkind = synthetic\nheight = 16\n"
                  "width = 16\nchannels = 1\nclasses = 10\ntrain_limit = 4096\ntest_limit = 128\n"
                  "augment = true\n[optim]\nlr = 0.05\n[train]\nbatch_size = 16\nepochs = {epochs}\n"
-                 "log_interval = 16\n[snapshot]\ndir = {{snaps}}\nevery = 20\nkeep = 2\n")
+                 "log_interval = 16\n[snapshot]\ndir = {{snaps}}\nevery = 20\nkeep = 2\nevery_memory = 0\n")
 
 
 @pytest.mark.parametrize("spares", [0, 1])
@@ -236,7 +236,7 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
     conf = (f"[model]\nname = resnet18\nwidth = 32\n[data]\nkind = fashion-mnist\n"
             f"dir = {FASHION}\ntrain_limit = 25600\ntest_limit = 1000\n[optim]\nlr = 0.05\n"
             f"[train]\nbackend = cuda\nbatch_size = 128\nepochs = {epochs}\nlog_interval = 10\n"
-            "[snapshot]\ndir = {snaps}\nevery = 20\nkeep = 2\n")
+            "[snapshot]\ndir = {snaps}\nevery = 20\nkeep = 2\nevery_memory = 0\n")
     final = kill_9_and_resume(ddprun, ddpworker, tmp_path, conf, spares, 200 * epochs)
     assert final["top1"] > 0.7, final
 

@@ -144,6 +144,8 @@ static const key_spec_t keys[] = {
     {"train", "log_interval", KEY_INT, F(log_interval), 1, 1e12, NULL, "50", "progress line period"},
     {"snapshot", "dir", KEY_STRING, F(snapshot_dir), 0, 0, NULL, "", "snapshots here (empty: none)"},
     {"snapshot", "every", KEY_INT, F(snapshot_every), 0, 1e12, NULL, "0", "steps between snapshots"},
+    {"snapshot", "every_memory", KEY_INT, F(snapshot_every_memory), 0, 1e12, NULL, "1",
+     "steps between snapshots into the agent's shared memory (under ddprun; 0: none)"},
     {"snapshot", "keep", KEY_INT, F(snapshot_keep), 1, 1e6, NULL, "3", "newest snapshots kept"},
     {"snapshot", "keep_every", KEY_INT, F(snapshot_keep_every), 0, 1e12, NULL, "0",
      "also keep every Nth step's snapshot forever (0: none)"},

@@ -85,6 +85,7 @@ typedef struct {
     /* [snapshot] */
     char snapshot_dir[TRAIN_CONF_PATH_MAX];
     int64_t snapshot_every, snapshot_keep, snapshot_keep_every;
+    int64_t snapshot_every_memory; /* steps between memory snapshots under ddprun (0: none) */
     /* [precision] */
     precision_t precision;
     loss_scaling_t loss_scaling; /* auto: dynamic for fp16, off otherwise */

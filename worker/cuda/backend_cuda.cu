@@ -13,6 +13,12 @@
 static void gpu_destroy(backend_t *b) {
     gpu_t *g = gpu_of(b);
     cudaStreamSynchronize(g->stream);
+    if (g->copy_stream) {
+        cudaStreamSynchronize(g->copy_stream);
+        cudaEventDestroy(g->copy_start);
+        cudaEventDestroy(g->copy_end);
+        cudaStreamDestroy(g->copy_stream);
+    }
     if (g->workspace) cudaFree(g->workspace);
     if (g->shadow) cudaFree(g->shadow);
     if (g->dw_scratch) cudaFree(g->dw_scratch);
@@ -52,6 +58,12 @@ static backend_memory_i make_mem(void) {
     m.reserve_workspace = gpu_reserve_workspace;
     m.to_device = gpu_to_device;
     m.to_host = gpu_to_host;
+    m.pin_host = gpu_pin_host;
+    m.unpin_host = gpu_unpin_host;
+    m.copy_out_begin = gpu_copy_out_begin;
+    m.copy_out = gpu_copy_out;
+    m.copy_out_fence = gpu_copy_out_fence;
+    m.copy_out_wait = gpu_copy_out_wait;
     m.destroy = gpu_destroy;
     return m;
 }

@@ -124,6 +124,10 @@ typedef struct {
     double trace_first_forward, search_seconds;
     int searched_shapes;
     uint64_t scratch_generation;
+    /* copy_out_*: the side stream memory snapshots are copied out on, created at first use;
+     * copy_start marks the main stream where copies start, copy_end where they end */
+    cudaStream_t copy_stream;
+    cudaEvent_t copy_start, copy_end;
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)
@@ -231,6 +235,12 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes);
 float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes);
 void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes);
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes);
+int gpu_pin_host(backend_t *b, void *p, size_t n_bytes);
+void gpu_unpin_host(backend_t *b, void *p);
+void gpu_copy_out_begin(backend_t *b);
+void gpu_copy_out(backend_t *b, void *dst, const void *src, size_t n_bytes);
+void gpu_copy_out_fence(backend_t *b);
+void gpu_copy_out_wait(backend_t *b);
 int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts);
 void gpu_prepare_forward(backend_t *b);
 int gpu_graph_begin(backend_t *b);

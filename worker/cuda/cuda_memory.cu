@@ -89,6 +89,53 @@ void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     CHECK_CUDA(cudaStreamSynchronize(g->stream));
 }
 
+/* ---- copies out on a side stream (memory snapshots): overlapped with the next step's forward ---- */
+
+int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
+    (void)b;
+    if (cudaHostRegister(p, n_bytes, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError(); /* pageable copies still work */
+        return -1;
+    }
+    return 0;
+}
+
+void gpu_unpin_host(backend_t *b, void *p) {
+    (void)b;
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
+void gpu_copy_out_begin(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->copy_stream) {
+        CHECK_CUDA(cudaStreamCreateWithFlags(&g->copy_stream, cudaStreamNonBlocking));
+        CHECK_CUDA(cudaEventCreateWithFlags(&g->copy_start, cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventCreateWithFlags(&g->copy_end, cudaEventDisableTiming));
+    }
+    CHECK_CUDA(cudaEventRecord(g->copy_start, g->stream));
+    CHECK_CUDA(cudaStreamWaitEvent(g->copy_stream, g->copy_start, 0));
+}
+
+void gpu_copy_out(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (n_bytes)
+        CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->copy_stream));
+}
+
+void gpu_copy_out_fence(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->copy_stream) return;
+    CHECK_CUDA(cudaEventRecord(g->copy_end, g->copy_stream));
+    CHECK_CUDA(cudaStreamWaitEvent(g->stream, g->copy_end, 0));
+}
+
+void gpu_copy_out_wait(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->copy_stream) return;
+    CHECK_CUDA(cudaSetDevice(g->device)); /* another thread than the trainer's may wait */
+    CHECK_CUDA(cudaStreamSynchronize(g->copy_stream));
+}
+
 /* ---- the model's arenas (bf16 and fp16 modes) ---- */
 
 int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts) {

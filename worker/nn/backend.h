@@ -121,6 +121,20 @@ typedef struct {
     void (*to_device)(backend_t *b, void *dst, const void *src, size_t n_bytes);
     /* Waits for every queued op, then copies. */
     void (*to_host)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    /* Optional (NULL on cpu, where to_host is a memcpy): copies out of fp32 device memory on a
+     * side stream, overlapped with the ops queued after them (memory snapshots).
+     * pin_host: page-lock host memory (n_bytes at p, e.g. a shared mapping) so copies into it are
+     * DMA; 0 or -1 (then copies still work, slower). unpin_host undoes it.
+     * copy_out_begin: later copy_out calls start after every op queued so far. copy_out: queue one
+     * copy to dst (host). copy_out_fence: ops queued from now on wait (on the device, the host
+     * does not) for the copies queued so far: call it before anything overwrites their sources.
+     * copy_out_wait: the host waits for the copies; callable from any thread. */
+    int (*pin_host)(backend_t *b, void *p, size_t n_bytes);
+    void (*unpin_host)(backend_t *b, void *p);
+    void (*copy_out_begin)(backend_t *b);
+    void (*copy_out)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    void (*copy_out_fence)(backend_t *b);
+    void (*copy_out_wait)(backend_t *b);
     void (*destroy)(backend_t *b);
 } backend_memory_i;
 

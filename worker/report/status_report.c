@@ -13,6 +13,7 @@
 struct status_report {
     store_client_t *store;
     char key[512];
+    char resume_key[512];
 };
 
 status_report_t *status_report_open(int rank) {
@@ -31,6 +32,7 @@ status_report_t *status_report_open(int rank) {
         return NULL;
     }
     snprintf(s->key, sizeof s->key, "/ddprun/%s/progress/%d", run_id, rank);
+    snprintf(s->resume_key, sizeof s->resume_key, "/ddprun/%s/progress/resume", run_id);
     return s;
 }
 
@@ -46,6 +48,25 @@ void status_report_publish(status_report_t *s, int64_t step, int64_t epoch, doub
     char *text = json_line_text(o);
     cJSON_Delete(o);
     if (text && store_client_set(s->store, s->key, text, strlen(text)) < 0) {
+        fprintf(stderr, "ddpworker: warning: progress for `ddprun status` stops: %s\n",
+                store_client_error(s->store));
+        store_client_destroy(s->store);
+        s->store = NULL;
+    }
+    cJSON_free(text);
+}
+
+void status_report_resume(status_report_t *s, int64_t step, const char *source, int rank,
+                          int64_t steps_lost) {
+    if (!s || !s->store) return;
+    cJSON *o = json_line_new("resume");
+    json_line_int(o, "step", step);
+    json_line_str(o, "source", source);
+    json_line_int(o, "rank", rank);
+    json_line_int(o, "steps_lost", steps_lost);
+    char *text = json_line_text(o);
+    cJSON_Delete(o);
+    if (text && store_client_set(s->store, s->resume_key, text, strlen(text)) < 0) {
         fprintf(stderr, "ddpworker: warning: progress for `ddprun status` stops: %s\n",
                 store_client_error(s->store));
         store_client_destroy(s->store);

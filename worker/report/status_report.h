@@ -15,6 +15,10 @@ typedef struct status_report status_report_t;
 status_report_t *status_report_open(int rank);
 void status_report_publish(status_report_t *s, int64_t step, int64_t epoch, double loss,
                            double img_per_s, int64_t snapshot_step);
+/* Where the last resume came from, under /ddprun/<run id>/progress/resume as {"step", "source"
+ * ("memory", "peer", "disk"), "rank" (that sent it), "steps_lost" (-1: unknown), "time"}. */
+void status_report_resume(status_report_t *s, int64_t step, const char *source, int rank,
+                          int64_t steps_lost);
 void status_report_close(status_report_t *s);
 
 #endif

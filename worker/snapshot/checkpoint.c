@@ -52,7 +52,7 @@ void trainer__snapshot_free(trainer_t *t) {
     t->snapshots = NULL;
 }
 
-static void describe(const trainer_t *t, snapshot_header_t *h) {
+void trainer__describe(const trainer_t *t, snapshot_header_t *h) {
     const train_conf_t *c = t->conf;
     const model_t *m = &t->model;
     h->step = (uint64_t)t->step;
@@ -99,7 +99,7 @@ double trainer__snapshot_take(trainer_t *t) {
     if (snapshot_writer_acquire(t->snapshots, &d, err, sizeof err) < 0)
         fprintf(stderr, "ddpworker: warning: snapshot failed: %s\n", err);
     memset(&d->header, 0, sizeof d->header);
-    describe(t, &d->header);
+    trainer__describe(t, &d->header);
     loss_scale_t ls = trainer__loss_scale(t); /* zeros without loss scaling: the format's "none" */
     d->header.loss_scale = ls.scale;
     d->header.loss_scale_good_steps = ls.good_steps;
@@ -194,93 +194,159 @@ static bool asks_for_more(const trainer_t *t) {
     return true;
 }
 
+/* Where a resume may come from, fastest first at the same step (trainer__resume's agreement). */
+enum { SOURCE_NONE = 0, SOURCE_DISK = 1, SOURCE_PEER = 2, SOURCE_MEMORY = 3 };
+
+static const char *source_name(int source) {
+    return source == SOURCE_MEMORY ? "memory" : source == SOURCE_PEER ? "peer" : "disk";
+}
+
+/* This rank's best candidate: the node's memory snapshots (local rank 0, under ddprun), the disk
+ * (rank 0; read only when its newest file is newer than memory's). Returns its source. */
+static int find_candidate(trainer_t *t, snapshot_data_t *d, char *path, size_t path_len,
+                          int64_t *reached) {
+    *reached = -1;
+    int source = SOURCE_NONE;
+    const char *mem_dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
+    const char *local_rank = getenv("LOCAL_RANK");
+    if (mem_dir && *mem_dir && (!local_rank || strcmp(local_rank, "0") == 0)) {
+        memory_snapshot_source_t m = memory_snapshot_find_latest(mem_dir, stderr, d, path, path_len,
+                                                                 reached);
+        if (m != MEMORY_SNAPSHOT_NONE) source = m == MEMORY_SNAPSHOT_OWN ? SOURCE_MEMORY : SOURCE_PEER;
+    }
+    if (t->rank != 0 || !t->conf->snapshot_dir[0]) return source;
+    if (source != SOURCE_NONE && snapshot_newest_step(t->conf->snapshot_dir) <= (int64_t)d->header.step)
+        return source;
+    snapshot_data_t disk = {0};
+    char disk_path[4096], err[1024];
+    int found = snapshot_find_latest(t->conf->snapshot_dir, stderr, &disk, disk_path,
+                                     sizeof disk_path, err, sizeof err);
+    if (found == SNAPSHOT_E_NEWER) trainer_die(DDP_EXIT_DATA, "snapshot.dir: %s", err);
+    if (found < 0) trainer_die(DDP_EXIT_IO, "%s", err);
+    if (found && (source == SOURCE_NONE || disk.header.step > d->header.step)) {
+        snapshot_data_free(d);
+        *d = disk;
+        snprintf(path, path_len, "%s", disk_path);
+        return SOURCE_DISK;
+    }
+    snapshot_data_free(&disk);
+    return source;
+}
+
 bool trainer__resume(trainer_t *t) {
-    if (!t->conf->snapshot_dir[0]) return false;
+    bool has_memory = getenv(MEMORY_SNAPSHOT_DIR_ENV) && *getenv(MEMORY_SNAPSHOT_DIR_ENV);
+    if (!t->conf->snapshot_dir[0] && !has_memory) return false;
     int64_t where[6] = {0}; /* found, step, epoch, cursor, optimizer steps, is finished */
     double run[3] = {NAN, -1, 0}; /* best value, its step, elapsed seconds */
     loss_scale_t ls = {0};
     snapshot_data_t d = {0};
-    char path[4096];
-    if (t->rank == 0) {
-        char err[1024];
-        int found = snapshot_find_latest(t->conf->snapshot_dir, stderr, &d, path, sizeof path, err,
-                                         sizeof err);
-        if (found == SNAPSHOT_E_NEWER) trainer_die(DDP_EXIT_DATA, "snapshot.dir: %s", err);
-        if (found < 0) trainer_die(DDP_EXIT_IO, "%s", err);
-        if (found) {
-            check_compatible(t, &d.header, path);
-            where[0] = 1;
-            where[1] = (int64_t)d.header.step;
-            where[2] = (int64_t)d.header.epoch;
-            where[3] = (int64_t)d.header.cursor;
-            where[4] = (int64_t)d.header.optim_steps;
-            where[5] = d.header.is_finished != 0;
-            run[2] = d.header.elapsed_s;
-            /* a best value judged by another measure would mislead: start that afresh */
-            double best_value = NAN;
-            int64_t best_step = -1;
-            if (d.header.best_by == (uint32_t)t->conf->best_by && !isnan(d.header.best_value)) {
-                best_value = d.header.best_value;
-                best_step = (int64_t)d.header.best_step;
-            }
-            trainer__recall_best(t, &best_value, &best_step);
-            run[0] = best_value;
-            run[1] = (double)best_step;
-            ls.scale = (float)d.header.loss_scale;
-            ls.good_steps = (uint32_t)d.header.loss_scale_good_steps;
-        }
+    char path[4096] = "";
+    int64_t reached;
+    int source = find_candidate(t, &d, path, sizeof path, &reached);
+    if (source != SOURCE_NONE) check_compatible(t, &d.header, path);
+    /* every rank's candidate (step + 1, source, reached + 1; zeros: none): the newest step wins,
+     * then the fastest source, then the lowest rank, which sends it to everyone */
+    double *all = calloc((size_t)t->world * 3, sizeof *all);
+    if (!all) trainer_die(DDP_EXIT_BUG, "out of memory agreeing on a snapshot");
+    if (source != SOURCE_NONE) {
+        all[3 * t->rank] = (double)d.header.step + 1;
+        all[3 * t->rank + 1] = source;
     }
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, where, sizeof where, 0), "broadcasting the resume point");
+    all[3 * t->rank + 2] = (double)(reached + 1);
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, all, (size_t)t->world * 3),
+                        "agreeing on the snapshot to resume from");
+    int root = -1;
+    double max_reached = 0;
+    for (int r = 0; r < t->world; r++) {
+        if (all[3 * r + 2] > max_reached) max_reached = all[3 * r + 2];
+        if (all[3 * r] == 0) continue;
+        if (root < 0 || all[3 * r] > all[3 * root] ||
+            (all[3 * r] == all[3 * root] && all[3 * r + 1] > all[3 * root + 1]))
+            root = r;
+    }
+    int chosen = root < 0 ? SOURCE_NONE : (int)all[3 * root + 1];
+    free(all);
+    if (root < 0) return false;
+    snapshot_header_t h = d.header;
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &h, sizeof h, root),
+                        "broadcasting the snapshot's header");
+    where[0] = 1;
+    where[1] = (int64_t)h.step;
+    where[2] = (int64_t)h.epoch;
+    where[3] = (int64_t)h.cursor;
+    where[4] = (int64_t)h.optim_steps;
+    where[5] = h.is_finished != 0;
+    run[2] = h.elapsed_s;
+    ls.scale = (float)h.loss_scale;
+    ls.good_steps = (uint32_t)h.loss_scale_good_steps;
+    if (t->rank == 0) { /* train.best_file is rank 0's */
+        /* a best value judged by another measure would mislead: start that afresh */
+        double best_value = NAN;
+        int64_t best_step = -1;
+        if (h.best_by == (uint32_t)t->conf->best_by && !isnan(h.best_value)) {
+            best_value = h.best_value;
+            best_step = (int64_t)h.best_step;
+        }
+        trainer__recall_best(t, &best_value, &best_step);
+        run[0] = best_value;
+        run[1] = (double)best_step;
+    }
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0), "broadcasting the run's state");
-    if (!where[0]) return false;
     t->step = t->last_snapshot_step = where[1];
     t->epoch = where[2];
     t->cursor = where[3];
     t->elapsed_before_s = run[2];
     t->was_finished = where[5] != 0;
+    t->resume_source = source_name(chosen);
+    t->resume_rank = root;
+    t->steps_lost = max_reached > 0 ? (int64_t)max_reached - 1 - where[1] : -1;
+    if (t->steps_lost < 0 && max_reached > 0) t->steps_lost = 0;
     /* a finished run is not trained again by the same command (every rank decides alike: the same
      * train.conf, the state broadcast) */
     if (t->was_finished && !asks_for_more(t)) {
         t->is_already_finished = true;
+        snapshot_data_free(&d);
         if (t->rank == 0) {
             printf("ddpworker: already finished at step %lld, epoch %lld (snapshot.dir %s): nothing "
                    "to train; a larger train.max_steps, train.epochs or train.hours continues it, "
                    "another snapshot.dir starts a new run\n", (long long)t->step,
                    (long long)t->epoch + 1, t->conf->snapshot_dir);
             fflush(stdout);
-            snapshot_data_free(&d);
         }
         return true;
     }
     model_t *m = &t->model;
     const backend_memory_i *mem = t->backend->mem;
-    if (t->rank == 0) {
+    if (t->rank == root) {
         mem->to_device(t->backend, m->params, d.params, m->n_params * sizeof(float));
         mem->to_device(t->backend, m->momentum, d.momentum, m->n_params * sizeof(float));
         mem->to_device(t->backend, m->buffers, d.buffers, m->n_buffers * sizeof(float));
         if (optimizer_has_second_moment(&t->optim))
             mem->to_device(t->backend, t->optim.exp_avg_sq, d.second_moment,
                          m->n_params * sizeof(float));
+        char lost[64] = "";
+        if (t->steps_lost >= 0) snprintf(lost, sizeof lost, ", %lld steps lost", (long long)t->steps_lost);
         printf("ddpworker: resuming from %s: step %lld, epoch %lld, %lld samples into it (saved by "
-               "%u ranks, now %d)%s\n", path, (long long)where[1], (long long)where[2] + 1,
-               (long long)where[3], d.header.world_size, t->world,
-               t->was_finished ? "; that run had finished, train.conf now asks for more" : "");
+               "%u ranks, now %d)%s; source %s (rank %d)%s\n", path, (long long)where[1],
+               (long long)where[2] + 1, (long long)where[3], d.header.world_size, t->world,
+               t->was_finished ? "; that run had finished, train.conf now asks for more" : "",
+               t->resume_source, root, lost);
         fflush(stdout);
-        snapshot_data_free(&d);
     }
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
+    snapshot_data_free(&d);
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), root),
           "broadcasting the snapshot's parameters");
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), 0),
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), root),
           "broadcasting the snapshot's momentum");
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), root),
           "broadcasting the snapshot's statistics");
     if (optimizer_has_second_moment(&t->optim)) {
-        trainer__check_comm(t, t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq, m->n_params * sizeof(float), 0),
+        trainer__check_comm(t, t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq, m->n_params * sizeof(float), root),
               "broadcasting the snapshot's second moment");
         optimizer_set_steps(&t->optim, (uint64_t)where[4]);
     }
     /* a snapshot without a scaler's state (0) leaves this run's initial scale */
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, 0), "broadcasting the loss scale");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, root), "broadcasting the loss scale");
     if (t->loss_scale && ls.scale > 0) mem->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
     t->best_value = run[0];
     t->best_step = (int64_t)run[1];

@@ -156,27 +156,33 @@ static bool has_second_moment(const snapshot_header_t *h) {
     return h->optimizer == SNAPSHOT_OPTIM_ADAM || h->optimizer == SNAPSHOT_OPTIM_ADAMW;
 }
 
-int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
-                   const snapshot_progress_t *progress, char *err, size_t err_len) {
-    snapshot_header_t h = d->header;
-    memcpy(h.magic, SNAPSHOT_MAGIC, sizeof h.magic);
-    h.version = SNAPSHOT_VERSION;
-    h.header_bytes = sizeof h;
+uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d) {
+    memcpy(h->magic, SNAPSHOT_MAGIC, sizeof h->magic);
+    h->version = SNAPSHOT_VERSION;
+    h->header_bytes = sizeof *h;
     const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
     static const uint32_t kinds[4] = {SNAPSHOT_SECTION_PARAMS, SNAPSHOT_SECTION_MOMENTUM,
                                       SNAPSHOT_SECTION_BUFFERS, SNAPSHOT_SECTION_SECOND_MOMENT};
-    h.n_sections = has_second_moment(&h) ? 4 : 3;
-    if (h.n_sections == 4 && !d->second_moment)
-        return ddp_errf(err, err_len, "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
-                     "moment", h.step, h.optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw");
-    uint64_t offset = sizeof h;
-    for (uint32_t i = 0; i < h.n_sections; i++) {
-        uint64_t bytes = section_floats(&h, kinds[i]) * sizeof(float);
-        h.sections[i] = (snapshot_section_t){.kind = kinds[i], .offset = offset, .n_bytes = bytes,
-                                             .checksum = XXH3_64bits(arrays[i], bytes)};
+    h->n_sections = has_second_moment(h) ? 4 : 3;
+    uint64_t offset = sizeof *h;
+    for (uint32_t i = 0; i < h->n_sections; i++) {
+        uint64_t bytes = section_floats(h, kinds[i]) * sizeof(float);
+        h->sections[i] = (snapshot_section_t){.kind = kinds[i], .offset = offset, .n_bytes = bytes,
+                                              .checksum = XXH3_64bits(arrays[i], bytes)};
         offset += bytes;
     }
-    h.header_checksum = XXH3_64bits(&h, HEADER_CHECKED_BYTES);
+    h->header_checksum = XXH3_64bits(h, HEADER_CHECKED_BYTES);
+    return offset;
+}
+
+int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
+                   const snapshot_progress_t *progress, char *err, size_t err_len) {
+    snapshot_header_t h = d->header;
+    const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
+    if (has_second_moment(&h) && !d->second_moment)
+        return ddp_errf(err, err_len, "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
+                     "moment", h.step, h.optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw");
+    snapshot_seal(&h, d);
     char name[128];
     snprintf(name, sizeof name, SNAPSHOT_FILE_PREFIX "%012" PRIu64 SNAPSHOT_FILE_SUFFIX, h.step);
     const void *parts[5] = {&h, arrays[0], arrays[1], arrays[2], arrays[3]};
@@ -369,6 +375,15 @@ static void quarantine(const char *path, FILE *report) {
     } else if (report) {
         fprintf(report, "ddpworker: warning: cannot move %s aside: %s\n", path, strerror(errno));
     }
+}
+
+int64_t snapshot_newest_step(const char *dir) {
+    entry_t *list;
+    size_t n;
+    if (list_snapshots(dir, &list, &n) < 0) return -1;
+    int64_t step = n ? list[0].step : -1;
+    free(list);
+    return step;
 }
 
 int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char *path_out,

@@ -41,6 +41,13 @@ typedef struct {
  * with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
                    const snapshot_progress_t *progress, char *err, size_t err_len);
+/* Fill in h's magic, version, section table (sections laid out back to back after the header, as
+ * in a file) and every checksum from d's arrays (d->header is not read; d->second_moment is needed
+ * when h->optimizer is adam or adamw). Returns the snapshot's size in bytes. */
+uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d);
+/* The step of the newest file in dir named like a snapshot, unverified (-1: none or no dir): what
+ * a faster source must reach for the disk to be skipped. */
+int64_t snapshot_newest_step(const char *dir);
 /* snapshot_read's and snapshot_find_latest's return for a file of a version newer than this
  * ddpworker's: not damage (nothing is skipped or moved aside for it), but nothing here can use it. */
 #define SNAPSHOT_E_NEWER (-2)

@@ -219,6 +219,7 @@ void trainer_start(trainer_t *t, comm_t *comm) {
     }
     trainer__snapshot_init(t);
     bool is_resumed = trainer__resume(t);
+    trainer__memory_init(t);
     if (t->is_already_finished) return; /* trainer_run does nothing: the metrics stay as they are */
     if (!is_resumed) {
         /* DDP's construction: every rank starts from rank 0's parameters and buffers, so only
@@ -239,9 +240,11 @@ void trainer_start(trainer_t *t, comm_t *comm) {
             conf->source_path, conf->overrides, &t->tb, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "%s", err);
     t->status = status_report_open(t->rank);
+    trainer__report_resume(t);
 }
 
 void trainer_free(trainer_t *t) {
+    trainer__memory_free(t);
     trainer__snapshot_free(t);
     if (t->has_sync) grad_sync_free(&t->sync);
     if (t->loss_scale) t->backend->mem->release(t->backend, t->loss_scale);
@@ -311,6 +314,7 @@ int trainer_step(trainer_t *t) {
     } else {
         model_backward(m, n, NULL, NULL);
     }
+    trainer__memory_fence(t); /* the last memory snapshot's copies, before the state changes */
     /* the summed gradients: every rank finds the same inf or NaN */
     if (t->loss_scale) o->loss_scale_check(t->backend, m->grads, m->n_params, t->loss_scale);
     /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
@@ -601,6 +605,7 @@ eval_result_t trainer_run(trainer_t *t) {
             if (!is_log_step) check_diverged_now(t);
             trainer__snapshot(t, false);
         }
+        if (!is_done) trainer__memory_snapshot(t);
     }
     /* max_steps 0, or a run resumed at its end: the weights as they are */
     if (last_eval_step != t->step) last = trainer__validate(t);

@@ -16,6 +16,7 @@
 #include "json_lines.h"
 #include "loader.h"
 #include "lr_schedule.h"
+#include "memory_snapshot.h"
 #include "model.h"
 #include "optimizer.h"
 #include "sampler.h"
@@ -63,6 +64,11 @@ typedef struct {
     int64_t step, epoch;     /* the next step to run, the epoch it belongs to */
     int64_t cursor;          /* global sample positions of this epoch already trained on */
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
+    memory_snapshot_t *memory; /* rank 0 under ddprun with snapshot.every_memory, else NULL */
+    bool is_memory_copying;  /* copies out to memory are in flight: fence before the optimizer */
+    const char *resume_source; /* "memory", "peer", "disk"; NULL: not resumed */
+    int64_t steps_lost;      /* steps trained before the restart and lost (-1: unknown) */
+    int resume_rank;         /* the rank that sent the state resumed from */
     int64_t last_snapshot_step;
     bool has_written_params; /* train.params_file holds the final weights */
     status_report_t *status; /* progress for `ddprun status`, or NULL */
@@ -126,6 +132,23 @@ void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall);
  * 0's clock. */
 int trainer__agree_step(trainer_t *t, bool *is_out_of_time);
 void trainer__snapshot_free(trainer_t *t);
+
+/* trainer_memory.c, internal to the trainer: memory snapshots (memory_snapshot.h). */
+/* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
+ * A failure is a warning: training goes on without them. */
+void trainer__memory_init(trainer_t *t);
+/* After every step: record the step reached; every snapshot.every_memory steps copy the state
+ * into the next slot (a GPU: on a side stream, while the next step runs) to be sealed by the
+ * writer's thread. */
+void trainer__memory_snapshot(trainer_t *t);
+/* Before anything overwrites the state (the optimizer, the loss scaler): wait for the copies. */
+void trainer__memory_fence(trainer_t *t);
+void trainer__memory_free(trainer_t *t);
+/* Rank 0 after a resume: its source and steps lost as a "resume" metrics event and for
+ * `ddprun status`. */
+void trainer__report_resume(trainer_t *t);
+/* The header of the state after the last step (trainer_snapshot.c): everything but checksums. */
+void trainer__describe(const trainer_t *t, snapshot_header_t *h);
 /* A collective's result: on failure the worker exits with DDP_EXIT_PEER_FAILURE naming what. */
 void trainer__check_comm(trainer_t *t, int rc, const char *what);
 /* Training wall time of the whole run so far, restarts included (train.hours). */
