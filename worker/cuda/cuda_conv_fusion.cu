@@ -273,6 +273,10 @@ int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d
     void *ptrs[7] = {x_d.data, (void *)shadow_of(g, w), y_d.data, sum, sqsum, affine, affine ? affine + s->c : NULL};
     int64_t uids[7] = {UID_X, UID_W, UID_Y, UID_SUM, UID_SQSUM, UID_SCALE, UID_BIAS};
     int64_t n_ptrs = has_affine ? 7 : 5;
+    /* the statistics start from zero whether cuDNN's epilogue writes or adds them (they may be
+     * a batch norm's saved slots, holding the last step's values) */
+    CHECK_CUDA(cudaMemsetAsync(sum, 0, (size_t)s->k * sizeof(float), g->stream));
+    CHECK_CUDA(cudaMemsetAsync(sqsum, 0, (size_t)s->k * sizeof(float), g->stream));
     void *workspace = g->workspace;
     cudnnBackendDescriptor_t pack = NULL;
     CHECK_CUDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
