@@ -15,6 +15,7 @@ const char *ddp_strerror(int rc) {
     case DDP_ETIMEOUT: return "timed out";
     case DDP_ECLOSED: return "connection closed by the peer";
     case DDP_ELEASE: return "the etcd lease expired";
+    case DDP_ELOST: return "a peer lost its etcd lease before it did its part";
     default: return rc < 0 && rc > -DDP_EBASE ? strerror(-rc) : "unknown error";
     }
 }

@@ -16,6 +16,7 @@ enum {
     DDP_ETIMEOUT = -(DDP_EBASE + 4),  /* a deadline passed */
     DDP_ECLOSED = -(DDP_EBASE + 5),   /* the peer closed the connection */
     DDP_ELEASE = -(DDP_EBASE + 6),    /* our etcd lease expired: our ephemeral keys are gone */
+    DDP_ELOST = -(DDP_EBASE + 7),     /* a peer's etcd lease expired before it did its part */
 };
 
 #define TRY(expr)                                                                                  \

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
     if (argc >= 2) {
         const char *cmd = argv[1];
         if (strcmp(cmd, "store") == 0) return store_cmd_main(argc - 1, argv + 1);
-        if (strcmp(cmd, "store-client") == 0) return store_cli_main(argc - 1, argv + 1);
+        if (strcmp(cmd, "store-client") == 0) return store_client_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "status") == 0) return status_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "plot") == 0) return plot_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "__shim") == 0) return worker_shim_main(argc, argv);

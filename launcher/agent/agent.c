@@ -43,6 +43,7 @@
 #define STORE_LINGER_MS 5000
 #define EXIT_GRACE_MS   2000 /* after a signal, for what is on the thread pool to come back */
 #define EVENT_QUEUE_LEN 8
+#define JOIN_LOST_ROUNDS_MAX 16 /* rounds one join ends for members lost while they gathered */
 
 /* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
  * writes (a copy of what the action asked for, and the result), so the loop and the thread share
@@ -116,6 +117,7 @@ typedef struct {
         bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
         bool is_job_lease_only; /* ... as the job in flight was queued */
         bool is_lease_lost_said;
+        bool is_renewed; /* the last keep_alive found the lease expired and renewed it */
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
@@ -441,11 +443,12 @@ static void hb_work_cb(uv_work_t *req) {
         }
     }
     const rdzv_result_t *round = &a->beat.job.round;
+    a->beat.is_renewed = false;
     if (a->beat.is_job_lease_only) { /* joining: nothing to judge */
-        a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+        a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
         return;
     }
-    if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb);
+    if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
     else if (round->is_member)
         a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
     /* a spare beats for no round (etcd: it keeps its lease) and reads whether the members live */
@@ -464,9 +467,11 @@ static void hb_after_cb(uv_work_t *req, int status) {
         a->hb = NULL;
         return;
     }
+    /* a lease that had expired was renewed: the round's members see this agent lost and end
+     * the round (its alive key vanished); this agent goes on to the next */
+    if (b->is_renewed) LOG_WARN("%s", a->hb->ops->error(a->hb));
     if (b->is_job_lease_only) {
-        /* once: the join goes on (the round's members will see this agent lost and end the
-         * round; its next put is refused, 'requested lease not found', and it leaves) */
+        /* once: the join goes on, and the round's members will see this agent lost */
         if (b->job.rc == DDP_ELEASE && !b->is_lease_lost_said)
             LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
         b->is_lease_lost_said |= b->job.rc == DDP_ELEASE;
@@ -652,9 +657,19 @@ static void join_work_cb(uv_work_t *req) {
     int round = j->plan.round, current = 0;
     if (j->job.rc == 0 && (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
         snprintf(j->err, sizeof j->err, "%s", a->ops->ops->error(a->ops));
-    if (j->job.rc == 0)
-        j->job.rc = rdzv_join(&a->rdzv, a->ops, current > round ? current : round, &j->joined, j->err,
-                          sizeof j->err);
+    for (int lost = 0; j->job.rc == 0; lost++) {
+        int at = current > round ? current : round;
+        j->job.rc = rdzv_join(&a->rdzv, a->ops, at, &j->joined, j->err, sizeof j->err);
+        if (j->job.rc != DDP_ELOST || lost == JOIN_LOST_ROUNDS_MAX) break;
+        /* a member died while the round gathered: that round can never start; the next */
+        LOG_WARN("%s", j->err);
+        rdzv_why_t why = {.code = 0, .node = -1, .rank = -1};
+        if ((j->job.rc = rdzv_request_restart(&a->rdzv, a->ops, at, &why)) == 0 &&
+            (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) == 0 && current <= at)
+            current = at + 1;
+        if (j->job.rc < 0)
+            snprintf(j->err, sizeof j->err, "ending round %d: %s", at, a->ops->ops->error(a->ops));
+    }
     if (j->job.rc == 0 && j->joined.is_member) { /* for `ddprun status`; best effort */
         rdzv_publish_job(&a->rdzv, a->ops);
         rdzv_publish_member(&a->rdzv, a->ops, &j->joined);

@@ -22,6 +22,7 @@
 #include "ddp_error.h"
 #include "log.h"
 #include "snapshot_format.h"
+#include "store_auth.h"
 
 #define POLL_MS 10
 #define RETRY_MS 500
@@ -35,6 +36,12 @@ struct conn {
     uv_tcp_t tcp;
     memory_peer_t *p;
     conn_t *next;
+    /* with the store's secret: our nonce, then the sender's nonce and MAC before any frame */
+    bool is_authed;
+    uint8_t nonce[STORE_AUTH_NONCE_BYTES];
+    uint8_t proof[STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES];
+    size_t proof_got;
+    uv_write_t nonce_req;
     uint8_t frame[FRAME_BYTES];
     size_t frame_got;
     uint32_t origin;
@@ -52,6 +59,7 @@ struct memory_peer {
     uint16_t port;
     uv_tcp_t listener;
     uv_timer_t poll;
+    store_secret_t secret;           /* the store's (DDPRUN_STORE_SECRET...): peers prove it */
     int open_handles;
     bool is_stopping;
     conn_t *conns;
@@ -82,6 +90,10 @@ struct memory_peer {
     int64_t read_step, sent_step;
     uint64_t reached;                /* the sender's progress file when its slot was read */
     uint8_t frame[FRAME_BYTES];
+    uint8_t challenge[STORE_AUTH_NONCE_BYTES], challenge_buf[64];
+    size_t challenge_got;
+    uint8_t proof[STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES];
+    uv_write_t proof_req;
 };
 
 static void maybe_free(memory_peer_t *p) {
@@ -220,6 +232,22 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     }
     const uint8_t *b = (const uint8_t *)buf->base;
     size_t left = (size_t)n;
+    if (!c->is_authed) { /* the sender's nonce and MAC over both nonces, before anything else */
+        size_t take = sizeof c->proof - c->proof_got < left ? sizeof c->proof - c->proof_got : left;
+        memcpy(c->proof + c->proof_got, b, take);
+        c->proof_got += take;
+        b += take;
+        left -= take;
+        if (c->proof_got < sizeof c->proof) return;
+        uint8_t want[STORE_AUTH_MAC_BYTES];
+        store_auth_client_mac(&c->p->secret, c->nonce, c->proof, want);
+        if (!store_auth_mac_equal(want, c->proof + STORE_AUTH_NONCE_BYTES)) {
+            LOG_WARN("memory snapshots: a peer connection without the store's secret refused");
+            conn_close(c);
+            return;
+        }
+        c->is_authed = true;
+    }
     while (left) {
         if (!c->map) {
             size_t take = FRAME_BYTES - c->frame_got < left ? FRAME_BYTES - c->frame_got : left;
@@ -264,10 +292,19 @@ static void on_connection(uv_stream_t *server, int status) {
     p->open_handles++;
     c->next = p->conns;
     p->conns = c;
+    c->is_authed = !p->secret.is_set;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 ||
         uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_read) < 0) {
         conn_close(c);
         return;
+    }
+    if (!c->is_authed) { /* the challenge: a fresh nonce the sender's MAC must cover */
+        store_auth_random_nonce(c->nonce);
+        uv_buf_t nb = uv_buf_init((char *)c->nonce, sizeof c->nonce);
+        if (uv_write(&c->nonce_req, (uv_stream_t *)&c->tcp, &nb, 1, NULL) < 0) {
+            conn_close(c);
+            return;
+        }
     }
     uv_unref((uv_handle_t *)&c->tcp);
 }
@@ -288,6 +325,37 @@ static void drop_out(memory_peer_t *p) {
     p->retry_at = clock_now_s() + RETRY_MS / 1000.0;
 }
 
+static void challenge_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)suggested;
+    memory_peer_t *p = h->data;
+    *buf = uv_buf_init((char *)p->challenge_buf, sizeof p->challenge_buf);
+}
+
+/* The receiver's nonce: answer with ours and the MAC over both, then frames may follow. */
+static void challenge_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+    memory_peer_t *p = s->data;
+    if (n == 0) return;
+    if (n < 0 || p->challenge_got + (size_t)n > sizeof p->challenge) {
+        LOG_WARN("memory snapshots: the next node's agent at %s:%u %s", p->next_host, p->next_port,
+                 n < 0 ? "closed the connection (another store secret?)" : "sent too much");
+        uv_read_stop(s);
+        drop_out(p);
+        return;
+    }
+    memcpy(p->challenge + p->challenge_got, buf->base, (size_t)n);
+    p->challenge_got += (size_t)n;
+    if (p->challenge_got < sizeof p->challenge) return;
+    uv_read_stop(s);
+    store_auth_random_nonce(p->proof);
+    store_auth_client_mac(&p->secret, p->challenge, p->proof, p->proof + STORE_AUTH_NONCE_BYTES);
+    uv_buf_t pb = uv_buf_init((char *)p->proof, sizeof p->proof);
+    if (uv_write(&p->proof_req, s, &pb, 1, NULL) < 0) {
+        drop_out(p);
+        return;
+    }
+    p->is_connected = true; /* writes go out in order: frames follow the proof */
+}
+
 static void on_connect(uv_connect_t *req, int status) {
     memory_peer_t *p = req->data;
     p->is_connecting = false;
@@ -298,6 +366,11 @@ static void on_connect(uv_connect_t *req, int status) {
         if (req->handle == (uv_stream_t *)p->out) drop_out(p);
         else if (!uv_is_closing((uv_handle_t *)req->handle))
             uv_close((uv_handle_t *)req->handle, out_closed);
+        return;
+    }
+    if (p->secret.is_set) { /* connected once the receiver's challenge is answered */
+        p->challenge_got = 0;
+        if (uv_read_start((uv_stream_t *)p->out, challenge_alloc, challenge_read) < 0) drop_out(p);
         return;
     }
     p->is_connected = true;
@@ -563,6 +636,10 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lea
     p->sent_step = -1;
     p->round = -1;
     snprintf(p->dir, sizeof p->dir, "%s", dir);
+    if (store_secret_from_env(&p->secret, err, err_len) < 0 || (p->secret.is_set && store_auth_init() < 0)) {
+        free(p);
+        return -EINVAL;
+    }
     if (o->local_addr[0]) snprintf(p->host, sizeof p->host, "%s", o->local_addr);
     else if (gethostname(p->host, sizeof p->host - 1) != 0) snprintf(p->host, sizeof p->host, "127.0.0.1");
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE},

@@ -7,6 +7,9 @@
  * a transfer cut by a crash never replaces a good copy. The sender holds at most one generation;
  * a generation sealed while the previous one is on the wire is skipped for the newest.
  *
+ * With a shared secret in the agents' environment (DDPRUN_STORE_SECRET[_FILE]) a receiver takes
+ * frames only after the sender's HMAC over a nonce it sent (docs/protocol.md).
+ *
  * Finding the next agent is the one use of the store: each agent SETs
  * /ddprun/<run id>/memsnap/r<round>/<group rank> = HOST:PORT of its listener (--local-addr, else
  * the host name) and reads its successor's (on libuv's thread pool). The agent's loop thread. */

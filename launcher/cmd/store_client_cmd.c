@@ -1,4 +1,4 @@
-/* store_cli: `ddprun store-client`, one store operation from the shell through the blocking
+/* store_client_cmd: `ddprun store-client`, one store operation from the shell through the blocking
  * client (common/store_client.c): for scripts, operators and the interop tests. Values are
  * printed raw, one per line; errors go to stderr with the store's address. */
 #include <getopt.h>
@@ -134,7 +134,7 @@ static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, i
     }
     if (strcmp(op, "add") == 0 || strcmp(op, "barrier") == 0) {
         int64_t delta = 0;
-        parse_i64(a[1], &delta); /* checked by store_cli_main before connecting */
+        parse_i64(a[1], &delta); /* checked by store_client_cmd_main before connecting */
         if (op[0] == 'b') return store_client_barrier(c, a[0], delta, -1);
         rc = store_client_add(c, a[0], delta, &i64);
     } else if (strcmp(op, "num-keys") == 0) {
@@ -156,7 +156,7 @@ static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, i
         free(vals);
         free(lens);
         return rc;
-    } else { /* multi-set: pairs checked by store_cli_main */
+    } else { /* multi-set: pairs checked by store_client_cmd_main */
         size_t pairs = (size_t)n / 2;
         const char **ks = calloc(pairs, sizeof *ks);
         const void **vs = calloc(pairs, sizeof *vs);
@@ -180,7 +180,7 @@ static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, i
     return rc;
 }
 
-int store_cli_main(int argc, char **argv) {
+int store_client_cmd_main(int argc, char **argv) {
     store_client_opts_t opts = {.host = "127.0.0.1", .port = DDP_DEFAULT_STORE_PORT,
                                 .connect_timeout_ms = 10000, .op_timeout_ms = 30000};
     char host[256], err[512];

@@ -79,6 +79,7 @@ static void watch_message(etcd_watch_stream_t *w, const char *text, size_t n) {
         cJSON_Delete(m);
         return;
     }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "created"))) w->is_created = true;
     if (etcd_answer_i64(r, "compact_revision") > 0) {
         snprintf(w->error, sizeof w->error, "revision %" PRId64 " was compacted", w->next_revision);
         w->is_bad = true;

@@ -87,6 +87,8 @@ int etcd_create(const etcd_opts_t *opts, etcd_t **out) {
     c->opts = *opts;
     if (!c->opts.connect_timeout_ms) c->opts.connect_timeout_ms = 2000;
     if (!c->opts.op_timeout_ms) c->opts.op_timeout_ms = 30000;
+    if (c->opts.try_timeout_ms <= 0 || c->opts.try_timeout_ms > c->opts.op_timeout_ms)
+        c->opts.try_timeout_ms = c->opts.op_timeout_ms;
     snprintf(c->endpoints_text, sizeof c->endpoints_text, "%s", opts->endpoints ? opts->endpoints : "");
     c->user = opts->user && *opts->user ? strdup(opts->user) : NULL;
     c->password = opts->password ? strdup(opts->password) : NULL;
@@ -204,6 +206,7 @@ static int call(etcd_t *c, const char *path, cJSON *body_obj, cJSON **json) {
         if (now >= deadline && tries > 0) break;
         const char *url = c->urls[c->current];
         int64_t left = (int64_t)(deadline > now ? deadline - now : 1);
+        if (left > c->opts.try_timeout_ms) left = c->opts.try_timeout_ms; /* then the next */
         tries++;
         if (c->user && !c->token[0]) {
             rc = authenticate(c, url, left);
@@ -342,15 +345,6 @@ int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *va
     return 0;
 }
 
-int etcd_delete(etcd_t *c, const char *key) {
-    cJSON *body = cJSON_CreateObject(), *answer;
-    add_b64(body, "key", key, strlen(key));
-    int rc = call(c, "/v3/kv/deleterange", body, &answer);
-    cJSON_Delete(body);
-    cJSON_Delete(answer);
-    return rc;
-}
-
 /* ---- leases -------------------------------------------------------------------------------- */
 
 int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id) {
@@ -371,17 +365,16 @@ int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s) {
     int rc = call(c, "/v3/lease/keepalive", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
-    /* a stream of one answer: {"result": {"ID": ..., "TTL": ...}}; TTL absent: expired */
-    *ttl_s = etcd_answer_i64(cJSON_GetObjectItemCaseSensitive(answer, "result"), "TTL");
-    cJSON_Delete(answer);
-    return 0;
-}
-
-int etcd_lease_revoke(etcd_t *c, int64_t id) {
-    cJSON *body = cJSON_CreateObject(), *answer;
-    add_i64(body, "ID", id);
-    int rc = call(c, "/v3/lease/revoke", body, &answer);
-    cJSON_Delete(body);
+    /* a stream of one answer: {"result": {"ID": ..., "TTL": ...}}, TTL absent: expired; or
+     * {"error": {"message": ...}} with HTTP 200, as a stream's errors come */
+    const cJSON *result = cJSON_GetObjectItemCaseSensitive(answer, "result");
+    if (!cJSON_IsObject(result)) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(answer, "error"), "message");
+        rc = fail(c, DDP_EPROTO, "etcd %s/v3/lease/keepalive: %s", c->urls[c->current],
+                  cJSON_IsString(m) ? m->valuestring : "an answer without a result");
+    }
+    *ttl_s = etcd_answer_i64(result, "TTL");
     cJSON_Delete(answer);
     return rc;
 }
@@ -423,8 +416,10 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
         cJSON_Delete(body);
         if (!text) return fail(c, -ENOMEM, "etcd: out of memory");
         w.len = 0;
-        answer_t a = post_once(c, c->urls[c->current], "/v3/watch", text, (int64_t)(deadline - now),
-                               on_watch_chunk, &w);
+        w.is_created = false;
+        int64_t left = (int64_t)(deadline - now);
+        if (left > c->opts.try_timeout_ms) left = c->opts.try_timeout_ms;
+        answer_t a = post_once(c, c->urls[c->current], "/v3/watch", text, left, on_watch_chunk, &w);
         cJSON_free(text);
         rc = a.rc;
         etcd_watch_stream_end(&w);
@@ -443,12 +438,14 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
                       w.error);
             break;
         }
-        if (rc == DDP_ETIMEOUT) {
+        if (rc == DDP_ETIMEOUT && clock_now_ms() >= deadline) {
             rc = fail(c, DDP_ETIMEOUT, "etcd watch of %s: nothing within %lld ms", key,
                       (long long)timeout_ms);
             break;
         }
-        /* the stream ended (the member went away): go on at the next one */
+        rc = DDP_ETIMEOUT;
+        if (a.status == 200 && w.is_created) continue; /* a quiet slice: again, same member */
+        /* the stream ended or never began (the member went away or froze): the next one */
         c->current = (c->current + 1) % c->n_urls;
         struct timespec ts = {0, RETRY_PAUSE_MS * 1000000L};
         nanosleep(&ts, NULL);

@@ -2,10 +2,13 @@
  * keepalive, /v3/watch, /v3/auth/authenticate), blocking, over common/http (libcurl). Keys and
  * values are base64 in the JSON, int64s decimal strings, as the gateway speaks them.
  *
- * Member failover: a request that fails in transport, or that the member answers with
- * "unavailable" (no leader yet, leader changed, stopping), goes to the next endpoint until
- * op_timeout_ms; a watch continues on the next member from the revision after the last event it
- * delivered. Auth: with a user, a token from /v3/auth/authenticate, fetched again when the member
+ * Member failover: a request that fails in transport, that gets no answer within try_timeout_ms,
+ * or that the member answers with "unavailable" (no leader yet, leader changed, stopping), goes
+ * to the next endpoint until op_timeout_ms; a watch continues on the next member from the
+ * revision after the last event it delivered, and is made again every try_timeout_ms (on the
+ * same member when that one had confirmed it, else on the next). A compare-and-swap whose member
+ * failed after taking it may have committed: its retry then finds the revision moved and reports
+ * is_put false (the caller reads again; an ADD may count twice, and rendezvous survives that). Auth: with a user, a token from /v3/auth/authenticate, fetched again when the member
  * says it expired. One client per thread; etcd_interrupt from any thread. Errors: 0 or a negative
  * code, etcd_error() says what and where (endpoint, key); the password is never in it. */
 #ifndef DDP_LAUNCHER_ETCD_CLIENT_H
@@ -24,6 +27,9 @@ typedef struct {
     const char *user, *password; /* password: the caller keeps it out of logs */
     int64_t connect_timeout_ms;  /* default 2000 */
     int64_t op_timeout_ms;       /* every operation's bound, failover included; default 30000 */
+    int64_t try_timeout_ms;      /* one request to one member (0: op_timeout_ms): a member that
+                                    holds a request longer (frozen, partitioned) is left for the
+                                    next, so a lease refresh gets through within its TTL */
 } etcd_opts_t;
 
 typedef struct etcd etcd_t;
@@ -63,11 +69,9 @@ int etcd_put(etcd_t *c, const char *key, const void *val, size_t len, int64_t le
  * *is_put says whether it did. The compare-and-swap every counter and round is made of. */
 int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *val, size_t len,
                 int64_t lease, bool *is_put);
-int etcd_delete(etcd_t *c, const char *key);
 int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id);
 /* *ttl_s: the lease's time left after the refresh; 0 when it had already expired. */
 int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s);
-int etcd_lease_revoke(etcd_t *c, int64_t id);
 /* Watch key (is_prefix: every key under it) from start_revision (> 0) until fn returns true
  * (returns 0) or timeout_ms passes (DDP_ETIMEOUT). */
 int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revision,

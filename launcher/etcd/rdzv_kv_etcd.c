@@ -18,10 +18,18 @@
 #include "rdzv/rdzv_kv.h"
 #include "rdzv/rdzv_kv_impl.h"
 
+/* The keys put under the lease, to put again under a new one when it expired: an agent has one
+ * alive key per round it joined; the last few are kept. */
+#define LEASE_KEYS_MAX 4
+
 struct rdzv_lease {
     pthread_mutex_t mu;
     int64_t id; /* 0: not granted yet */
     int64_t ttl_s;
+    int n_keys;
+    char *keys[LEASE_KEYS_MAX];
+    uint8_t *vals[LEASE_KEYS_MAX];
+    size_t lens[LEASE_KEYS_MAX];
 };
 
 rdzv_lease_t *rdzv_lease_new(int64_t ttl_s) {
@@ -32,8 +40,18 @@ rdzv_lease_t *rdzv_lease_new(int64_t ttl_s) {
     return l;
 }
 
+static void lease_drop_key(rdzv_lease_t *l, int i) {
+    free(l->keys[i]);
+    free(l->vals[i]);
+    memmove(&l->keys[i], &l->keys[i + 1], (size_t)(l->n_keys - i - 1) * sizeof l->keys[0]);
+    memmove(&l->vals[i], &l->vals[i + 1], (size_t)(l->n_keys - i - 1) * sizeof l->vals[0]);
+    memmove(&l->lens[i], &l->lens[i + 1], (size_t)(l->n_keys - i - 1) * sizeof l->lens[0]);
+    l->n_keys--;
+}
+
 void rdzv_lease_free(rdzv_lease_t *l) {
     if (!l) return;
+    while (l->n_keys > 0) lease_drop_key(l, 0);
     pthread_mutex_destroy(&l->mu);
     free(l);
 }
@@ -193,21 +211,160 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
     }
 }
 
+/* The longest prefix the n keys share (malloc'd). */
+static char *common_prefix(const char *const *keys, size_t n) {
+    size_t common = n ? strlen(keys[0]) : 0;
+    for (size_t i = 1; i < n; i++) {
+        size_t j = 0;
+        while (j < common && keys[i][j] == keys[0][j]) j++;
+        common = j;
+    }
+    return n ? strndup(keys[0], common) : strdup("");
+}
+
+/* keys[i] == key: at once when key ends with i (a round's records: .../node/<i>), else by
+ * looking at each (a round of 1024 reads 1024 records 1024 times). -1: none. */
+static int find_key(const char *const *keys, size_t n, const char *key) {
+    size_t len = strlen(key), d = len;
+    while (d > 0 && key[d - 1] >= '0' && key[d - 1] <= '9') d--;
+    if (d < len && len - d < 9) {
+        size_t i = (size_t)strtoul(key + d, NULL, 10);
+        if (i < n && strcmp(keys[i], key) == 0) return (int)i;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(keys[i], key) == 0) return (int)i;
+    return -1;
+}
+
+typedef struct {
+    const char *const *keys;
+    size_t n;
+    uint8_t **vals;
+    size_t *lens;
+    bool is_short;
+} picked_t;
+
+static void pick(void *arg, const char *key, const uint8_t *v, size_t len) {
+    picked_t *p = arg;
+    int i = find_key(p->keys, p->n, key);
+    if (i >= 0 && !p->vals[i] && copy_out(v, len, &p->vals[i], &p->lens[i]) < 0)
+        p->is_short = true;
+}
+
+/* One range over the keys' common prefix (a round's records: r<R>/node/), not one GET each: a
+ * round of N members reads N ranges, not N^2 GETs. */
 static int kv_multi_get(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_t **vals,
                         size_t *lens) {
     etcd_kv_t *e = self(kv);
-    for (size_t i = 0; i < n; i++) {
-        etcd_value_t v;
-        int rc = etcd_get(e->c, keys[i], &v, NULL);
-        if (rc == 0 && !v.is_found) rc = copy_out("", 0, &v.value, &v.len);
-        if (rc < 0) {
-            for (size_t j = 0; j < i; j++) free(vals[j]);
-            return failed(e, rc);
+    char *prefix = common_prefix(keys, n);
+    if (!prefix) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) vals[i] = NULL;
+    picked_t p = {.keys = keys, .n = n, .vals = vals, .lens = lens};
+    int rc = etcd_get_prefix(e->c, prefix, pick, &p, NULL);
+    free(prefix);
+    if (rc < 0) failed(e, rc);
+    else if (p.is_short) rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!vals[i] && copy_out("", 0, &vals[i], &lens[i]) < 0) rc = -ENOMEM;
+    if (rc < 0)
+        for (size_t i = 0; i < n; i++) {
+            free(vals[i]);
+            vals[i] = NULL;
         }
-        vals[i] = v.value;
-        lens[i] = v.len;
+    return rc;
+}
+
+/* ---- waiting for what live agents owe ----------------------------------------------------- */
+
+typedef struct {
+    const char *const *keys, *const *alive;
+    size_t n, n_have;
+    bool *has, *is_alive, *was_alive;
+    int lost;
+    int64_t next_revision; /* where the next slice's watch begins */
+} owed_t;
+
+static void owed_mark(owed_t *o, etcd_event_type_t type, const char *key) {
+    int i = find_key(o->keys, o->n, key);
+    if (i >= 0 && type == ETCD_EVENT_PUT && !o->has[i]) {
+        o->has[i] = true;
+        o->n_have++;
     }
-    return 0;
+    if ((i = find_key(o->alive, o->n, key)) < 0) return;
+    o->is_alive[i] = type == ETCD_EVENT_PUT;
+    o->was_alive[i] |= o->is_alive[i];
+    if (!o->is_alive[i] && !o->has[i] && o->lost < 0) o->lost = i;
+}
+
+static void owed_seen(void *arg, const char *key, const uint8_t *v, size_t n) {
+    (void)v, (void)n;
+    owed_mark(arg, ETCD_EVENT_PUT, key);
+}
+
+static bool owed_event(void *arg, etcd_event_type_t type, const char *key, const uint8_t *v,
+                       size_t n, int64_t rev) {
+    (void)v, (void)n;
+    owed_t *o = arg;
+    if (rev >= o->next_revision) o->next_revision = rev + 1;
+    owed_mark(o, type, key);
+    return o->lost >= 0 || o->n_have == o->n;
+}
+
+/* One range over everything's common prefix, then one watch from the revision after it: the
+ * events update what is there; every grace check ends a slice of the watch. */
+static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *const *alive, size_t n,
+                        int64_t grace_ms, int64_t timeout_ms, int *lost) {
+    etcd_kv_t *e = self(kv);
+    *lost = -1;
+    const char **all = calloc(2 * n + 1, sizeof *all);
+    bool *flags = calloc(3 * n + 1, sizeof *flags);
+    char *prefix = NULL;
+    if (all) {
+        for (size_t i = 0; i < n; i++) all[i] = keys[i], all[n + i] = alive[i];
+        prefix = common_prefix(all, 2 * n);
+    }
+    free(all);
+    if (!prefix || !flags) {
+        free(prefix);
+        free(flags);
+        return -ENOMEM;
+    }
+    owed_t o = {.keys = keys, .alive = alive, .n = n, .has = flags, .is_alive = flags + n,
+                .was_alive = flags + 2 * n, .lost = -1};
+    uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
+    int64_t revision = 0;
+    int rc = etcd_get_prefix(e->c, prefix, owed_seen, &o, &revision);
+    if (rc < 0) failed(e, rc);
+    o.next_revision = revision + 1;
+    while (rc == 0 && o.lost < 0 && o.n_have < n) {
+        uint64_t now = clock_now_ms();
+        for (size_t i = 0; i < n && o.lost < 0; i++) /* never seen alive within the grace */
+            if (!o.has[i] && !o.was_alive[i] && now - start >= (uint64_t)grace_ms) o.lost = (int)i;
+        if (o.lost >= 0) break;
+        if (now >= deadline) {
+            rc = DDP_ETIMEOUT;
+            snprintf(e->error, sizeof e->error, "etcd %s: keys under %s did not all appear in "
+                     "time", etcd_endpoints(e->c), prefix);
+            break;
+        }
+        uint64_t until = deadline;
+        if (start + (uint64_t)grace_ms > now && start + (uint64_t)grace_ms < until)
+            until = start + (uint64_t)grace_ms;
+        rc = etcd_watch(e->c, prefix, true, o.next_revision, (int64_t)(until - now), owed_event,
+                        &o);
+        if (rc == DDP_ETIMEOUT) rc = 0; /* a slice ended: check the grace, then again */
+        else if (rc < 0) failed(e, rc);
+    }
+    free(prefix);
+    bool is_lost = rc == 0 && o.lost >= 0;
+    free(flags);
+    if (is_lost) {
+        *lost = o.lost;
+        snprintf(e->error, sizeof e->error, "%s lost its lease before it wrote %s",
+                 alive[o.lost], keys[o.lost]);
+        return DDP_ELOST;
+    }
+    return rc;
 }
 
 static int lease_id(etcd_kv_t *e, int64_t *id) {
@@ -220,27 +377,87 @@ static int lease_id(etcd_kv_t *e, int64_t *id) {
     return rc < 0 ? failed(e, rc) : 0;
 }
 
+/* Remembers key for a renewal (the same key again replaces its value; the oldest goes first). */
+static int lease_note_key(rdzv_lease_t *l, const char *key, const void *val, size_t len) {
+    char *k = strdup(key);
+    uint8_t *v = malloc(len ? len : 1);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return -ENOMEM;
+    }
+    memcpy(v, val, len);
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->n_keys; i++)
+        if (strcmp(l->keys[i], key) == 0) lease_drop_key(l, i--);
+    if (l->n_keys == LEASE_KEYS_MAX) lease_drop_key(l, 0);
+    l->keys[l->n_keys] = k;
+    l->vals[l->n_keys] = v;
+    l->lens[l->n_keys++] = len;
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+}
+
+static bool is_lease_gone(const etcd_kv_t *e) {
+    return strstr(etcd_error(e->c), "requested lease not found") != NULL;
+}
+
+/* The lease `expired` is gone (its TTL passed without a refresh: a frozen agent, an etcd that
+ * took no refresh in time): a new one, and every key this agent put under the old one again
+ * under it. Whoever comes first renews; the other finds the id changed and uses the new one. */
+static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id) {
+    rdzv_lease_t *l = e->lease;
+    pthread_mutex_lock(&l->mu);
+    int rc = 0;
+    if (l->id == expired) {
+        int64_t fresh;
+        rc = etcd_lease_grant(e->c, l->ttl_s, &fresh);
+        if (rc == 0) l->id = fresh;
+        for (int i = 0; rc == 0 && i < l->n_keys; i++)
+            rc = etcd_put(e->c, l->keys[i], l->vals[i], l->lens[i], fresh);
+    }
+    *id = l->id;
+    pthread_mutex_unlock(&l->mu);
+    return rc < 0 ? failed(e, rc) : 0;
+}
+
 static int kv_set_ephemeral(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
     etcd_kv_t *e = self(kv);
     int64_t id;
     TRY(lease_id(e, &id));
+    TRY(lease_note_key(e->lease, key, val, len));
     int rc = etcd_put(e->c, key, val, len, id);
+    if (rc < 0 && is_lease_gone(e)) { /* expired since: renew, which puts key too */
+        rc = lease_renew(e, id, &id);
+        return rc < 0 ? DDP_ELEASE : 0;
+    }
     return rc < 0 ? failed(e, rc) : 0;
 }
 
-static int kv_keep_alive(rdzv_kv_t *kv) {
+static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
     etcd_kv_t *e = self(kv);
+    *is_renewed = false;
     pthread_mutex_lock(&e->lease->mu);
     int64_t id = e->lease->id;
     pthread_mutex_unlock(&e->lease->mu);
     if (!id) return 0;
-    int64_t ttl;
+    int64_t ttl = 0;
     int rc = etcd_lease_keepalive(e->c, id, &ttl);
-    if (rc < 0) return failed(e, rc);
-    if (ttl > 0) return 0;
-    snprintf(e->error, sizeof e->error, "etcd %s: lease %" PRIx64 " expired: the other nodes "
-             "consider this one lost", etcd_endpoints(e->c), (uint64_t)id);
-    return DDP_ELEASE;
+    if (rc < 0 && !is_lease_gone(e)) return failed(e, rc);
+    if (rc == 0 && ttl > 0) return 0;
+    int64_t fresh;
+    if ((rc = lease_renew(e, id, &fresh)) < 0) {
+        char why[sizeof e->error];
+        memcpy(why, e->error, sizeof why);
+        snprintf(e->error, sizeof e->error, "lease %" PRIx64 " expired and no new one could be "
+                 "had: %.900s", (uint64_t)id, why);
+        return DDP_ELEASE;
+    }
+    *is_renewed = true;
+    snprintf(e->error, sizeof e->error, "etcd %s: lease %" PRIx64 " expired (the other nodes "
+             "consider this one lost and end its round): this agent's keys are under lease %"
+             PRIx64 " now", etcd_endpoints(e->c), (uint64_t)id, (uint64_t)fresh);
+    return 0;
 }
 
 typedef struct {
@@ -367,7 +584,7 @@ static void kv_destroy(rdzv_kv_t *kv) {
 
 static const rdzv_kv_ops_t etcd_ops = {
     .set = kv_set, .get = kv_get, .add = kv_add, .compare_set = kv_compare_set, .wait = kv_wait,
-    .multi_get = kv_multi_get, .set_ephemeral = kv_set_ephemeral, .keep_alive = kv_keep_alive,
+    .multi_get = kv_multi_get, .set_ephemeral = kv_set_ephemeral, .keep_alive = kv_keep_alive, .wait_live = kv_wait_live,
     .wait_gone = kv_wait_gone, .expire_prefix = kv_expire_prefix, .interrupt = kv_interrupt, .error = kv_error,
     .destroy = kv_destroy};
 
@@ -383,7 +600,9 @@ int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t co
                       .cert = o->etcd_cert, .key = o->etcd_key, .user = o->etcd_user,
                       .password = o->etcd_password,
                       .connect_timeout_ms = connect_timeout_ms < 2000 ? connect_timeout_ms : 2000,
-                      .op_timeout_ms = op_timeout_ms};
+                      .op_timeout_ms = op_timeout_ms,
+                      /* a frozen member must leave time for the others within a lease TTL */
+                      .try_timeout_ms = (int64_t)(o->lease_ttl_s * 1000 / 3)};
     int rc = etcd_create(&eo, &e->c);
     if (rc < 0) return failed(e, rc);
     /* reach the cluster now, so that a wrong endpoint or password says so at once */

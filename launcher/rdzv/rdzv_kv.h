@@ -31,8 +31,15 @@ typedef struct {
     int (*multi_get)(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_t **vals,
                      size_t *lens);
     int (*set_ephemeral)(rdzv_kv_t *kv, const char *key, const void *val, size_t len);
-    /* 0, or DDP_ELEASE when the lease had expired (this agent's keys are gone) */
-    int (*keep_alive)(rdzv_kv_t *kv);
+    /* 0, also when the lease had expired and a new one now holds this agent's keys again
+     * (*is_renewed, error() says so: the other members have seen this agent lost); DDP_ELEASE
+     * when it expired and no new one could be had */
+    int (*keep_alive)(rdzv_kv_t *kv, bool *is_renewed);
+    /* Blocks until every one of keys exists (0), or the agent that owes keys[i] is lost: its
+     * alive[i] was there and vanished, or did not appear within grace_ms (DDP_ELOST, *lost = i),
+     * or timeout_ms passes (DDP_ETIMEOUT). etcd only (NULL for the store). */
+    int (*wait_live)(rdzv_kv_t *kv, const char *const *keys, const char *const *alive, size_t n,
+                     int64_t grace_ms, int64_t timeout_ms, int *lost);
     /* Blocks until one of keys is deleted after having existed (*gone: its index) or timeout_ms
      * passes (DDP_ETIMEOUT). */
     int (*wait_gone)(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t timeout_ms,

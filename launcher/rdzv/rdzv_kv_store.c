@@ -55,7 +55,7 @@ static void kv_destroy(rdzv_kv_t *kv) {
 
 static const rdzv_kv_ops_t store_ops = {
     .set = kv_set, .get = kv_get, .add = kv_add, .compare_set = kv_compare_set, .wait = kv_wait,
-    .multi_get = kv_multi_get, .set_ephemeral = kv_set, .keep_alive = NULL, .wait_gone = NULL,
+    .multi_get = kv_multi_get, .set_ephemeral = kv_set, .keep_alive = NULL, .wait_live = NULL, .wait_gone = NULL,
     .interrupt = kv_interrupt, .error = kv_error, .destroy = kv_destroy};
 
 /* *out is published (atomically: another thread may read it to interrupt) once its client

@@ -45,8 +45,36 @@ void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port) {
     r->own_store_port = port;
 }
 
+/* etcd: waits until each of keys (owed by the round's members join_index[i]) is there, or one of
+ * them has lost its lease (DDP_ELOST, err names it): a member that died after its join's ADD
+ * never writes them, and waiting out the join's whole bound for it would wedge the round. */
+static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys,
+                     const int *join_index, int n, char *err, size_t err_len) {
+    if (!c->ops->wait_live) return c->ops->wait(c, keys, (size_t)n, -1);
+    const ddprun_opts_t *o = r->opts;
+    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **alive = calloc((size_t)n, sizeof *alive);
+    int rc = names && alive ? 0 : -ENOMEM, lost = -1;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        snprintf(names[i], sizeof names[i], "%s/r%d/alive/%d", r->prefix, round, join_index[i]);
+        alive[i] = names[i];
+    }
+    /* an alive key appears right after its ADD: one never seen for two lease TTLs is a member
+     * that died in between */
+    if (rc == 0)
+        rc = c->ops->wait_live(c, keys, alive, (size_t)n, (int64_t)(2000 * o->lease_ttl_s),
+                               (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000), &lost);
+    if (rc == DDP_ELOST)
+        snprintf(err, err_len, "round %d: the node that joined it as #%d lost its etcd lease "
+                 "before it wrote %s: ending the round", round, join_index[lost], keys[lost]);
+    free(names);
+    free(alive);
+    return rc;
+}
+
 /* etcd: node 0 offers its store for the round's workers; the others read where it is. */
-static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, char *err, size_t err_len) {
+static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, int host_join_index,
+                       char *err, size_t err_len) {
     char k[256], addr[300];
     key(r, k, sizeof k, out->round, "store");
     if (out->group_rank == 0) {
@@ -55,6 +83,8 @@ static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, char *err, s
         out->store_port = r->own_store_port;
         return c->ops->set(c, k, addr, strlen(addr));
     }
+    const char *keys[] = {k};
+    TRY(wait_owed(r, c, out->round, keys, &host_join_index, 1, err, err_len));
     uint8_t *v;
     size_t n;
     TRY(c->ops->get(c, k, &v, &n));
@@ -107,9 +137,10 @@ static void free_records(uint8_t **vals, size_t *lens, int n) {
 }
 
 /* Every member's node record r<R>/node/<i>, once each is there (a member writes it after its
- * join's ADD): one WAIT on all of them, then one MULTI_GET. */
+ * join's ADD): one WAIT on all of them (etcd: one watch, ended too by a member's lost lease),
+ * then one MULTI_GET (etcd: one range). */
 static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***vals_out,
-                        size_t **lens_out) {
+                        size_t **lens_out, char *err, size_t err_len) {
     char (*names)[256] = calloc((size_t)n, sizeof *names);
     const char **keys = calloc((size_t)n, sizeof *keys);
     uint8_t **vals = calloc((size_t)n, sizeof *vals);
@@ -119,7 +150,11 @@ static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***va
         snprintf(names[i], sizeof names[i], "%s/r%d/node/%d", r->prefix, round, i);
         keys[i] = names[i];
     }
-    if (rc == 0) rc = c->ops->wait(c, keys, (size_t)n, -1);
+    int *join_index = rc == 0 ? calloc((size_t)n, sizeof *join_index) : NULL;
+    if (rc == 0 && !join_index) rc = -ENOMEM;
+    for (int i = 0; rc == 0 && i < n; i++) join_index[i] = i;
+    if (rc == 0) rc = wait_owed(r, c, round, keys, join_index, n, err, err_len);
+    free(join_index);
     if (rc == 0) rc = c->ops->multi_get(c, keys, (size_t)n, vals, lens);
     free(names);
     free(keys);
@@ -195,25 +230,17 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     uint8_t **vals = NULL;
     size_t *lens = NULL;
     if (!m) return -ENOMEM;
-    if (!c->ops->keep_alive) {
-        /* the store answers a WAIT on every member's record and a MULTI_GET of them in one round
-         * trip each: 2 per agent instead of one per member (N^2 in all for a round of N) */
-        if ((rc = read_records(r, c, round, (int)n_members, &vals, &lens)) < 0) {
-            free(m);
-            goto fail;
-        }
+    /* a WAIT on every member's record and a MULTI_GET of them, a round trip or two each: 2 per
+     * agent instead of one per member (N^2 in all for a round of N) */
+    if ((rc = read_records(r, c, round, (int)n_members, &vals, &lens, err, err_len)) < 0) {
+        free(m);
+        if (rc == DDP_ELOST) return rc;
+        goto fail;
     }
-    for (int i = 0; i < n_members && rc == 0; i++) {
-        snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, i);
-        uint8_t *v;
-        size_t vn;
-        if (vals) {
-            v = vals[i];
-            vn = lens[i];
-            vals[i] = NULL;
-        } else if ((rc = c->ops->get(c, node_key, &v, &vn)) < 0) {
-            break;
-        }
+    for (int i = 0; i < n_members; i++) {
+        uint8_t *v = vals[i];
+        size_t vn = lens[i];
+        vals[i] = NULL;
         rdzv_node_record_t rec;
         bool is_ok = rdzv_record_node_parse((const char *)v, vn, &rec);
         free(v);
@@ -229,10 +256,6 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         m[i].is_host = rec.is_host;
     }
     free_records(vals, lens, (int)n_members);
-    if (rc < 0) {
-        free(m);
-        goto fail;
-    }
     qsort(m, (size_t)n_members, sizeof *m, member_order);
     for (int i = 0; i < n_members; i++) {
         if (m[i].join_index == index) {
@@ -241,9 +264,10 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         }
         out->world_size += m[i].nproc;
     }
+    int host_join_index = m[0].join_index;
     free(m);
-    if (r->own_store_host[0] && (rc = round_store(r, c, out, err, err_len)) < 0) {
-        if (rc != DDP_EPROTO) goto fail;
+    if (r->own_store_host[0] && (rc = round_store(r, c, out, host_join_index, err, err_len)) < 0) {
+        if (rc != DDP_EPROTO && rc != DDP_ELOST) goto fail;
         return rc;
     }
     return 0;

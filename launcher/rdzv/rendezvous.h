@@ -48,7 +48,9 @@ void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host);
 void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port);
 /* The round a newly started agent should join (0 unless the job already ran rounds). */
 int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round);
-/* Join round `round` and wait until it closes (--rdzv-conf join_timeout). */
+/* Join round `round` and wait until it closes (--rdzv-conf join_timeout). DDP_ELOST (etcd): a
+ * member lost its lease before it wrote its record (or node 0 its store's address), err says
+ * which: the round can never start; ask for the next (rdzv_request_restart) and join that. */
 int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
               size_t err_len);
 /* Ask every agent to end round `round`. The first report wins; later ones are ignored. The winner

@@ -104,7 +104,7 @@ static int spawn_spare(spares_t *s, int local_rank) {
         rc |= worker_env_set(&env, "LOCAL_WORLD_SIZE", "%d", s->opts->nproc_per_node);
         rc |= worker_env_set(&env, DDP_SPARE_FD_ENV, "%d", SPARE_SOCKET_FD);
         rc |= worker_env_set(&env, "DDPRUN_PID_FILE", "%s", sp->pid_path);
-        argv = worker_cmd_argv(s->opts, s->shim_exe, pid_text);
+        argv = worker_env_argv(s->opts, s->shim_exe, pid_text);
         if (rc == 0 && !argv) rc = -ENOMEM;
     }
     if (rc == 0) {
@@ -177,7 +177,7 @@ static void on_spare_exit(uv_process_t *proc, int64_t exit_status, int term_sign
             char how[64];
             if (term_signal) snprintf(how, sizeof how, "was killed by signal %d", term_signal);
             else snprintf(how, sizeof how, "exited with %d", (int)exit_status);
-            int pid = worker_cmd_program_pid(sp->pid_path);
+            int pid = worker_env_program_pid(sp->pid_path);
             LOG_WARN("the warm spare for local rank %d (pid %d) %s before a round took it; its "
                      "output: %s/output.log", sp->local_rank, pid ? pid : proc->pid, how, sp->dir);
             if (!term_signal && ddp_exit_is_permanent((int)exit_status))

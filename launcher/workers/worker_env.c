@@ -1,4 +1,4 @@
-/* worker_cmd: see worker_cmd.h. */
+/* worker_env: see worker_env.h. */
 #include "workers/worker_env.h"
 
 #include "agent/memory_region.h"
@@ -100,7 +100,7 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) 
     return rc;
 }
 
-int worker_cmd_program_pid(const char *path) {
+int worker_env_program_pid(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     char buf[24] = {0};
@@ -116,7 +116,7 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-char **worker_cmd_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text) {
+char **worker_env_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text) {
     char **argv = calloc((size_t)o->program_argc + 9, sizeof *argv);
     if (!argv) return NULL;
     int n = 0;

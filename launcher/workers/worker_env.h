@@ -1,10 +1,10 @@
-/* worker_cmd: what a worker process is started with: the round's description of its workers
+/* worker_env: what a worker process is started with: the round's description of its workers
  * (workers_spec_t), the shim's command line around the program (python3 -u for a script), and the
  * environment (the agent's own, then torchrun's variables over it). Shared by workers (a round's
  * processes) and spares (warm spares, which receive the round's environment when a round takes
  * them). Pure apart from reading the agent's environment; loop thread only. */
-#ifndef DDP_LAUNCHER_WORKER_CMD_H
-#define DDP_LAUNCHER_WORKER_CMD_H
+#ifndef DDP_LAUNCHER_WORKER_ENV_H
+#define DDP_LAUNCHER_WORKER_ENV_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,8 +48,8 @@ int worker_env_base(worker_env_t *e);
 int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e);
 /* argv of the shim: SHIM __shim AGENT_PID (SHIM: ddprun-shim, or ddprun itself) -- [python3 -u [-m]] PROGRAM ARGS (NULL-terminated,
  * pointing into opts and pid_text; free() the array alone), or NULL when out of memory. */
-char **worker_cmd_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text);
+char **worker_env_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text);
 /* The program's pid that the shim wrote at path (DDPRUN_PID_FILE), or 0 when there is none yet. */
-int worker_cmd_program_pid(const char *path);
+int worker_env_program_pid(const char *path);
 
 #endif

@@ -207,7 +207,7 @@ static void on_drain_timer(uv_timer_t *t) {
 /* Logs and summaries name the program's pid, not its shim's, once the shim has written it. */
 static void learn_program_pid(worker_t *w) {
     if (w->result.pid != w->group_pid) return;
-    int pid = worker_cmd_program_pid(w->pid_path);
+    int pid = worker_env_program_pid(w->pid_path);
     if (pid > 0) w->result.pid = pid;
 }
 
@@ -281,7 +281,7 @@ static int spawn_fresh(workers_t *s, worker_t *w, char **env) {
     const workers_spec_t *sp = &s->spec;
     char pid_text[24];
     snprintf(pid_text, sizeof pid_text, "%d", (int)getpid());
-    char **argv = worker_cmd_argv(sp->opts, sp->shim_exe, pid_text);
+    char **argv = worker_env_argv(sp->opts, sp->shim_exe, pid_text);
     if (!argv) return UV_ENOMEM;
     uv_stdio_container_t stdio[4] = {
         {.flags = UV_IGNORE},

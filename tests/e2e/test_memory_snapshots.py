@@ -4,18 +4,19 @@ a worker with SIGKILL (after damaging its memory copies where that is the point)
 outcome: the source the job resumed from, the steps lost, and a final state equal bit for bit to
 an uninterrupted run's. The job is small (two CPU ranks, 64 steps): seconds each."""
 import glob
-import shutil
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import struct
 import subprocess
 import time
 
 import pytest
 
-from conftest import clean_env, free_port, wait_until
+from conftest import clean_env, wait_until
 
 CONF = """[model]
 name = cnn
@@ -217,22 +218,34 @@ def test_corrupt_memory_copies_fall_back_to_the_disk(ddprun, ddpworker, tmp_path
     assert state_hash(ddpworker, snap) == ref
 
 
+SECRET = "memory-snapshot-test-secret"
+
+
+@pytest.mark.parametrize("after", ["scaled_down", "replaced"])
 def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, tmp_path,
-                                                            start_store):
+                                                            start_store, after):
     """Two nodes on an outside store; node 0 (rank 0: the memory and disk snapshots) loses its
     agent, its workers and its snapshot directory. Node 1's agent holds a copy of node 0's memory
-    snapshots: the job, scaled down to node 1, resumes from it, losing at most a step, and ends
-    as a run resumed from that very copy."""
+    snapshots, and the job resumes from it, losing at most a step, and ends as a run resumed from
+    that very copy: scaled_down, node 1 goes on alone (--nnodes 1:2); replaced, a fresh node 0
+    (empty memory, empty disk) takes the lost one's place and rank 0, and rank 2 (node 1's local
+    rank 0) sends it the state. The agents hold a shared secret (DDPRUN_STORE_SECRET), which
+    their copies prove (the chaos suite runs without one)."""
     conf = write_conf(tmp_path, 8)
+    env = clean_env(DDPRUN_STORE_SECRET=SECRET)
     store = start_store()
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    nnodes = "1:2" if after == "scaled_down" else "2"
     snaps = [tmp_path / "snap0", tmp_path / "snap1"]
+    metrics = [tmp_path / "m0.jsonl", tmp_path / "m1.jsonl"]
+
+    def start(node):
+        return start_job(ddprun, conf, snaps[node], metrics[node], "--node-rank", str(node),
+                         "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv, nnodes=nnodes,
+                         port=store.port, env=env)
     jobs = []
     try:
-        for node in (0, 1):
-            jobs.append(start_job(ddprun, conf, snaps[node], tmp_path / f"m{node}.jsonl",
-                                  "--node-rank", str(node), "--local-addr", "127.0.0.1",
-                                  "--rdzv-conf", rdzv, nnodes="1:2", port=store.port))
+        jobs = [start(0), start(1)]
         seen = read_until_step(jobs[0], 12)
         peer_dir = memory_dir(jobs[1].pid)
         assert wait_until(lambda: glob.glob(f"{peer_dir}/peer-0-*.ddps"), timeout=30), \
@@ -240,38 +253,83 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
         os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0: its agent and its workers
         jobs[0].communicate()
         shutil.rmtree(snaps[0])                 # and its disk
+        metrics[0].unlink()
         kept = tmp_path / "kept"  # node 1's copies as they are now, for the reference
         kept.mkdir()
         for path in glob.glob(f"{peer_dir}/peer-0-*.ddps"):
             shutil.copy(path, kept)
+        if after == "replaced":
+            jobs.append(start(0))
+            out0 = finish(jobs[2])
         out = finish(jobs[1])
     finally:
         for j in jobs:
             if j.poll() is None:
                 os.killpg(j.pid, signal.SIGKILL)
     assert jobs[1].returncode == 0, out
-    path, step, source, lost = resume_of(out)
+    path, step, source, lost = resume_of(out)  # printed by the rank that sent it
     assert source == "peer" and os.path.basename(path).startswith("peer-0-"), out
     assert step >= 11 and lost is not None and lost <= 1, (step, lost, seen)
-    assert re.search(r"saved by 4 ranks, now 2", out), out
-    # `ddprun status` (the store outlives the job here) says the same
+    world, root, final_snaps = (2, 0, snaps[1]) if after == "scaled_down" else (4, 2, snaps[0])
+    assert re.search(rf"saved by 4 ranks, now {world}\); source peer \(rank {root}\)", out), out
+    if after == "replaced":
+        assert jobs[2].returncode == 0 and "resuming from" not in out0, out0
+    # `ddprun status` (the store outlives the job here) and rank 0's metrics say the same
     r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
                         "memsnap", "--json"], capture_output=True, text=True, timeout=30,
                        env=clean_env())
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)["last_resume"]
-    assert (res["step"], res["source"], res["steps_lost"]) == (step, "peer", lost), res
+    assert (res["step"], res["source"], res["rank"], res["steps_lost"]) == \
+        (step, "peer", root, lost), res
     r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
                         "memsnap"], capture_output=True, text=True, timeout=30, env=clean_env())
-    assert f"last resume: step {step} from peer (rank 0), {lost} step" in r.stdout, r.stdout
-    events = [e for e in map(json.loads, open(tmp_path / "m1.jsonl")) if e["event"] == "resume"]
+    assert f"last resume: step {step} from peer (rank {root}), {lost} step" in r.stdout, r.stdout
+    rank0 = metrics[1] if after == "scaled_down" else metrics[0]
+    events = [e for e in map(json.loads, open(rank0)) if e["event"] == "resume"]
     assert [(e["step"], e["source"]) for e in events] == [(step, "peer")], events
-    # the reference: node 1 alone, resumed from the copy it resumed from
+    # the reference: the same world, resumed from the copy the job resumed from
     ref = tmp_path / "reference"
     ref.mkdir()
     shutil.copy(kept / os.path.basename(path), ref / f"snapshot-{step:012d}.ddps")
-    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "2", conf,
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", str(world), conf,
                         f"snapshot.dir={ref}", "snapshot.every_memory=0"], capture_output=True,
                        text=True, timeout=300, env=clean_env())
     assert r.returncode == 0 and f"resuming from {ref}" in r.stdout, r.stdout + r.stderr
-    assert state_hash(ddpworker, ref) == state_hash(ddpworker, snaps[1])
+    assert state_hash(ddpworker, ref) == state_hash(ddpworker, final_snaps)
+
+
+def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):
+    """An agent that holds a shared secret takes copies only from peers that prove it: a
+    well-formed frame sent without the proof writes nothing and is logged."""
+    conf = write_conf(tmp_path, 8)
+    env = clean_env(DDPRUN_STORE_SECRET=SECRET)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=5"
+    jobs = [start_job(ddprun, conf, tmp_path / f"snap{node}", tmp_path / f"m{node}.jsonl",
+                      "--node-rank", str(node), "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv,
+                      nnodes="2", port=store.port, env=env) for node in (0, 1)]
+    try:
+        seen = read_until_step(jobs[0], 4)
+        r = subprocess.run([ddprun, "store-client", "--endpoint", store.endpoint, "get",
+                            "/ddprun/memsnap/memsnap/r0/1"], capture_output=True, text=True,
+                           timeout=30, env=clean_env())
+        assert r.returncode == 0, r.stderr
+        host, port = r.stdout.strip().rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            nonce = s.recv(32)
+            assert len(nonce) == 32, nonce  # the challenge comes first
+            payload = b"\0" * 1024
+            s.sendall(b"DDPMEMR1" + struct.pack("<IIQQQ", 7, 0, 1, len(payload), 1) + payload)
+            s.settimeout(10)
+            assert s.recv(1) == b"", "the connection stays open"
+        peer_dir = memory_dir(jobs[1].pid)
+        assert not glob.glob(f"{peer_dir}/peer-7-*"), os.listdir(peer_dir)
+        for j in jobs:
+            os.killpg(j.pid, signal.SIGTERM)
+        outs = [seen + j.communicate(timeout=60)[0] for j in jobs]
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+    assert "a peer connection without the store's secret refused" in outs[1], outs[1]

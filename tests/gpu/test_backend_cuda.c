@@ -10,6 +10,28 @@
 #include "backend_cuda.h"
 #include "model.h"
 #include "rng.h"
+
+/* A tensor as the ops take it (backend.h): narrow where the backend under test keeps narrow
+ * activations (the arenas given to mark_arenas, registered by narrow_arenas), else fp32, as the
+ * model describes its own tensors; the ops take sizes from their own arguments. */
+static backend_t *narrow_b;
+static const float *narrow_arena[2];
+static size_t narrow_n;
+
+static inline void narrow_arenas(backend_t *b, const float *acts, const float *dacts, size_t n) {
+    narrow_b = b;
+    narrow_arena[0] = acts;
+    narrow_arena[1] = dacts;
+    narrow_n = n;
+}
+
+static inline tensor_desc_t TD(backend_t *b, const void *p) {
+    dtype_t t = DTYPE_F32;
+    for (int i = 0; i < 2 && p && b == narrow_b && b->mem->activation_dtype; i++)
+        if ((const float *)p >= narrow_arena[i] && (const float *)p < narrow_arena[i] + narrow_n)
+            t = b->mem->activation_dtype(b);
+    return tensor_desc(p, t, 0, 0, 0, 0);
+}
 #include "tensor_close.h"
 
 static backend_t *cpu, *gpu;
@@ -120,8 +142,8 @@ static void conv_case_on(backend_t *g, double rtol, double atol_rms, int n, int 
         backend_t *b = bs[i];
         float *dx_ = up(b, x, nx), *dw_ = up(b, wt, nw), *dy_ = up(b, dy, ny), *y_ = up(b, dy, ny);
         float *gx = up(b, dx0, nx), *gw = up(b, dw0, nw);
-        b->ops->conv2d_forward(b, &s, dx_, dw_, y_);
-        b->ops->conv2d_backward(b, &s, dx_, dw_, dy_, gx, gw);
+        b->ops->conv2d_forward(b, &s, TD(b, dx_), dw_, TD(b, y_));
+        b->ops->conv2d_backward(b, &s, TD(b, dx_), dw_, TD(b, dy_), TD(b, gx), gw);
         out[i][0] = down(b, y_, ny);
         out[i][1] = down(b, gx, nx);
         out[i][2] = down(b, gw, nw);
@@ -154,8 +176,8 @@ static void linear_case_on(backend_t *g, double rtol, double atol_rms, int rows,
         backend_t *b = bs[i];
         float *x_ = up(b, x, nx), *w_ = up(b, wt, nw), *b_ = up(b, bias, (size_t)outs), *y_ = up(b, dy, ny);
         float *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx), *dw_ = up(b, dw0, nw), *db_ = up(b, bias, (size_t)outs);
-        b->ops->linear_forward(b, rows, in, outs, x_, w_, b_, y_);
-        b->ops->linear_backward(b, rows, in, outs, x_, w_, dy_, dx_, dw_, db_);
+        b->ops->linear_forward(b, rows, in, outs, TD(b, x_), w_, b_, TD(b, y_));
+        b->ops->linear_backward(b, rows, in, outs, TD(b, x_), w_, TD(b, dy_), TD(b, dx_), dw_, db_);
         out[i][0] = down(b, y_, ny);
         out[i][1] = down(b, dx_, nx);
         out[i][2] = down(b, dw_, nw);
@@ -209,14 +231,14 @@ Test(backend_cuda, batchnorm_matches_cpu) {
         float *x_ = up(b, x, nx), *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c), *y_ = up(b, x, nx);
         float *save = up(b, run, 2 * (size_t)c), *run_ = up(b, run, 2 * (size_t)c), *dy_ = up(b, dy, nx);
         float *dx_ = up(b, dx0, nx), *dg = up(b, g, (size_t)c), *db = up(b, be, (size_t)c);
-        b->ops->batchnorm_forward_train(b, rows, c, x_, g_, b_, y_, save, save + c, run_, run_ + c, 0.1f, 1e-5f);
+        b->ops->batchnorm_forward_train(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), save, save + c, run_, run_ + c, 0.1f, 1e-5f);
         out[i][0] = down(b, y_, nx);
         out[i][1] = down(b, run_, 2 * (size_t)c);
-        b->ops->batchnorm_backward(b, rows, c, x_, g_, save, save + c, dy_, dx_, dg, db);
+        b->ops->batchnorm_backward(b, rows, c, TD(b, x_), g_, save, save + c, TD(b, dy_), TD(b, dx_), dg, db);
         out[i][2] = down(b, dx_, nx);
         out[i][3] = down(b, dg, (size_t)c);
         out[i][4] = down(b, db, (size_t)c);
-        b->ops->batchnorm_forward_eval(b, rows, c, x_, g_, b_, y_, run_, run_ + c, 1e-5f);
+        b->ops->batchnorm_forward_eval(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), run_, run_ + c, 1e-5f);
         out[i][5] = down(b, y_, nx);
     }
     const char *what[6] = {"bn train forward", "running stats", "bn dx", "bn dgamma", "bn dbeta", "bn eval"};
@@ -240,25 +262,25 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
         backend_t *b = bs[i];
         float *x_ = up(b, x, nx), *y_ = up(b, dy, ny), *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx);
         int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
-        b->ops->maxpool_forward(b, &ps, x_, y_, am);
-        b->ops->maxpool_backward(b, &ps, am, dy_, dx_);
+        b->ops->maxpool_forward(b, &ps, TD(b, x_), TD(b, y_), am);
+        b->ops->maxpool_backward(b, &ps, am, TD(b, dy_), TD(b, dx_));
         out[i][0] = down(b, y_, ny);
         out[i][1] = down(b, dx_, nx);
         float *gap = up(b, dy, 15);
-        b->ops->avgpool_global_forward(b, 3, 48, 5, x_, gap);
-        b->ops->avgpool_global_backward(b, 3, 48, 5, gap, dx_);
+        b->ops->avgpool_global_forward(b, 3, 48, 5, TD(b, x_), TD(b, gap));
+        b->ops->avgpool_global_backward(b, 3, 48, 5, TD(b, gap), TD(b, dx_));
         out[i][2] = down(b, dx_, nx);
         float *lx_ = up(b, lx, nl), *lw_ = up(b, lw, nw), *lb_ = up(b, lb, 7), *ly = up(b, ldy, no);
         float *ldy_ = up(b, ldy, no), *ldx = up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
-        b->ops->linear_forward(b, 6, 20, 7, lx_, lw_, lb_, ly);
+        b->ops->linear_forward(b, 6, 20, 7, TD(b, lx_), lw_, lb_, TD(b, ly));
         out[i][3] = down(b, ly, no);
-        b->ops->linear_backward(b, 6, 20, 7, lx_, lw_, ldy_, ldx, ldw, ldb);
+        b->ops->linear_backward(b, 6, 20, 7, TD(b, lx_), lw_, TD(b, ldy_), TD(b, ldx), ldw, ldb);
         out[i][4] = down(b, ldx, nl);
         out[i][5] = down(b, ldw, nw);
         int32_t *lab = b->mem->alloc(b, sizeof labels);
         b->mem->to_device(b, lab, labels, sizeof labels);
         float *loss = up(b, lb, 1), *dlog = up(b, ldy, no);
-        b->ops->softmax_xent(b, 6, 7, ly, lab, 0.1f, 2.0f, NULL, dlog, loss);
+        b->ops->softmax_xent(b, 6, 7, TD(b, ly), lab, 0.1f, 2.0f, NULL, TD(b, dlog), loss);
         out[i][6] = down(b, dlog, no);
         out[i][7] = down(b, loss, 1);
         float *p_ = up(b, p, 1000), *g_ = up(b, gr, 1000), *m_ = up(b, m, 1000);
@@ -297,28 +319,28 @@ Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
         backend_t *b = bs[i];
         float *x_ = up(b, x, nx), *y_ = up(b, dy, ny), *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx);
         int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
-        b->ops->maxpool_forward(b, &mp, x_, y_, am);
-        b->ops->maxpool_backward(b, &mp, am, dy_, dx_);
+        b->ops->maxpool_forward(b, &mp, TD(b, x_), TD(b, y_), am);
+        b->ops->maxpool_backward(b, &mp, am, TD(b, dy_), TD(b, dx_));
         out[i][0] = down(b, y_, ny);
         out[i][1] = down(b, dx_, nx);
         float *xa_ = up(b, xa, na), *ya = up(b, dya, no), *dya_ = up(b, dya, no), *dxa = up(b, xa, na);
-        b->ops->avgpool_adaptive_forward(b, &big, xa_, ya);
-        b->ops->avgpool_adaptive_backward(b, &big, dya_, dxa);
+        b->ops->avgpool_adaptive_forward(b, &big, TD(b, xa_), TD(b, ya));
+        b->ops->avgpool_adaptive_backward(b, &big, TD(b, dya_), TD(b, dxa));
         out[i][2] = down(b, ya, no);
         out[i][3] = down(b, dxa, na);
         float *xs_ = up(b, xs, ns), *dxs = up(b, xs, ns);
-        b->ops->avgpool_adaptive_forward(b, &small, xs_, ya);
-        b->ops->avgpool_adaptive_backward(b, &small, dya_, dxs);
+        b->ops->avgpool_adaptive_forward(b, &small, TD(b, xs_), TD(b, ya));
+        b->ops->avgpool_adaptive_backward(b, &small, TD(b, dya_), TD(b, dxs));
         out[i][4] = down(b, ya, no);
         out[i][5] = down(b, dxs, ns);
         float *xd_ = up(b, xd, nd), *yd = up(b, xd, nd), *dyd_ = up(b, dyd, nd), *dxd = up(b, dyd, nd);
-        b->ops->dropout_forward(b, xd_, yd, nd, 0.5f, 0xfeedull);
-        b->ops->dropout_backward(b, dyd_, dxd, nd, 0.5f, 0xfeedull);
+        b->ops->dropout_forward(b, TD(b, xd_), TD(b, yd), nd, 0.5f, 0xfeedull);
+        b->ops->dropout_backward(b, TD(b, dyd_), TD(b, dxd), nd, 0.5f, 0xfeedull);
         out[i][6] = down(b, yd, nd);
         out[i][7] = down(b, dxd, nd);
         float *yb_ = up(b, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc), *db = up(b, db0, (size_t)bc);
-        b->ops->bias_add(b, rows, bc, bias_, yb_);
-        b->ops->bias_backward(b, rows, bc, yb_, db);
+        b->ops->bias_add(b, rows, bc, bias_, TD(b, yb_));
+        b->ops->bias_backward(b, rows, bc, TD(b, yb_), db);
         out[i][8] = down(b, db, (size_t)bc);
     }
     const char *what[K] = {"padded maxpool", "padded maxpool backward", "adaptive pool 15x11 -> 7x7",
@@ -543,6 +565,7 @@ static low_t low_make(void) {
     size_t n = (size_t)1 << 20;
     for (int i = 0; i < 3; i++) l.arena[i] = l.b->mem->alloc(l.b, n * sizeof(float));
     cr_assert_eq(l.b->mem->mark_arenas(l.b, l.arena[PARAMS], n, l.arena[ACTS], l.arena[DACTS], n), 0);
+    narrow_arenas(l.b, l.arena[ACTS], l.arena[DACTS], n);
     return l;
 }
 
@@ -562,8 +585,8 @@ static void conv_case_low(int n, int h, int w, int c, int k, int size, int strid
     float *want[3], *got[3];
     float *x_ = up(cpu, x, nx), *w_ = up(cpu, wt, nw), *y_ = up(cpu, dy, ny), *dy_ = up(cpu, dy, ny);
     float *gx = up(cpu, dx0, nx), *gw = up(cpu, dw0, nw);
-    cpu->ops->conv2d_forward(cpu, &s, x_, w_, y_);
-    cpu->ops->conv2d_backward(cpu, &s, x_, w_, dy_, gx, gw);
+    cpu->ops->conv2d_forward(cpu, &s, TD(cpu, x_), w_, TD(cpu, y_));
+    cpu->ops->conv2d_backward(cpu, &s, TD(cpu, x_), w_, TD(cpu, dy_), TD(cpu, gx), gw);
     want[0] = down(cpu, y_, ny);
     want[1] = down(cpu, gx, nx);
     want[2] = down(cpu, gw, nw);
@@ -572,8 +595,8 @@ static void conv_case_low(int n, int h, int w, int c, int k, int size, int strid
     float *lx = low_put(&l, ACTS, x, nx), *lw = low_put(&l, PARAMS, wt, nw), *ly = low_put(&l, ACTS, dy, ny);
     float *ldy = low_put(&l, DACTS, dy, ny), *ldx = low_put(&l, DACTS, dx0, nx), *ldw = up(b, dw0, nw);
     b->mem->prepare_forward(b);
-    b->ops->conv2d_forward(b, &s, lx, lw, ly);
-    b->ops->conv2d_backward(b, &s, lx, lw, ldy, ldx, ldw);
+    b->ops->conv2d_forward(b, &s, TD(b, lx), lw, TD(b, ly));
+    b->ops->conv2d_backward(b, &s, TD(b, lx), lw, TD(b, ldy), TD(b, ldx), ldw);
     got[0] = down(b, ly, ny);
     got[1] = down(b, ldx, nx);
     got[2] = down(b, ldw, nw);
@@ -623,10 +646,10 @@ static void batchnorm_and_linear_low(unsigned flag) {
         float *dx_ = low ? low_put(&l, DACTS, dx0, nx) : up(b, dx0, nx);
         float *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c), *save = up(b, run, 2 * (size_t)c);
         float *run_ = up(b, run, 2 * (size_t)c), *dg = up(b, g, (size_t)c), *db = up(b, be, (size_t)c);
-        b->ops->batchnorm_forward_train(b, rows, c, x_, g_, b_, y_, save, save + c, run_, run_ + c, 0.1f, 1e-5f);
+        b->ops->batchnorm_forward_train(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), save, save + c, run_, run_ + c, 0.1f, 1e-5f);
         out[i][0] = down(b, y_, nx);
         out[i][1] = down(b, run_, 2 * (size_t)c);
-        b->ops->batchnorm_backward(b, rows, c, x_, g_, save, save + c, dy_, dx_, dg, db);
+        b->ops->batchnorm_backward(b, rows, c, TD(b, x_), g_, save, save + c, TD(b, dy_), TD(b, dx_), dg, db);
         out[i][2] = down(b, dx_, nx);
         out[i][3] = down(b, dg, (size_t)c);
         out[i][4] = down(b, db, (size_t)c);
@@ -636,9 +659,9 @@ static void batchnorm_and_linear_low(unsigned flag) {
         float *ldy_ = low ? low_put(&l, DACTS, ldy, no) : up(b, ldy, no);
         float *ldx = low ? low_put(&l, DACTS, lx, nl) : up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
         if (low) b->mem->prepare_forward(b);
-        b->ops->linear_forward(b, 6, 24, 7, lx_, lw_, lb_, ly);
+        b->ops->linear_forward(b, 6, 24, 7, TD(b, lx_), lw_, lb_, TD(b, ly));
         out[i][5] = down(b, ly, no);
-        b->ops->linear_backward(b, 6, 24, 7, lx_, lw_, ldy_, ldx, ldw, ldb);
+        b->ops->linear_backward(b, 6, 24, 7, TD(b, lx_), lw_, TD(b, ldy_), TD(b, ldx), ldw, ldb);
         out[i][6] = down(b, ldx, nl);
         out[i][7] = down(b, ldw, nw);
         out[i][8] = down(b, ldb, 7);
@@ -688,25 +711,25 @@ static void pool_dropout_bias_low(unsigned flag) {
 #define PUT(which, host, n) (low ? low_put(&l, which, host, n) : up(b, host, n))
         float *x_ = PUT(ACTS, x, nx), *y_ = PUT(ACTS, dy, ny), *dy_ = PUT(DACTS, dy, ny), *dx_ = PUT(DACTS, x, nx);
         int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
-        b->ops->maxpool_forward(b, &mp, x_, y_, am);
-        b->ops->maxpool_backward(b, &mp, am, dy_, dx_);
+        b->ops->maxpool_forward(b, &mp, TD(b, x_), TD(b, y_), am);
+        b->ops->maxpool_backward(b, &mp, am, TD(b, dy_), TD(b, dx_));
         out[i][0] = down(b, y_, ny);
         out[i][1] = down(b, dx_, nx);
         float *xa_ = PUT(ACTS, xa, na), *ya = PUT(ACTS, dya, no), *dya_ = PUT(DACTS, dya, no);
         float *dxa = PUT(DACTS, xa, na);
-        b->ops->avgpool_adaptive_forward(b, &ap, xa_, ya);
-        b->ops->avgpool_adaptive_backward(b, &ap, dya_, dxa);
+        b->ops->avgpool_adaptive_forward(b, &ap, TD(b, xa_), TD(b, ya));
+        b->ops->avgpool_adaptive_backward(b, &ap, TD(b, dya_), TD(b, dxa));
         out[i][2] = down(b, ya, no);
         out[i][3] = down(b, dxa, na);
         float *yd = PUT(ACTS, dya, no), *dxd = PUT(DACTS, dya, no);
-        b->ops->dropout_forward(b, ya, yd, no, 0.5f, 77);
-        b->ops->dropout_backward(b, dya_, dxd, no, 0.5f, 77);
+        b->ops->dropout_forward(b, TD(b, ya), TD(b, yd), no, 0.5f, 77);
+        b->ops->dropout_backward(b, TD(b, dya_), TD(b, dxd), no, 0.5f, 77);
         out[i][4] = down(b, yd, no);
         out[i][5] = down(b, dxd, no);
         float *yb_ = PUT(ACTS, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc), *db = up(b, bias, (size_t)bc);
-        b->ops->bias_add(b, rows, bc, bias_, yb_);
+        b->ops->bias_add(b, rows, bc, bias_, TD(b, yb_));
         out[i][6] = down(b, yb_, rows * bc);
-        b->ops->bias_backward(b, rows, bc, PUT(DACTS, yb, rows * bc), db);
+        b->ops->bias_backward(b, rows, bc, TD(b, PUT(DACTS, yb, rows * bc)), db);
         out[i][7] = down(b, db, (size_t)bc);
 #undef PUT
     }
@@ -779,7 +802,7 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
         b->mem->to_device(b, lab, labels, rows * sizeof *lab);
         float *z = up(b, logits, (size_t)rows * k), *d = up(b, logits, (size_t)rows * k);
         float *loss = up(b, logits, 1);
-        b->ops->softmax_xent(b, rows, k, z, lab, 0.0f, 1.0f, ls, d, loss);
+        b->ops->softmax_xent(b, rows, k, TD(b, z), lab, 0.0f, 1.0f, ls, TD(b, d), loss);
         dl[i] = down(b, d, (size_t)rows * k);
     }
     expect_tensor_close(dl[0], dl[1], (size_t)rows * k, TOL_FP32_REDUCE, "scaled softmax-xent gradient");
@@ -860,7 +883,7 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
     augment_norm_t norm = augment_norm(&a, c);
     float *want = malloc(per * n * sizeof *want), *got = malloc(per * n * sizeof *got);
     int32_t want_labels[64], got_labels[64];
-    cpu->ops->augment_batch(cpu, images, labels, h, w, c, jobs, n, norm, want, want_labels);
+    cpu->ops->augment_batch(cpu, images, labels, h, w, c, jobs, n, norm, TD(cpu, want), want_labels);
     unsigned flags[3] = {0, BACKEND_CUDA_BF16, BACKEND_CUDA_FP16};
     for (int f = 0; f < 3; f++) {
         low_t l = {0};
@@ -878,7 +901,7 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
         b->mem->to_device(b, d_labels, labels, sizeof labels);
         b->mem->to_device(b, d_jobs, jobs, sizeof jobs);
         float *out = flags[f] ? l.arena[ACTS] : b->mem->alloc(b, per * n * sizeof(float));
-        b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, out, d_out_labels);
+        b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, TD(b, out), d_out_labels);
         b->mem->to_host(b, got, out, per * n * sizeof(float));
         b->mem->to_host(b, got_labels, d_out_labels, sizeof got_labels);
         for (size_t i = 0; i < per * n; i++) {

@@ -241,6 +241,59 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
     assert final["top1"] > 0.7, final
 
 
+def test_kill_9_on_the_gpu_resumes_from_memory_losing_at_most_a_step(ddprun, ddpworker, cuda_lib,
+                                                                     tmp_path):
+    """Memory snapshots on the GPU (a side-stream copy into page-locked shared memory, overlapped
+    with the next step): the worker killed mid-run resumes from the agent's memory with at most a
+    step lost, and ends as a run resumed from that very copy (same algorithm cache). The agent is
+    frozen while the copies are kept, so that the restarted worker cannot overwrite them first."""
+    snaps, metrics = tmp_path / "snaps", tmp_path / "metrics.jsonl"
+    conf = tmp_path / "mem.conf"
+    conf.write_text(f"[model]\nname = resnet18\nwidth = 32\n[data]\nkind = fashion-mnist\n"
+                    f"dir = {FASHION}\ntrain_limit = 25600\ntest_limit = 1000\n[optim]\nlr = 0.05\n"
+                    f"[train]\nbackend = cuda\nbatch_size = 128\nepochs = 1\nlog_interval = 10\n"
+                    f"[snapshot]\nevery = 1000\nkeep = 2\nevery_memory = 1\n")
+    job = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "2",
+                            "--warm-spares", "0", str(conf), f"snapshot.dir={snaps}",
+                            f"train.metrics_file={metrics}"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=clean_env())
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    try:
+        def trained():
+            lines = [json.loads(x) for x in open(metrics)] if metrics.exists() else []
+            return [e for e in lines if e.get("event") == "train" and e["step"] >= 60]
+        assert wait_until(trained, timeout=300), "no training"
+        mem = glob.glob(f"/dev/shm/ddprun-mem-{job.pid}-*")
+        assert len(mem) == 1, mem
+        pid = [json.loads(x) for x in open(metrics) if '"start"' in x][-1]["pid"]
+        os.kill(job.pid, signal.SIGSTOP)  # the agent: no restart before the copies are kept
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        for path in glob.glob(f"{mem[0]}/own-*.ddps"):
+            shutil.copy(path, kept)
+        os.kill(job.pid, signal.SIGCONT)
+        out, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0 and restarts(out) == 1, out
+    found = re.findall(r"resuming from (\S+): step (\d+).*; source (\w+) \(rank 0\), (\d+) steps? "
+                       r"lost", out)
+    assert len(found) == 1, out
+    path, step, source, lost = found[0][0], int(found[0][1]), found[0][2], int(found[0][3])
+    assert source == "memory" and step >= 59 and lost <= 1, (source, step, lost)
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    shutil.copy(kept / os.path.basename(path), ref / f"snapshot-{step:012d}.ddps")
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "1", "--warm-spares", "0",
+                        str(conf), f"snapshot.dir={ref}", "snapshot.every_memory=0"],
+                       capture_output=True, text=True, timeout=600, env=clean_env())
+    assert r.returncode == 0 and f"resuming from {ref}" in r.stdout, r.stdout + r.stderr
+    assert final_state(ddpworker, snaps) == final_state(ddpworker, ref), \
+        "the killed job's final weights differ from a run resumed from the same memory copy"
+
+
 def mlp_conf(tmp_path, extra=""):
     conf = tmp_path / "mlp.conf"
     conf.write_text(f"[model]\nname = mlp\nwidth = 64\n[data]\nkind = fashion-mnist\ndir = {FASHION}\n"

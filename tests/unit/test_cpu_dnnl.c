@@ -12,6 +12,9 @@
 #include "cpu/cpu_dnnl.h"
 #include "rng.h"
 
+/* An fp32 tensor as the ops take it (backend.h); the ops take sizes from their own arguments. */
+#define T(p) tensor_f32((p), 0)
+
 #define PREFILL 0.25f
 
 static uint64_t rng_state = 777;
@@ -63,13 +66,13 @@ static void check(conv_shape_t s, bool with_dx) {
     cr_assert_eq(ref->mem->reserve_workspace(ref, 1 << 22), 0);
     float *x = random_buffer(nx), *w = random_buffer(nw), *dy = random_buffer(ny);
     float *y_ref = filled(ny, NAN), *y = filled(ny, NAN);
-    ref->ops->conv2d_forward(ref, &s, x, w, y_ref);
+    ref->ops->conv2d_forward(ref, &s, T(x), w, T(y_ref));
     cr_assert_eq(cpu_dnnl_conv_forward(d, &s, x, w, y), 0, "oneDNN refused the shape");
     assert_close(y, y_ref, ny, "y");
 
     float *dx_ref = filled(nx, PREFILL), *dx = filled(nx, PREFILL);
     float *dw_ref = filled(nw, PREFILL), *dw = filled(nw, PREFILL);
-    ref->ops->conv2d_backward(ref, &s, x, w, dy, with_dx ? dx_ref : NULL, dw_ref);
+    ref->ops->conv2d_backward(ref, &s, T(x), w, T(dy), T(with_dx ? dx_ref : NULL), dw_ref);
     cr_assert_eq(cpu_dnnl_conv_backward(d, &s, x, w, dy, with_dx ? dx : NULL, dw), 0);
     assert_close(dw, dw_ref, nw, "dw");
     assert_close(dx, dx_ref, nx, "dx"); /* without dx: both still hold the prefill */
@@ -119,12 +122,13 @@ static void check_linear(int n, int in, int out, bool with_dx) {
     size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
     float *x = random_buffer(nx), *w = random_buffer(nw), *bias = random_buffer((size_t)out);
     float *dy = random_buffer(ny), *y_ref = filled(ny, NAN), *y = filled(ny, NAN);
-    ref->ops->linear_forward(ref, n, in, out, x, w, bias, y_ref);
+    ref->ops->linear_forward(ref, n, in, out, tensor_f32(x, nx), w, bias, tensor_f32(y_ref, ny));
     cr_assert_eq(cpu_dnnl_linear_forward(d, n, in, out, x, w, bias, y), 0);
     assert_close(y, y_ref, ny, "y");
     float *dx_ref = filled(nx, PREFILL), *dx = filled(nx, PREFILL);
     float *dw_ref = filled(nw, PREFILL), *dw = filled(nw, PREFILL), *db = filled((size_t)out, 0);
-    ref->ops->linear_backward(ref, n, in, out, x, w, dy, with_dx ? dx_ref : NULL, dw_ref, db);
+    ref->ops->linear_backward(ref, n, in, out, tensor_f32(x, nx), w, tensor_f32(dy, ny),
+                              tensor_f32(with_dx ? dx_ref : NULL, nx), dw_ref, db);
     cr_assert_eq(cpu_dnnl_linear_backward(d, n, in, out, x, w, dy, with_dx ? dx : NULL, dw), 0);
     assert_close(dw, dw_ref, nw, "dw");
     assert_close(dx, dx_ref, nx, "dx");

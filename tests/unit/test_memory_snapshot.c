@@ -172,3 +172,46 @@ Test(memory_snapshot, no_directory_is_no_snapshot) {
                  MEMORY_SNAPSHOT_NONE);
     cr_assert_eq(reached, -1);
 }
+
+Test(memory_snapshot, the_progress_record_alone_counts_steps_without_slots) {
+    memory_snapshot_t *m;
+    char err[512];
+    cr_assert_eq(memory_snapshot_create_progress(dir, &m, err, sizeof err), 0, "%s", err);
+    memory_snapshot_mark_reached(m, 41);
+    cr_assert_eq(memory_snapshot_sealed_step(m), -1);
+    memory_snapshot_destroy(m);
+    memory_snapshot_source_t source;
+    int64_t reached;
+    cr_assert_eq(found_step(&source, &reached), -1);
+    cr_assert_eq(reached, 41);
+    /* a peer's word on how far its node got counts too: the newest wins */
+    char path[512];
+    snprintf(path, sizeof path, "%s/peer-1-progress", dir);
+    FILE *f = fopen(path, "wb");
+    uint64_t v[2] = {57, ~(uint64_t)57};
+    fwrite(v, sizeof v, 1, f);
+    fclose(f);
+    cr_assert_eq(found_step(&source, &reached), -1);
+    cr_assert_eq(reached, 57);
+}
+
+Test(memory_snapshot, copies_handed_to_the_writer_land_before_the_seal) {
+    memory_snapshot_t *m = open_slots();
+    static float params[N_PARAMS], momentum[N_PARAMS];
+    for (int i = 0; i < N_PARAMS; i++) {
+        params[i] = (float)i * 0.5f + 9.0f; /* fill()'s values for step 9 */
+        momentum[i] = -(float)i - 9.0f;
+    }
+    snapshot_data_t *d = memory_snapshot_begin(m);
+    for (int i = 0; i < N_BUFFERS; i++) d->buffers[i] = (float)(i + 9);
+    snapshot_header_t h = {.step = 9, .n_params = N_PARAMS, .n_buffers = N_BUFFERS};
+    memory_snapshot_copy_t copies[2] = {{d->params, params, sizeof params},
+                                        {d->momentum, momentum, sizeof momentum}};
+    memory_snapshot_submit_copies(m, &h, copies, 2);
+    memory_snapshot_wait_copied(m);
+    params[3] = -1; /* the sources may change now: the copy is made */
+    memory_snapshot_flush(m);
+    memory_snapshot_destroy(m);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 9); /* checks params[3] == 1.5 + 9 */
+}

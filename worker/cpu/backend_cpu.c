@@ -449,39 +449,174 @@ static const backend_memory_i cpu_mem = {
     .destroy = cpu_destroy,
 };
 
+/* ---- the table's ops: tensor descriptors (backend.h) to the fp32 pointers the code above takes ---- */
+
+#define F32 backend_cpu__f32
+
+static void op_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
+                              tensor_desc_t y) {
+    cpu_conv2d_forward(b, s, F32(x), w, F32(y));
+}
+static void op_conv2d_backward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
+                               tensor_desc_t dy, tensor_desc_t dx, float *dw) {
+    cpu_conv2d_backward(b, s, F32(x), w, F32(dy), dx.data ? F32(dx) : NULL, dw);
+}
+static void op_batchnorm_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                       const float *gamma, const float *beta, tensor_desc_t y,
+                                       float *save_mean, float *save_invstd, float *running_mean,
+                                       float *running_var, float momentum, float eps) {
+    cpu_batchnorm_forward_train(b, rows, c, F32(x), gamma, beta, F32(y), save_mean, save_invstd,
+                                running_mean, running_var, momentum, eps);
+}
+static void op_batchnorm_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                      const float *gamma, const float *beta, tensor_desc_t y,
+                                      const float *running_mean, const float *running_var,
+                                      float eps) {
+    cpu_batchnorm_forward_eval(b, rows, c, F32(x), gamma, beta, F32(y), running_mean, running_var,
+                               eps);
+}
+static void op_batchnorm_backward(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                  const float *gamma, const float *save_mean,
+                                  const float *save_invstd, tensor_desc_t dy, tensor_desc_t dx,
+                                  float *dgamma, float *dbeta) {
+    cpu_batchnorm_backward(b, rows, c, F32(x), gamma, save_mean, save_invstd, F32(dy), F32(dx),
+                           dgamma, dbeta);
+}
+static void op_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                    const float *gamma, const float *beta, tensor_desc_t residual,
+                                    unsigned flags, tensor_desc_t y, float *save_mean,
+                                    float *save_invstd, float *running_mean, float *running_var,
+                                    float momentum, float eps) {
+    backend_cpu__bn_act_forward_train(b, rows, c, F32(x), gamma, beta,
+                                      residual.data ? F32(residual) : NULL, flags, F32(y),
+                                      save_mean, save_invstd, running_mean, running_var, momentum,
+                                      eps);
+}
+static void op_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                   const float *gamma, const float *beta, tensor_desc_t residual,
+                                   unsigned flags, tensor_desc_t y, const float *running_mean,
+                                   const float *running_var, float eps) {
+    backend_cpu__bn_act_forward_eval(b, rows, c, F32(x), gamma, beta,
+                                     residual.data ? F32(residual) : NULL, flags, F32(y),
+                                     running_mean, running_var, eps);
+}
+static void op_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                               const float *gamma, const float *save_mean,
+                               const float *save_invstd, tensor_desc_t y, tensor_desc_t dy,
+                               unsigned flags, tensor_desc_t dx, tensor_desc_t dresidual,
+                               float *dgamma, float *dbeta) {
+    backend_cpu__bn_act_backward(b, rows, c, F32(x), gamma, save_mean, save_invstd, F32(y),
+                                 F32(dy), flags, F32(dx),
+                                 dresidual.data ? F32(dresidual) : NULL, dgamma, dbeta);
+}
+static void op_relu_forward(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n) {
+    cpu_relu_forward(b, F32(x), F32(y), n);
+}
+static void op_relu_backward(backend_t *b, tensor_desc_t y, tensor_desc_t dy, tensor_desc_t dx,
+                             size_t n) {
+    cpu_relu_backward(b, F32(y), F32(dy), F32(dx), n);
+}
+static void op_add_forward(backend_t *b, tensor_desc_t x1, tensor_desc_t x2, tensor_desc_t y,
+                           size_t n) {
+    cpu_add_forward(b, F32(x1), F32(x2), F32(y), n);
+}
+static void op_accumulate(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n) {
+    cpu_accumulate(b, F32(dy), F32(dx), n);
+}
+static void op_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x,
+                               tensor_desc_t y, int32_t *argmax) {
+    backend_cpu__maxpool_forward(b, s, F32(x), F32(y), argmax);
+}
+static void op_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
+                                tensor_desc_t dy, tensor_desc_t dx) {
+    backend_cpu__maxpool_backward(b, s, argmax, F32(dy), F32(dx));
+}
+static void op_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x,
+                                      tensor_desc_t y) {
+    backend_cpu__avgpool_global_forward(b, n, hw, c, F32(x), F32(y));
+}
+static void op_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy,
+                                       tensor_desc_t dx) {
+    backend_cpu__avgpool_global_backward(b, n, hw, c, F32(dy), F32(dx));
+}
+static void op_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x,
+                                        tensor_desc_t y) {
+    backend_cpu__avgpool_adaptive_forward(b, s, F32(x), F32(y));
+}
+static void op_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy,
+                                         tensor_desc_t dx) {
+    backend_cpu__avgpool_adaptive_backward(b, s, F32(dy), F32(dx));
+}
+static void op_dropout_forward(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n, float p,
+                               uint64_t key) {
+    backend_cpu__dropout_forward(b, F32(x), F32(y), n, p, key);
+}
+static void op_dropout_backward(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n,
+                                float p, uint64_t key) {
+    backend_cpu__dropout_backward(b, F32(dy), F32(dx), n, p, key);
+}
+static void op_bias_add(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y) {
+    backend_cpu__bias_add(b, rows, c, bias, F32(y));
+}
+static void op_bias_backward(backend_t *b, size_t rows, int c, tensor_desc_t dy, float *dbias) {
+    backend_cpu__bias_backward(b, rows, c, F32(dy), dbias);
+}
+static void op_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x,
+                              const float *w, const float *bias, tensor_desc_t y) {
+    cpu_linear_forward(b, n, in, out, F32(x), w, bias, F32(y));
+}
+static void op_linear_backward(backend_t *b, int n, int in, int out, tensor_desc_t x,
+                               const float *w, tensor_desc_t dy, tensor_desc_t dx, float *dw,
+                               float *dbias) {
+    cpu_linear_backward(b, n, in, out, F32(x), w, F32(dy), dx.data ? F32(dx) : NULL, dw, dbias);
+}
+static void op_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits,
+                            const int32_t *labels, float smoothing, float grad_scale,
+                            const loss_scale_t *ls, tensor_desc_t dlogits, float *loss_sum) {
+    cpu_softmax_xent(b, n, k, F32(logits), labels, smoothing, grad_scale, ls, F32(dlogits),
+                     loss_sum);
+}
+static void op_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h,
+                             int w, int c, const augment_job_t *jobs, int n, augment_norm_t norm,
+                             tensor_desc_t out, int32_t *labels_out) {
+    cpu_augment_batch(b, images, labels, h, w, c, jobs, n, norm, F32(out), labels_out);
+}
+
+#undef F32
+
 static const backend_i cpu_ops = {
     .fill = cpu_fill,
     .scale = cpu_scale,
-    .conv2d_forward = cpu_conv2d_forward,
-    .conv2d_backward = cpu_conv2d_backward,
-    .batchnorm_forward_train = cpu_batchnorm_forward_train,
-    .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
-    .batchnorm_backward = cpu_batchnorm_backward,
-    .bn_act_forward_train = backend_cpu__bn_act_forward_train,
-    .bn_act_forward_eval = backend_cpu__bn_act_forward_eval,
-    .bn_act_backward = backend_cpu__bn_act_backward,
-    .relu_forward = cpu_relu_forward,
-    .relu_backward = cpu_relu_backward,
-    .add_forward = cpu_add_forward,
-    .accumulate = cpu_accumulate,
-    .maxpool_forward = backend_cpu__maxpool_forward,
-    .maxpool_backward = backend_cpu__maxpool_backward,
-    .avgpool_global_forward = backend_cpu__avgpool_global_forward,
-    .avgpool_global_backward = backend_cpu__avgpool_global_backward,
-    .avgpool_adaptive_forward = backend_cpu__avgpool_adaptive_forward,
-    .avgpool_adaptive_backward = backend_cpu__avgpool_adaptive_backward,
-    .dropout_forward = backend_cpu__dropout_forward,
-    .dropout_backward = backend_cpu__dropout_backward,
-    .bias_add = backend_cpu__bias_add,
-    .bias_backward = backend_cpu__bias_backward,
-    .linear_forward = cpu_linear_forward,
-    .linear_backward = cpu_linear_backward,
-    .softmax_xent = cpu_softmax_xent,
+    .conv2d_forward = op_conv2d_forward,
+    .conv2d_backward = op_conv2d_backward,
+    .batchnorm_forward_train = op_batchnorm_forward_train,
+    .batchnorm_forward_eval = op_batchnorm_forward_eval,
+    .batchnorm_backward = op_batchnorm_backward,
+    .bn_act_forward_train = op_bn_act_forward_train,
+    .bn_act_forward_eval = op_bn_act_forward_eval,
+    .bn_act_backward = op_bn_act_backward,
+    .relu_forward = op_relu_forward,
+    .relu_backward = op_relu_backward,
+    .add_forward = op_add_forward,
+    .accumulate = op_accumulate,
+    .maxpool_forward = op_maxpool_forward,
+    .maxpool_backward = op_maxpool_backward,
+    .avgpool_global_forward = op_avgpool_global_forward,
+    .avgpool_global_backward = op_avgpool_global_backward,
+    .avgpool_adaptive_forward = op_avgpool_adaptive_forward,
+    .avgpool_adaptive_backward = op_avgpool_adaptive_backward,
+    .dropout_forward = op_dropout_forward,
+    .dropout_backward = op_dropout_backward,
+    .bias_add = op_bias_add,
+    .bias_backward = op_bias_backward,
+    .linear_forward = op_linear_forward,
+    .linear_backward = op_linear_backward,
+    .softmax_xent = op_softmax_xent,
     .sgd_step = cpu_sgd_step,
     .adam_step = cpu_adam_step,
     .loss_scale_check = cpu_loss_scale_check,
     .loss_scale_update = cpu_loss_scale_update,
-    .augment_batch = cpu_augment_batch,
+    .augment_batch = op_augment_batch,
 };
 
 backend_t *backend_cpu_create(int threads) {

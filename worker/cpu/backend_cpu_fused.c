@@ -25,7 +25,8 @@ void backend_cpu__bn_act_forward_train(backend_t *b, size_t rows, int c, const f
                                        const float *residual, unsigned flags, float *y,
                                        float *save_mean, float *save_invstd, float *running_mean,
                                        float *running_var, float momentum, float eps) {
-    b->ops->batchnorm_forward_train(b, rows, c, x, gamma, beta, y, save_mean, save_invstd,
+    size_t n = rows * (size_t)c;
+    b->ops->batchnorm_forward_train(b, rows, c, tensor_f32(x, n), gamma, beta, tensor_f32(y, n), save_mean, save_invstd,
                                     running_mean, running_var, momentum, eps);
     add_act(rows * (size_t)c, residual, flags, y);
 }
@@ -35,7 +36,9 @@ void backend_cpu__bn_act_forward_eval(backend_t *b, size_t rows, int c, const fl
                                       const float *residual, unsigned flags, float *y,
                                       const float *running_mean, const float *running_var,
                                       float eps) {
-    b->ops->batchnorm_forward_eval(b, rows, c, x, gamma, beta, y, running_mean, running_var, eps);
+    size_t n = rows * (size_t)c;
+    b->ops->batchnorm_forward_eval(b, rows, c, tensor_f32(x, n), gamma, beta, tensor_f32(y, n), running_mean,
+                                   running_var, eps);
     add_act(rows * (size_t)c, residual, flags, y);
 }
 

@@ -30,6 +30,7 @@ static void gpu_destroy(backend_t *b) {
     if (g->bn_partials) cudaFree(g->bn_partials);
     if (g->bn_sums) cudaFree(g->bn_sums);
     if (g->bn_coeffs) cudaFree(g->bn_coeffs);
+    gpu_conv_fusion_free(g);
     cudnnDestroyFilterDescriptor(g->w_desc);
     cudnnDestroyConvolutionDescriptor(g->conv_desc);
     cudnnDestroy(g->cudnn);
@@ -37,6 +38,8 @@ static void gpu_destroy(backend_t *b) {
     cudaStreamDestroy(g->stream);
     free(g);
 }
+
+static dtype_t gpu_activation_dtype(backend_t *b) { return low_dtype(gpu_of(b)); }
 
 static backend_memory_i make_mem(void) {
     backend_memory_i m;
@@ -46,6 +49,7 @@ static backend_memory_i make_mem(void) {
     m.release = gpu_release;
     m.is_device = gpu_is_device;
     m.mark_arenas = gpu_mark_arenas;
+    m.activation_dtype = gpu_activation_dtype;
     m.prepare_forward = gpu_prepare_forward;
     m.graph_begin = gpu_graph_begin;
     m.graph_end = gpu_graph_end;
@@ -72,6 +76,7 @@ static backend_i make_ops(void) {
     o.scale = gpu_scale;
     o.conv2d_forward = gpu_conv2d_forward;
     o.conv2d_backward = gpu_conv2d_backward;
+    o.conv2d_bn_forward = gpu_conv2d_bn_forward;
     o.batchnorm_forward_train = gpu_batchnorm_forward_train;
     o.batchnorm_forward_eval = gpu_batchnorm_forward_eval;
     o.batchnorm_backward = gpu_batchnorm_backward;
@@ -197,6 +202,8 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     g->is_graphs = graphs && strcmp(graphs, "1") == 0;
     const char *nondet = getenv("DDP_CUDA_NONDETERMINISTIC");
     g->is_nondeterministic = nondet && strcmp(nondet, "1") == 0;
+    const char *fusion = getenv("DDP_CUDA_CONV_FUSION");
+    g->is_conv_fusion = fusion && strcmp(fusion, "1") == 0;
     const char *profile = getenv("DDP_CUDA_PROFILE");
     if (profile && (sscanf(profile, "%ld,%ld", &g->profile_first, &g->profile_count) != 2 ||
                     g->profile_first < 1 || g->profile_count < 1)) {

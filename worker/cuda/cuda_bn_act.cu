@@ -101,15 +101,18 @@ static void check_channels(int c) {
     if (c > BN_MAX_CHANNELS) fail_at("batch norm", "more than 65536 channels", __FILE__, __LINE__);
 }
 
-void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                              const float *beta, const float *residual, unsigned flags, float *y,
+void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                              const float *beta, tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d,
                               float *save_mean, float *save_invstd, float *running_mean, float *running_var,
                               float momentum, float eps) {
+    const float *x = (const float *)x_d.data;
+    const float *residual = (const float *)residual_d.data;
+    float *y = (float *)y_d.data;
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
     check_channels(c);
     bool ok = aligned16(x) && aligned16(y) && (!residual || aligned16(residual)), relu = flags & BN_ACT_RELU;
-    if (is_low(g, x))
+    if (is_low(g, x_d))
         WITH_LOW(g, DISPATCH(g, ok, c, Low,
                              (forward_train_as<Low, V>(g, rows, c, CLOW(x), gamma, beta, CLOW(residual), relu,
                                                        LOW(y), save_mean, save_invstd, running_mean, running_var,
@@ -120,13 +123,16 @@ void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x, 
                                              running_mean, running_var, momentum, eps)));
 }
 
-void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                             const float *beta, const float *residual, unsigned flags, float *y,
+void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                             const float *beta, tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d,
                              const float *running_mean, const float *running_var, float eps) {
+    const float *x = (const float *)x_d.data;
+    const float *residual = (const float *)residual_d.data;
+    float *y = (float *)y_d.data;
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
     bool ok = aligned16(x) && aligned16(y) && (!residual || aligned16(residual)), relu = flags & BN_ACT_RELU;
-    if (is_low(g, x))
+    if (is_low(g, x_d))
         WITH_LOW(g, DISPATCH(g, ok, c, Low,
                              (forward_eval_as<Low, V>(g, rows, c, CLOW(x), gamma, beta, CLOW(residual), relu,
                                                       LOW(y), running_mean, running_var, eps))));
@@ -136,14 +142,19 @@ void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x, c
                                             running_var, eps)));
 }
 
-void gpu_bn_act_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                         const float *save_mean, const float *save_invstd, const float *y, const float *dy,
-                         unsigned flags, float *dx, float *dresidual, float *dgamma, float *dbeta) {
+void gpu_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                         const float *save_mean, const float *save_invstd, tensor_desc_t y_d, tensor_desc_t dy_d,
+                         unsigned flags, tensor_desc_t dx_d, tensor_desc_t dresidual_d, float *dgamma, float *dbeta) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
+    float *dresidual = (float *)dresidual_d.data;
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
     check_channels(c);
     bool ok = aligned16(x) && aligned16(y) && aligned16(dy) && aligned16(dx) && (!dresidual || aligned16(dresidual));
-    if (is_low(g, x))
+    if (is_low(g, x_d))
         WITH_LOW(g, DISPATCH(g, ok, c, Low,
                              (backward_as<Low, V>(g, rows, c, CLOW(x), gamma, save_mean, save_invstd, CLOW(y),
                                                   CLOW(dy), flags, LOW(dx), LOW(dresidual), dgamma, dbeta))));

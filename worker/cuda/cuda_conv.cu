@@ -196,9 +196,11 @@ static void narrow_conv_backward(backend_t *b, const conv_shape_t *s, const floa
     else WITH_LOW(g, LAUNCH(add_wide_kernel<Low>, nx, dx32, LOW(dx), nx));
 }
 
-void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
+void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     gpu_t *g = gpu_of(b);
-    bool low = is_low(g, x);
+    bool low = is_low(g, x_d);
     if (low && is_narrow(s)) {
         narrow_conv_forward(b, s, x, w, y);
         return;
@@ -211,10 +213,13 @@ void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, con
                                         g->workspace, g->workspace_bytes, &zero, g->y_desc, y));
 }
 
-void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
-                                const float *dy, float *dx, float *dw) {
+void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w,
+                                tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw) {
+    const float *x = (const float *)x_d.data;
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     gpu_t *g = gpu_of(b);
-    bool low = is_low(g, x);
+    bool low = is_low(g, x_d);
     if (low && is_narrow(s)) {
         narrow_conv_backward(b, s, x, w, dy, dx, dw);
         return;

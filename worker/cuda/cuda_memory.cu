@@ -67,7 +67,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
     if (!n_bytes) return;
     /* from pageable memory the copy has read src before it returns, so src may be reused */
-    if (!is_low(g, dst)) {
+    if (!in_low_arena(g, dst)) {
         CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
         return;
     }
@@ -79,7 +79,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
 
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
-    if (n_bytes && is_low(g, src)) {
+    if (n_bytes && in_low_arena(g, src)) {
         float *s = stage(g, n_bytes);
         size_t n = n_bytes / sizeof(float);
         WITH_LOW(g, LAUNCH((convert_kernel<Low, float>), n, CLOW(src), s, n));

@@ -61,18 +61,22 @@ __global__ void maxpool_backward_kernel(pool_shape_t s, const int32_t *argmax, c
     }
 }
 
-void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax) {
+void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d, int32_t *argmax) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_kernel<Low>, n, *s, CLOW(x), LOW(y), argmax));
+    if (is_low(gpu_of(b), x_d)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_kernel<Low>, n, *s, CLOW(x), LOW(y), argmax));
     else LAUNCH(maxpool_kernel<float>, n, *s, x, y, argmax);
 }
 
-void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,
-                                 float *dx) {
+void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, tensor_desc_t dy_d,
+                                 tensor_desc_t dx_d) {
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     size_t n = (size_t)s->n * s->h * s->w * s->c;
     if (!n || !s->oh || !s->ow) return;
-    if (is_low(gpu_of(b), dy)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_backward_kernel<Low>, n, *s, argmax, CLOW(dy), LOW(dx)));
+    if (is_low(gpu_of(b), dy_d)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_backward_kernel<Low>, n, *s, argmax, CLOW(dy), LOW(dx)));
     else LAUNCH(maxpool_backward_kernel<float>, n, *s, argmax, dy, dx);
 }
 
@@ -92,15 +96,19 @@ template <typename T> __global__ void avgpool_backward_kernel(int n, int hw, int
     }
 }
 
-void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y) {
+void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x_d, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     if (!n || !c) return;
-    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_kernel<Low>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y)));
+    if (is_low(gpu_of(b), x_d)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_kernel<Low>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y)));
     else LAUNCH(avgpool_kernel<float>, (size_t)n * c, n, hw, c, x, y);
 }
 
-void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx) {
+void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy_d, tensor_desc_t dx_d) {
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     if (!n || !c) return;
-    if (is_low(gpu_of(b), dy))
+    if (is_low(gpu_of(b), dy_d))
         WITH_LOW(gpu_of(b), LAUNCH(avgpool_backward_kernel<Low>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx)));
     else LAUNCH(avgpool_backward_kernel<float>, (size_t)n * hw * c, n, hw, c, dy, dx);
 }
@@ -147,17 +155,21 @@ template <typename T> __global__ void avgpool_adaptive_backward_kernel(pool_shap
     }
 }
 
-void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y) {
+void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_kernel<Low>, n, *s, CLOW(x), LOW(y)));
+    if (is_low(gpu_of(b), x_d)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_kernel<Low>, n, *s, CLOW(x), LOW(y)));
     else LAUNCH(avgpool_adaptive_kernel<float>, n, *s, x, y);
 }
 
-void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy, float *dx) {
+void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy_d, tensor_desc_t dx_d) {
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     size_t n = (size_t)s->n * s->h * s->w * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), dy))
+    if (is_low(gpu_of(b), dy_d))
         WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_backward_kernel<Low>, n, *s, CLOW(dy), LOW(dx)));
     else LAUNCH(avgpool_adaptive_backward_kernel<float>, n, *s, dy, dx);
 }

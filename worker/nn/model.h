@@ -119,6 +119,7 @@ typedef struct {
     /* backend memory */
     float *params, *grads, *momentum, *buffers;
     float *acts, *dacts, *scratch;
+    dtype_t act_dtype;       /* how the backend stores acts and dacts (backend_memory_i) */
     int32_t *labels;         /* (batch_max) */
     float *loss_sum;         /* one float: summed training loss since model_take_loss */
     model_opts_t opts;       /* opts.name points at name */

@@ -29,6 +29,7 @@ struct memory_snapshot {
     char dir[4096];
     size_t n_params, n_buffers, bytes;
     bool has_second_moment;
+    bool has_slots;            /* false: the progress record alone */
     memory_snapshot_wait_t wait;
     slot_t slots[SLOTS];
     int filling;               /* the slot being filled or sealed, -1: none */
@@ -39,6 +40,9 @@ struct memory_snapshot {
     pthread_cond_t cond;
     bool has_job, is_stopping;
     snapshot_header_t job;
+    memory_snapshot_copy_t copies[MEMORY_SNAPSHOT_MAX_COPIES]; /* the job's, done by the thread */
+    int n_copies;
+    bool is_copied;            /* the job's copies are done: their sources may change */
 };
 
 static int map_file(const char *path, size_t bytes, uint8_t **out, char *err, size_t err_len) {
@@ -91,6 +95,12 @@ static void *writer_main(void *arg) {
         snapshot_header_t h = m->job;
         int slot = m->filling;
         pthread_mutex_unlock(&m->lock);
+        for (int i = 0; i < m->n_copies; i++)
+            memcpy(m->copies[i].dst, m->copies[i].src, m->copies[i].n_bytes);
+        pthread_mutex_lock(&m->lock);
+        m->is_copied = true;
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
         if (m->wait.cb) m->wait.cb(m->wait.arg);
         snapshot_seal(&h, &m->data);
         /* the header last, after every section byte: until it lands the slot reads as invalid */
@@ -107,9 +117,9 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
-                           bool has_second_moment, const memory_snapshot_wait_t *wait,
-                           memory_snapshot_t **out, char *err, size_t err_len) {
+static int open_region(const char *dir, bool has_slots, size_t n_params, size_t n_buffers,
+                       bool has_second_moment, const memory_snapshot_wait_t *wait,
+                       memory_snapshot_t **out, char *err, size_t err_len) {
     *out = NULL;
     memory_snapshot_t *m = calloc(1, sizeof *m);
     if (!m) return ddp_errf(err, err_len, "memory snapshot: out of memory");
@@ -117,6 +127,8 @@ int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
     m->n_params = n_params;
     m->n_buffers = n_buffers;
     m->has_second_moment = has_second_moment;
+    m->has_slots = has_slots;
+    m->slots[0].step = m->slots[1].step = -1;
     m->bytes = sizeof(snapshot_header_t) +
                ((has_second_moment ? 3 : 2) * n_params + n_buffers) * sizeof(float);
     if (wait) m->wait = *wait;
@@ -124,7 +136,7 @@ int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
     char path[4200];
-    for (int i = 0; i < SLOTS; i++) {
+    for (int i = 0; has_slots && i < SLOTS; i++) {
         snprintf(path, sizeof path, "%s/own-%d" SNAPSHOT_FILE_SUFFIX, dir, i);
         if (map_file(path, m->bytes, &m->slots[i].map, err, err_len) < 0) goto fail;
         m->slots[i].step = sealed_step_of(&m->slots[i]);
@@ -135,7 +147,7 @@ int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
     uint8_t *progress;
     if (map_file(path, 2 * sizeof(uint64_t), &progress, err, err_len) < 0) goto fail;
     m->progress = (uint64_t *)progress;
-    if (pthread_create(&m->thread, NULL, writer_main, m) != 0) {
+    if (has_slots && pthread_create(&m->thread, NULL, writer_main, m) != 0) {
         munmap(m->progress, 2 * sizeof(uint64_t));
         m->progress = NULL;
         ddp_errf(err, err_len, "memory snapshot: cannot start its thread");
@@ -150,6 +162,17 @@ fail:
     pthread_cond_destroy(&m->cond);
     free(m);
     return -1;
+}
+
+int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
+                           bool has_second_moment, const memory_snapshot_wait_t *wait,
+                           memory_snapshot_t **out, char *err, size_t err_len) {
+    return open_region(dir, true, n_params, n_buffers, has_second_moment, wait, out, err, err_len);
+}
+
+int memory_snapshot_create_progress(const char *dir, memory_snapshot_t **out, char *err,
+                                    size_t err_len) {
+    return open_region(dir, false, 0, 0, false, NULL, out, err, err_len);
 }
 
 snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m) {
@@ -167,10 +190,24 @@ snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m) {
 }
 
 void memory_snapshot_submit(memory_snapshot_t *m, const snapshot_header_t *h) {
+    memory_snapshot_submit_copies(m, h, NULL, 0);
+}
+
+void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t *h,
+                                   const memory_snapshot_copy_t *copies, int n_copies) {
     pthread_mutex_lock(&m->lock);
     m->job = *h;
+    m->n_copies = n_copies < MEMORY_SNAPSHOT_MAX_COPIES ? n_copies : MEMORY_SNAPSHOT_MAX_COPIES;
+    if (m->n_copies > 0) memcpy(m->copies, copies, (size_t)m->n_copies * sizeof *copies);
+    m->is_copied = false;
     m->has_job = true;
     pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void memory_snapshot_wait_copied(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    while (m->has_job && !m->is_copied) pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -196,7 +233,7 @@ void memory_snapshot_mark_reached(memory_snapshot_t *m, int64_t step) {
 
 void memory_snapshot_each_slot(memory_snapshot_t *m, void (*cb)(void *arg, void *p, size_t n_bytes),
                                void *arg) {
-    for (int i = 0; i < SLOTS; i++) cb(arg, m->slots[i].map, m->bytes);
+    for (int i = 0; m->has_slots && i < SLOTS; i++) cb(arg, m->slots[i].map, m->bytes);
 }
 
 void memory_snapshot_destroy(memory_snapshot_t *m) {
@@ -205,8 +242,10 @@ void memory_snapshot_destroy(memory_snapshot_t *m) {
     m->is_stopping = true;
     pthread_cond_broadcast(&m->cond);
     pthread_mutex_unlock(&m->lock);
-    pthread_join(m->thread, NULL);
-    for (int i = 0; i < SLOTS; i++) munmap(m->slots[i].map, m->bytes);
+    if (m->has_slots) {
+        pthread_join(m->thread, NULL);
+        for (int i = 0; i < SLOTS; i++) munmap(m->slots[i].map, m->bytes);
+    }
     munmap(m->progress, 2 * sizeof(uint64_t));
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);

@@ -12,7 +12,9 @@
  * peer); progress holds the newest step trained, to count the steps a restart loses.
  *
  * The checksums and the header are written by the writer's own thread, after an optional wait
- * (a GPU's side-stream copies); the trainer's thread only fills the sections. */
+ * (a GPU's side-stream copies); the trainer's thread fills the sections, or hands the writer's
+ * thread host copies to make first (the cpu backend: the copy overlaps the next step's forward and
+ * backward, and the trainer waits for it before the optimizer changes the sources). */
 #ifndef DDP_WORKER_MEMORY_SNAPSHOT_H
 #define DDP_WORKER_MEMORY_SNAPSHOT_H
 
@@ -41,6 +43,10 @@ typedef struct {
 int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
                            bool has_second_moment, const memory_snapshot_wait_t *wait,
                            memory_snapshot_t **out, char *err, size_t err_len);
+/* The progress record alone (memory_snapshot_mark_reached; no slots, no thread): with
+ * snapshot.every_memory = 0 a restart still says how many steps it lost. */
+int memory_snapshot_create_progress(const char *dir, memory_snapshot_t **out, char *err,
+                                    size_t err_len);
 /* The sections to fill for the next generation (params, momentum, buffers, second moment point
  * into the shared mapping; the header is ignored): waits for the previous generation's seal,
  * invalidates the slot that does not hold the newest sealed generation and makes it writable. */
@@ -48,6 +54,19 @@ snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m);
 /* Seal the generation begun last with header h (its step, epoch, ...): on the writer's thread,
  * after the wait. Returns at once. */
 void memory_snapshot_submit(memory_snapshot_t *m, const snapshot_header_t *h);
+/* As memory_snapshot_submit, with up to MEMORY_SNAPSHOT_MAX_COPIES host copies into the sections
+ * that the writer's thread makes first (the trainer's thread goes on with the next step): their
+ * sources must not change until memory_snapshot_wait_copied returns. */
+#define MEMORY_SNAPSHOT_MAX_COPIES 4
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t n_bytes;
+} memory_snapshot_copy_t;
+void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t *h,
+                                   const memory_snapshot_copy_t *copies, int n_copies);
+/* Wait until the copies of the generation in flight are made (not its checksums). */
+void memory_snapshot_wait_copied(memory_snapshot_t *m);
 /* Wait for the generation in flight to be sealed. */
 void memory_snapshot_flush(memory_snapshot_t *m);
 /* The newest step sealed (-1: none yet). */

@@ -281,7 +281,9 @@ static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, i
     const backend_i *o = t->backend->ops;
     t->backend->mem->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
     o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
-                     augment_norm(aug, d->c), model_input(&t->model), t->model.labels);
+                     augment_norm(aug, d->c),
+                     tensor_desc(model_input(&t->model), t->model.act_dtype, n, d->h, d->w, d->c),
+                     t->model.labels);
 }
 
 int trainer_step(trainer_t *t) {

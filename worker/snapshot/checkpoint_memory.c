@@ -1,13 +1,14 @@
-/* trainer_memory: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
- * state after every snapshot.every_memory steps into the agent's shared memory. On the cpu backend
- * the copy is a memcpy on the trainer's thread; on a GPU it is queued on the backend's side
- * stream into page-locked slots and overlaps the next step's forward and backward, with the
- * optimizer waiting for it on the device. The checksums are the memory writer's thread's. Runs on
- * the trainer's thread. */
+/* checkpoint_memory: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
+ * state after every snapshot.every_memory steps into the agent's shared memory. The copy overlaps
+ * the next step's forward and backward: on the cpu backend the memory writer's thread makes it, on
+ * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
+ * waits for it (trainer__memory_fence), and the batch-norm statistics, which the next forward
+ * changes, are copied first. The checksums are the writer thread's. The trainer's thread. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "trainer.h"
 
 /* The writer's thread waits for the side stream before it hashes. */
@@ -36,9 +37,13 @@ static bool is_async(const trainer_t *t) {
 
 void trainer__memory_init(trainer_t *t) {
     const char *dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
-    if (!dir || !*dir || t->conf->snapshot_every_memory == 0 || t->rank != 0) return;
+    if (!dir || !*dir || t->rank != 0) return;
     memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = t->backend};
     char err[1024];
+    if (t->conf->snapshot_every_memory == 0) { /* how far training got, for the steps lost */
+        if (memory_snapshot_create_progress(dir, &t->memory, err, sizeof err) < 0) t->memory = NULL;
+        return;
+    }
     if (memory_snapshot_create(dir, t->model.n_params, t->model.n_buffers,
                                optimizer_has_second_moment(&t->optim),
                                is_async(t) ? &wait : NULL, &t->memory, err, sizeof err) < 0) {
@@ -50,10 +55,20 @@ void trainer__memory_init(trainer_t *t) {
     if (is_async(t) && t->backend->mem->pin_host) memory_snapshot_each_slot(t->memory, pin, t->backend);
 }
 
+/* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */
+static void account(trainer_t *t, double start) {
+    double stall = clock_now_s() - start;
+    t->memory_stall_s += stall;
+    if (stall > t->memory_stall_max_s) t->memory_stall_max_s = stall;
+    t->n_memory++;
+}
+
 void trainer__memory_snapshot(trainer_t *t) {
     if (!t->memory) return;
     memory_snapshot_mark_reached(t->memory, t->step);
-    if (t->step % t->conf->snapshot_every_memory != 0) return;
+    int64_t every = t->conf->snapshot_every_memory;
+    if (every == 0 || t->step % every != 0) return;
+    double start = clock_now_s();
     snapshot_data_t *d = memory_snapshot_begin(t->memory); /* the previous one is sealed */
     snapshot_header_t h;
     memset(&h, 0, sizeof h);
@@ -80,6 +95,17 @@ void trainer__memory_snapshot(trainer_t *t) {
         mem->copy_out(t->backend, d->momentum, m->momentum, p_bytes);
         if (has_second) mem->copy_out(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
         t->is_memory_copying = true;
+    } else if (!mem->is_device(t->backend, m->params)) {
+        /* host arenas (cpu): the writer's thread copies what the next forward does not change,
+         * overlapped with it; the running statistics change in the forward: copied now */
+        mem->to_host(t->backend, d->buffers, m->buffers, b_bytes);
+        memory_snapshot_copy_t copies[3] = {{d->params, m->params, p_bytes},
+                                            {d->momentum, m->momentum, p_bytes},
+                                            {d->second_moment, t->optim.exp_avg_sq, p_bytes}};
+        memory_snapshot_submit_copies(t->memory, &h, copies, has_second ? 3 : 2);
+        t->is_memory_copying = true;
+        account(t, start);
+        return;
     } else {
         mem->to_host(t->backend, d->params, m->params, p_bytes);
         mem->to_host(t->backend, d->momentum, m->momentum, p_bytes);
@@ -87,17 +113,27 @@ void trainer__memory_snapshot(trainer_t *t) {
         if (has_second) mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
     }
     memory_snapshot_submit(t->memory, &h);
+    account(t, start);
 }
 
 void trainer__memory_fence(trainer_t *t) {
     if (!t->is_memory_copying) return;
-    t->backend->mem->copy_out_fence(t->backend);
+    if (is_async(t)) t->backend->mem->copy_out_fence(t->backend);
+    else memory_snapshot_wait_copied(t->memory);
     t->is_memory_copying = false;
 }
 
 void trainer__memory_free(trainer_t *t) {
     if (!t->memory) return;
     memory_snapshot_flush(t->memory);
+    if (t->metrics && t->n_memory) { /* what they cost the training thread (tests/bench) */
+        cJSON *event = json_line_new("memory_snapshots");
+        json_line_int(event, "count", t->n_memory);
+        json_line_num(event, "stall_ms_mean", t->memory_stall_s * 1e3 / (double)t->n_memory);
+        json_line_num(event, "stall_ms_max", t->memory_stall_max_s * 1e3);
+        json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
+        json_line_write(t->metrics, event);
+    }
     if (is_async(t) && t->backend->mem->unpin_host) memory_snapshot_each_slot(t->memory, unpin, t->backend);
     memory_snapshot_destroy(t->memory);
     t->memory = NULL;

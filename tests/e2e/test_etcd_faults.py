@@ -1,0 +1,148 @@
+"""etcd faults an agent must ride out (found by tests/chaos/run.py --rdzv-backend etcd, seed 7, with
+lease_ttl=3), each on a real 3-member etcd (tests/tools/etcd_cluster.py):
+
+- a member frozen (SIGSTOP) longer than the lease TTL: a lease refresh stuck on it must give up
+  within the TTL and go to another member, so the lease lives and the round goes on;
+- an agent frozen longer than its lease TTL: its lease is gone when it wakes; it must take a new one
+  (its keys put again under it), follow the next round its peers opened, and finish the job;
+- a member that died in its join after the ADD (before its alive key, before its node record, or as
+  node 0 before the round's store address): the other members must end that round within a few
+  lease TTLs, not wait out join_timeout + read_timeout in a GET."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import clean_env
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools"))
+from etcd_cluster import etcd_cluster_or_skip  # noqa: E402
+
+
+class Agent:
+    """A ddprun agent whose stderr is read as it comes."""
+
+    def __init__(self, args):
+        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=clean_env())
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    @property
+    def err(self):
+        return "".join(self.lines)
+
+    def wait_for(self, text, timeout):
+        deadline = time.monotonic() + timeout
+        while text not in self.err:
+            assert time.monotonic() < deadline and self.proc.poll() is None, \
+                f"no '{text}' within {timeout} s:\n{self.err}"
+            time.sleep(0.05)
+
+    def finish(self, timeout):
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(5)
+        return self.proc.returncode
+
+
+def agent_args(ddprun, etcd, rdzv_id, conf, worker):
+    return [ddprun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+            "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", rdzv_id, "--max-restarts", "0",
+            "--rdzv-conf", "last_call_timeout=0.1,keep_alive_interval=0.3," + conf,
+            "--no-python", "/bin/sh", "-c", worker]
+
+
+def test_a_member_frozen_past_the_lease_ttl_leaves_the_leases_alive(ddprun, tmp_path):
+    """Both agents talk to member 0 first (the first endpoint); it freezes for 3 lease TTLs."""
+    ttl_s = 2
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        args = agent_args(ddprun, etcd, "frozen-member", f"lease_ttl={ttl_s},join_timeout=30",
+                          "sleep 10")
+        agents = [Agent(args), Agent(args)]
+        for a in agents:
+            a.wait_for("round 0: node", 30)
+        etcd.procs[0].send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(3 * ttl_s)
+        finally:
+            etcd.procs[0].send_signal(signal.SIGCONT)
+        codes = [a.finish(60) for a in agents]
+        for a, code in zip(agents, codes):
+            assert code == 0, a.err
+            for bad in ("expired", "lost", "leaving", "round 1"):
+                assert bad not in a.err, a.err
+
+
+def test_an_agent_frozen_past_its_lease_takes_a_new_one(ddprun, tmp_path):
+    """Agent B stops (SIGSTOP, its worker runs on) for 3 lease TTLs: A ends round 0 without it;
+    B wakes with its lease gone, renews it, and both finish in round 1."""
+    ttl_s = 2
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        args = agent_args(ddprun, etcd, "frozen-agent", f"lease_ttl={ttl_s},join_timeout=20",
+                          "sleep 12")
+        a, b = Agent(args), Agent(args)
+        for x in (a, b):
+            x.wait_for("round 0: node", 30)
+        b.proc.send_signal(signal.SIGSTOP)
+        try:
+            a.wait_for("lost its etcd lease", 4 * ttl_s)
+            time.sleep(ttl_s)
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        codes = [x.finish(60) for x in (a, b)]
+        assert codes == [0, 0], a.err + "\n----\n" + b.err
+        assert "under lease" in b.err, b.err  # it renewed, it did not leave
+        for x in (a, b):
+            assert "round 1: node" in x.err, x.err
+
+
+NODE_RECORD = '{"nproc":1,"hint":-1,"host":false}'
+
+
+@pytest.mark.parametrize("died", ["before_alive", "before_record", "before_store"])
+def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
+    """Round 0 already holds a member #0 that died in its join (the keys it left are written
+    here); two agents join it as #1 and #2. #1 is a member waiting for #0's record (or, as #0 is
+    node 0, for the round's store address): it must end the round once #0's lease is gone, and
+    both agents finish in round 1."""
+    ttl_s = 2
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        prefix = f"/ddprun/died-{died}/r0"
+        etcd.put(f"{prefix}/joined", "1")
+        if died != "before_alive":
+            r = etcd.etcdctl("lease", "grant", "5")
+            assert r.returncode == 0, r.stderr
+            lease = r.stdout.split()[1]  # "lease 694d... granted with TTL(5s)"
+            r = etcd.etcdctl("put", "--lease", lease, f"{prefix}/alive/0", "1")
+            assert r.returncode == 0, r.stderr
+        if died == "before_store":
+            etcd.put(f"{prefix}/node/0", NODE_RECORD)
+        args = agent_args(ddprun, etcd, f"died-{died}",
+                          f"lease_ttl={ttl_s},join_timeout=60,read_timeout=60", "sleep 1")
+        start = time.monotonic()
+        agents = [Agent(args)]
+        deadline = time.monotonic() + 20
+        while etcd.get(f"{prefix}/closed") is None:  # closed by #1 with #0: #2 comes after
+            assert time.monotonic() < deadline, agents[0].err
+            time.sleep(0.1)
+        agents.append(Agent(args))
+        codes = [x.finish(45) for x in agents]
+        took = time.monotonic() - start
+        assert codes == [0, 0], agents[0].err + "\n----\n" + agents[1].err
+        assert took < 30, f"{took:.1f} s"
+        assert "lost its etcd lease before it wrote" in agents[0].err, agents[0].err
+        for x in agents:
+            assert "round 1: node" in x.err, x.err
