@@ -13,13 +13,18 @@ times per model and takes each side's median, so that a change in the machine's 
 both; the load average is printed before and after (on a shared machine it moves the figures).
 --torch-passive runs the PyTorch side in a child with OMP_WAIT_POLICY=passive, as ddpworker runs
 itself: on a loaded machine PyTorch's spinning OpenMP threads cost it more than the compute does.
+--cpu also prints images per CPU-second of each side's timed steps (user + system time of all its
+threads), which a shared machine moves far less than wall time: PyTorch's from its own process
+over the timed loop; ddpworker's as the difference between a run of 2N steps and one of N steps
+(the same start-up, warm-up and evaluation).
 
 Usage: /usr/bin/python3 tests/bench/bench_train.py [--models cnn,resnet18] [--batch 64]
-           [--steps 10] [--threads N] [--repeat N] [--torch-passive] [--json FILE]
+           [--steps 10] [--threads N] [--repeat N] [--torch-passive] [--cpu] [--json FILE]
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,7 +46,14 @@ SHAPES = {
 }
 
 
-def run_ddpworker(key, batch, steps, threads):
+def cpu_seconds(who):
+    u = resource.getrusage(who)
+    return u.ru_utime + u.ru_stime
+
+
+def run_ddpworker(key, batch, steps, threads, max_steps=None):
+    """(img/s of the last log window, the run's CPU seconds); max_steps: 2 * steps"""
+    max_steps = max_steps or 2 * steps
     model, width, (h, w, c), classes = SHAPES[key]
     with tempfile.TemporaryDirectory() as tmp:
         conf, metrics = os.path.join(tmp, "bench.conf"), os.path.join(tmp, "metrics.jsonl")
@@ -51,12 +63,23 @@ def run_ddpworker(key, batch, steps, threads):
                     f"classes = {classes}\ntrain_limit = {batch * 2 * steps}\ntest_limit = {batch}\n"
                     f"[optim]\nlr = 0.01\nmomentum = 0.9\nnesterov = true\nweight_decay = 0.0005\n"
                     f"schedule = constant\n"
-                    f"[train]\nbatch_size = {batch}\nmax_steps = {2 * steps}\nlog_interval = {steps}\n"
+                    f"[train]\nbatch_size = {batch}\nmax_steps = {max_steps}\nlog_interval = {steps}\n"
                     f"threads = {threads}\nmetrics_file = {metrics}\n")
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+        cpu0 = cpu_seconds(resource.RUSAGE_CHILDREN)
         subprocess.run([build_path("worker", "ddpworker"), conf], check=True, stdout=subprocess.DEVNULL, env=env)
+        cpu = cpu_seconds(resource.RUSAGE_CHILDREN) - cpu0
         windows = [json.loads(line) for line in open(metrics) if '"train"' in line]
-        return windows[-1]["img_per_s"]
+        return windows[-1]["img_per_s"], cpu
+
+
+def ddpworker_side(key, batch, steps, threads, with_cpu):
+    """(img/s, img per CPU-second or None)"""
+    wall, cpu_2n = run_ddpworker(key, batch, steps, threads)
+    if not with_cpu:
+        return wall, None
+    _, cpu_n = run_ddpworker(key, batch, steps, threads, max_steps=steps)
+    return wall, batch * steps / max(cpu_2n - cpu_n, 1e-9)
 
 
 def run_torch(key, batch, steps, threads):
@@ -80,10 +103,11 @@ def run_torch(key, batch, steps, threads):
 
     for _ in range(steps):
         step()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds(resource.RUSAGE_SELF)
     for _ in range(steps):
         step()
-    return batch * steps / (time.perf_counter() - t0)
+    t1, cpu1 = time.perf_counter(), cpu_seconds(resource.RUSAGE_SELF)
+    return batch * steps / (t1 - t0), batch * steps / max(cpu1 - cpu0, 1e-9)
 
 
 def run_torch_child(key, batch, steps, threads):
@@ -93,7 +117,8 @@ def run_torch_child(key, batch, steps, threads):
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-only", key,
                         "--batch", str(batch), "--steps", str(steps), "--threads", str(threads)],
                        check=True, capture_output=True, text=True, env=env)
-    return float(r.stdout.split()[-1])
+    wall, per_cpu = r.stdout.split()[-2:]
+    return float(wall), float(per_cpu)
 
 
 def main():
@@ -104,11 +129,12 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--torch-passive", action="store_true")
+    ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--torch-only", help=argparse.SUPPRESS)
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.torch_only:
-        print(run_torch(args.torch_only, args.batch, args.steps, args.threads))
+        print(*run_torch(args.torch_only, args.batch, args.steps, args.threads))
         return
     torch_side = run_torch_child if args.torch_passive else run_torch
     import torch
@@ -122,18 +148,26 @@ def main():
           f"warm-up, median of {args.repeat}"
           f"{'; PyTorch with OMP_WAIT_POLICY=passive' if args.torch_passive else ''}; "
           f"load average {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}")
-    print(f"{'model':14} {'input':>9} {'ddpworker img/s':>16} {'torch img/s':>12} {'ratio':>6}")
+    cpu_head = f" {'ddpworker img/CPU-s':>20} {'torch img/CPU-s':>16} {'ratio':>6}" if args.cpu else ""
+    print(f"{'model':14} {'input':>9} {'ddpworker img/s':>16} {'torch img/s':>12} {'ratio':>6}"
+          + cpu_head)
     results = []
     for key in args.models.split(","):
         ours, ref = [], []
         for _ in range(args.repeat):
-            ours.append(run_ddpworker(key, args.batch, args.steps, args.threads))
+            ours.append(ddpworker_side(key, args.batch, args.steps, args.threads, args.cpu))
             ref.append(torch_side(key, args.batch, args.steps, args.threads))
-        o, r = statistics.median(ours), statistics.median(ref)
+        o, r = statistics.median(x[0] for x in ours), statistics.median(x[0] for x in ref)
         h, w, c = SHAPES[key][2]
-        print(f"{key:14} {f'{h}x{w}x{c}':>9} {o:16.1f} {r:12.1f} {o / r:6.2f}")
-        results.append({"model": key, "ddpworker_img_s": o, "torch_img_s": r, "ratio": o / r,
-                        "ddpworker_runs": ours, "torch_runs": ref})
+        row = {"model": key, "ddpworker_img_s": o, "torch_img_s": r, "ratio": o / r,
+               "ddpworker_runs": ours, "torch_runs": ref}
+        line = f"{key:14} {f'{h}x{w}x{c}':>9} {o:16.1f} {r:12.1f} {o / r:6.2f}"
+        if args.cpu:
+            oc, rc = statistics.median(x[1] for x in ours), statistics.median(x[1] for x in ref)
+            row.update(ddpworker_img_cpu_s=oc, torch_img_cpu_s=rc, cpu_ratio=oc / rc)
+            line += f" {oc:20.1f} {rc:16.1f} {oc / rc:6.2f}"
+        print(line)
+        results.append(row)
     load1 = os.getloadavg()
     print(f"load average after: {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}")
     if args.json:
