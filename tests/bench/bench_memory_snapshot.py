@@ -4,8 +4,12 @@
   overhead : ddpworker (CPU backend, 2 ranks under ddprun) with a memory snapshot after every step
              against the same run with none (every_memory = 0), alternating on/off runs so both
              see the same machine; the median step time of each (log_interval 1, past the
-             warm-up), the difference in %, and rank 0's own time per memory snapshot (copy into
-             shared memory; the checksums are on the writer's thread) against a step.
+             warm-up), the difference in %, and rank 0's own time per memory snapshot (what the
+             training thread waits for: the statistics' copy, the slot, the copy before the
+             optimizer; the checksums are on the writer's thread) against a step. On a shared,
+             loaded machine the step times' difference is noise; the CPU seconds of the whole run
+             (workers and agent, from getrusage of the children), on against off, are the
+             steadier measure of what the snapshots cost, and the stall of what training waits.
   recovery : kill -9 of one of 2 workers mid-run, from the kill to the first training step the
              restarted workers complete; resumed from memory (every_memory = 1) against today's
              disk path (every_memory = 0, snapshot.every = 20, killed half-way between two disk
@@ -20,6 +24,7 @@ side-stream one, overlapped with the next step.
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -48,28 +53,33 @@ def write_conf(tmp, model, width, size, channels, batch, steps, every):
 
 
 def one_run(model, width, size, channels, batch, steps, memory):
-    """(step times in ms past the warm-up, rank 0's memory snapshot stall per snapshot in ms)."""
+    """(step times in ms past the warm-up, rank 0's memory snapshot stall per snapshot in ms, CPU
+    seconds of the run)."""
     with tempfile.TemporaryDirectory() as tmp:
         conf, metrics = write_conf(tmp, model, width, size, channels, batch, steps, 0)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run([build_path("launcher", "ddprun"), "--standalone", "--nproc-per-node",
                         str(RANKS), conf, f"snapshot.dir={tmp}/snap",
                         f"snapshot.every_memory={memory}", *EXTRA],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         events = read_events(metrics)
         trains = [e for e in events if e["event"] == "train"][3:]
         step_ms = [batch * RANKS / e["img_per_s"] * 1e3 for e in trains]
         mem = [e for e in events if e["event"] == "memory_snapshots"]
         if memory and not mem:
             sys.exit("bench_memory_snapshot: no memory_snapshots event: not under ddprun?")
-        return step_ms, (mem[0]["stall_ms_mean"] if mem else 0.0)
+        return step_ms, (mem[0]["stall_ms_mean"] if mem else 0.0), cpu_s
 
 
 def overhead(spec, rounds):
-    on, off, stalls = [], [], []
+    on, off, stalls, cpu = [], [], [], {0: [], 1: []}
     for r in range(rounds):
         for memory in ((1, 0) if r % 2 == 0 else (0, 1)):
-            steps, stall = one_run(*spec, memory)
+            steps, stall, cpu_s = one_run(*spec, memory)
             (on if memory else off).extend(steps)
+            cpu[memory].append(cpu_s)
             if memory:
                 stalls.append(stall)
     m_on, m_off = statistics.median(on), statistics.median(off)
@@ -77,7 +87,9 @@ def overhead(spec, rounds):
     return {"model": f"{model} w{width} {size}x{size}x{channels} b{batch}", "step_ms_off": m_off,
             "step_ms_on": m_on, "overhead_pct": (m_on / m_off - 1) * 100,
             "stall_ms": statistics.median(stalls),
-            "stall_pct": statistics.median(stalls) / m_off * 100}
+            "stall_pct": statistics.median(stalls) / m_off * 100,
+            "cpu_s_off": statistics.median(cpu[0]), "cpu_s_on": statistics.median(cpu[1]),
+            "cpu_pct": (statistics.median(cpu[1]) / statistics.median(cpu[0]) - 1) * 100}
 
 
 def wait_for_restart_step(metrics, starts_before, timeout=120):
@@ -128,6 +140,7 @@ def main():
     ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--precision", default=None, help="precision.mode (cuda: bf16, fp16, ...)")
+    ap.add_argument("--no-recovery", action="store_true", help="the overhead table alone")
     ap.add_argument("--json")
     args = ap.parse_args()
     global RANKS
@@ -140,14 +153,21 @@ def main():
     print(f"memory snapshot every step vs none ({RANKS} rank(s) under ddprun, {args.backend}"
           f"{' ' + args.precision if args.precision else ''}; median step time over "
           f"{args.rounds} alternating on/off runs each)")
-    print(f"{'model':30} {'off ms':>8} {'on ms':>8} {'overhead':>9} {'stall ms':>9} {'stall/step':>10}")
+    print(f"{'model':30} {'off ms':>8} {'on ms':>8} {'overhead':>9} {'stall ms':>9} "
+          f"{'stall/step':>10} {'CPU s off':>9} {'CPU s on':>9} {'CPU +':>7}")
     rows = []
     for spec in models:
         r = overhead(spec, args.rounds)
         rows.append(r)
         print(f"{r['model']:30} {r['step_ms_off']:8.2f} {r['step_ms_on']:8.2f} "
-              f"{r['overhead_pct']:8.2f}% {r['stall_ms']:9.3f} {r['stall_pct']:9.3f}%", flush=True)
+              f"{r['overhead_pct']:8.2f}% {r['stall_ms']:9.3f} {r['stall_pct']:9.3f}% "
+              f"{r['cpu_s_off']:9.2f} {r['cpu_s_on']:9.2f} {r['cpu_pct']:6.2f}%", flush=True)
     runs = {"memory": [], "disk": []}
+    if args.no_recovery:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"overhead": rows}, f, indent=1)
+        return
     for i in range(args.rounds):
         for memory in ((1, 0) if i % 2 == 0 else (0, 1)):
             runs["memory" if memory else "disk"].append(recovery(memory, models[0]))

@@ -333,3 +333,26 @@ def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, star
             if j.poll() is None:
                 os.killpg(j.pid, signal.SIGKILL)
     assert "a peer connection without the store's secret refused" in outs[1], outs[1]
+
+
+def test_a_restart_with_nothing_to_resume_says_it_lost_every_step(ddprun, tmp_path):
+    """Memory snapshots off and no disk snapshot yet: the restart starts over, and says how many
+    steps that lost (the progress record is kept with every_memory = 0)."""
+    conf = write_conf(tmp_path, 1000)
+    snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
+    cmd = [ddprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "3", conf,
+           f"snapshot.dir={snap}", f"train.metrics_file={metrics}", "snapshot.every_memory=0"]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=clean_env(), start_new_session=True)
+    try:
+        seen = read_until_step(job, 12)
+        os.kill(rank0_pid(metrics), signal.SIGKILL)
+        out = seen + finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, out
+    found = re.findall(r"starting again from step 0; source none, (\d+) steps lost", out)
+    assert len(found) == 1 and int(found[0]) >= 12, out
+    events = [e for e in map(json.loads, open(metrics)) if e["event"] == "resume"]
+    assert [(e["source"], e["steps_lost"]) for e in events] == [("none", int(found[0]))], events

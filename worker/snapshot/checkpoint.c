@@ -266,7 +266,20 @@ bool trainer__resume(trainer_t *t) {
     }
     int chosen = root < 0 ? SOURCE_NONE : (int)all[3 * root + 1];
     free(all);
-    if (root < 0) return false;
+    if (root < 0) {
+        /* nothing to resume, yet training had reached a step here: all of it is lost, and said */
+        if (max_reached > 1) {
+            t->resume_source = "none";
+            t->resume_rank = -1;
+            t->steps_lost = (int64_t)max_reached - 1;
+            if (t->rank == 0) {
+                printf("ddpworker: no snapshot to resume from (memory, peers, disk): starting again "
+                       "from step 0; source none, %lld steps lost\n", (long long)t->steps_lost);
+                fflush(stdout);
+            }
+        }
+        return false;
+    }
     snapshot_header_t h = d.header;
     trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &h, sizeof h, root),
                         "broadcasting the snapshot's header");

@@ -106,7 +106,6 @@ static void *writer_main(void *arg) {
         /* the header last, after every section byte: until it lands the slot reads as invalid */
         atomic_thread_fence(memory_order_release);
         memcpy(m->slots[slot].map, &h, sizeof h);
-        if (!m->wait.cb) mprotect(m->slots[slot].map, m->bytes, PROT_READ);
         pthread_mutex_lock(&m->lock);
         m->slots[slot].step = (int64_t)h.step;
         m->has_job = false;
@@ -140,8 +139,6 @@ static int open_region(const char *dir, bool has_slots, size_t n_params, size_t 
         snprintf(path, sizeof path, "%s/own-%d" SNAPSHOT_FILE_SUFFIX, dir, i);
         if (map_file(path, m->bytes, &m->slots[i].map, err, err_len) < 0) goto fail;
         m->slots[i].step = sealed_step_of(&m->slots[i]);
-        /* page-locked slots (a GPU's) stay writable: the device writes them, not this process */
-        if (!m->wait.cb) mprotect(m->slots[i].map, m->bytes, PROT_READ);
     }
     snprintf(path, sizeof path, "%s/" PROGRESS_FILE, dir);
     uint8_t *progress;
@@ -182,7 +179,6 @@ snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m) {
     m->slots[slot].step = -1;
     m->filling = slot;
     pthread_mutex_unlock(&m->lock);
-    if (!m->wait.cb) mprotect(m->slots[slot].map, m->bytes, PROT_READ | PROT_WRITE);
     memset(m->slots[slot].map, 0, sizeof(snapshot_header_t)); /* invalid until sealed */
     atomic_thread_fence(memory_order_release);
     point_data(m, slot);

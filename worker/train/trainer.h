@@ -68,7 +68,7 @@ typedef struct {
     bool is_memory_copying;  /* copies out to memory are in flight: fence before the optimizer */
     double memory_stall_s, memory_stall_max_s; /* the trainer's time in memory snapshots */
     int64_t n_memory;        /* memory snapshots taken by this process */
-    const char *resume_source; /* "memory", "peer", "disk"; NULL: not resumed */
+    const char *resume_source; /* "memory", "peer", "disk", "none" (lost all); NULL: first start */
     int64_t steps_lost;      /* steps trained before the restart and lost (-1: unknown) */
     int resume_rank;         /* the rank that sent the state resumed from */
     int64_t last_snapshot_step;
@@ -135,7 +135,7 @@ void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall);
 int trainer__agree_step(trainer_t *t, bool *is_out_of_time);
 void trainer__snapshot_free(trainer_t *t);
 
-/* checkpoint_memory.c, internal to the trainer: memory snapshots (memory_snapshot.h). */
+/* memory_checkpoint.c, internal to the trainer: memory snapshots (memory_snapshot.h). */
 /* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
  * A failure is a warning: training goes on without them. */
 void trainer__memory_init(trainer_t *t);

@@ -1,4 +1,4 @@
-/* checkpoint_memory: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
+/* memory_checkpoint: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
  * state after every snapshot.every_memory steps into the agent's shared memory. The copy overlaps
  * the next step's forward and backward: on the cpu backend the memory writer's thread makes it, on
  * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
@@ -118,9 +118,11 @@ void trainer__memory_snapshot(trainer_t *t) {
 
 void trainer__memory_fence(trainer_t *t) {
     if (!t->is_memory_copying) return;
+    double start = clock_now_s();
     if (is_async(t)) t->backend->mem->copy_out_fence(t->backend);
     else memory_snapshot_wait_copied(t->memory);
     t->is_memory_copying = false;
+    t->memory_stall_s += clock_now_s() - start; /* a copy the step outran is a stall too */
 }
 
 void trainer__memory_free(trainer_t *t) {
