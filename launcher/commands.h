@@ -3,17 +3,17 @@
 #ifndef DDP_LAUNCHER_COMMANDS_H
 #define DDP_LAUNCHER_COMMANDS_H
 
-/* `ddprun store ...`: the standalone store server (store_cmd.c). */
+/* `ddprun store ...`: the standalone store server (store/store_cmd.c). */
 int store_cmd_main(int argc, char **argv);
-/* `ddprun store-client ...`: one store operation from the shell (store_cli.c). */
-int store_cli_main(int argc, char **argv);
-/* `ddprun status ...`: a running job's state from its store (status_cmd.c). */
+/* `ddprun store-client ...`: one store operation from the shell (cmd/store_client_cmd.c). */
+int store_client_cmd_main(int argc, char **argv);
+/* `ddprun status ...`: a running job's state from its store (cmd/status_cmd.c). */
 int status_cmd_main(int argc, char **argv);
 /* `ddprun-shim __shim AGENT_PID -- PROGRAM ARGS` (or `ddprun __shim ...`): the first process of
- * each worker (worker_shim.c; ddprun-shim is its own executable, shim_main.c). */
+ * each worker (workers/worker_shim.c; ddprun-shim is its own executable, workers/shim_main.c). */
 int worker_shim_main(int argc, char **argv);
-/* `ddprun plot RUN.jsonl... -o curves.png`: execs the plotting script (plot_cmd.c); returns only
- * when it cannot (1). */
+/* `ddprun plot RUN.jsonl... -o curves.png`: execs the plotting script (cmd/plot_cmd.c); returns
+ * only when it cannot (1). */
 int plot_cmd_main(int argc, char **argv);
 
 #endif

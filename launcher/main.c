@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "log.h"
 #include "options.h"
+#include "slurm.h"
 
 int main(int argc, char **argv) {
     const char *level = getenv("DDPRUN_LOG_LEVEL");
@@ -16,7 +17,7 @@ int main(int argc, char **argv) {
     if (argc >= 2) {
         const char *cmd = argv[1];
         if (strcmp(cmd, "store") == 0) return store_cmd_main(argc - 1, argv + 1);
-        if (strcmp(cmd, "store-client") == 0) return store_cli_main(argc - 1, argv + 1);
+        if (strcmp(cmd, "store-client") == 0) return store_client_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "status") == 0) return status_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "plot") == 0) return plot_cmd_main(argc - 1, argv + 1);
         if (strcmp(cmd, "__shim") == 0) return worker_shim_main(argc, argv);
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
         }
     }
     static ddprun_opts_t opts;
-    int rc = options_parse(argc, argv, &opts, stderr);
+    int rc = options_parse(argc, argv, &opts, slurm_apply_defaults, stderr);
     if (rc != 0) return rc == 1 ? 0 : rc;
     if (opts.is_dry_run) {
         options_print(&opts, stdout);

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run): install what is missing, build with
 # AddressSanitizer + UBSan, run the C unit tests (ctest), the end-to-end and interop tests (pytest
-# driving the real binaries; GPU tests skip without a GPU), then the codec fuzzer for a bounded time.
+# driving the real binaries; GPU tests skip without a GPU), then the libFuzzer harnesses over every
+# parser of outside bytes (tests/fuzz/run_fuzz.sh: the store codec, the rendezvous records, etcd's
+# answers, train.conf, the data files and snapshots, safetensors, images, Slurm host lists, the spare
+# handoff), sharing a bounded time.
 #   tests/run.sh [--fuzz-seconds N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +32,7 @@ echo "== end-to-end and interop tests"
 DDPRUN_BIN="$PWD/$build/launcher/ddprun" /usr/bin/python3 -m pytest -q -rs tests
 
 if [ "$fuzz_seconds" -gt 0 ]; then
-    echo "== fuzzing the store codec for ${fuzz_seconds}s"
+    echo "== fuzzing the parsers of outside bytes for ${fuzz_seconds}s (tests/fuzz/run_fuzz.sh)"
     tests/fuzz/run_fuzz.sh "$fuzz_seconds"
 fi
 echo "== all tests passed"

@@ -20,8 +20,10 @@
 #include "comm.h"
 #include "cuda/cuda_api.h"
 #include "dataset.h"
+#include "fs.h"
 #include "snapshot.h"
 #include "spare.h"
+#include "startup_trace.h"
 #include "exit_codes.h"
 #include "trainer.h"
 
@@ -200,24 +202,6 @@ static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
 /* The path with its longest existing prefix resolved: /usr/lib/ddprun/..., not
  * /usr/bin/../lib/ddprun/..., also when the library (or its folder) is not installed, so that
  * the error names where it looked in words a user can check. */
-static void resolve_existing_prefix(char *path, size_t len) {
-    char head[PATH_MAX], real[PATH_MAX];
-    snprintf(head, sizeof head, "%s", path);
-    for (;;) {
-        if (realpath(head, real)) {
-            const char *tail = path + strlen(head);
-            size_t real_len = strlen(real), tail_len = strlen(tail);
-            if (real_len + tail_len >= len) return; /* keep it unresolved rather than cut */
-            memmove(path + real_len, tail, tail_len + 1);
-            memcpy(path, real, real_len);
-            return;
-        }
-        char *slash = strrchr(head, '/');
-        if (!slash || slash == head) return;
-        *slash = '\0';
-    }
-}
-
 /* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable (the build tree), else
  * where `cmake --install` puts it relative to this executable (DDP_CUDA_LIB_RELDIR, e.g.
  * ../lib/x86_64-linux-gnu/ddprun), so an installed tree works under any prefix or DESTDIR. The
@@ -228,16 +212,8 @@ static void cuda_lib_path(char *path, size_t len) {
         snprintf(path, len, "%s", env);
         return;
     }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    char *slash = strrchr(exe, '/');
-    int dir_len = slash ? (int)(slash - exe) : 1;
-    const char *dir = slash ? exe : ".";
-    snprintf(path, len, "%.*s/libddpworker_cuda.so", dir_len, dir);
-    if (access(path, F_OK) == 0) return;
-    snprintf(path, len, "%.*s/%s/libddpworker_cuda.so", dir_len, dir, DDP_CUDA_LIB_RELDIR);
-    resolve_existing_prefix(path, len);
+    const char *paths[] = {"libddpworker_cuda.so", DDP_CUDA_LIB_RELDIR "/libddpworker_cuda.so"};
+    fs_find_beside_self(paths, 2, F_OK, path, len); /* not found: the installed place, resolved */
 }
 
 static backend_t *make_backend(const train_conf_t *conf, int threads) {
@@ -248,7 +224,9 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     }
     char path[PATH_MAX];
     cuda_lib_path(path, sizeof path);
+    double t = startup_trace_now();
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    startup_trace_end("loading libddpworker_cuda.so (CUDA, cuDNN, cuBLAS, NCCL)", t);
     if (!lib)
         trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
                                      "cuDNN; packaged as ddprun-cuda): %s", path, dlerror());
@@ -307,6 +285,7 @@ int main(int argc, char **argv) {
      * what a spare is started with (LOCAL_RANK, LOCAL_WORLD_SIZE) may be read */
     int spare_fd = spare_fd_from_env();
     int local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
+    double t = startup_trace_now();
 
     train_conf_t conf;
     char err[1024];
@@ -325,27 +304,34 @@ int main(int argc, char **argv) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = conf.threads ? (int)conf.threads
                                : (int)(cores / local_world > 1 ? cores / local_world : 1);
+    t = startup_trace_end("reading the configuration", t);
     backend_t *backend = make_backend(&conf, threads);
-    trainer_t t;
+    t = startup_trace_end("backend (all of it)", t);
+    trainer_t tr;
     if (spare_fd >= 0) { /* everything but the round, then wait for one */
         finish_loading(&load, loader, is_loading, -1);
-        trainer_prepare(&t, &conf, &load.data, backend);
-        trainer_warm_up(&t);
+        trainer_prepare(&tr, &conf, &load.data, backend);
+        trainer_warm_up(&tr);
         spare_wait_for_round(spare_fd);
-        t.was_spare = true;
+        tr.was_spare = true;
+        t = startup_trace_now();
     }
     int world = (int)env_long("WORLD_SIZE", 1, 1, 1 << 20);
     int rank = (int)env_long("RANK", 0, 0, world - 1);
     local_world = (int)env_long("LOCAL_WORLD_SIZE", 1, 1, 1 << 20);
     /* a fresh worker joins the collective while its data loads */
     comm_t *comm = make_comm(rank, world, local_world, &conf, backend);
+    t = startup_trace_end("collective", t);
     if (spare_fd < 0) {
         finish_loading(&load, loader, is_loading, rank);
-        trainer_prepare(&t, &conf, &load.data, backend);
+        t = startup_trace_end("waiting for the data", t);
+        trainer_prepare(&tr, &conf, &load.data, backend);
+        t = startup_trace_end("model and trainer (arenas)", t);
     }
-    trainer_start(&t, comm);
-    trainer_run(&t);
-    trainer_free(&t);
+    trainer_start(&tr, comm);
+    startup_trace_end("trainer start (initial parameters or snapshot, broadcast)", t);
+    trainer_run(&tr);
+    trainer_free(&tr);
     comm->ops->destroy(comm);
     backend->mem->destroy(backend);
     data_splits_free(&load.data);

@@ -63,7 +63,7 @@ def run_ranks(cmds):
 
 
 def run_ring(world, sizes, iters):
-    ddprun, bench = build_path("launcher", "ddprun"), build_path("tests", "bench", "allreduce_bench")
+    ddprun, bench = build_path("launcher", "ddprun"), build_path("tests", "bench", "bench_allreduce_rank")
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
         store = subprocess.Popen([ddprun, "store", "--host", "127.0.0.1", "--port", "0",

@@ -23,7 +23,7 @@ from build_paths import ROOT, build_path  # noqa: E402
 
 
 def ours(root, size, batch, workers, epochs, transform):
-    tool = build_path("tests", "tools", "loader_bench")
+    tool = build_path("tests", "bench", "bench_loader")
     r = subprocess.run([tool, root, str(size), str(batch), str(workers), str(epochs), transform],
                        capture_output=True, text=True, check=True)
     images, seconds = r.stdout.split()[1], r.stdout.split()[3]

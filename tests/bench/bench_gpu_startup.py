@@ -270,6 +270,25 @@ def kill_tree(proc, pattern):
     print(f"warning: processes left behind: {left}", file=sys.stderr)
 
 
+TRACE_RE = re.compile(r"ddpworker: startup: (.*) ([0-9.]+) s$")
+
+
+def print_startup_trace(name, out, end, t0, t1):
+    """The first worker's DDP_STARTUP_TRACE lines (among the first `end` lines of output): each
+    phase's own duration and when this script read the line (after launch; step 1 was read at
+    t1), so that the gaps show what the launcher and the process start took."""
+    with out.cond:
+        lines = out.lines[:end]
+    trace = [(stamp, m.group(1), float(m.group(2))) for stamp, line in lines
+             if (m := TRACE_RE.search(line))]
+    if not trace:
+        return
+    print(f"  {name}: where launch to step 1 ({t1 - t0:.3f} s) went (read at, phase, its "
+          "duration):", flush=True)
+    for stamp, phase, seconds in trace:
+        print(f"    +{stamp - t0:6.3f} s  {phase}: {seconds:.3f} s", flush=True)
+
+
 def measure(name, cmd, env, cwd, metrics, worker_pattern, args, ready=None):
     """Run one job; returns (launch to first step, kill -9 to resumed step) in seconds. ready: what
     must also hold before the kill (a warm spare ready); such a job is ended once measured, since
@@ -304,6 +323,7 @@ def measure(name, cmd, env, cwd, metrics, worker_pattern, args, ready=None):
                     raise BenchError(f"no worker process matches {worker_pattern!r}")
                 time.sleep(0.01)
         start = out.count()
+        print_startup_trace(name, out, start, t0, t1)
         t_kill = time.monotonic()
         os.kill(pid, signal.SIGKILL)
 
@@ -373,6 +393,7 @@ def run_ddprun(args, spares=0):
         # cuDNN's algorithm search runs once per machine; the cache outlives the run's directory,
         # so the first repeat starts cold and the later ones warm, as a user's runs do
         env.setdefault("DDPWORKER_ALGO_CACHE", ALGO_CACHE)
+        env.setdefault("DDP_STARTUP_TRACE", "1")  # ddpworker's start-up phases (startup_trace.h)
         cmd = [build_path("launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
                "--max-restarts", "3", "--warm-spares", str(spares), "--log-dir", log_dir, conf]
         return measure("ddprun-spares" if spares else "ddprun", cmd, env, tmp, metrics, None, args,

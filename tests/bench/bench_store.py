@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """ddprun's store against PyTorch's own TCPStore server, side by side in one run.
 
-Both servers listen on 127.0.0.1 and are driven by the same load generator (store_bench) speaking
+Both servers listen on 127.0.0.1 and are driven by the same load generator (bench_store_load) speaking
 the legacy numbering, so they receive identical bytes (torch 1.13's server knows only that
 numbering; ours speaks both). Each measurement runs against one server, then the other (the order
 alternates), for SET, GET, ADD and WAIT wake-ups with 1, 16 and 128 clients. It prints ops/s,
@@ -56,7 +56,7 @@ def find(build_rel):
         if os.access(path, os.X_OK):
             return path
     raise BenchError(f"{build_rel} is not built: cmake -S . -B build-bench && "
-                     f"cmake --build build-bench --target ddprun store_bench")
+                     f"cmake --build build-bench --target ddprun bench_store_load")
 
 
 def cpu_seconds(pid):
@@ -144,7 +144,7 @@ def run_load(bench, server, op, clients, depth, seconds, sample_rss):
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 10 + 60)
     except subprocess.TimeoutExpired:
-        raise BenchError(f"{op} x{clients} against {server.name}: store_bench hung")
+        raise BenchError(f"{op} x{clients} against {server.name}: bench_store_load hung")
     finally:
         stop.set()
         if sample_rss:
@@ -219,7 +219,7 @@ def main():
                     help="exit 3 if a target is missed (default: only report)")
     args = ap.parse_args()
 
-    ddprun, bench = find("launcher/ddprun"), find("tests/bench/store_bench")
+    ddprun, bench = find("launcher/ddprun"), find("tests/bench/bench_store_load")
     plan = []
     for op in ("set", "get", "add", "wait"):
         for depth in ((1,) if op == "wait" or args.quick else (1, 16)):

@@ -17,8 +17,16 @@ directory, and no disk-full faults). While the duration lasts, every few seconds
   disk_full      the snapshot filesystem filled for two seconds (root only)
   partition      node 1's network link down for three seconds (root with iproute2: node 1 then runs
                  in a network namespace of its own, behind a veth link to node 0's address)
+  node_loss_disk a node lost with its disk: SIGKILL to its agent's whole group and every snapshot
+                 file deleted (on c10d node 1, as node 0's loss takes the job's store along; on
+                 etcd either node); the job resumes from a memory snapshot (a node's own, or the
+                 copy its peer's agent holds), and the harness starts the agent again
 An agent that exits non-zero (its store vanished with node 0) is started again. When the
-duration is over, the job runs to its end; the report says what was injected and what it cost.
+duration is over, the job runs to its end; the report says what was injected and what it cost,
+with the steps each restart lost and where it resumed from (the workers' "resume" metrics events,
+charged to the fault before them). Memory snapshots (snapshot.every_memory = 1) are on unless
+--memory-snapshots 0 (today's disk path, for comparison); with them, a resume from memory or a peer
+that lost more than one step fails the run.
 With --warm-spares 1 each agent keeps a spare per local rank, and the worker faults pick among the
 spares too (a spare killed or stopped while it waits, or taken by the next round); auto (the
 default, as ddprun's) keeps them where ddprun would (a GPU node).
@@ -32,6 +40,7 @@ and the faults add:
 A failure prints the command that replays the run (the seed decides the faults and their order).
 """
 import argparse
+import datetime
 import json
 import os
 import random
@@ -46,6 +55,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# threads = 1: a worker's threads default to the host's cores over its agent's workers, so the
+# reference (1 agent x 4) and the chaos job (2 agents x 2) get different counts on a machine with
+# more than 2 cores, and the cpu backend's oneDNN convolutions sum dL/dw in another order with
+# another thread count (worker/cpu/cpu_dnnl.h): pinned, the two must end bit-identical.
 CONF = """[model]
 name = cnn
 width = 8
@@ -66,13 +79,14 @@ epochs = 0
 max_steps = {steps}
 log_interval = 16
 collective_timeout = 4
+threads = 1
 [snapshot]
 every = 8
 keep = 3
 """
 
 FAULTS = ["kill9_worker", "kill9_agent", "sigstop_worker", "corrupt_newest", "disk_full",
-          "partition"]
+          "partition", "node_loss_disk"]
 ETCD_FAULTS = ["kill9_etcd_leader", "kill9_etcd_follower", "partition_etcd"]
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tools"))
@@ -185,8 +199,10 @@ def snapshot_steps(snap):
 class Job:
     """Two agents of one c10d job; restarts an agent that died, as a supervisor would."""
 
-    def __init__(self, ddprun, conf, snap, workdir, netns=None, warm_spares="0", etcd=None):
+    def __init__(self, ddprun, conf, snap, workdir, netns=None, warm_spares="0", etcd=None,
+                 memory="1"):
         self.ddprun, self.conf, self.snap, self.workdir = ddprun, conf, snap, workdir
+        self.memory = memory
         self.warm_spares = warm_spares
         self.netns = netns
         self.etcd = etcd  # an EtcdCluster: the agents rendezvous there, not on node 0's store
@@ -216,7 +232,9 @@ class Job:
         self.agents[node] = subprocess.Popen(
             prefix + [self.ddprun, "--nnodes", "2", "--nproc-per-node", "2"] + rdzv +
             ["--rdzv-id", "chaos", "--max-restarts", "1000", "--hang-timeout", "20",
-             "--warm-spares", str(self.warm_spares), self.conf, f"snapshot.dir={self.snap}"],
+             "--warm-spares", str(self.warm_spares), self.conf, f"snapshot.dir={self.snap}",
+             f"snapshot.every_memory={self.memory}",
+             f"train.metrics_file={self.workdir}/metrics-node{node}.{self.starts[node] - 1}.jsonl"],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True)
         log.close()
 
@@ -310,6 +328,25 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
         except OSError:
             return None
         return f"snapshot step {steps[-1]}"
+    if kind == "node_loss_disk":
+        node = rng.randrange(2) if job.etcd else 1
+        a = job.agents[node]
+        steps = snapshot_steps(snap)
+        last = int(re.search(r"^max_steps = (\d+)$", open(conf).read(), re.M).group(1))
+        if a.poll() is not None or (steps and steps[-1] >= last):  # ended: nothing to resume
+            return None
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait()
+        job.exits.append((node, -9))
+        for name in os.listdir(snap):
+            if name.startswith("snapshot-") or name == "latest":
+                try:
+                    os.unlink(os.path.join(snap, name))
+                except OSError:
+                    pass
+        time.sleep(0.3)
+        job.start(node)
+        return f"node {node}: agent, workers and every snapshot file"
     if kind == "partition":
         if not job.netns:
             return None
@@ -354,6 +391,36 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
     raise ValueError(kind)
 
 
+def steps_lost(workdir, faults):
+    """Every resume the workers reported ("resume" metrics events of every rank 0 of every
+    attempt), in time order, with the fault injected last before it (None: none yet)."""
+    resumes = []
+    for name in sorted(os.listdir(workdir)):
+        if not (name.startswith("metrics-node") and name.endswith(".jsonl")):
+            continue
+        for line in open(os.path.join(workdir, name), errors="replace"):
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if e.get("event") == "resume":
+                wall = datetime.datetime.strptime(e["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+                before = [f for f in faults if f["wall"] <= wall]
+                resumes.append({"wall": wall, "step": e["step"], "source": e["source"],
+                                "steps_lost": e["steps_lost"],
+                                "fault": before[-1]["fault"] if before else None})
+    return sorted(resumes, key=lambda r: r["wall"])
+
+
+def lost_by_fault(resumes):
+    """{fault: [steps lost by each restart it was charged with]} (-1: not known)."""
+    out = {}
+    for r in resumes:
+        out.setdefault(r["fault"] or "none", []).append(r["steps_lost"])
+    return out
+
+
 def listening_ports():
     r = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True)
     return set(re.findall(r":(\d+)\s", r.stdout)) if r.returncode == 0 else set()
@@ -363,7 +430,8 @@ def replay_command(args, seed, steps):
     """The command that runs the same faults in the same order (timings differ with the load)."""
     return (f"tests/chaos/run.py --duration {args.duration:g} --seed {seed} --steps {steps} "
             f"--rdzv-backend {args.rdzv_backend} --warm-spares {args.warm_spares}"
-            + (" --no-netns" if args.no_netns else "") + " --keep")
+            + (" --no-netns" if args.no_netns else "")
+            + (" --memory-snapshots 0" if args.memory_snapshots == "0" else "") + " --keep")
 
 
 def main():
@@ -379,6 +447,8 @@ def main():
                    help="ddprun --warm-spares (1: worker faults hit spares too; auto: as ddprun)")
     p.add_argument("--rdzv-backend", choices=("c10d", "etcd"), default="c10d",
                    help="etcd: a 3-member etcd, with faults of its own")
+    p.add_argument("--memory-snapshots", choices=("0", "1"), default="1",
+                   help="snapshot.every_memory (0: restarts resume from the disk alone)")
     args = p.parse_args()
     faults_of_backend = FAULTS + (ETCD_FAULTS if args.rdzv_backend == "etcd" else [])
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -432,7 +502,7 @@ def main():
                 netns.destroy()
             raise
     t0 = time.monotonic()
-    job = Job(ddprun, conf, snap, workdir, netns, args.warm_spares, etcd)
+    job = Job(ddprun, conf, snap, workdir, netns, args.warm_spares, etcd, args.memory_snapshots)
     ok = False
     try:
         next_fault = t0 + rng.uniform(2, 5)
@@ -446,7 +516,8 @@ def main():
                 kind = rng.choice(faults_of_backend)
                 what = inject(kind, job, conf, snap, has_tmpfs, rng, print)
                 if what:
-                    faults.append({"t": round(now - t0, 2), "fault": kind, "target": what})
+                    faults.append({"t": round(now - t0, 2), "wall": time.time(), "fault": kind,
+                                   "target": what})
                     print(f"chaos: {now - t0:7.1f}s {kind}: {what}", flush=True)
                 next_fault = time.monotonic() + rng.uniform(2, 6)
             time.sleep(0.05)
@@ -475,6 +546,10 @@ def main():
         problems.append(f"orphan workers: {orphans}")
         for pid in orphans:
             os.kill(pid, signal.SIGKILL)
+    resumes = steps_lost(workdir, faults)
+    too_many = [r for r in resumes if r["source"] in ("memory", "peer") and r["steps_lost"] > 1]
+    if args.memory_snapshots == "1" and too_many:
+        problems.append(f"resumes from memory that lost more than a step: {too_many}")
     leaked = listening_ports() - ports_before
     if str(job.port) in leaked:
         problems.append(f"the store's port {job.port} is still listening")
@@ -486,11 +561,17 @@ def main():
         "lost_s": round(elapsed - t_ref, 2),
         "lost_per_fault_s": round((elapsed - t_ref) / len(faults), 2) if faults else 0,
         "bit_identical": got is not None and got == want, "problems": problems,
+        "memory_snapshots": args.memory_snapshots, "resumes": resumes,
+        "steps_lost_by_fault": lost_by_fault(resumes),
     }
     by_kind = {k: sum(f["fault"] == k for f in faults) for k in faults_of_backend}
     print(f"chaos: {len(faults)} faults {by_kind}, {len(job.exits)} agent restarts, "
           f"{elapsed:.1f} s against {t_ref:.1f} s uninterrupted "
           f"({report['lost_per_fault_s']} s lost per fault)", flush=True)
+    print(f"chaos: steps lost per restart, by the fault before it: "
+          f"{report['steps_lost_by_fault']}; sources "
+          f"{ {k: sum(r['source'] == k for r in resumes) for k in ('memory', 'peer', 'disk')} }",
+          flush=True)
     if args.report:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)

@@ -46,6 +46,8 @@ threads = 1
 [snapshot]
 every = 16
 keep = 1000
+# the test copies the snapshot resumed from: a disk one (memory ones go with their agent)
+every_memory = 0
 """
 
 

@@ -246,6 +246,8 @@ best_by = val_loss
 [snapshot]
 every = 7
 keep = 2
+# the disk path: a best newer than the newest snapshot (memory snapshots would have it)
+every_memory = 0
 """
 
 

@@ -1,4 +1,4 @@
-/* libFuzzer harness over the decoding of etcd's answers (launcher/etcd_answer): what any member
+/* libFuzzer harness over the decoding of etcd's answers (launcher/etcd/etcd_answer): what any member
  * of the cluster, or whatever answers on its address, sends back. The first byte picks the path:
  * a range answer (each key-value, the header's revision) or a watch stream fed in pieces whose
  * size the second byte sets. Checks that decoding never crashes or reads past the input, that
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "etcd_answer.h"
+#include "etcd/etcd_answer.h"
 
 typedef struct {
     size_t events;

@@ -1,4 +1,4 @@
-/* libFuzzer harness over the rendezvous' record parsers (launcher/rdzv_record): the bytes another
+/* libFuzzer harness over the rendezvous' record parsers (launcher/rdzv/rdzv_record): the bytes another
  * agent, or anyone who reaches the store, may leave under r<R>/node/<i> and r<R>/restart. Checks
  * that parsing never crashes or reads past the input, and that whatever parses also formats and
  * parses back to the same values. The first byte picks the parser. */
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdzv_record.h"
+#include "rdzv/rdzv_record.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -2,10 +2,12 @@
 # Everything that needs a GPU, in one call of a GPU machine (a fresh Ubuntu with CUDA, cuDNN, NCCL
 # and PyTorch; the rest carried by deploy/gpu_deps.sh --with-data as .deps/root):
 #   tests/gpu/run.sh [build] [unit] [smoke] [e2e] [bench] [profile] [bench-compile] [startup]
+#                    [memsnap]
 #   (default: build unit smoke e2e bench startup; stages run in this order)
 # Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (bench_gpu_train.py arguments; default: the GPU issue's
 # rows in bf16 and fp16, RESULT lines), PROFILE_PRECISIONS
-# ("fp32 bf16"), PROFILE_TOP (lines shown), STARTUP_REPEATS. The carried folder: run it with
+# ("fp32 bf16"), PROFILE_TOP (lines shown), STARTUP_REPEATS, MEMSNAP_ARGS (bench_memory_snapshot.py
+# arguments; default ResNet-18 and ResNet-50 in bf16, 2 on/off rounds). The carried folder: run it with
 # carry [".deps/root"]. Logs and JSON results go to $OUT (else gpu-out/); a summary is printed last.
 # Exit status: 0 only when every stage that ran passed; a failed stage does not stop the later ones
 # (except build, which they all need), and the summary says which failed.
@@ -39,7 +41,7 @@ finish() {
 }
 for s in "${stages[@]}"; do
     case "$s" in
-        build | unit | smoke | e2e | bench | profile | bench-compile | startup | fail-*) ;;
+        build | unit | smoke | e2e | bench | profile | bench-compile | startup | memsnap | fail-*) ;;
         *) echo "tests/gpu/run.sh: unknown stage '$s'" >&2; exit 2 ;;
     esac
 done
@@ -80,9 +82,9 @@ if has build; then
 fi
 
 if has unit; then
-    # the CUDA unit tests (tests/unit/CMakeLists.txt: test_backend_cuda, test_cuda_fused with the
-    # fused kernels' host emulation; NCCL has none of its own); any test that skipped (no GPU
-    # visible) counts as a failure here
+    # the CUDA unit tests (tests/gpu/CMakeLists.txt: test_backend_cuda; tests/unit/CMakeLists.txt:
+    # test_cuda_fused with the fused kernels' host emulation; NCCL has none of its own); any test
+    # that skipped (no GPU visible) counts as a failure here
     cuda_tests='^(test_backend_cuda|test_cuda_fused|test_cuda_bn_act_emulated)$'
     (cd "$build" && CRITERION_VERBOSITY_LEVEL=1 ctest -R "$cuda_tests" --no-tests=error \
         --output-on-failure -V) >"$out/unit.log" 2>&1
@@ -106,7 +108,7 @@ if has smoke; then
 fi
 
 if has e2e; then
-    python3 -m pytest -q -rA --durations=0 tests/e2e/test_gpu.py \
+    python3 -m pytest -q -rA --durations=0 tests/gpu/test_gpu.py \
         tests/interop/test_torch_loss_scale.py >"$out/e2e.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ] && ! tail -1 "$out/e2e.log" | grep -qE '[0-9]+ passed'; then
@@ -145,6 +147,18 @@ if has bench-compile; then
     stage_rc bench-compile $rc
     note "bench-compile: rc $rc"
     tail -6 "$out/bench_compile.log"
+fi
+
+if has memsnap; then
+    # memory snapshots every step on the GPU (side-stream copy) against none, and kill -9 to the
+    # resumed step from memory against the disk path (docs/reliability.md)
+    PYTHONUNBUFFERED=1 python3 tests/bench/bench_memory_snapshot.py --backend cuda --ranks 1 \
+        ${MEMSNAP_ARGS:---precision bf16 --rounds 2} --json "$out/bench_memsnap.json" \
+        >"$out/memsnap.log" 2>&1
+    rc=$?
+    stage_rc memsnap $rc
+    note "memsnap: rc $rc"
+    tail -10 "$out/memsnap.log"
 fi
 
 if has startup; then

@@ -1,4 +1,4 @@
-"""ddpworker's Adam and AdamW (optim.name, worker/adam.h on the CPU backend) against Debian's
+"""ddpworker's Adam and AdamW (optim.name, worker/nn/adam.h on the CPU backend) against Debian's
 torch.optim.Adam / AdamW (torch 1.13): a few steps on a small model from the same weights and
 batch. At every step the model's gradients must agree with PyTorch's (the model is the same), and
 torch.optim, given ddpworker's gradient, must produce ddpworker's parameters to fp32 precision:

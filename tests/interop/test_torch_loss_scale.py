@@ -1,4 +1,4 @@
-"""ddpworker's dynamic loss-scale rule (worker/loss_scale.h, through tests/tools/loss_scale_probe)
+"""ddpworker's dynamic loss-scale rule (worker/nn/loss_scale.h, through tests/tools/loss_scale_probe)
 against PyTorch's own, torch._amp_update_scale_ (what GradScaler.update calls), on the same
 sequences of overflowed and clean steps: the scale and the growth tracker after every step, bit for
 bit. Needs a torch with that op on the CPU (recent ones) or a GPU: Debian's 1.13 has it only for

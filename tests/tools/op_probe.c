@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An fp32 tensor as the ops take it (backend.h); the ops take sizes from their own arguments. */
+#define T(p) tensor_f32((p), 0)
+
 #include "backend.h"
 
 static const char *dir;
@@ -74,8 +77,8 @@ int main(int argc, char **argv) {
         size_t ny = (size_t)s.n * s.oh * s.ow * s.k;
         float *x = load("x", nx), *w = load("w", nw), *dy = load("dy", ny);
         float *y = zeros(ny), *dx = zeros(nx), *dw = zeros(nw);
-        o->conv2d_forward(b, &s, x, w, y);
-        o->conv2d_backward(b, &s, x, w, dy, dx, dw);
+        o->conv2d_forward(b, &s, T(x), w, T(y));
+        o->conv2d_backward(b, &s, T(x), w, T(dy), T(dx), dw);
         save("y", y, ny);
         save("dx", dx, nx);
         save("dw", dw, nw);
@@ -96,11 +99,11 @@ int main(int argc, char **argv) {
         float *x = load("x", nx), *dy = load("dy", ny), *y = zeros(ny), *dx = zeros(nx);
         int32_t *argmax = own(calloc(ny ? ny : 1, sizeof(int32_t)));
         if (is_max) {
-            o->maxpool_forward(b, &s, x, y, argmax);
-            o->maxpool_backward(b, &s, argmax, dy, dx);
+            o->maxpool_forward(b, &s, T(x), T(y), argmax);
+            o->maxpool_backward(b, &s, argmax, T(dy), T(dx));
         } else {
-            o->avgpool_adaptive_forward(b, &s, x, y);
-            o->avgpool_adaptive_backward(b, &s, dy, dx);
+            o->avgpool_adaptive_forward(b, &s, T(x), T(y));
+            o->avgpool_adaptive_backward(b, &s, T(dy), T(dx));
         }
         save("y", y, ny);
         save("dx", dx, nx);
@@ -109,8 +112,8 @@ int main(int argc, char **argv) {
         float p = strtof(argv[3], NULL);
         uint64_t key = strtoull(argv[4], NULL, 10);
         float *x = load("x", n), *dy = load("dy", n), *y = zeros(n), *dx = zeros(n);
-        o->dropout_forward(b, x, y, n, p, key);
-        o->dropout_backward(b, dy, dx, n, p, key);
+        o->dropout_forward(b, T(x), T(y), n, p, key);
+        o->dropout_backward(b, T(dy), T(dx), n, p, key);
         save("y", y, n);
         save("dx", dx, n);
     } else if (!strcmp(op, "linear") && argc == 6) {
@@ -118,8 +121,8 @@ int main(int argc, char **argv) {
         size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
         float *x = load("x", nx), *w = load("w", nw), *bias = load("b", (size_t)out), *dy = load("dy", ny);
         float *y = zeros(ny), *dx = zeros(nx), *dw = zeros(nw), *db = zeros((size_t)out);
-        o->linear_forward(b, n, in, out, x, w, bias, y);
-        o->linear_backward(b, n, in, out, x, w, dy, dx, dw, db);
+        o->linear_forward(b, n, in, out, T(x), w, bias, T(y));
+        o->linear_backward(b, n, in, out, T(x), w, T(dy), T(dx), dw, db);
         save("y", y, ny);
         save("dx", dx, nx);
         save("dw", dw, nw);
@@ -135,9 +138,9 @@ int main(int argc, char **argv) {
         float *y = zeros(n), *dx = zeros(n), *dres = zeros(n), *dgamma = zeros((size_t)c);
         float *dbeta = zeros((size_t)c), *save_ = zeros(2 * (size_t)c), *run = zeros(2 * (size_t)c);
         for (int j = 0; j < c; j++) run[c + j] = 1.0f;
-        o->bn_act_forward_train(b, rows, c, x, gamma, beta, res, flags, y, save_, save_ + c, run, run + c,
+        o->bn_act_forward_train(b, rows, c, T(x), gamma, beta, T(res), flags, T(y), save_, save_ + c, run, run + c,
                                 0.1f, 1e-5f);
-        o->bn_act_backward(b, rows, c, x, gamma, save_, save_ + c, y, dy, flags, dx, has_res ? dres : NULL,
+        o->bn_act_backward(b, rows, c, T(x), gamma, save_, save_ + c, T(y), T(dy), flags, T(dx), T(has_res ? dres : NULL),
                            dgamma, dbeta);
         save("y", y, n);
         save("dx", dx, n);

@@ -1,4 +1,4 @@
-/* optim_probe: a few steps of one optimizer (worker/optimizer.c on the CPU backend) on one model
+/* optim_probe: a few steps of one optimizer (worker/optim/optimizer.c on the CPU backend) on one model
  * and batch, every gradient and every step's parameters written out, so that a test can replay
  * the same steps with torch.optim (tests/interop/test_torch_adam.py).
  *   optim_probe OPTIM NAME WIDTH H W C CLASSES BATCH SEED STEPS LR BETAS EPS WEIGHT_DECAY OUTDIR

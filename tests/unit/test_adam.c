@@ -1,4 +1,4 @@
-/* adam (worker/adam.h) through the cpu backend's adam_step, against a textbook Adam/AdamW written
+/* adam (worker/nn/adam.h) through the cpu backend's adam_step, against a textbook Adam/AdamW written
  * out in double (m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t), p -= lr m_hat /
  * (sqrt(v_hat) + eps)) over several steps with weight decay both ways, plus what the reference
  * cannot show: the first step is lr * sign(g), a power-of-two loss scale and grad_scale unscale

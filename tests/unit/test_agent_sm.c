@@ -1,4 +1,4 @@
-/* Unit tests of launcher/agent_sm: the agent's rounds driven by events alone, no processes, no
+/* Unit tests of launcher/agent/agent_sm: the agent's rounds driven by events alone, no processes, no
  * store. One node and several: success, restarts within the budget and past it, permanent exit
  * codes, membership changes, a lost node's refund, heartbeats, signals while joining, running,
  * reporting and in the exit barrier, start failures, spares. Each test checks the actions and
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "agent_sm.h"
+#include "agent/agent_sm.h"
 #include "exit_codes.h"
 
 static agent_sm_t sm;

@@ -18,7 +18,7 @@
 
 #include "comm.h"
 #include "ddp_error.h"
-#include "store_server.h"
+#include "store/store_server.h"
 
 #define MAX_WORLD 4
 

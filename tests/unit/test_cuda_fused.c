@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -18,6 +19,28 @@
 #ifdef DDP_TEST_HAVE_CUDA
 #include "backend_cuda.h"
 #endif
+
+/* A tensor as the ops take it (backend.h): narrow where the backend under test keeps narrow
+ * activations (the arenas given to mark_arenas, registered by narrow_arenas), else fp32, as the
+ * model describes its own tensors; the ops take sizes from their own arguments. */
+static backend_t *narrow_b;
+static const float *narrow_arena[2];
+static size_t narrow_n;
+
+static inline void narrow_arenas(backend_t *b, const float *acts, const float *dacts, size_t n) {
+    narrow_b = b;
+    narrow_arena[0] = acts;
+    narrow_arena[1] = dacts;
+    narrow_n = n;
+}
+
+static inline tensor_desc_t TD(backend_t *b, const void *p) {
+    dtype_t t = DTYPE_F32;
+    for (int i = 0; i < 2 && p && b == narrow_b && b->mem->activation_dtype; i++)
+        if ((const float *)p >= narrow_arena[i] && (const float *)p < narrow_arena[i] + narrow_n)
+            t = b->mem->activation_dtype(b);
+    return tensor_desc(p, t, 0, 0, 0, 0);
+}
 
 static uint64_t seed = 2026;
 
@@ -50,7 +73,7 @@ Test(cuda_fused_math, value_gives_the_cpu_reference_bits) {
     for (int combo = 0; combo < 4; combo++) {
         bool has_res = combo & 1, has_relu = combo & 2;
         unsigned flags = has_relu ? BN_ACT_RELU : 0;
-        b->ops->bn_act_forward_train(b, rows, c, x, gamma, beta, has_res ? res : NULL, flags, y, save,
+        b->ops->bn_act_forward_train(b, rows, c, TD(b, x), gamma, beta, TD(b, has_res ? res : NULL), flags, TD(b, y), save,
                                      save + c, run, run + c, 0.1f, 1e-5f);
         for (size_t i = 0; i < n; i++) {
             int ch = (int)(i % (size_t)c);
@@ -59,7 +82,7 @@ Test(cuda_fused_math, value_gives_the_cpu_reference_bits) {
             cr_assert(memcmp(&want, &y[i], sizeof want) == 0, "combo %d value %zu: %.9g vs cpu %.9g", combo, i,
                       want, y[i]);
         }
-        b->ops->bn_act_forward_eval(b, rows, c, x, gamma, beta, has_res ? res : NULL, flags, y, run, run + c,
+        b->ops->bn_act_forward_eval(b, rows, c, TD(b, x), gamma, beta, TD(b, has_res ? res : NULL), flags, TD(b, y), run, run + c,
                                     1e-5f);
         for (size_t i = 0; i < n; i++) {
             int ch = (int)(i % (size_t)c);
@@ -89,7 +112,7 @@ Test(cuda_fused_math, one_pass_statistics_match_the_cpu_two_passes) {
     float *y = malloc(n * sizeof *y), save[6], run[6] = {0.5f, 0.5f, 0.5f, 2, 2, 2};
     float mine_run[6];
     memcpy(mine_run, run, sizeof run);
-    b->ops->bn_act_forward_train(b, rows, c, x, gamma, beta, NULL, 0, y, save, save + c, run, run + c, 0.1f,
+    b->ops->bn_act_forward_train(b, rows, c, TD(b, x), gamma, beta, TD(b, NULL), 0, TD(b, y), save, save + c, run, run + c, 0.1f,
                                  1e-5f);
     enum { BLOCKS = 37 }; /* rows r go to block r % BLOCKS, as the kernels' grid-stride does */
     for (int ch = 0; ch < c; ch++) {
@@ -126,9 +149,9 @@ Test(cuda_fused_math, coefficients_give_the_cpu_backward_bits) {
     float *y = malloc(n * sizeof *y), *dx = malloc(n * sizeof *dx), *dres = malloc(n * sizeof *dres);
     float save[12], run[12] = {0}, dgamma[6] = {0}, dbeta[6] = {0};
     unsigned flags = BN_ACT_RELU | BN_ACT_WRITE_DX | BN_ACT_WRITE_DRESIDUAL;
-    b->ops->bn_act_forward_train(b, rows, c, x, gamma, beta, res, flags, y, save, save + c, run, run + c, 0.1f,
+    b->ops->bn_act_forward_train(b, rows, c, TD(b, x), gamma, beta, TD(b, res), flags, TD(b, y), save, save + c, run, run + c, 0.1f,
                                  1e-5f);
-    b->ops->bn_act_backward(b, rows, c, x, gamma, save, save + c, y, dy, flags, dx, dres, dgamma, dbeta);
+    b->ops->bn_act_backward(b, rows, c, TD(b, x), gamma, save, save + c, TD(b, y), TD(b, dy), flags, TD(b, dx), TD(b, dres), dgamma, dbeta);
     int masked = 0;
     for (int ch = 0; ch < c; ch++) {
         double sum_dz = 0, sum_dz_xhat = 0;
@@ -196,6 +219,7 @@ static gpu_side_t gpu_make(unsigned flag, size_t n_params) {
     g.dacts = g.b->mem->alloc(g.b, n * sizeof(float));
     g.params = g.b->mem->alloc(g.b, n_params * sizeof(float));
     cr_assert_eq(g.b->mem->mark_arenas(g.b, g.params, n_params, g.acts, g.dacts, n), 0);
+    narrow_arenas(g.b, g.acts, g.dacts, n);
     return g;
 }
 
@@ -264,12 +288,12 @@ static void act_case(unsigned flag, size_t rows, int c, unsigned flags, bool has
         memcpy(run, run0, 2 * c * 4);
         memcpy(dgm, dg0, c * 4);
         memcpy(dbt, dg0, c * 4);
-        cb->ops->bn_act_forward_train(cb, rows, c, x, gamma, beta, has_res ? res : NULL, flags, y, save, save + c,
+        cb->ops->bn_act_forward_train(cb, rows, c, TD(cb, x), gamma, beta, TD(cb, has_res ? res : NULL), flags, TD(cb, y), save, save + c,
                                       run, run + c, 0.1f, 1e-5f);
         for (size_t i = 0; i < n; i++) y[i] = round_to(flag, y[i]); /* what the narrow backward sees */
-        cb->ops->bn_act_backward(cb, rows, c, x, gamma, save, save + c, y, dy, flags, dx, has_res ? dr : NULL, dgm,
+        cb->ops->bn_act_backward(cb, rows, c, TD(cb, x), gamma, save, save + c, TD(cb, y), TD(cb, dy), flags, TD(cb, dx), TD(cb, has_res ? dr : NULL), dgm,
                                  dbt);
-        cb->ops->bn_act_forward_eval(cb, rows, c, x, gamma, beta, has_res ? res : NULL, flags, ye, run, run + c,
+        cb->ops->bn_act_forward_eval(cb, rows, c, TD(cb, x), gamma, beta, TD(cb, has_res ? res : NULL), flags, TD(cb, ye), run, run + c,
                                      1e-5f);
         float *got[K] = {y, dx, dr, run, save, dgm, dbt, ye};
         memcpy(out[0], got, sizeof got);
@@ -285,11 +309,11 @@ static void act_case(unsigned flag, size_t rows, int c, unsigned flags, bool has
     float *gamma_ = gpu_param(&g, gamma, (size_t)c), *beta_ = gpu_param(&g, beta, (size_t)c);
     float *run_ = gpu_param(&g, run0, 2 * (size_t)c), *save_ = gpu_param(&g, run0, 2 * (size_t)c);
     float *dgm_ = gpu_param(&g, dg0, (size_t)c), *dbt_ = gpu_param(&g, dg0, (size_t)c);
-    b->ops->bn_act_forward_train(b, rows, c, x_, gamma_, beta_, has_res ? res_ : NULL, flags, y_, save_, save_ + c,
+    b->ops->bn_act_forward_train(b, rows, c, TD(b, x_), gamma_, beta_, TD(b, has_res ? res_ : NULL), flags, TD(b, y_), save_, save_ + c,
                                  run_, run_ + c, 0.1f, 1e-5f);
-    b->ops->bn_act_backward(b, rows, c, x_, gamma_, save_, save_ + c, y_, dy_, flags, dx_, has_res ? dr_ : NULL,
+    b->ops->bn_act_backward(b, rows, c, TD(b, x_), gamma_, save_, save_ + c, TD(b, y_), TD(b, dy_), flags, TD(b, dx_), TD(b, has_res ? dr_ : NULL),
                             dgm_, dbt_);
-    b->ops->bn_act_forward_eval(b, rows, c, x_, gamma_, beta_, has_res ? res_ : NULL, flags, ye_, run_, run_ + c,
+    b->ops->bn_act_forward_eval(b, rows, c, TD(b, x_), gamma_, beta_, TD(b, has_res ? res_ : NULL), flags, TD(b, ye_), run_, run_ + c,
                                 1e-5f);
     const float *dev[K] = {y_, dx_, dr_, run_, save_, dgm_, dbt_, ye_};
     for (int k = 0; k < K; k++) out[1][k] = gpu_get(&g, dev[k], sizes[k]);
@@ -353,14 +377,14 @@ static void conv_written_case(unsigned flag) {
     backend_t *cb = cpu_backend();
     float *want = malloc(nx * 4), *dwc = calloc(nw, 4);
     memcpy(want, nan, nx * 4);
-    cb->ops->conv2d_backward(cb, &s, x, w, dy, want, dwc);
+    cb->ops->conv2d_backward(cb, &s, TD(cb, x), w, TD(cb, dy), TD(cb, want), dwc);
     cb->mem->destroy(cb);
     gpu_side_t g = gpu_make(flag, nw); /* the filter is the parameter arena */
     float *x_ = gpu_put(&g, 0, x, nx, 0), *dy_ = gpu_put(&g, 1, dy, nx, 0), *dx_ = gpu_put(&g, 1, nan, nx, 0);
     float *dw_ = gpu_param(&g, dw0, nw);
     g.b->mem->to_device(g.b, g.params, w, nw * 4);
     g.b->mem->prepare_forward(g.b); /* a narrow backend reads filters from its copy of the arena */
-    g.b->ops->conv2d_backward(g.b, &s, x_, g.params, dy_, dx_, dw_);
+    g.b->ops->conv2d_backward(g.b, &s, TD(g.b, x_), g.params, TD(g.b, dy_), TD(g.b, dx_), dw_);
     float *got = gpu_get(&g, dx_, nx);
     g.b->mem->destroy(g.b);
     close_to(want, got, nx, flag ? 1e-2 : 1e-4, "written conv dx");
@@ -435,6 +459,211 @@ Test(cuda_fused, recorded_steps_give_the_eager_bits) {
     SKIP_WITHOUT_GPU();
     graphs_case(0);
     graphs_case(BACKEND_CUDA_BF16);
+}
+
+/* Two runs of the same steps give the same bits (what the GPU kill -9 test asks of a run resumed
+ * from a snapshot against an uninterrupted one): ResNet-18 with the ImageNet stem (its 3x3/2 max
+ * pool's windows overlap: the backward gathers instead of adding with atomics), 3 SGD steps at
+ * batch 32, both runs with the same convolution algorithms (one cache file: the first run's timed
+ * search, the second reads it), which cuda_conv.cu now chooses among deterministic ones only
+ * (without DDP_CUDA_NONDETERMINISTIC=1). With atomics (the old max-pool backward, or cuDNN's
+ * backward-filter ALGO_0 / ALGO_3) the parameters differ in their last bits. */
+static void repeat_case(unsigned flag) {
+    enum { N = 32, SIDE = 32, STEPS = 3 };
+    size_t n_in = (size_t)N * SIDE * SIDE * 3;
+    float *x = random_values(n_in, 2.0f, 0.0f);
+    int32_t labels[N];
+    for (int i = 0; i < N; i++) labels[i] = i % 10;
+    float *params[2];
+    size_t n_params = 0;
+    char cache[] = "/tmp/test_cuda_fused_repeat_XXXXXX";
+    int fd = mkstemp(cache);
+    cr_assert(fd >= 0);
+    close(fd);
+    unsetenv("DDP_CUDA_GRAPHS");
+    unsetenv("DDP_CUDA_NONDETERMINISTIC");
+    for (int run = 0; run < 2; run++) {
+        char err[256];
+        backend_t *b = backend_cuda_create(0, flag, cache, err, sizeof err);
+        cr_assert_not_null(b, "%s", err);
+        model_t m;
+        model_opts_t o = model_opts_default("resnet18", 16);
+        o.stem = MODEL_STEM_IMAGENET;
+        cr_assert_eq(model_init_opts(&m, b, &o, SIDE, SIDE, 3, 10, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_params(&m, 11), 0);
+        b->mem->to_device(b, model_input(&m), x, n_in * sizeof(float));
+        b->mem->to_device(b, m.labels, labels, sizeof labels);
+        for (int s = 0; s < STEPS; s++) {
+            model_forward(&m, N, true);
+            model_loss(&m, N, 0.0f, 1.0f, NULL);
+            model_backward(&m, N, NULL, NULL);
+            b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.05f, 0.9f, 5e-4f, false, 1.0f, NULL);
+        }
+        n_params = m.n_params;
+        params[run] = malloc(n_params * sizeof(float));
+        b->mem->to_host(b, params[run], m.params, n_params * sizeof(float));
+        model_free(&m);
+        b->mem->destroy(b);
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < n_params; i++) differ += memcmp(&params[0][i], &params[1][i], sizeof(float)) != 0;
+    cr_assert_eq(differ, 0, "precision %u: %zu of %zu parameters differ between two runs", flag, differ, n_params);
+    free(params[0]), free(params[1]), free(x);
+    unlink(cache);
+}
+
+Test(cuda_fused, two_runs_give_the_same_bits, .timeout = 120) {
+    SKIP_WITHOUT_GPU();
+    repeat_case(0);
+    repeat_case(BACKEND_CUDA_BF16);
+    repeat_case(BACKEND_CUDA_FP16);
+}
+
+/* cuDNN's ConvBNfprop fusion (conv2d_bn_forward, fp16 with DDP_CUDA_CONV_FUSION=1): y = the
+ * convolution of relu(x * scale + bias) and y's per-channel sum and sum of squares, against the cpu
+ * backend's convolution of the same input made on the host (fp16 values, as cuDNN's fp16
+ * intermediates), with sums in double. ResNet's shapes: 3x3 stride 1 and 2, 1x1 expansion. Also
+ * prints the fused op's time against the plain convolution's (20 runs each), for the GPU session
+ * to decide where it pays. A shape cuDNN refuses fails the test (its reason is on stderr). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fusion_case(int n, int side, int c, int k, int size, int stride) {
+    int pad = size / 2, o = (side + 2 * pad - size) / stride + 1;
+    conv_shape_t s = {.n = n, .h = side, .w = side, .c = c, .k = k, .r = size, .s = size, .stride = stride,
+                      .pad = pad, .oh = o, .ow = o};
+    unsigned flag = BACKEND_CUDA_FP16;
+    size_t nx = (size_t)n * side * side * c, nw = (size_t)k * size * size * c, ny = (size_t)n * o * o * k;
+    float *x = random_values(nx, 2.0f, 0.0f), *w = random_values(nw, 0.2f, 0.0f);
+    float *scale = random_values((size_t)c, 0.5f, 1.0f), *bias = random_values((size_t)c, 0.5f, 0.0f);
+    for (size_t i = 0; i < nx; i++) x[i] = round_to(flag, x[i]);
+    for (size_t i = 0; i < nw; i++) w[i] = round_to(flag, w[i]);
+    for (int i = 0; i < c; i++) scale[i] = round_to(flag, scale[i]), bias[i] = round_to(flag, bias[i]);
+    float *xs = malloc(nx * 4), *want = malloc(ny * 4);
+    for (size_t i = 0; i < nx; i++) {
+        float v = round_to(flag, round_to(flag, x[i] * scale[i % (size_t)c]) + bias[i % (size_t)c]);
+        xs[i] = v > 0.0f ? v : 0.0f;
+    }
+    backend_t *cb = cpu_backend();
+    cb->ops->conv2d_forward(cb, &s, TD(cb, xs), w, TD(cb, want));
+    cb->mem->destroy(cb);
+    float *want_sums = calloc(2 * (size_t)k, 4);
+    for (int ch = 0; ch < k; ch++) {
+        double s1 = 0, s2 = 0;
+        for (size_t r = 0; r < ny / (size_t)k; r++) {
+            double v = round_to(flag, want[r * (size_t)k + (size_t)ch]);
+            s1 += v, s2 += v * v;
+        }
+        want_sums[ch] = (float)s1, want_sums[k + ch] = (float)s2;
+    }
+    setenv("DDP_CUDA_CONV_FUSION", "1", 1);
+    gpu_side_t g = gpu_make(flag, nw);
+    unsetenv("DDP_CUDA_CONV_FUSION");
+    cr_assert_not_null(g.b->ops->conv2d_bn_forward);
+    float *ynan = malloc(ny * 4);
+    for (size_t i = 0; i < ny; i++) ynan[i] = NAN; /* y too: written, or the comparison shows it */
+    float *x_ = gpu_put(&g, 0, x, nx, 0), *y_ = gpu_put(&g, 0, ynan, ny, 0);
+    free(ynan);
+    float *sc_ = gpu_param(&g, scale, (size_t)c), *bi_ = gpu_param(&g, bias, (size_t)c);
+    float *nan = malloc(2 * (size_t)k * 4);
+    for (int i = 0; i < 2 * k; i++) nan[i] = NAN; /* written by the op, or the comparison shows it */
+    float *sums_ = gpu_param(&g, nan, 2 * (size_t)k);
+    free(nan);
+    g.b->mem->to_device(g.b, g.params, w, nw * 4);
+    g.b->mem->prepare_forward(g.b); /* the filter's fp16 copy */
+    int rc = g.b->ops->conv2d_bn_forward(g.b, &s, TD(g.b, x_), sc_, bi_, g.params, TD(g.b, y_), sums_,
+                                         sums_ + k);
+    cr_assert_eq(rc, 0, "cuDNN ran no fusion for %dx%d/%d %d -> %d channels at %d px (stderr says why)", size, size,
+                 stride, c, k, side);
+    float *got = gpu_get(&g, y_, ny), *got_sums = gpu_get(&g, sums_, 2 * (size_t)k);
+    char what[96];
+    snprintf(what, sizeof what, "fused %dx%d/%d conv %d->%d: y", size, size, stride, c, k);
+    close_to(want, got, ny, 1e-2, what);
+    snprintf(what, sizeof what, "fused %dx%d/%d conv %d->%d: sums", size, size, stride, c, k);
+    close_to(want_sums, got_sums, (size_t)k, 2e-2, what);
+    snprintf(what, sizeof what, "fused %dx%d/%d conv %d->%d: sums of squares", size, size, stride, c, k);
+    close_to(want_sums + k, got_sums + k, (size_t)k, 2e-2, what);
+    float one;
+    double t[2];
+    for (int pass = 0; pass < 2; pass++) {
+        double t0 = now_s();
+        for (int i = 0; i < 20; i++) {
+            if (pass) g.b->ops->conv2d_forward(g.b, &s, TD(g.b, x_), g.params, TD(g.b, y_));
+            else g.b->ops->conv2d_bn_forward(g.b, &s, TD(g.b, x_), sc_, bi_, g.params, TD(g.b, y_), sums_, sums_ + k);
+        }
+        g.b->mem->to_host(g.b, &one, sums_, sizeof one);
+        t[pass] = (now_s() - t0) / 20;
+    }
+    printf("conv fusion %dx%d/%d %d->%d, batch %d at %d px: fused %.1f us, the plain convolution alone %.1f us\n",
+           size, size, stride, c, k, n, side, t[0] * 1e6, t[1] * 1e6);
+    g.b->mem->destroy(g.b);
+    free(x), free(w), free(scale), free(bias), free(xs), free(want), free(want_sums), free(got), free(got_sums);
+}
+
+Test(cuda_fused, conv_bn_fusion_in_fp16_matches_cpu, .timeout = 120) {
+    SKIP_WITHOUT_GPU();
+    fusion_case(8, 16, 64, 64, 3, 1);
+    fusion_case(8, 16, 64, 128, 3, 2);
+    fusion_case(8, 16, 64, 256, 1, 1);
+    fusion_case(32, 32, 64, 64, 3, 1); /* a size where the times say something */
+}
+
+/* The model with DDP_CUDA_CONV_FUSION=1 in fp16: its convolutions give their batch norms the
+ * statistics of their outputs from cuDNN's epilogue (conv2d_bn_forward without scale and bias,
+ * then bn_act_forward_train_sums), and three SGD steps of ResNet-18 end close to the same steps
+ * without (fp16's rounding and the sums' other order apart); some convolutions took that path. */
+static void stats_step_case(void) {
+    enum { N = 16, SIDE = 32, STEPS = 3 };
+    size_t n_in = (size_t)N * SIDE * SIDE * 3;
+    float *x = random_values(n_in, 2.0f, 0.0f);
+    int32_t labels[N];
+    for (int i = 0; i < N; i++) labels[i] = i % 10;
+    float *params[2], loss[2][STEPS];
+    size_t n_params = 0;
+    long runs[2];
+    for (int side = 0; side < 2; side++) {
+        if (side) setenv("DDP_CUDA_CONV_FUSION", "1", 1);
+        else unsetenv("DDP_CUDA_CONV_FUSION");
+        char err[256];
+        backend_t *b = backend_cuda_create(0, BACKEND_CUDA_FP16, NULL, err, sizeof err);
+        unsetenv("DDP_CUDA_CONV_FUSION");
+        cr_assert_not_null(b, "%s", err);
+        model_t m;
+        model_opts_t o = model_opts_default("resnet18", 16);
+        o.stem = MODEL_STEM_IMAGENET;
+        cr_assert_eq(model_init_opts(&m, b, &o, SIDE, SIDE, 3, 10, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_params(&m, 13), 0);
+        b->mem->to_device(b, model_input(&m), x, n_in * sizeof(float));
+        b->mem->to_device(b, m.labels, labels, sizeof labels);
+        for (int s = 0; s < STEPS; s++) {
+            model_forward(&m, N, true);
+            model_loss(&m, N, 0.0f, 1.0f, NULL);
+            model_backward(&m, N, NULL, NULL);
+            b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.02f, 0.9f, 0.0f, false, 1.0f, NULL);
+            loss[side][s] = (float)model_take_loss(&m);
+        }
+        runs[side] = m.conv_stats_runs;
+        n_params = m.n_params;
+        params[side] = malloc(n_params * sizeof(float));
+        b->mem->to_host(b, params[side], m.params, n_params * sizeof(float));
+        model_free(&m);
+        b->mem->destroy(b);
+    }
+    cr_assert_eq(runs[0], 0);
+    cr_assert(runs[1] >= 10 * STEPS, "only %ld convolutions gave their statistics (stderr says why)", runs[1]);
+    for (int s = 0; s < STEPS; s++)
+        cr_assert(fabsf(loss[0][s] - loss[1][s]) <= 2e-2f * fabsf(loss[0][s]), "step %d loss: %.6g vs %.6g", s,
+                  loss[0][s], loss[1][s]);
+    close_to(params[0], params[1], n_params, 2e-2, "parameters after 3 steps, statistics from the epilogue");
+    free(params[0]), free(params[1]), free(x);
+}
+
+Test(cuda_fused, conv_statistics_from_the_epilogue_train_as_without, .timeout = 120) {
+    SKIP_WITHOUT_GPU();
+    stats_step_case();
 }
 
 #endif

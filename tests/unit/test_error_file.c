@@ -1,4 +1,4 @@
-/* Unit tests of launcher/error_file: PyTorch's @record error file read back, and anything else a
+/* Unit tests of launcher/workers/error_file: PyTorch's @record error file read back, and anything else a
  * worker may leave there refused without harm. */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error_file.h"
+#include "workers/error_file.h"
 
 static char path[64];
 

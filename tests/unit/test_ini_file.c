@@ -1,4 +1,4 @@
-/* Unit tests of worker/ini_file (train.conf's INI reader) and of train_conf's use of it: every
+/* Unit tests of worker/conf/ini_file (train.conf's INI reader) and of train_conf's use of it: every
  * malformed file is an error naming file and line, never a silent default or raw bytes. */
 #include <criterion/criterion.h>
 #include <stdio.h>

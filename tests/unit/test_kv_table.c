@@ -1,4 +1,4 @@
-/* Unit tests of launcher/kv_table: PyTorch TCPStore semantics (SET GET COMPARE_SET ADD APPEND
+/* Unit tests of launcher/store/kv_table: PyTorch TCPStore semantics (SET GET COMPARE_SET ADD APPEND
  * DELETE CHECK, queues), WAIT registrations and who wakes them, the byte budget, and the hash
  * table under growth and backward-shift deletion (checked against a plain reference model). */
 #include <criterion/criterion.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_table.h"
+#include "store/kv_table.h"
 
 static kv_table_t *t;
 

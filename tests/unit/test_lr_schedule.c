@@ -1,4 +1,4 @@
-/* Unit tests of worker/lr_schedule: scaling, warm-up and every schedule's shape. */
+/* Unit tests of worker/optim/lr_schedule: scaling, warm-up and every schedule's shape. */
 #include <criterion/criterion.h>
 #include <math.h>
 

@@ -1,4 +1,4 @@
-/* optimizer (worker/optimizer.c): train.conf's optim.* reach the right backend op with torch's
+/* optimizer (worker/optim/optimizer.c): train.conf's optim.* reach the right backend op with torch's
  * meaning, the Adam state exists only for adam/adamw, and its step count counts taken steps only
  * and survives a set (what a resume does). */
 #include <criterion/criterion.h>

@@ -1,9 +1,9 @@
-/* Unit tests of launcher/rdzv_record: the rendezvous' JSON records round-trip, and anything else
+/* Unit tests of launcher/rdzv/rdzv_record: the rendezvous' JSON records round-trip, and anything else
  * from the store is refused whole. */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "rdzv_record.h"
+#include "rdzv/rdzv_record.h"
 
 Test(rdzv_record, node_and_why_round_trip) {
     char text[RDZV_RECORD_MAX_BYTES];

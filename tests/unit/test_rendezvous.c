@@ -1,4 +1,4 @@
-/* Unit tests of launcher/rendezvous with the agent's state machine (agent_sm) and liveness judge
+/* Unit tests of launcher/rdzv/rendezvous with the agent's state machine (agent_sm) and liveness judge
  * (liveness): rounds over a real store (the store server on its own loop in a thread, each agent a
  * blocking client, as on the agent's thread pool), the state machine stepped by hand with the
  * results, and a clock of the test's own. The histories are those chaos runs found.
@@ -15,13 +15,13 @@
 #include <string.h>
 #include <uv.h>
 
-#include "agent_sm.h"
+#include "agent/agent_sm.h"
 #include "ddp_error.h"
-#include "liveness.h"
+#include "rdzv/liveness.h"
 #include "log.h"
-#include "rdzv_kv.h"
-#include "rendezvous.h"
-#include "store_server.h"
+#include "rdzv/rdzv_kv.h"
+#include "rdzv/rendezvous.h"
+#include "store/store_server.h"
 
 static void suite_init(void) {
     signal(SIGPIPE, SIG_IGN);

@@ -1,14 +1,14 @@
-/* Unit tests of launcher/store_ops without sockets: frames are encoded and decoded by proto, then
+/* Unit tests of launcher/store/store_ops without sockets: frames are encoded and decoded by proto, then
  * handled; each test checks the result store_server.c would carry out (the reply, the sessions
  * woken, the reason to drop the peer). The same requests over real connections are
  * test_store_server.c's. */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "kv_table.h"
+#include "store/kv_table.h"
 #include "store_auth.h"
 #include "store_limits.h"
-#include "store_ops.h"
+#include "store/store_ops.h"
 #include "store_proto.h"
 
 static kv_table_t *table;

@@ -1,4 +1,4 @@
-/* Unit tests of the store server (launcher/store_server + store_ops) through the blocking client
+/* Unit tests of the store server (launcher/store/store_server + store_ops) through the blocking client
  * (common/store_client) and raw sockets: every operation end to end in both numberings, WAIT
  * wake-up by other connections, timeouts and cancel, interrupt, queues, the auth extension,
  * connect retry, and the per-peer limits (bad frames, slow and silent peers, a full store).
@@ -22,7 +22,7 @@
 #include "ddp_error.h"
 #include "log.h"
 #include "store_client.h"
-#include "store_server.h"
+#include "store/store_server.h"
 
 static void suite_init(void) {
     signal(SIGPIPE, SIG_IGN); /* as `ddprun store` does: a peer that left is an error code */

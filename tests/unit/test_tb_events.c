@@ -1,4 +1,4 @@
-/* Unit tests of worker/tb_events: CRC-32C and its TFRecord mask against known values (RFC 3720's
+/* Unit tests of worker/report/tb_events: CRC-32C and its TFRecord mask against known values (RFC 3720's
  * iSCSI vectors; the masked ones and a whole record computed by TensorBoard's own
  * tensorboard.summary.writer.record_writer), and the files tb_events_open writes: every record's
  * framing verifies, the first is the file version, names sort in the order they were opened. */

@@ -1,4 +1,4 @@
-/* Unit tests of worker/train_conf: defaults, parsing, overrides, and errors naming file:line:key. */
+/* Unit tests of worker/conf/train_conf: defaults, parsing, overrides, and errors naming file:line:key. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>

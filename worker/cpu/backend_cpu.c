@@ -1,8 +1,11 @@
-/* backend_cpu: the reference backend. fp32, NHWC, host memory; convolutions are im2col + SGEMM
- * and linear layers SGEMM through OpenBLAS, everything else plain loops written to be read and
- * checked (tests hold every op against finite differences, and the CUDA backend against these).
- * Reductions accumulate in double. Loops run on OpenMP threads, split so that no result depends
- * on the thread count (a channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. */
+/* backend_cpu: the reference backend. fp32, NHWC, host memory. Where the build has oneDNN
+ * (cpu_dnnl.h; DDP_CPU_ONEDNN=0 turns it off) its primitives take the ops it has; the plain path
+ * below stays for the rest and for builds without it: convolutions as im2col + SGEMM, linear
+ * layers SGEMM through OpenBLAS, everything else loops written to be read and checked (tests hold
+ * every op against finite differences, and the CUDA backend against these). Reductions accumulate
+ * in double. Loops run on OpenMP threads, split so that no result depends on the thread count (a
+ * channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. oneDNN's kernels split
+ * some sums by thread, so with oneDNN a run repeats bit for bit at the same train.threads only. */
 #include "backend.h"
 #include "backend_cpu_internal.h"
 #include "cpu_dnnl.h"
@@ -19,7 +22,7 @@ typedef struct {
     backend_t base;
     float *workspace; /* im2col columns of one image */
     size_t workspace_bytes;
-    cpu_dnnl_t *dnnl; /* convolutions through oneDNN (DDP_CPU_ONEDNN=1), or NULL: im2col */
+    cpu_dnnl_t *dnnl; /* oneDNN's primitives (cpu_dnnl.h), or NULL: im2col and the plain loops */
 } cpu_t;
 
 void openblas_set_num_threads(int num_threads); /* not in every cblas.h */
@@ -197,17 +200,19 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
 #pragma omp parallel
     {
         FOR_CHANNEL_BLOCK(c, j0, j1)
-        for (int j = j0; j < j1; j++) sum[j] = sq[j] = 0;
+        /* restrict: vectorized over the channels (backend_cpu_fused.c says why) */
+        double *restrict s1 = sum, *restrict s2 = sq;
+        for (int j = j0; j < j1; j++) s1[j] = s2[j] = 0;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c;
-            for (int j = j0; j < j1; j++) sum[j] += xi[j];
+            for (int j = j0; j < j1; j++) s1[j] += xi[j];
         }
-        for (int j = j0; j < j1; j++) sum[j] /= (double)rows;
+        for (int j = j0; j < j1; j++) s1[j] /= (double)rows;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c;
             for (int j = j0; j < j1; j++) {
-                double d = xi[j] - sum[j];
-                sq[j] += d * d;
+                double d = xi[j] - s1[j];
+                s2[j] += d * d;
             }
         }
     }
@@ -255,12 +260,13 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
 #pragma omp parallel
     {
         FOR_CHANNEL_BLOCK(c, j0, j1)
-        for (int j = j0; j < j1; j++) sum_dy[j] = sum_dy_xhat[j] = 0;
+        double *restrict s_dy = sum_dy, *restrict s_dy_xhat = sum_dy_xhat; /* vectorized, as above */
+        for (int j = j0; j < j1; j++) s_dy[j] = s_dy_xhat[j] = 0;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
             for (int j = j0; j < j1; j++) {
-                sum_dy[j] += dyi[j];
-                sum_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
+                s_dy[j] += dyi[j];
+                s_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
             }
         }
     }
@@ -317,7 +323,8 @@ static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
 
 static void cpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
                                const float *bias, float *y) {
-    (void)b;
+    cpu_t *c = cpu_of(b);
+    if (c->dnnl && cpu_dnnl_linear_forward(c->dnnl, n, in, out, x, w, bias, y) == 0) return;
     for (int i = 0; i < n; i++) memcpy(y + (size_t)i * out, bias, sizeof(float) * (size_t)out);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 1.0f, y,
                 out);
@@ -326,11 +333,12 @@ static void cpu_linear_forward(backend_t *b, int n, int in, int out, const float
 static void cpu_linear_backward(backend_t *b, int n, int in, int out, const float *x,
                                 const float *w, const float *dy, float *dx, float *dw,
                                 float *dbias) {
-    (void)b;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f,
-                dw, in);
+    cpu_t *c = cpu_of(b);
     for (int i = 0; i < n; i++)
         for (int o = 0; o < out; o++) dbias[o] += dy[(size_t)i * out + o];
+    if (c->dnnl && cpu_dnnl_linear_backward(c->dnnl, n, in, out, x, w, dy, dx, dw) == 0) return;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f,
+                dw, in);
     if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w,
                         in, 1.0f, dx, in);
 }
@@ -441,39 +449,174 @@ static const backend_memory_i cpu_mem = {
     .destroy = cpu_destroy,
 };
 
+/* ---- the table's ops: tensor descriptors (backend.h) to the fp32 pointers the code above takes ---- */
+
+#define F32 backend_cpu__f32
+
+static void op_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
+                              tensor_desc_t y) {
+    cpu_conv2d_forward(b, s, F32(x), w, F32(y));
+}
+static void op_conv2d_backward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
+                               tensor_desc_t dy, tensor_desc_t dx, float *dw) {
+    cpu_conv2d_backward(b, s, F32(x), w, F32(dy), dx.data ? F32(dx) : NULL, dw);
+}
+static void op_batchnorm_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                       const float *gamma, const float *beta, tensor_desc_t y,
+                                       float *save_mean, float *save_invstd, float *running_mean,
+                                       float *running_var, float momentum, float eps) {
+    cpu_batchnorm_forward_train(b, rows, c, F32(x), gamma, beta, F32(y), save_mean, save_invstd,
+                                running_mean, running_var, momentum, eps);
+}
+static void op_batchnorm_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                      const float *gamma, const float *beta, tensor_desc_t y,
+                                      const float *running_mean, const float *running_var,
+                                      float eps) {
+    cpu_batchnorm_forward_eval(b, rows, c, F32(x), gamma, beta, F32(y), running_mean, running_var,
+                               eps);
+}
+static void op_batchnorm_backward(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                  const float *gamma, const float *save_mean,
+                                  const float *save_invstd, tensor_desc_t dy, tensor_desc_t dx,
+                                  float *dgamma, float *dbeta) {
+    cpu_batchnorm_backward(b, rows, c, F32(x), gamma, save_mean, save_invstd, F32(dy), F32(dx),
+                           dgamma, dbeta);
+}
+static void op_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                    const float *gamma, const float *beta, tensor_desc_t residual,
+                                    unsigned flags, tensor_desc_t y, float *save_mean,
+                                    float *save_invstd, float *running_mean, float *running_var,
+                                    float momentum, float eps) {
+    backend_cpu__bn_act_forward_train(b, rows, c, F32(x), gamma, beta,
+                                      residual.data ? F32(residual) : NULL, flags, F32(y),
+                                      save_mean, save_invstd, running_mean, running_var, momentum,
+                                      eps);
+}
+static void op_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                   const float *gamma, const float *beta, tensor_desc_t residual,
+                                   unsigned flags, tensor_desc_t y, const float *running_mean,
+                                   const float *running_var, float eps) {
+    backend_cpu__bn_act_forward_eval(b, rows, c, F32(x), gamma, beta,
+                                     residual.data ? F32(residual) : NULL, flags, F32(y),
+                                     running_mean, running_var, eps);
+}
+static void op_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                               const float *gamma, const float *save_mean,
+                               const float *save_invstd, tensor_desc_t y, tensor_desc_t dy,
+                               unsigned flags, tensor_desc_t dx, tensor_desc_t dresidual,
+                               float *dgamma, float *dbeta) {
+    backend_cpu__bn_act_backward(b, rows, c, F32(x), gamma, save_mean, save_invstd, F32(y),
+                                 F32(dy), flags, F32(dx),
+                                 dresidual.data ? F32(dresidual) : NULL, dgamma, dbeta);
+}
+static void op_relu_forward(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n) {
+    cpu_relu_forward(b, F32(x), F32(y), n);
+}
+static void op_relu_backward(backend_t *b, tensor_desc_t y, tensor_desc_t dy, tensor_desc_t dx,
+                             size_t n) {
+    cpu_relu_backward(b, F32(y), F32(dy), F32(dx), n);
+}
+static void op_add_forward(backend_t *b, tensor_desc_t x1, tensor_desc_t x2, tensor_desc_t y,
+                           size_t n) {
+    cpu_add_forward(b, F32(x1), F32(x2), F32(y), n);
+}
+static void op_accumulate(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n) {
+    cpu_accumulate(b, F32(dy), F32(dx), n);
+}
+static void op_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x,
+                               tensor_desc_t y, int32_t *argmax) {
+    backend_cpu__maxpool_forward(b, s, F32(x), F32(y), argmax);
+}
+static void op_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
+                                tensor_desc_t dy, tensor_desc_t dx) {
+    backend_cpu__maxpool_backward(b, s, argmax, F32(dy), F32(dx));
+}
+static void op_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x,
+                                      tensor_desc_t y) {
+    backend_cpu__avgpool_global_forward(b, n, hw, c, F32(x), F32(y));
+}
+static void op_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy,
+                                       tensor_desc_t dx) {
+    backend_cpu__avgpool_global_backward(b, n, hw, c, F32(dy), F32(dx));
+}
+static void op_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x,
+                                        tensor_desc_t y) {
+    backend_cpu__avgpool_adaptive_forward(b, s, F32(x), F32(y));
+}
+static void op_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy,
+                                         tensor_desc_t dx) {
+    backend_cpu__avgpool_adaptive_backward(b, s, F32(dy), F32(dx));
+}
+static void op_dropout_forward(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n, float p,
+                               uint64_t key) {
+    backend_cpu__dropout_forward(b, F32(x), F32(y), n, p, key);
+}
+static void op_dropout_backward(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n,
+                                float p, uint64_t key) {
+    backend_cpu__dropout_backward(b, F32(dy), F32(dx), n, p, key);
+}
+static void op_bias_add(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y) {
+    backend_cpu__bias_add(b, rows, c, bias, F32(y));
+}
+static void op_bias_backward(backend_t *b, size_t rows, int c, tensor_desc_t dy, float *dbias) {
+    backend_cpu__bias_backward(b, rows, c, F32(dy), dbias);
+}
+static void op_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x,
+                              const float *w, const float *bias, tensor_desc_t y) {
+    cpu_linear_forward(b, n, in, out, F32(x), w, bias, F32(y));
+}
+static void op_linear_backward(backend_t *b, int n, int in, int out, tensor_desc_t x,
+                               const float *w, tensor_desc_t dy, tensor_desc_t dx, float *dw,
+                               float *dbias) {
+    cpu_linear_backward(b, n, in, out, F32(x), w, F32(dy), dx.data ? F32(dx) : NULL, dw, dbias);
+}
+static void op_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits,
+                            const int32_t *labels, float smoothing, float grad_scale,
+                            const loss_scale_t *ls, tensor_desc_t dlogits, float *loss_sum) {
+    cpu_softmax_xent(b, n, k, F32(logits), labels, smoothing, grad_scale, ls, F32(dlogits),
+                     loss_sum);
+}
+static void op_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h,
+                             int w, int c, const augment_job_t *jobs, int n, augment_norm_t norm,
+                             tensor_desc_t out, int32_t *labels_out) {
+    cpu_augment_batch(b, images, labels, h, w, c, jobs, n, norm, F32(out), labels_out);
+}
+
+#undef F32
+
 static const backend_i cpu_ops = {
     .fill = cpu_fill,
     .scale = cpu_scale,
-    .conv2d_forward = cpu_conv2d_forward,
-    .conv2d_backward = cpu_conv2d_backward,
-    .batchnorm_forward_train = cpu_batchnorm_forward_train,
-    .batchnorm_forward_eval = cpu_batchnorm_forward_eval,
-    .batchnorm_backward = cpu_batchnorm_backward,
-    .bn_act_forward_train = backend_cpu__bn_act_forward_train,
-    .bn_act_forward_eval = backend_cpu__bn_act_forward_eval,
-    .bn_act_backward = backend_cpu__bn_act_backward,
-    .relu_forward = cpu_relu_forward,
-    .relu_backward = cpu_relu_backward,
-    .add_forward = cpu_add_forward,
-    .accumulate = cpu_accumulate,
-    .maxpool_forward = backend_cpu__maxpool_forward,
-    .maxpool_backward = backend_cpu__maxpool_backward,
-    .avgpool_global_forward = backend_cpu__avgpool_global_forward,
-    .avgpool_global_backward = backend_cpu__avgpool_global_backward,
-    .avgpool_adaptive_forward = backend_cpu__avgpool_adaptive_forward,
-    .avgpool_adaptive_backward = backend_cpu__avgpool_adaptive_backward,
-    .dropout_forward = backend_cpu__dropout_forward,
-    .dropout_backward = backend_cpu__dropout_backward,
-    .bias_add = backend_cpu__bias_add,
-    .bias_backward = backend_cpu__bias_backward,
-    .linear_forward = cpu_linear_forward,
-    .linear_backward = cpu_linear_backward,
-    .softmax_xent = cpu_softmax_xent,
+    .conv2d_forward = op_conv2d_forward,
+    .conv2d_backward = op_conv2d_backward,
+    .batchnorm_forward_train = op_batchnorm_forward_train,
+    .batchnorm_forward_eval = op_batchnorm_forward_eval,
+    .batchnorm_backward = op_batchnorm_backward,
+    .bn_act_forward_train = op_bn_act_forward_train,
+    .bn_act_forward_eval = op_bn_act_forward_eval,
+    .bn_act_backward = op_bn_act_backward,
+    .relu_forward = op_relu_forward,
+    .relu_backward = op_relu_backward,
+    .add_forward = op_add_forward,
+    .accumulate = op_accumulate,
+    .maxpool_forward = op_maxpool_forward,
+    .maxpool_backward = op_maxpool_backward,
+    .avgpool_global_forward = op_avgpool_global_forward,
+    .avgpool_global_backward = op_avgpool_global_backward,
+    .avgpool_adaptive_forward = op_avgpool_adaptive_forward,
+    .avgpool_adaptive_backward = op_avgpool_adaptive_backward,
+    .dropout_forward = op_dropout_forward,
+    .dropout_backward = op_dropout_backward,
+    .bias_add = op_bias_add,
+    .bias_backward = op_bias_backward,
+    .linear_forward = op_linear_forward,
+    .linear_backward = op_linear_backward,
+    .softmax_xent = op_softmax_xent,
     .sgd_step = cpu_sgd_step,
     .adam_step = cpu_adam_step,
     .loss_scale_check = cpu_loss_scale_check,
     .loss_scale_update = cpu_loss_scale_update,
-    .augment_batch = cpu_augment_batch,
+    .augment_batch = op_augment_batch,
 };
 
 backend_t *backend_cpu_create(int threads) {
@@ -489,7 +632,8 @@ backend_t *backend_cpu_create(int threads) {
         free(c);
         return NULL;
     }
-    const char *onednn = getenv("DDP_CPU_ONEDNN"); /* opt-in until it is the default (cpu_dnnl.h) */
-    if (onednn && !strcmp(onednn, "1")) c->dnnl = cpu_dnnl_create();
+    /* oneDNN where the build has it, unless DDP_CPU_ONEDNN=0 asks for the plain loops (cpu_dnnl.h) */
+    const char *onednn = getenv("DDP_CPU_ONEDNN");
+    if (!onednn || strcmp(onednn, "0")) c->dnnl = cpu_dnnl_create();
     return &c->base;
 }

@@ -5,6 +5,8 @@
 #define DDP_WORKER_BACKEND_CPU_INTERNAL_H
 
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "backend.h"
 
@@ -12,6 +14,20 @@
 #define FOR_CHANNEL_BLOCK(c, j0, j1)                                                               \
     int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                   \
     int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
+
+/* The fp32 values a tensor descriptor points at: the cpu backend stores nothing else, so another
+ * type is its caller's bug (ends the process naming it). */
+static inline float *backend_cpu__f32(tensor_desc_t t) {
+    if (t.dtype != DTYPE_F32 || t.layout != LAYOUT_NHWC) {
+        fprintf(stderr, "ddpworker: cpu backend: a tensor of type %d, layout %d: it stores fp32 NHWC only\n",
+                (int)t.dtype, (int)t.layout);
+        abort();
+    }
+    return (float *)t.data;
+}
+
+/* Channels per block of the per-channel sums that a thread keeps in local arrays. */
+#define BN_SUM_BLOCK 32
 
 /* The backend's scratch space, at least n_bytes (reserve_workspace made room; aborts otherwise:
  * a bug in the caller's sizing). */

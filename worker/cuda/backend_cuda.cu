@@ -6,9 +6,19 @@
  * fp32 parameters, gradients, optimizer and batch-norm statistics. */
 #include "cuda_common.cuh"
 
+#include <pthread.h>
+
+#include "startup_trace.h"
+
 static void gpu_destroy(backend_t *b) {
     gpu_t *g = gpu_of(b);
     cudaStreamSynchronize(g->stream);
+    if (g->copy_stream) {
+        cudaStreamSynchronize(g->copy_stream);
+        cudaEventDestroy(g->copy_start);
+        cudaEventDestroy(g->copy_end);
+        cudaStreamDestroy(g->copy_stream);
+    }
     if (g->workspace) cudaFree(g->workspace);
     if (g->shadow) cudaFree(g->shadow);
     if (g->dw_scratch) cudaFree(g->dw_scratch);
@@ -20,6 +30,7 @@ static void gpu_destroy(backend_t *b) {
     if (g->bn_partials) cudaFree(g->bn_partials);
     if (g->bn_sums) cudaFree(g->bn_sums);
     if (g->bn_coeffs) cudaFree(g->bn_coeffs);
+    gpu_conv_fusion_free(g);
     cudnnDestroyFilterDescriptor(g->w_desc);
     cudnnDestroyConvolutionDescriptor(g->conv_desc);
     cudnnDestroy(g->cudnn);
@@ -27,6 +38,8 @@ static void gpu_destroy(backend_t *b) {
     cudaStreamDestroy(g->stream);
     free(g);
 }
+
+static dtype_t gpu_activation_dtype(backend_t *b) { return low_dtype(gpu_of(b)); }
 
 static backend_memory_i make_mem(void) {
     backend_memory_i m;
@@ -36,6 +49,7 @@ static backend_memory_i make_mem(void) {
     m.release = gpu_release;
     m.is_device = gpu_is_device;
     m.mark_arenas = gpu_mark_arenas;
+    m.activation_dtype = gpu_activation_dtype;
     m.prepare_forward = gpu_prepare_forward;
     m.graph_begin = gpu_graph_begin;
     m.graph_end = gpu_graph_end;
@@ -44,6 +58,12 @@ static backend_memory_i make_mem(void) {
     m.reserve_workspace = gpu_reserve_workspace;
     m.to_device = gpu_to_device;
     m.to_host = gpu_to_host;
+    m.pin_host = gpu_pin_host;
+    m.unpin_host = gpu_unpin_host;
+    m.copy_out_begin = gpu_copy_out_begin;
+    m.copy_out = gpu_copy_out;
+    m.copy_out_fence = gpu_copy_out_fence;
+    m.copy_out_wait = gpu_copy_out_wait;
     m.destroy = gpu_destroy;
     return m;
 }
@@ -56,6 +76,8 @@ static backend_i make_ops(void) {
     o.scale = gpu_scale;
     o.conv2d_forward = gpu_conv2d_forward;
     o.conv2d_backward = gpu_conv2d_backward;
+    o.conv2d_bn_forward = gpu_conv2d_bn_forward;
+    o.bn_act_forward_train_sums = gpu_bn_act_forward_train_sums;
     o.batchnorm_forward_train = gpu_batchnorm_forward_train;
     o.batchnorm_forward_eval = gpu_batchnorm_forward_eval;
     o.batchnorm_backward = gpu_batchnorm_backward;
@@ -96,6 +118,25 @@ extern "C" int backend_cuda_device_count(void) {
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
+/* cuBLAS's handle, made on a thread of its own while the calling thread makes cuDNN's (and loads
+ * its sub-libraries): the two libraries' start-ups overlap instead of adding up. */
+typedef struct {
+    int device;
+    cublasHandle_t handle;
+    cudaError_t cuda_rc;
+    cublasStatus_t rc;
+    double seconds;
+} cublas_start_t;
+
+static void *start_cublas(void *arg) {
+    cublas_start_t *c = (cublas_start_t *)arg;
+    double t = startup_trace_now();
+    c->cuda_rc = cudaSetDevice(c->device); /* the primary context, made current on this thread */
+    if (c->cuda_rc == cudaSuccess) c->rc = cublasCreate(&c->handle);
+    c->seconds = startup_trace_now() - t;
+    return NULL;
+}
+
 extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path, char *err,
                                           size_t err_len) {
     int count = backend_cuda_device_count();
@@ -103,11 +144,13 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
         snprintf(err, err_len, "GPU %d requested, %d present", device, count);
         return NULL;
     }
-    cudaError_t rc = cudaSetDevice(device);
+    double t = startup_trace_now();
+    cudaError_t rc = cudaSetDevice(device); /* CUDA >= 12: makes the primary context */
     if (rc != cudaSuccess) {
         snprintf(err, err_len, "cudaSetDevice(%d): %s", device, cudaGetErrorString(rc));
         return NULL;
     }
+    t = startup_trace_end("cuda context", t);
     gpu_t *g = (gpu_t *)calloc(1, sizeof *g);
     if (!g) {
         snprintf(err, err_len, "out of memory");
@@ -116,10 +159,25 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     g->base.mem = &gpu_mem;
     g->base.ops = &gpu_ops;
     g->device = device;
+    cublas_start_t cb = {.device = device};
+    pthread_t cublas_thread;
+    bool is_threaded = pthread_create(&cublas_thread, NULL, start_cublas, &cb) == 0;
+    if (!is_threaded) start_cublas(&cb);
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     CHECK_CUDNN(cudnnCreate(&g->cudnn));
     CHECK_CUDNN(cudnnSetStream(g->cudnn, g->stream));
-    CHECK_CUBLAS(cublasCreate(&g->cublas));
+    /* cuDNN 9 loads its convolution and ops sub-libraries on first use; load them now, beside
+     * cuBLAS's start, rather than in the first step (a version mismatch shows there anyway, with
+     * the call that failed: the results are not checked here) */
+    (void)cudnnOpsVersionCheck();
+    (void)cudnnCnnVersionCheck();
+    startup_trace_end("cudnn handle and sub-libraries", t);
+    if (is_threaded) pthread_join(cublas_thread, NULL);
+    CHECK_CUDA(cb.cuda_rc);
+    CHECK_CUBLAS(cb.rc);
+    g->cublas = cb.handle;
+    if (startup_trace_is_on()) fprintf(stderr, "ddpworker: startup: cublas handle (beside cudnn's) %.3f s\n", cb.seconds);
+    t = startup_trace_now();
     CHECK_CUBLAS(cublasSetStream(g->cublas, g->stream));
     g->is_tf32 = flags & BACKEND_CUDA_TF32;
     g->low = flags & BACKEND_CUDA_FP16 ? LOW_FP16 : flags & BACKEND_CUDA_BF16 ? LOW_BF16 : LOW_NONE;
@@ -143,6 +201,10 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     CHECK_CUDA(cudaDeviceGetAttribute(&g->sm_count, cudaDevAttrMultiProcessorCount, device));
     const char *graphs = getenv("DDP_CUDA_GRAPHS");
     g->is_graphs = graphs && strcmp(graphs, "1") == 0;
+    const char *nondet = getenv("DDP_CUDA_NONDETERMINISTIC");
+    g->is_nondeterministic = nondet && strcmp(nondet, "1") == 0;
+    const char *fusion = getenv("DDP_CUDA_CONV_FUSION");
+    g->is_conv_fusion = fusion && strcmp(fusion, "1") == 0;
     const char *profile = getenv("DDP_CUDA_PROFILE");
     if (profile && (sscanf(profile, "%ld,%ld", &g->profile_first, &g->profile_count) != 2 ||
                     g->profile_first < 1 || g->profile_count < 1)) {
@@ -152,6 +214,7 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     }
     if (algo_cache_path) snprintf(g->cache_path, sizeof g->cache_path, "%s", algo_cache_path);
     gpu_algo_cache_load(g);
+    startup_trace_end("cuda buffers and algorithm cache", t);
     return &g->base;
 }
 

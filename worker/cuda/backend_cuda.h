@@ -1,6 +1,6 @@
 /* backend_cuda: backend_i on one NVIDIA GPU: cuDNN convolutions (NHWC), cuBLAS for
  * linear layers, own kernels for the rest, all on one stream. Built when CMake finds CUDA and cuDNN
- * (DDP_HAVE_CUDA_BACKEND); held op by op against the CPU reference by tests/unit/test_backend_cuda.c
+ * (DDP_HAVE_CUDA_BACKEND); held op by op against the CPU reference by tests/gpu/test_backend_cuda.c
  * (skipped without a GPU). fp32, tf32, bf16 and fp16. */
 #ifndef DDP_WORKER_BACKEND_CUDA_H
 #define DDP_WORKER_BACKEND_CUDA_H
@@ -16,7 +16,7 @@ extern "C" {
 /* The number of GPUs this process can use (0 when there is no driver or device). */
 int backend_cuda_device_count(void);
 /* flags. TF32: fp32 convolutions and GEMMs may use TF32 tensor cores. BF16, FP16: activations and
- * their gradients in bf16 or fp16 (the model's arenas, see backend_i.mark_arenas); parameters, their
+ * their gradients in bf16 or fp16 (activation_dtype; the model's arenas, mark_arenas); parameters, their
  * gradients, momentum and batch-norm statistics stay fp32, as under PyTorch's autocast. FP16 needs
  * the trainer's dynamic loss scaling (loss_scale.h) to keep small gradients from flushing to zero. */
 enum { BACKEND_CUDA_TF32 = 1, BACKEND_CUDA_BF16 = 2, BACKEND_CUDA_FP16 = 4 };

@@ -17,6 +17,7 @@
 #include "clock.h"
 #include "comm.h"
 #include "comm_nccl.h"
+#include "startup_trace.h"
 
 #define SCRATCH_BYTES ((size_t)1 << 20)
 
@@ -189,6 +190,7 @@ extern "C" int comm_nccl_create(backend_t *backend, const void *id, int rank, in
         nccl_destroy(&n->base);
         return -ENOMEM;
     }
+    double t = startup_trace_now();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0; /* so that joining is bounded by the timeout too */
     ncclUniqueId uid;
@@ -207,6 +209,7 @@ extern "C" int comm_nccl_create(backend_t *backend, const void *id, int rank, in
         nccl_destroy(&n->base);
         return -EIO;
     }
+    startup_trace_end("nccl communicator", t);
     *out = &n->base;
     return 0;
 }

@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Bump on any change of the table below. */
-#define DDPWORKER_CUDA_API_VERSION 1u
+#define DDPWORKER_CUDA_API_VERSION 2u /* 2: backend_memory_i copy_out_* */
 #define DDPWORKER_CUDA_API_SYMBOL "ddpworker_cuda_api"
 
 typedef struct {

@@ -41,6 +41,17 @@ static inline void check_cublas(cublasStatus_t rc, const char *what, const char 
 
 #define CONV_CACHE 128
 
+/* cuda_conv_fusion.cu: one shape's execution plan (a cudnnBackendDescriptor_t; NULL: cuDNN has
+ * none for it, the op returns -1) */
+typedef struct {
+    conv_shape_t shape;
+    bool has_affine; /* scale, bias and ReLU before the convolution */
+    void *plan;
+    size_t workspace;
+} conv_fusion_plan_t;
+
+#define CONV_FUSION_PLANS 64
+
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
@@ -75,7 +86,8 @@ typedef struct {
     bool is_tf32;
     low_kind_t low;        /* activations and their gradients in bf16 or fp16 (BACKEND_CUDA_BF16/FP16) */
     int sm_count;
-    /* the model's arenas (mark_arenas): activations are recognised by address */
+    /* the model's arenas (mark_arenas): the parameters' narrow shadow; to_device / to_host convert
+     * in the activation arenas (ops know their tensors' types from their descriptors) */
     const float *params;
     size_t n_params;
     const char *acts, *dacts;
@@ -97,7 +109,25 @@ typedef struct {
      * in forwards that a recording would skip). scratch_generation counts the replacements of
      * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale. */
     bool is_graphs, is_recording;
+    /* DDP_CUDA_NONDETERMINISTIC=1: convolution algorithms that sum with atomics may be chosen (a
+     * little faster for some shapes; two runs then differ in the last bits). Default: only
+     * deterministic ones, as torch.backends.cudnn.deterministic. */
+    bool is_nondeterministic;
+    /* DDP_STARTUP_TRACE=1 (startup_trace.h): the first step's time (from the first forward to the
+     * second) and the part of it cuDNN's timed search took, printed at the second forward */
+    /* DDP_CUDA_CONV_FUSION=1 (fp16 only): conv2d_bn_forward runs cuDNN's fused graph */
+    bool is_conv_fusion;
+    conv_fusion_plan_t fusion_plans[CONV_FUSION_PLANS];
+    int n_fusion_plans;
+    void *fusion_affine; /* scale and bias in fp16, 2 x BN_MAX_CHANNELS */
+    long trace_forwards;
+    double trace_first_forward, search_seconds;
+    int searched_shapes;
     uint64_t scratch_generation;
+    /* copy_out_*: the side stream memory snapshots are copied out on, created at first use;
+     * copy_start marks the main stream where copies start, copy_end where they end */
+    cudaStream_t copy_stream;
+    cudaEvent_t copy_start, copy_end;
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)
@@ -109,10 +139,27 @@ static inline bool in_range(const void *p, const char *base, size_t n_bytes) {
     return base && (const char *)p >= base && (const char *)p < base + n_bytes;
 }
 
-/* Whether p is an activation (or its gradient) stored in the narrow type. Every activation tensor
- * keeps the slot of n floats the model gave it; narrow, its n values fill the first half. */
-static inline bool is_low(const gpu_t *g, const void *p) {
+/* Whether p lies in the model's activation arenas (mark_arenas) while they are narrow: to_device
+ * and to_host convert there (the host always sees fp32). Ops are told by their tensors'
+ * descriptors instead (is_low). Every activation keeps the slot of n floats the model gave it;
+ * narrow, its n values fill the first half. */
+static inline bool in_low_arena(const gpu_t *g, const void *p) {
     return g->low != LOW_NONE && (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
+}
+
+static inline dtype_t low_dtype(const gpu_t *g) {
+    return g->low == LOW_FP16 ? DTYPE_F16 : g->low == LOW_BF16 ? DTYPE_BF16 : DTYPE_F32;
+}
+
+/* Whether tensor t is stored in the backend's narrow type (else fp32), as its descriptor says; a
+ * narrow type that is not the backend's, or another layout, is the caller's bug. */
+static inline bool is_low(const gpu_t *g, tensor_desc_t t) {
+    if (t.layout != LAYOUT_NHWC) fail_at("tensor descriptor", "a layout other than NHWC", __FILE__, __LINE__);
+    if (t.dtype == DTYPE_F32) return false;
+    if (t.dtype != low_dtype(g))
+        fail_at("tensor descriptor", g->low == LOW_NONE ? "a narrow tensor on an fp32 backend"
+                                                        : "a narrow type other than the backend's", __FILE__, __LINE__);
+    return true;
 }
 
 /* Runs the statement with `Low` naming the narrow type of this backend (bf16 or fp16); LOW and
@@ -188,6 +235,12 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes);
 float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes);
 void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes);
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes);
+int gpu_pin_host(backend_t *b, void *p, size_t n_bytes);
+void gpu_unpin_host(backend_t *b, void *p);
+void gpu_copy_out_begin(backend_t *b);
+void gpu_copy_out(backend_t *b, void *dst, const void *src, size_t n_bytes);
+void gpu_copy_out_fence(backend_t *b);
+void gpu_copy_out_wait(backend_t *b);
 int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts);
 void gpu_prepare_forward(backend_t *b);
 int gpu_graph_begin(backend_t *b);
@@ -197,60 +250,69 @@ void gpu_graph_free(backend_t *b, void *graph);
 /* cuda_elementwise.cu */
 void gpu_fill(backend_t *b, float *x, float v, size_t n);
 void gpu_scale(backend_t *b, float *x, float f, size_t n);
-void gpu_relu_forward(backend_t *b, const float *x, float *y, size_t n);
-void gpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n);
-void gpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n);
-void gpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n);
-void gpu_dropout_forward(backend_t *b, const float *x, float *y, size_t n, float p, uint64_t key);
-void gpu_dropout_backward(backend_t *b, const float *dy, float *dx, size_t n, float p, uint64_t key);
+void gpu_relu_forward(backend_t *b, tensor_desc_t x_d, tensor_desc_t y_d, size_t n);
+void gpu_relu_backward(backend_t *b, tensor_desc_t y_d, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n);
+void gpu_add_forward(backend_t *b, tensor_desc_t x1_d, tensor_desc_t x2_d, tensor_desc_t y_d, size_t n);
+void gpu_accumulate(backend_t *b, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n);
+void gpu_dropout_forward(backend_t *b, tensor_desc_t x_d, tensor_desc_t y_d, size_t n, float p, uint64_t key);
+void gpu_dropout_backward(backend_t *b, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n, float p, uint64_t key);
 /* cuda_data.cu */
 void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w, int c,
-                       const augment_job_t *jobs, int n, augment_norm_t norm, float *out, int32_t *labels_out);
+                       const augment_job_t *jobs, int n, augment_norm_t norm, tensor_desc_t out_d, int32_t *labels_out);
 /* cuda_conv.cu */
 /* The convolution algorithms found in earlier runs (g->cache_path), at start. */
 void gpu_algo_cache_load(gpu_t *g);
-void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y);
-void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
-                         const float *dy, float *dx, float *dw);
+void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w, tensor_desc_t y_d);
+void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w,
+                         tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw);
 /* cuda_norm.cu */
-void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                                 const float *beta, float *y, float *save_mean, float *save_invstd,
+void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                                 const float *beta, tensor_desc_t y_d, float *save_mean, float *save_invstd,
                                  float *running_mean, float *running_var, float momentum, float eps);
-void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                                const float *beta, float *y, const float *running_mean,
+void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                                const float *beta, tensor_desc_t y_d, const float *running_mean,
                                 const float *running_var, float eps);
-void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                            const float *save_mean, const float *save_invstd, const float *dy, float *dx,
+void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                            const float *save_mean, const float *save_invstd, tensor_desc_t dy_d, tensor_desc_t dx_d,
                             float *dgamma, float *dbeta);
-void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y);
-void gpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias);
+void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y_d);
+void gpu_bias_backward(backend_t *b, size_t rows, int c, tensor_desc_t dy_d, float *dbias);
 /* cuda_bn_act.cu */
-void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                              const float *beta, const float *residual, unsigned flags, float *y,
+void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                              const float *beta, tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d,
                               float *save_mean, float *save_invstd, float *running_mean, float *running_var,
                               float momentum, float eps);
-void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                             const float *beta, const float *residual, unsigned flags, float *y,
+void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                             const float *beta, tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d,
                              const float *running_mean, const float *running_var, float eps);
-void gpu_bn_act_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                         const float *save_mean, const float *save_invstd, const float *y, const float *dy,
-                         unsigned flags, float *dx, float *dresidual, float *dgamma, float *dbeta);
+void gpu_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                         const float *save_mean, const float *save_invstd, tensor_desc_t y_d, tensor_desc_t dy_d,
+                         unsigned flags, tensor_desc_t dx_d, tensor_desc_t dresidual_d, float *dgamma, float *dbeta);
+void gpu_bn_act_forward_train_sums(backend_t *b, size_t rows, int c, tensor_desc_t x, const float *sum,
+                                   const float *sqsum, const float *gamma, const float *beta,
+                                   tensor_desc_t residual, unsigned flags, tensor_desc_t y, float *save_mean,
+                                   float *save_invstd, float *running_mean, float *running_var, float momentum,
+                                   float eps);
+/* cuda_conv_fusion.cu */
+int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
+                          const float *bias, const float *w, tensor_desc_t y, float *sum, float *sqsum);
+void gpu_conv_fusion_free(gpu_t *g);
 /* cuda_pool.cu */
-void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax);
-void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,
-                          float *dx);
-void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y);
-void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx);
-void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y);
-void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy, float *dx);
+void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d, int32_t *argmax);
+void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, tensor_desc_t dy_d,
+                          tensor_desc_t dx_d);
+void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x_d, tensor_desc_t y_d);
+void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy_d, tensor_desc_t dx_d);
+void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d);
+void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy_d, tensor_desc_t dx_d);
 /* cuda_linear.cu */
-void gpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
-                        const float *bias, float *y);
-void gpu_linear_backward(backend_t *b, int n, int in, int out, const float *x, const float *w,
-                         const float *dy, float *dx, float *dw, float *dbias);
+void gpu_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x_d, const float *w,
+                        const float *bias, tensor_desc_t y_d);
+void gpu_linear_backward(backend_t *b, int n, int in, int out, tensor_desc_t x_d, const float *w,
+                         tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw, float *dbias);
 /* cuda_loss_optim.cu */
-void gpu_softmax_xent(backend_t *b, int n, int k, const float *logits, const int32_t *labels, float smoothing,
-                      float grad_scale, const loss_scale_t *ls, float *dlogits, float *loss_sum);
+void gpu_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits_d, const int32_t *labels, float smoothing,
+                      float grad_scale, const loss_scale_t *ls, tensor_desc_t dlogits_d, float *loss_sum);
 void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                   float momentum, float wd, bool is_nesterov, float grad_scale, const loss_scale_t *ls);
 void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg, float *exp_avg_sq,

@@ -2,6 +2,8 @@
  * timed search kept in a cache file across runs. */
 #include "cuda_common.cuh"
 
+#include "startup_trace.h"
+
 /* ---- convolution (cuDNN, NHWC, KRSC filters) ---- */
 
 /* is_low: narrow tensors and filters (float accumulation, tensor cores); else fp32, FMA or TF32.
@@ -50,11 +52,13 @@ void gpu_algo_cache_load(gpu_t *g) {
         conv_algos_t a;
         memset(&a, 0, sizeof a);
         conv_shape_t *s = &a.shape;
-        int mode, fwd, bd, bf;
-        if (sscanf(line, "%159s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", tag, &s->n, &s->h, &s->w, &s->c,
-                   &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->oh, &s->ow, &mode, &fwd, &bd, &bf) != 16 ||
-            strcmp(tag, cache_tag(g)) != 0 || mode != math_mode(g))
-            continue; /* another GPU, cuDNN or math mode: not ours to use */
+        int mode, fwd, bd, bf, det;
+        /* lines of 16 fields (before the determinism field) do not match: searched again */
+        if (sscanf(line, "%159s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", tag, &s->n, &s->h, &s->w,
+                   &s->c, &s->k, &s->r, &s->s, &s->stride, &s->pad, &s->oh, &s->ow, &mode, &fwd, &bd, &bf,
+                   &det) != 17 ||
+            strcmp(tag, cache_tag(g)) != 0 || mode != math_mode(g) || det != !g->is_nondeterministic)
+            continue; /* another GPU, cuDNN, math mode or determinism: not ours to use */
         a.fwd = (cudnnConvolutionFwdAlgo_t)fwd;
         a.bwd_data = (cudnnConvolutionBwdDataAlgo_t)bd;
         a.bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)bf;
@@ -67,20 +71,26 @@ static void algo_cache_append(gpu_t *g, const conv_algos_t *a) {
     FILE *f = g->cache_path[0] ? fopen(g->cache_path, "a") : NULL;
     if (!f) return; /* a cache is an optimisation: without one the next start searches again */
     const conv_shape_t *s = &a->shape;
-    fprintf(f, "%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", cache_tag(g), s->n, s->h, s->w, s->c, s->k,
-            s->r, s->s, s->stride, s->pad, s->oh, s->ow, math_mode(g), (int)a->fwd, (int)a->bwd_data,
-            (int)a->bwd_filter);
+    fprintf(f, "%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", cache_tag(g), s->n, s->h, s->w, s->c,
+            s->k, s->r, s->s, s->stride, s->pad, s->oh, s->ow, math_mode(g), (int)a->fwd, (int)a->bwd_data,
+            (int)a->bwd_filter, !g->is_nondeterministic);
     fclose(f);
 }
 
 #define CONV_WORKSPACE_MAX ((size_t)512 << 20)
 
-/* The first (fastest) result that succeeded within the workspace limit. */
-#define FASTEST(perf, n, fallback) \
+/* The first (fastest) result that succeeded within the workspace limit and, unless
+ * g->is_nondeterministic, is deterministic (no atomics: the same bits in every run with the same
+ * algorithms, which a run resumed from a snapshot compared with an uninterrupted one needs: cuDNN
+ * marks backward-filter ALGO_0 / ALGO_3 and backward-data ALGO_0 non-deterministic). The fallbacks
+ * are deterministic algorithms every shape has. */
+#define FASTEST(g, perf, n, fallback) \
     ({ \
         int pick_ = -1; \
         for (int i_ = 0; i_ < (n) && pick_ < 0; i_++) \
-            if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= CONV_WORKSPACE_MAX) pick_ = i_; \
+            if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= CONV_WORKSPACE_MAX && \
+                ((g)->is_nondeterministic || (perf)[i_].determinism == CUDNN_DETERMINISTIC)) \
+                pick_ = i_; \
         pick_ >= 0 ? (perf)[pick_].algo : (fallback); \
     })
 
@@ -105,22 +115,25 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
         memset(a, 0, sizeof *a);
         a->shape = *s;
         a->shape.is_dx_written = false;
+        double t = startup_trace_now();
         int n = 0;
         cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(g->cudnn, g->x_desc, g->w_desc, g->conv_desc, g->y_desc,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, fwd));
-        a->fwd = FASTEST(fwd, n, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+        a->fwd = FASTEST(g, fwd, n, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
         cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(g->cudnn, g->w_desc, g->y_desc, g->conv_desc,
                                                               g->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
                                                               &n, bd));
-        a->bwd_data = FASTEST(bd, n, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+        a->bwd_data = FASTEST(g, bd, n, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
         cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(g->cudnn, g->x_desc, g->y_desc, g->conv_desc,
                                                                 g->w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                                 &n, bf));
-        a->bwd_filter = FASTEST(bf, n, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+        a->bwd_filter = FASTEST(g, bf, n, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
         algo_cache_append(g, a);
+        g->search_seconds += startup_trace_now() - t;
+        g->searched_shapes++;
     }
     if (!a->is_sized) { /* found now or read from the cache file: make room for its workspace */
         size_t need = 0, bytes = 0;
@@ -183,9 +196,11 @@ static void narrow_conv_backward(backend_t *b, const conv_shape_t *s, const floa
     else WITH_LOW(g, LAUNCH(add_wide_kernel<Low>, nx, dx32, LOW(dx), nx));
 }
 
-void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, const float *w, float *y) {
+void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     gpu_t *g = gpu_of(b);
-    bool low = is_low(g, x);
+    bool low = is_low(g, x_d);
     if (low && is_narrow(s)) {
         narrow_conv_forward(b, s, x, w, y);
         return;
@@ -198,10 +213,13 @@ void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float *x, con
                                         g->workspace, g->workspace_bytes, &zero, g->y_desc, y));
 }
 
-void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
-                                const float *dy, float *dx, float *dw) {
+void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w,
+                                tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw) {
+    const float *x = (const float *)x_d.data;
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     gpu_t *g = gpu_of(b);
-    bool low = is_low(g, x);
+    bool low = is_low(g, x_d);
     if (low && is_narrow(s)) {
         narrow_conv_backward(b, s, x, w, dy, dx, dw);
         return;

@@ -21,10 +21,11 @@ __global__ void augment_kernel(const uint8_t *images, const int32_t *labels, int
 }
 
 void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w, int c,
-                              const augment_job_t *jobs, int n, augment_norm_t norm, float *out, int32_t *labels_out) {
+                              const augment_job_t *jobs, int n, augment_norm_t norm, tensor_desc_t out_d, int32_t *labels_out) {
+    float *out = (float *)out_d.data;
     size_t total = (size_t)h * w * c * n;
     if (!total) return;
-    if (is_low(gpu_of(b), out))
+    if (is_low(gpu_of(b), out_d))
         WITH_LOW(gpu_of(b), LAUNCH(augment_kernel<Low>, total, images, labels, h, w, c, jobs, n, norm, LOW(out),
                                    labels_out));
     else

@@ -31,10 +31,12 @@ static void gemm(gpu_t *g, cublasOperation_t ta, cublasOperation_t tb, int m, in
                               CUBLAS_GEMM_DEFAULT));
 }
 
-void gpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
-                               const float *bias, float *y) {
+void gpu_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x_d, const float *w,
+                               const float *bias, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     gpu_t *g = gpu_of(b);
-    bool low = is_low(g, x);
+    bool low = is_low(g, x_d);
     cudaDataType_t t = blas_type(g, low);
     const void *weights = low ? (const void *)shadow_of(g, w) : (const void *)w;
     if (low) WITH_LOW(g, LAUNCH(broadcast_rows_kernel<Low>, (size_t)n * out, bias, LOW(y), n, out));
@@ -43,10 +45,13 @@ void gpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, co
     gemm(g, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, weights, t, in, x, t, in, y, t, out);
 }
 
-void gpu_linear_backward(backend_t *b, int n, int in, int out, const float *x, const float *w,
-                                const float *dy, float *dx, float *dw, float *dbias) {
+void gpu_linear_backward(backend_t *b, int n, int in, int out, tensor_desc_t x_d, const float *w,
+                                tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw, float *dbias) {
+    const float *x = (const float *)x_d.data;
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     gpu_t *g = gpu_of(b);
-    bool low = is_low(g, x);
+    bool low = is_low(g, x_d);
     cudaDataType_t t = blas_type(g, low);
     /* dW^T (in, out) += x^T (in, n) . dy (n, out) */
     gemm(g, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, t, in, dy, t, out, dw, CUDA_R_32F, in);

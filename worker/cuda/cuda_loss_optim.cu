@@ -27,11 +27,13 @@ __global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t
     }
 }
 
-void gpu_softmax_xent(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
-                             float smoothing, float grad_scale, const loss_scale_t *ls, float *dlogits,
+void gpu_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits_d, const int32_t *labels,
+                             float smoothing, float grad_scale, const loss_scale_t *ls, tensor_desc_t dlogits_d,
                              float *loss_sum) {
+    const float *logits = (const float *)logits_d.data;
+    float *dlogits = (float *)dlogits_d.data;
     if (!n) return;
-    if (is_low(gpu_of(b), logits))
+    if (is_low(gpu_of(b), logits_d))
         WITH_LOW(gpu_of(b), LAUNCH(softmax_xent_kernel<Low>, (size_t)n, n, k, CLOW(logits), labels, smoothing,
                                    grad_scale, ls, LOW(dlogits), loss_sum));
     else

@@ -2,6 +2,8 @@
  * always; narrow activations converted on the device) and the model's arenas. */
 #include "cuda_common.cuh"
 
+#include "startup_trace.h"
+
 #include <cuda_profiler_api.h>
 
 /* ---- memory ---- */
@@ -65,7 +67,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
     if (!n_bytes) return;
     /* from pageable memory the copy has read src before it returns, so src may be reused */
-    if (!is_low(g, dst)) {
+    if (!in_low_arena(g, dst)) {
         CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, g->stream));
         return;
     }
@@ -77,7 +79,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
 
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
-    if (n_bytes && is_low(g, src)) {
+    if (n_bytes && in_low_arena(g, src)) {
         float *s = stage(g, n_bytes);
         size_t n = n_bytes / sizeof(float);
         WITH_LOW(g, LAUNCH((convert_kernel<Low, float>), n, CLOW(src), s, n));
@@ -85,6 +87,53 @@ void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     }
     if (n_bytes) CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->stream));
     CHECK_CUDA(cudaStreamSynchronize(g->stream));
+}
+
+/* ---- copies out on a side stream (memory snapshots): overlapped with the next step's forward ---- */
+
+int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
+    (void)b;
+    if (cudaHostRegister(p, n_bytes, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError(); /* pageable copies still work */
+        return -1;
+    }
+    return 0;
+}
+
+void gpu_unpin_host(backend_t *b, void *p) {
+    (void)b;
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
+void gpu_copy_out_begin(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->copy_stream) {
+        CHECK_CUDA(cudaStreamCreateWithFlags(&g->copy_stream, cudaStreamNonBlocking));
+        CHECK_CUDA(cudaEventCreateWithFlags(&g->copy_start, cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventCreateWithFlags(&g->copy_end, cudaEventDisableTiming));
+    }
+    CHECK_CUDA(cudaEventRecord(g->copy_start, g->stream));
+    CHECK_CUDA(cudaStreamWaitEvent(g->copy_stream, g->copy_start, 0));
+}
+
+void gpu_copy_out(backend_t *b, void *dst, const void *src, size_t n_bytes) {
+    gpu_t *g = gpu_of(b);
+    if (n_bytes)
+        CHECK_CUDA(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, g->copy_stream));
+}
+
+void gpu_copy_out_fence(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->copy_stream) return;
+    CHECK_CUDA(cudaEventRecord(g->copy_end, g->copy_stream));
+    CHECK_CUDA(cudaStreamWaitEvent(g->stream, g->copy_end, 0));
+}
+
+void gpu_copy_out_wait(backend_t *b) {
+    gpu_t *g = gpu_of(b);
+    if (!g->copy_stream) return;
+    CHECK_CUDA(cudaSetDevice(g->device)); /* another thread than the trainer's may wait */
+    CHECK_CUDA(cudaStreamSynchronize(g->copy_stream));
 }
 
 /* ---- the model's arenas (bf16 and fp16 modes) ---- */
@@ -108,6 +157,17 @@ int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, f
 /* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
 void gpu_prepare_forward(backend_t *b) {
     gpu_t *g = gpu_of(b);
+    if (g->trace_forwards < 2 && startup_trace_is_on()) {
+        if (++g->trace_forwards == 1) {
+            g->trace_first_forward = startup_trace_now();
+        } else { /* the first step has been queued whole: wait for it */
+            CHECK_CUDA(cudaStreamSynchronize(g->stream));
+            char what[160];
+            snprintf(what, sizeof what, "first step (of which cuDNN's algorithm search: %.3f s for %d shapes)",
+                     g->search_seconds, g->searched_shapes);
+            startup_trace_end(what, g->trace_first_forward);
+        }
+    }
     if (g->profile_first > 0) { /* the capture range: whole steps, each from its forward on */
         g->forwards++;
         if (g->forwards == g->profile_first) {

@@ -58,11 +58,12 @@ __global__ void bn_partials_kernel(int mode, size_t rows, int c, const T *x, con
     }
 }
 
-static void bn_reduce(gpu_t *g, int mode, size_t rows, int c, int chunks, const float *x, const float *dy,
+/* low: x and dy are narrow */
+static void bn_reduce(gpu_t *g, bool low, int mode, size_t rows, int c, int chunks, const float *x, const float *dy,
                       const float *mean, const float *invstd) {
     dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
     float *p1 = g->bn_partials, *p2 = g->bn_partials + (size_t)chunks * c;
-    if (is_low(g, x))
+    if (low)
         WITH_LOW(g, bn_partials_kernel<Low><<<grid, block, 0, g->stream>>>(mode, rows, c, CLOW(x), CLOW(dy), mean,
                                                                           invstd, p1, p2));
     else
@@ -113,24 +114,27 @@ __global__ void bn_apply_kernel(size_t n, int c, const T *x, const float *mean, 
     }
 }
 
-static void bn_apply(backend_t *b, size_t rows, int c, const float *x, const float *mean, const float *invstd,
+/* low: x and y are narrow */
+static void bn_apply(backend_t *b, bool low, size_t rows, int c, const float *x, const float *mean, const float *invstd,
                      const float *var, float eps, const float *gamma, const float *beta, float *y) {
     size_t n = rows * c;
-    if (is_low(gpu_of(b), x))
+    if (low)
         WITH_LOW(gpu_of(b), LAUNCH(bn_apply_kernel<Low>, n, n, c, CLOW(x), mean, invstd, var, eps, gamma, beta, LOW(y)));
     else
         LAUNCH(bn_apply_kernel<float>, n, n, c, x, mean, invstd, var, eps, gamma, beta, y);
 }
 
-void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                                        const float *beta, float *y, float *save_mean, float *save_invstd,
+void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                                        const float *beta, tensor_desc_t y_d, float *save_mean, float *save_invstd,
                                         float *running_mean, float *running_var, float momentum, float eps) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
     if (c > BN_MAX_CHANNELS) fail_at("batch norm", "more than 65536 channels", __FILE__, __LINE__);
     int chunks = bn_chunks(g, rows, c);
-    bn_reduce(g, 0, rows, c, chunks, x, NULL, NULL, NULL);
-    if (is_low(g, x))
+    bn_reduce(g, is_low(g, x_d), 0, rows, c, chunks, x, NULL, NULL, NULL);
+    if (is_low(g, x_d))
         WITH_LOW(g, bn_stats_kernel<Low><<<c, 32, 0, g->stream>>>(c, chunks, rows, CLOW(x), g->bn_partials, save_mean,
                                                                   save_invstd, running_mean, running_var, momentum,
                                                                   eps));
@@ -138,13 +142,15 @@ void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const float *
         bn_stats_kernel<float><<<c, 32, 0, g->stream>>>(c, chunks, rows, x, g->bn_partials, save_mean,
                                                         save_invstd, running_mean, running_var, momentum, eps);
     CHECK_CUDA(cudaGetLastError());
-    bn_apply(b, rows, c, x, save_mean, save_invstd, NULL, eps, gamma, beta, y);
+    bn_apply(b, is_low(g, x_d), rows, c, x, save_mean, save_invstd, NULL, eps, gamma, beta, y);
 }
 
-void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                                       const float *beta, float *y, const float *running_mean,
+void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                                       const float *beta, tensor_desc_t y_d, const float *running_mean,
                                        const float *running_var, float eps) {
-    if (rows && c) bn_apply(b, rows, c, x, running_mean, NULL, running_var, eps, gamma, beta, y);
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
+    if (rows && c) bn_apply(b, is_low(gpu_of(b), x_d), rows, c, x, running_mean, NULL, running_var, eps, gamma, beta, y);
 }
 
 __global__ void bn_grad_params_kernel(int c, int chunks, const float *partial, float *dgamma, float *dbeta,
@@ -172,19 +178,22 @@ __global__ void bn_backward_dx_kernel(size_t n, size_t rows, int c, const T *x, 
     }
 }
 
-void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                                   const float *save_mean, const float *save_invstd, const float *dy, float *dx,
+void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
+                                   const float *save_mean, const float *save_invstd, tensor_desc_t dy_d, tensor_desc_t dx_d,
                                    float *dgamma, float *dbeta) {
+    const float *x = (const float *)x_d.data;
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
     if (c > BN_MAX_CHANNELS) fail_at("batch norm", "more than 65536 channels", __FILE__, __LINE__);
     int chunks = bn_chunks(g, rows, c);
-    bn_reduce(g, 1, rows, c, chunks, x, dy, save_mean, save_invstd);
+    bn_reduce(g, is_low(g, x_d), 1, rows, c, chunks, x, dy, save_mean, save_invstd);
     float *sums = g->bn_sums;
     bn_grad_params_kernel<<<c, 32, 0, g->stream>>>(c, chunks, g->bn_partials, dgamma, dbeta, sums);
     CHECK_CUDA(cudaGetLastError());
     size_t n = rows * c;
-    if (is_low(g, x))
+    if (is_low(g, x_d))
         WITH_LOW(g, LAUNCH(bn_backward_dx_kernel<Low>, n, n, rows, c, CLOW(x), CLOW(dy), gamma, save_mean, save_invstd,
                            sums, LOW(dx)));
     else
@@ -196,10 +205,11 @@ template <typename T> __global__ void bias_add_kernel(size_t n, int c, const flo
     GRID_STRIDE(i, n) st(y, i, ld(y, i) + bias[i % c]);
 }
 
-void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, float *y) {
+void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y_d) {
+    float *y = (float *)y_d.data;
     size_t n = rows * (size_t)c;
     if (!n) return;
-    if (is_low(gpu_of(b), y)) WITH_LOW(gpu_of(b), LAUNCH(bias_add_kernel<Low>, n, n, c, bias, LOW(y)));
+    if (is_low(gpu_of(b), y_d)) WITH_LOW(gpu_of(b), LAUNCH(bias_add_kernel<Low>, n, n, c, bias, LOW(y)));
     else LAUNCH(bias_add_kernel<float>, n, n, c, bias, y);
 }
 
@@ -230,12 +240,13 @@ __global__ void column_partials_sum_kernel(int c, int chunks, const float *parti
     if (threadIdx.x == 0) dbias[ch] += (float)a;
 }
 
-void gpu_bias_backward(backend_t *b, size_t rows, int c, const float *dy, float *dbias) {
+void gpu_bias_backward(backend_t *b, size_t rows, int c, tensor_desc_t dy_d, float *dbias) {
+    const float *dy = (const float *)dy_d.data;
     gpu_t *g = gpu_of(b);
     if (!rows || !c) return;
     int chunks = bn_chunks(g, rows, c);
     dim3 grid((unsigned)((c + BN_TILE - 1) / BN_TILE), (unsigned)chunks), block(BN_TILE, BN_ROWS_PER_BLOCK);
-    if (is_low(g, dy))
+    if (is_low(g, dy_d))
         WITH_LOW(g, column_partials_kernel<Low><<<grid, block, 0, g->stream>>>(rows, c, CLOW(dy), g->bn_partials));
     else
         column_partials_kernel<float><<<grid, block, 0, g->stream>>>(rows, c, dy, g->bn_partials);

@@ -31,24 +31,52 @@ template <typename T> __global__ void maxpool_kernel(pool_shape_t s, const T *x,
     }
 }
 
+/* A gather, one thread per input cell: it adds the gradients of the windows that chose it, in the
+ * order the cpu backend adds them (output rows, then columns), in float. No atomics: overlapping
+ * windows (ResNet's 3x3/2 stem pool) give the same bits in every run, which a resumed run compared
+ * with an uninterrupted one needs (and fp32 gives the cpu backend's bits). */
 template <typename T>
 __global__ void maxpool_backward_kernel(pool_shape_t s, const int32_t *argmax, const T *dy, T *dx) {
-    size_t per_out = (size_t)s.oh * s.ow * s.c, per_in = (size_t)s.h * s.w * s.c;
-    GRID_STRIDE(o, per_out * s.n) add_at(&dx[o / per_out * per_in + argmax[o]], ld(dy, o));
+    size_t n_in = (size_t)s.n * s.h * s.w * s.c;
+    GRID_STRIDE(i, n_in) {
+        int ch = (int)(i % s.c);
+        size_t pix = i / s.c;
+        int ix = (int)(pix % s.w), iy = (int)(pix / s.w % s.h), n = (int)(pix / ((size_t)s.w * s.h));
+        int32_t at = (int32_t)((iy * s.w + ix) * s.c + ch);
+        /* windows oy with oy * stride - pad <= iy < oy * stride - pad + size, likewise ox */
+        int lo_y = iy + s.pad - s.size + 1, lo_x = ix + s.pad - s.size + 1;
+        int oy0 = lo_y <= 0 ? 0 : (lo_y + s.stride - 1) / s.stride, oy1 = min(s.oh - 1, (iy + s.pad) / s.stride);
+        int ox0 = lo_x <= 0 ? 0 : (lo_x + s.stride - 1) / s.stride, ox1 = min(s.ow - 1, (ix + s.pad) / s.stride);
+        float acc = ld(dx, i);
+        bool hit = false;
+        for (int oy = oy0; oy <= oy1; oy++)
+            for (int ox = ox0; ox <= ox1; ox++) {
+                size_t o = (((size_t)n * s.oh + oy) * s.ow + ox) * s.c + ch;
+                if (argmax[o] == at) {
+                    acc += ld(dy, o);
+                    hit = true;
+                }
+            }
+        if (hit) st(dx, i, acc);
+    }
 }
 
-void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y, int32_t *argmax) {
+void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d, int32_t *argmax) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_kernel<Low>, n, *s, CLOW(x), LOW(y), argmax));
+    if (is_low(gpu_of(b), x_d)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_kernel<Low>, n, *s, CLOW(x), LOW(y), argmax));
     else LAUNCH(maxpool_kernel<float>, n, *s, x, y, argmax);
 }
 
-void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, const float *dy,
-                                 float *dx) {
-    size_t n = (size_t)s->n * s->oh * s->ow * s->c;
-    if (!n) return;
-    if (is_low(gpu_of(b), dy)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_backward_kernel<Low>, n, *s, argmax, CLOW(dy), LOW(dx)));
+void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, tensor_desc_t dy_d,
+                                 tensor_desc_t dx_d) {
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
+    size_t n = (size_t)s->n * s->h * s->w * s->c;
+    if (!n || !s->oh || !s->ow) return;
+    if (is_low(gpu_of(b), dy_d)) WITH_LOW(gpu_of(b), LAUNCH(maxpool_backward_kernel<Low>, n, *s, argmax, CLOW(dy), LOW(dx)));
     else LAUNCH(maxpool_backward_kernel<float>, n, *s, argmax, dy, dx);
 }
 
@@ -68,15 +96,19 @@ template <typename T> __global__ void avgpool_backward_kernel(int n, int hw, int
     }
 }
 
-void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, const float *x, float *y) {
+void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x_d, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     if (!n || !c) return;
-    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_kernel<Low>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y)));
+    if (is_low(gpu_of(b), x_d)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_kernel<Low>, (size_t)n * c, n, hw, c, CLOW(x), LOW(y)));
     else LAUNCH(avgpool_kernel<float>, (size_t)n * c, n, hw, c, x, y);
 }
 
-void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, const float *dy, float *dx) {
+void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy_d, tensor_desc_t dx_d) {
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     if (!n || !c) return;
-    if (is_low(gpu_of(b), dy))
+    if (is_low(gpu_of(b), dy_d))
         WITH_LOW(gpu_of(b), LAUNCH(avgpool_backward_kernel<Low>, (size_t)n * hw * c, n, hw, c, CLOW(dy), LOW(dx)));
     else LAUNCH(avgpool_backward_kernel<float>, (size_t)n * hw * c, n, hw, c, dy, dx);
 }
@@ -123,17 +155,21 @@ template <typename T> __global__ void avgpool_adaptive_backward_kernel(pool_shap
     }
 }
 
-void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, const float *x, float *y) {
+void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d) {
+    const float *x = (const float *)x_d.data;
+    float *y = (float *)y_d.data;
     size_t n = (size_t)s->n * s->oh * s->ow * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), x)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_kernel<Low>, n, *s, CLOW(x), LOW(y)));
+    if (is_low(gpu_of(b), x_d)) WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_kernel<Low>, n, *s, CLOW(x), LOW(y)));
     else LAUNCH(avgpool_adaptive_kernel<float>, n, *s, x, y);
 }
 
-void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, const float *dy, float *dx) {
+void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy_d, tensor_desc_t dx_d) {
+    const float *dy = (const float *)dy_d.data;
+    float *dx = (float *)dx_d.data;
     size_t n = (size_t)s->n * s->h * s->w * s->c;
     if (!n) return;
-    if (is_low(gpu_of(b), dy))
+    if (is_low(gpu_of(b), dy_d))
         WITH_LOW(gpu_of(b), LAUNCH(avgpool_adaptive_backward_kernel<Low>, n, *s, CLOW(dy), LOW(dx)));
     else LAUNCH(avgpool_adaptive_backward_kernel<float>, n, *s, dy, dx);
 }

@@ -5,10 +5,12 @@
  * vendor headers.
  *
  * Conventions every backend keeps:
- * - Tensors are fp32 NHWC in memory the backend allocated ("device" memory; host memory on cpu).
- *   A backend may keep activations and their gradients in a narrower type (cuda's bf16): it knows
- *   them by address (mark_arenas), each keeps its slot of n floats, and to_device / to_host convert
- *   so that the host always sees fp32.
+ * - Tensors are NHWC in memory the backend allocated ("device" memory; host memory on cpu).
+ *   Parameters, their gradients and optimizer state are fp32. Activations and their gradients are
+ *   stored in the backend's activation_dtype (fp32, or cuda's bf16 / fp16): an op is told each
+ *   one's storage type, shape and layout by its tensor_desc_t; each keeps its slot of n floats
+ *   (narrow, its n values fill the first half). to_device / to_host convert the activation arenas
+ *   (which the backend knows from mark_arenas) so that the host always sees fp32.
  *   Conv filters are (K, R, S, C) (cuDNN's NHWC filter layout), linear weights (out, in) as
  *   PyTorch stores them.
  * - Every backward op ACCUMULATES (+=) into its input gradients and parameter gradients, unless
@@ -34,6 +36,32 @@
 #include "loss_scale.h"
 
 typedef struct backend backend_t;
+
+/* How a tensor's values are stored. */
+typedef enum { DTYPE_F32, DTYPE_BF16, DTYPE_F16 } dtype_t;
+/* The order of a tensor's dimensions in memory: NHWC, the only one (cuDNN's fast layout). */
+typedef enum { LAYOUT_NHWC } layout_t;
+
+/* An activation or an activation gradient as an op receives it: where, stored how, its shape.
+ * Ops take their sizes from their own arguments (conv_shape_t, rows, n_elems); n, h, w, c say
+ * what the tensor is (the model sets them; (n_elems, 1, 1, 1) where only the count is known).
+ * data is never written through by an op that takes the tensor as an input. */
+typedef struct {
+    void *data;
+    dtype_t dtype;
+    layout_t layout;
+    int n, h, w, c;
+} tensor_desc_t;
+
+static inline tensor_desc_t tensor_desc(const void *data, dtype_t dtype, int n, int h, int w, int c) {
+    tensor_desc_t t = {(void *)(uintptr_t)data, dtype, LAYOUT_NHWC, n, h, w, c};
+    return t;
+}
+
+/* n_elems fp32 values (a test's tensor, the cpu backend's): shape (n_elems, 1, 1, 1). */
+static inline tensor_desc_t tensor_f32(const float *data, size_t n_elems) {
+    return tensor_desc(data, DTYPE_F32, (int)n_elems, 1, 1, 1);
+}
 
 typedef struct {
     int n, h, w, c; /* input (N, H, W, C) */
@@ -69,6 +97,8 @@ typedef struct {
      * activations and activation gradients (n_acts floats each). Returns 0 or -ENOMEM. */
     int (*mark_arenas)(backend_t *b, float *params, size_t n_params, float *acts, float *dacts,
                        size_t n_acts);
+    /* Optional (NULL: DTYPE_F32): the type activations and their gradients are stored in. */
+    dtype_t (*activation_dtype)(backend_t *b);
     /* Optional: before each forward pass, since the parameters may have changed. */
     void (*prepare_forward)(backend_t *b);
     /* Whether p is memory only the device can address (false on the cpu backend). */
@@ -91,6 +121,20 @@ typedef struct {
     void (*to_device)(backend_t *b, void *dst, const void *src, size_t n_bytes);
     /* Waits for every queued op, then copies. */
     void (*to_host)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    /* Optional (NULL on cpu, where to_host is a memcpy): copies out of fp32 device memory on a
+     * side stream, overlapped with the ops queued after them (memory snapshots).
+     * pin_host: page-lock host memory (n_bytes at p, e.g. a shared mapping) so copies into it are
+     * DMA; 0 or -1 (then copies still work, slower). unpin_host undoes it.
+     * copy_out_begin: later copy_out calls start after every op queued so far. copy_out: queue one
+     * copy to dst (host). copy_out_fence: ops queued from now on wait (on the device, the host
+     * does not) for the copies queued so far: call it before anything overwrites their sources.
+     * copy_out_wait: the host waits for the copies; callable from any thread. */
+    int (*pin_host)(backend_t *b, void *p, size_t n_bytes);
+    void (*unpin_host)(backend_t *b, void *p);
+    void (*copy_out_begin)(backend_t *b);
+    void (*copy_out)(backend_t *b, void *dst, const void *src, size_t n_bytes);
+    void (*copy_out_fence)(backend_t *b);
+    void (*copy_out_wait)(backend_t *b);
     void (*destroy)(backend_t *b);
 } backend_memory_i;
 
@@ -101,97 +145,121 @@ typedef struct {
      * labels_out[i] = labels[jobs[i].index]. images: (samples, h, w, c) uint8 NHWC, labels: int32,
      * jobs: backend memory; out: (n, h, w, c), an activation. Every backend gives the same bits. */
     void (*augment_batch)(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w,
-                          int c, const augment_job_t *jobs, int n, augment_norm_t norm, float *out,
-                          int32_t *labels_out);
+                          int c, const augment_job_t *jobs, int n, augment_norm_t norm,
+                          tensor_desc_t out, int32_t *labels_out);
+    /* x: fp32, or any tensor when value is 0 (all-zero bits in every type; n_elems floats of
+     * memory either way) */
     void (*fill)(backend_t *b, float *x, float value, size_t n_elems);
     void (*scale)(backend_t *b, float *x, float factor, size_t n_elems);
 
     /* x: (N,H,W,C), w: (K,R,S,C) -> y: (N,OH,OW,K). */
-    void (*conv2d_forward)(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
-                           float *y);
-    /* dx += dL/dx (skipped when dx is NULL), dw += dL/dw. */
-    void (*conv2d_backward)(backend_t *b, const conv_shape_t *s, const float *x, const float *w,
-                            const float *dy, float *dx, float *dw);
+    void (*conv2d_forward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
+                           tensor_desc_t y);
+    /* dx += dL/dx (skipped when dx.data is NULL), dw += dL/dw. */
+    void (*conv2d_backward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
+                            tensor_desc_t dy, tensor_desc_t dx, float *dw);
+    /* Optional (NULL: not offered; cuda: in fp16 with DDP_CUDA_CONV_FUSION=1): y = the convolution
+     * of relu(x * scale + bias) (scale, bias: C fp32, per input channel: a batch norm folded into
+     * a scale and a shift, and its ReLU, applied as the convolution reads x; x is not changed;
+     * both NULL: of x itself, no ReLU),
+     * and sum, sqsum (K fp32, written): the sums of y and of its squares per output channel over
+     * (N, OH, OW), the statistics the batch norm after it needs. cuDNN's ConvBNfprop fusion.
+     * Returns 0, or -1 when it cannot run this shape, type or alignment (nothing written: run
+     * the ops one by one). */
+    int (*conv2d_bn_forward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
+                             const float *bias, const float *w, tensor_desc_t y, float *sum,
+                             float *sqsum);
     /* Training: normalize with the batch's statistics over (N,H,W) per channel, save mean and
      * 1/sqrt(var+eps) for backward, update the running estimates with momentum. */
-    void (*batchnorm_forward_train)(backend_t *b, size_t rows, int c, const float *x,
-                                    const float *gamma, const float *beta, float *y,
+    void (*batchnorm_forward_train)(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                    const float *gamma, const float *beta, tensor_desc_t y,
                                     float *save_mean, float *save_invstd, float *running_mean,
                                     float *running_var, float momentum, float eps);
-    void (*batchnorm_forward_eval)(backend_t *b, size_t rows, int c, const float *x,
-                                   const float *gamma, const float *beta, float *y,
+    void (*batchnorm_forward_eval)(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                   const float *gamma, const float *beta, tensor_desc_t y,
                                    const float *running_mean, const float *running_var, float eps);
-    void (*batchnorm_backward)(backend_t *b, size_t rows, int c, const float *x,
+    void (*batchnorm_backward)(backend_t *b, size_t rows, int c, tensor_desc_t x,
                                const float *gamma, const float *save_mean,
-                               const float *save_invstd, const float *dy, float *dx,
+                               const float *save_invstd, tensor_desc_t dy, tensor_desc_t dx,
                                float *dgamma, float *dbeta);
     /* Batch norm fused with what follows it in a ResNet: y = act(batchnorm(x) + residual), over
-     * rows = N*H*W of C channels, residual (rows, C) or NULL (nothing added), act ReLU with
+     * rows = N*H*W of C channels, residual (rows, C) or data NULL (nothing added), act ReLU with
      * BN_ACT_RELU, else none. Statistics, saved values and running estimates as
      * batchnorm_forward_train. The same values as batchnorm_forward_train, add_forward and
      * relu_forward in turn (the cpu backend gives their very bits); y is the only tensor written. */
-    void (*bn_act_forward_train)(backend_t *b, size_t rows, int c, const float *x,
-                                 const float *gamma, const float *beta, const float *residual,
-                                 unsigned flags, float *y, float *save_mean, float *save_invstd,
+    void (*bn_act_forward_train)(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                 const float *gamma, const float *beta, tensor_desc_t residual,
+                                 unsigned flags, tensor_desc_t y, float *save_mean, float *save_invstd,
                                  float *running_mean, float *running_var, float momentum, float eps);
-    void (*bn_act_forward_eval)(backend_t *b, size_t rows, int c, const float *x,
-                                const float *gamma, const float *beta, const float *residual,
-                                unsigned flags, float *y, const float *running_mean,
+    /* Optional (NULL: not offered; cuda): bn_act_forward_train with x's statistics given as the
+     * sums of x and of its squares per channel over the rows (sum, sqsum: C fp32, e.g.
+     * conv2d_bn_forward's), instead of a pass over x. sum and sqsum may be save_mean and
+     * save_invstd themselves (they are then replaced). */
+    void (*bn_act_forward_train_sums)(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                      const float *sum, const float *sqsum, const float *gamma,
+                                      const float *beta, tensor_desc_t residual, unsigned flags,
+                                      tensor_desc_t y, float *save_mean, float *save_invstd,
+                                      float *running_mean, float *running_var, float momentum,
+                                      float eps);
+    void (*bn_act_forward_eval)(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                const float *gamma, const float *beta, tensor_desc_t residual,
+                                unsigned flags, tensor_desc_t y, const float *running_mean,
                                 const float *running_var, float eps);
     /* The backward of bn_act_forward_train, y its output: dz = dy where y > 0 (BN_ACT_RELU; else
-     * dz = dy); dresidual += dz (skipped when NULL); batch norm's backward of dz: dx += dL/dx,
+     * dz = dy); dresidual += dz (skipped when its data is NULL); batch norm's backward of dz: dx += dL/dx,
      * dgamma += , dbeta += . BN_ACT_WRITE_DX / _DRESIDUAL write those two instead of adding. */
-    void (*bn_act_backward)(backend_t *b, size_t rows, int c, const float *x, const float *gamma,
-                            const float *save_mean, const float *save_invstd, const float *y,
-                            const float *dy, unsigned flags, float *dx, float *dresidual,
+    void (*bn_act_backward)(backend_t *b, size_t rows, int c, tensor_desc_t x, const float *gamma,
+                            const float *save_mean, const float *save_invstd, tensor_desc_t y,
+                            tensor_desc_t dy, unsigned flags, tensor_desc_t dx, tensor_desc_t dresidual,
                             float *dgamma, float *dbeta);
-    void (*relu_forward)(backend_t *b, const float *x, float *y, size_t n_elems);
+    /* The elementwise ops' tensors share one type. */
+    void (*relu_forward)(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n_elems);
     /* dx += dy where y > 0 */
-    void (*relu_backward)(backend_t *b, const float *y, const float *dy, float *dx, size_t n_elems);
-    void (*add_forward)(backend_t *b, const float *x1, const float *x2, float *y, size_t n_elems);
+    void (*relu_backward)(backend_t *b, tensor_desc_t y, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems);
+    void (*add_forward)(backend_t *b, tensor_desc_t x1, tensor_desc_t x2, tensor_desc_t y, size_t n_elems);
     /* dx += dy (the add's backward, once per input) */
-    void (*accumulate)(backend_t *b, const float *dy, float *dx, size_t n_elems);
+    void (*accumulate)(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems);
     /* Max pooling as nn.MaxPool2d(size, stride, pad): a window's cells outside the input are
      * -inf (never chosen), ties go to the first cell in row-major order, a NaN wins.
      * argmax: (N,OH,OW,C) int32 scratch the forward fills for the backward (an offset into the
      * sample's (H, W, C) input). */
-    void (*maxpool_forward)(backend_t *b, const pool_shape_t *s, const float *x, float *y,
+    void (*maxpool_forward)(backend_t *b, const pool_shape_t *s, tensor_desc_t x, tensor_desc_t y,
                             int32_t *argmax);
     void (*maxpool_backward)(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
-                             const float *dy, float *dx);
+                             tensor_desc_t dy, tensor_desc_t dx);
     /* x: (N, HW, C) -> y: (N, C) mean over HW */
-    void (*avgpool_global_forward)(backend_t *b, int n, int hw, int c, const float *x, float *y);
-    void (*avgpool_global_backward)(backend_t *b, int n, int hw, int c, const float *dy, float *dx);
+    void (*avgpool_global_forward)(backend_t *b, int n, int hw, int c, tensor_desc_t x, tensor_desc_t y);
+    void (*avgpool_global_backward)(backend_t *b, int n, int hw, int c, tensor_desc_t dy, tensor_desc_t dx);
     /* nn.AdaptiveAvgPool2d((OH, OW)) on x: (N, H, W, C) -> y: (N, OH, OW, C): output row oy
      * averages input rows [floor(oy * H / OH), ceil((oy + 1) * H / OH)), columns alike, so cells
      * overlap, and repeat inputs when the input is smaller than the output (VGG's 7x7 on small
      * images). Uses n, h, w, c, oh, ow of s (size, stride and pad are ignored). */
-    void (*avgpool_adaptive_forward)(backend_t *b, const pool_shape_t *s, const float *x, float *y);
+    void (*avgpool_adaptive_forward)(backend_t *b, const pool_shape_t *s, tensor_desc_t x, tensor_desc_t y);
     /* dx += the adjoint of the forward applied to dy */
-    void (*avgpool_adaptive_backward)(backend_t *b, const pool_shape_t *s, const float *dy, float *dx);
+    void (*avgpool_adaptive_backward)(backend_t *b, const pool_shape_t *s, tensor_desc_t dy, tensor_desc_t dx);
     /* Inverted dropout as nn.Dropout in training: y[i] = dropout_keeps(key, i, p) ? x[i] * (1 / (1 - p))
      * : 0 (dropout.h: the same mask on every backend, drawn again by the backward, never stored).
      * p = 0 copies x (evaluation). p in [0, 1). */
-    void (*dropout_forward)(backend_t *b, const float *x, float *y, size_t n_elems, float p,
+    void (*dropout_forward)(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n_elems, float p,
                             uint64_t key);
     /* dx += dy * the forward's mask and scale (the same key and p) */
-    void (*dropout_backward)(backend_t *b, const float *dy, float *dx, size_t n_elems, float p,
+    void (*dropout_backward)(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems, float p,
                              uint64_t key);
     /* A convolution's bias, in place: y: (rows, C) += bias (C) per channel. */
-    void (*bias_add)(backend_t *b, size_t rows, int c, const float *bias, float *y);
+    void (*bias_add)(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y);
     /* dbias (C) += the sums of dy: (rows, C) over the rows */
-    void (*bias_backward)(backend_t *b, size_t rows, int c, const float *dy, float *dbias);
-    /* x: (N, I), w: (O, I), bias: (O) -> y: (N, O) */
-    void (*linear_forward)(backend_t *b, int n, int in, int out, const float *x, const float *w,
-                           const float *bias, float *y);
-    void (*linear_backward)(backend_t *b, int n, int in, int out, const float *x, const float *w,
-                            const float *dy, float *dx, float *dw, float *dbias);
+    void (*bias_backward)(backend_t *b, size_t rows, int c, tensor_desc_t dy, float *dbias);
+    /* x: (N, I), w: (O, I), bias: (O) -> y: (N, O); dx skipped when its data is NULL */
+    void (*linear_forward)(backend_t *b, int n, int in, int out, tensor_desc_t x, const float *w,
+                           const float *bias, tensor_desc_t y);
+    void (*linear_backward)(backend_t *b, int n, int in, int out, tensor_desc_t x, const float *w,
+                            tensor_desc_t dy, tensor_desc_t dx, float *dw, float *dbias);
     /* logits: (N, K), labels: (N) int32 in [0, K). loss_sum: one float, += the summed loss of
      * the batch; dlogits = d(mean loss)/dlogits * grad_scale (mean over N), times ls->scale too
      * when ls (device memory) is not NULL: scaled before a narrow type stores it. */
-    void (*softmax_xent)(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
-                         float smoothing, float grad_scale, const loss_scale_t *ls, float *dlogits,
-                         float *loss_sum);
+    void (*softmax_xent)(backend_t *b, int n, int k, tensor_desc_t logits, const int32_t *labels,
+                         float smoothing, float grad_scale, const loss_scale_t *ls,
+                         tensor_desc_t dlogits, float *loss_sum);
     /* One SGD step over a flat arena, as torch.optim.SGD (dampening 0):
      * g = grad * grad_scale + wd * p; m = momentum * m + g; p -= lr * (nesterov ? g + momentum * m : m)
      * With ls (device memory, NULL: none), grad_scale is divided by ls->scale and nothing at all

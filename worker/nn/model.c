@@ -125,6 +125,13 @@ int model_init_opts(model_t *m, backend_t *bk, const model_opts_t *opts, int h, 
         model_free(m);
         return -1;
     }
+    m->act_dtype = bk->mem->activation_dtype ? bk->mem->activation_dtype(bk) : DTYPE_F32;
+    for (int i = 0; i < m->n_layers; i++) { /* a convolution's batch norm, whose statistics it may give */
+        layer_t *l = &m->layers[i];
+        l->stats_bn = -1;
+        for (int j = i + 1; l->kind == LAYER_CONV && !l->has_bias && j < m->n_layers && l->stats_bn < 0; j++)
+            if (m->layers[j].kind == LAYER_BATCHNORM && m->layers[j].in == l->out) l->stats_bn = j;
+    }
     if (bk->mem->mark_arenas && bk->mem->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
         snprintf(err, err_len, "model %s: out of memory for the backend's copies of %zu parameters",
                  name, m->n_params);
@@ -177,6 +184,16 @@ static size_t tensor_elems(const model_t *m, int t, int n) {
     return (size_t)n * x->h * x->w * x->c;
 }
 
+/* Tensor t (-1: none, data NULL) of n samples in the activations (is_grad false) or their
+ * gradients, as the backend's ops take it. */
+static tensor_desc_t desc(const model_t *m, int t, int n, bool is_grad) {
+    if (t < 0) return tensor_desc(NULL, m->act_dtype, 0, 0, 0, 0);
+    const tensor_t *x = &m->tensors[t];
+    return tensor_desc((is_grad ? m->dacts : m->acts) + x->offset, m->act_dtype, n, x->h, x->w, x->c);
+}
+static tensor_desc_t act(const model_t *m, int t, int n) { return desc(m, t, n, false); }
+static tensor_desc_t grad(const model_t *m, int t, int n) { return desc(m, t, n, true); }
+
 void model_set_step(model_t *m, uint64_t seed, int64_t step, int rank) {
     m->dropout_seed = seed;
     m->dropout_step = step;
@@ -190,17 +207,20 @@ uint64_t model_dropout_key(const model_t *m, int layer) {
 
 /* Batch norm layer bn over tensor x_t, with residual res_t (-1: none) and flags (BN_ACT_*), into
  * y_t: a lone batch norm or a fused chain (model.h). */
-static void bn_act_forward(model_t *m, const layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
+static void bn_act_forward(model_t *m, layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
                            int n, bool is_training) {
     backend_t *bk = m->backend;
     const tensor_t *tx = &m->tensors[x_t];
     int c = tx->c;
     size_t rows = (size_t)n * tx->h * tx->w;
-    const float *x = m->acts + tx->offset, *p = m->params + bn->param_offset;
-    const float *res = res_t >= 0 ? m->acts + m->tensors[res_t].offset : NULL;
-    float *y = m->acts + m->tensors[y_t].offset;
+    const float *p = m->params + bn->param_offset;
+    tensor_desc_t x = act(m, x_t, n), res = act(m, res_t, n), y = act(m, y_t, n);
     float *run = m->buffers + bn->buffer_offset, *save = m->scratch + bn->scratch_offset;
-    if (is_training)
+    if (is_training && bn->has_sums) { /* its convolution left the sums in the saved slots */
+        bn->has_sums = false;
+        bk->ops->bn_act_forward_train_sums(bk, rows, c, x, save, save + c, p, p + c, res, flags, y,
+                                           save, save + c, run, run + c, BN_MOMENTUM, BN_EPS);
+    } else if (is_training)
         bk->ops->bn_act_forward_train(bk, rows, c, x, p, p + c, res, flags, y, save, save + c, run,
                                       run + c, BN_MOMENTUM, BN_EPS);
     else
@@ -214,12 +234,11 @@ static void bn_act_backward(model_t *m, const layer_t *bn, int x_t, int res_t, u
     const tensor_t *tx = &m->tensors[x_t];
     int c = tx->c;
     size_t rows = (size_t)n * tx->h * tx->w;
-    const float *x = m->acts + tx->offset, *p = m->params + bn->param_offset;
-    const float *y = m->acts + m->tensors[y_t].offset, *dy = m->dacts + m->tensors[y_t].offset;
+    const float *p = m->params + bn->param_offset;
     const float *save = m->scratch + bn->scratch_offset;
-    float *dx = m->dacts + tx->offset, *dp = m->grads + bn->param_offset;
-    float *dres = res_t >= 0 ? m->dacts + m->tensors[res_t].offset : NULL;
-    bk->ops->bn_act_backward(bk, rows, c, x, p, save, save + c, y, dy, flags, dx, dres, dp, dp + c);
+    float *dp = m->grads + bn->param_offset;
+    bk->ops->bn_act_backward(bk, rows, c, act(m, x_t, n), p, save, save + c, act(m, y_t, n),
+                             grad(m, y_t, n), flags, grad(m, x_t, n), grad(m, res_t, n), dp, dp + c);
 }
 
 /* ---- recordings: see model.h ---- */
@@ -300,6 +319,22 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
         if (m->layers[i].n_params) cb(arg, m->layers[i].param_offset);
 }
 
+/* A training forward's convolution l that also gives its batch norm the statistics of its output
+ * (conv2d_bn_forward with no scale and bias); false when the backend does not (the caller runs
+ * the plain convolution). */
+static bool conv_with_stats(model_t *m, layer_t *l, tensor_desc_t x, const float *w, tensor_desc_t y) {
+    backend_t *bk = m->backend;
+    if (l->stats_bn < 0 || !bk->ops->conv2d_bn_forward || !bk->ops->bn_act_forward_train_sums)
+        return false;
+    layer_t *bn = &m->layers[l->stats_bn];
+    float *save = m->scratch + bn->scratch_offset;
+    if (bk->ops->conv2d_bn_forward(bk, &l->conv, x, NULL, NULL, w, y, save, save + l->conv.k) < 0)
+        return false;
+    bn->has_sums = true;
+    m->conv_stats_runs++;
+    return true;
+}
+
 static void forward_eager(model_t *m, const step_args_t *a) {
     int n = a->n;
     bool is_training = a->is_training;
@@ -309,13 +344,12 @@ static void forward_eager(model_t *m, const step_args_t *a) {
     for (int i = 0; i < m->n_layers; i++) {
         layer_t *l = &m->layers[i];
         const tensor_t *tx = &m->tensors[l->in];
-        const float *x = m->acts + tx->offset;
-        float *y = m->acts + m->tensors[l->out].offset;
+        tensor_desc_t x = act(m, l->in, n), y = act(m, l->out, n);
         float *p = m->params + l->param_offset;
         switch (l->kind) {
         case LAYER_CONV:
             l->conv.n = n;
-            o->conv2d_forward(bk, &l->conv, x, p, y);
+            if (!is_training || !conv_with_stats(m, l, x, p, y)) o->conv2d_forward(bk, &l->conv, x, p, y);
             if (l->has_bias)
                 o->bias_add(bk, (size_t)n * l->conv.oh * l->conv.ow, l->conv.k,
                             p + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c, y);
@@ -332,7 +366,7 @@ static void forward_eager(model_t *m, const step_args_t *a) {
             break;
         case LAYER_ADD:
             if (!l->is_fused)
-                o->add_forward(bk, x, m->acts + m->tensors[l->in2].offset, y, tensor_elems(m, l->in, n));
+                o->add_forward(bk, x, act(m, l->in2, n), y, tensor_elems(m, l->in, n));
             break;
         case LAYER_MAXPOOL:
             l->pool.n = n;
@@ -358,9 +392,9 @@ static void forward_eager(model_t *m, const step_args_t *a) {
 
 static void loss_eager(model_t *m, const step_args_t *a) {
     int last = m->n_tensors - 1;
-    m->backend->ops->softmax_xent(m->backend, a->n, m->classes, model_logits(m), m->labels,
-                                  a->smoothing, a->grad_scale, a->ls,
-                                  m->dacts + m->tensors[last].offset, m->loss_sum);
+    m->backend->ops->softmax_xent(m->backend, a->n, m->classes, act(m, last, a->n), m->labels,
+                                  a->smoothing, a->grad_scale, a->ls, grad(m, last, a->n),
+                                  m->loss_sum);
 }
 
 static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_cb cb, void *arg) {
@@ -375,9 +409,8 @@ static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_c
     for (int i = m->n_layers - 1; i >= 0; i--) {
         layer_t *l = &m->layers[i];
         const tensor_t *tx = &m->tensors[l->in];
-        const float *x = m->acts + tx->offset, *y = m->acts + m->tensors[l->out].offset;
-        const float *dy = m->dacts + m->tensors[l->out].offset;
-        float *dx = l->in == 0 ? NULL : m->dacts + tx->offset; /* nothing needs the input's */
+        tensor_desc_t x = act(m, l->in, n), y = act(m, l->out, n), dy = grad(m, l->out, n);
+        tensor_desc_t dx = grad(m, l->in == 0 ? -1 : l->in, n); /* nothing needs the input's */
         const float *p = m->params + l->param_offset;
         float *dp = m->grads + l->param_offset;
         switch (l->kind) {
@@ -403,7 +436,7 @@ static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_c
         case LAYER_ADD:
             if (l->is_fused) break;
             o->accumulate(bk, dy, dx, tensor_elems(m, l->in, n));
-            o->accumulate(bk, dy, m->dacts + m->tensors[l->in2].offset, tensor_elems(m, l->in, n));
+            o->accumulate(bk, dy, grad(m, l->in2, n), tensor_elems(m, l->in, n));
             break;
         case LAYER_MAXPOOL:
             o->maxpool_backward(bk, &l->pool, (const int32_t *)(m->scratch + l->scratch_offset), dy,

@@ -1,0 +1,613 @@
+/* rdzv_kv_etcd: rdzv_kv over etcd's v3 API (etcd_client). TCPStore's meanings are built from
+ * compare-and-swap transactions on a key's mod_revision: ADD reads, then puts the sum only if
+ * nobody wrote in between, else reads again; a wait is a range, then a watch from the revision
+ * after it. An agent's ephemeral keys carry its lease (rdzv_lease_t, one per agent). */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "clock.h"
+#include "ddp_error.h"
+#include "etcd/etcd_client.h"
+#include "rdzv/rdzv_kv.h"
+#include "rdzv/rdzv_kv_impl.h"
+
+/* The keys put under the lease, to put again under a new one when it expired: an agent has one
+ * alive key per round it joined; the last few are kept. */
+#define LEASE_KEYS_MAX 4
+
+struct rdzv_lease {
+    pthread_mutex_t mu;
+    int64_t id; /* 0: not granted yet */
+    int64_t ttl_s;
+    int n_keys;
+    char *keys[LEASE_KEYS_MAX];
+    uint8_t *vals[LEASE_KEYS_MAX];
+    size_t lens[LEASE_KEYS_MAX];
+};
+
+rdzv_lease_t *rdzv_lease_new(int64_t ttl_s) {
+    rdzv_lease_t *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    pthread_mutex_init(&l->mu, NULL);
+    l->ttl_s = ttl_s;
+    return l;
+}
+
+static void lease_drop_key(rdzv_lease_t *l, int i) {
+    free(l->keys[i]);
+    free(l->vals[i]);
+    memmove(&l->keys[i], &l->keys[i + 1], (size_t)(l->n_keys - i - 1) * sizeof l->keys[0]);
+    memmove(&l->vals[i], &l->vals[i + 1], (size_t)(l->n_keys - i - 1) * sizeof l->vals[0]);
+    memmove(&l->lens[i], &l->lens[i + 1], (size_t)(l->n_keys - i - 1) * sizeof l->lens[0]);
+    l->n_keys--;
+}
+
+void rdzv_lease_free(rdzv_lease_t *l) {
+    if (!l) return;
+    while (l->n_keys > 0) lease_drop_key(l, 0);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+typedef struct {
+    rdzv_kv_t kv;
+    etcd_t *c;
+    rdzv_lease_t *lease;
+    int64_t op_timeout_ms;
+    char error[1024];
+} etcd_kv_t;
+
+static etcd_kv_t *self(rdzv_kv_t *kv) { return (etcd_kv_t *)kv; }
+
+static int failed(etcd_kv_t *e, int rc) {
+    snprintf(e->error, sizeof e->error, "%s", etcd_error(e->c));
+    return rc;
+}
+
+static int kv_set(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
+    int rc = etcd_put(self(kv)->c, key, val, len, 0);
+    return rc < 0 ? failed(self(kv), rc) : 0;
+}
+
+typedef struct {
+    const char *key;
+} put_seen_t;
+
+static bool is_put_of(void *arg, etcd_event_type_t type, const char *key, const uint8_t *v,
+                      size_t n, int64_t rev) {
+    (void)v, (void)n, (void)rev;
+    return type == ETCD_EVENT_PUT && strcmp(key, ((put_seen_t *)arg)->key) == 0;
+}
+
+/* Until key exists or deadline_ms (clock_now_ms) passes; the value when asked for. */
+static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_value_t *value) {
+    for (;;) {
+        etcd_value_t v;
+        int64_t revision;
+        int rc = etcd_get(e->c, key, &v, &revision);
+        if (rc < 0) return failed(e, rc);
+        if (v.is_found) {
+            if (value) *value = v;
+            else etcd_value_free(&v);
+            return 0;
+        }
+        uint64_t now = clock_now_ms();
+        if (now >= deadline_ms) {
+            snprintf(e->error, sizeof e->error, "etcd %s: key %s did not appear in time",
+                     etcd_endpoints(e->c), key);
+            return DDP_ETIMEOUT;
+        }
+        put_seen_t seen = {key};
+        rc = etcd_watch(e->c, key, false, revision + 1, (int64_t)(deadline_ms - now), is_put_of,
+                        &seen);
+        if (rc == DDP_ETIMEOUT) {
+            snprintf(e->error, sizeof e->error, "etcd %s: key %s did not appear in time",
+                     etcd_endpoints(e->c), key);
+            return rc;
+        }
+        if (rc < 0) return failed(e, rc);
+    }
+}
+
+static int kv_wait(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t timeout_ms) {
+    etcd_kv_t *e = self(kv);
+    uint64_t deadline = clock_now_ms() + (uint64_t)(timeout_ms < 0 ? e->op_timeout_ms : timeout_ms);
+    for (size_t i = 0; i < n; i++) TRY(wait_key(e, keys[i], deadline, NULL));
+    return 0;
+}
+
+static int kv_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
+    etcd_kv_t *e = self(kv);
+    etcd_value_t v;
+    TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
+    *val = v.value;
+    *len = v.len;
+    return 0;
+}
+
+/* After a lost compare-and-swap: a random pause of up to 2^lost ms (32 at most). Every attempt is
+ * a raft proposal, and N agents retrying at once (a round's joins) would make N^2 of them. */
+static void contention_pause(int lost) {
+    uint32_t cap_ms = 1u << (lost < 5 ? lost : 5);
+    uint32_t us = randombytes_uniform(cap_ms * 1000);
+    struct timespec ts = {0, (long)us * 1000L};
+    nanosleep(&ts, NULL);
+}
+
+static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
+    etcd_kv_t *e = self(kv);
+    for (int lost = 0;; contention_pause(++lost)) { /* someone else's ADD landed first */
+        etcd_value_t v;
+        int rc = etcd_get(e->c, key, &v, NULL);
+        if (rc < 0) return failed(e, rc);
+        int64_t now = 0;
+        if (v.is_found && v.len > 0) {
+            char *end;
+            now = strtoll((const char *)v.value, &end, 10);
+            if (end == (const char *)v.value || *end) {
+                etcd_value_free(&v);
+                snprintf(e->error, sizeof e->error, "etcd: key %s holds no decimal count", key);
+                return DDP_EPROTO;
+            }
+        }
+        if (delta == 0 && v.is_found) { /* a read: writing the same count back would only
+                                           contend with the ADDs that change it */
+            etcd_value_free(&v);
+            *result = now;
+            return 0;
+        }
+        char text[24];
+        snprintf(text, sizeof text, "%" PRId64, now + delta);
+        bool is_put;
+        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, text, strlen(text), 0,
+                         &is_put);
+        etcd_value_free(&v);
+        if (rc < 0) return failed(e, rc);
+        if (is_put) {
+            *result = now + delta;
+            return 0;
+        }
+    }
+}
+
+static int copy_out(const void *data, size_t len, uint8_t **out, size_t *out_len) {
+    *out = malloc(len + 1);
+    if (!*out) return -ENOMEM;
+    memcpy(*out, data, len);
+    (*out)[len] = 0;
+    *out_len = len;
+    return 0;
+}
+
+/* TCPStore's: a missing key is created when expected is empty (else expected comes back); an
+ * existing one is replaced when it holds expected; the value it then holds comes back. */
+static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, size_t expected_len,
+                          const void *desired, size_t desired_len, uint8_t **current,
+                          size_t *current_len) {
+    etcd_kv_t *e = self(kv);
+    for (int lost = 0;; contention_pause(++lost)) {
+        etcd_value_t v;
+        int rc = etcd_get(e->c, key, &v, NULL);
+        if (rc < 0) return failed(e, rc);
+        if (!v.is_found && expected_len > 0) return copy_out(expected, expected_len, current, current_len);
+        bool is_match = !v.is_found || (v.len == expected_len && memcmp(v.value, expected, v.len) == 0);
+        if (!is_match) {
+            *current = v.value;
+            *current_len = v.len;
+            return 0;
+        }
+        bool is_put;
+        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, desired, desired_len, 0, &is_put);
+        etcd_value_free(&v);
+        if (rc < 0) return failed(e, rc);
+        if (is_put) return copy_out(desired, desired_len, current, current_len);
+    }
+}
+
+/* The longest prefix the n keys share (malloc'd). */
+static char *common_prefix(const char *const *keys, size_t n) {
+    size_t common = n ? strlen(keys[0]) : 0;
+    for (size_t i = 1; i < n; i++) {
+        size_t j = 0;
+        while (j < common && keys[i][j] == keys[0][j]) j++;
+        common = j;
+    }
+    return n ? strndup(keys[0], common) : strdup("");
+}
+
+/* keys[i] == key: at once when key ends with i (a round's records: .../node/<i>), else by
+ * looking at each (a round of 1024 reads 1024 records 1024 times). -1: none. */
+static int find_key(const char *const *keys, size_t n, const char *key) {
+    size_t len = strlen(key), d = len;
+    while (d > 0 && key[d - 1] >= '0' && key[d - 1] <= '9') d--;
+    if (d < len && len - d < 9) {
+        size_t i = (size_t)strtoul(key + d, NULL, 10);
+        if (i < n && strcmp(keys[i], key) == 0) return (int)i;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(keys[i], key) == 0) return (int)i;
+    return -1;
+}
+
+typedef struct {
+    const char *const *keys;
+    size_t n;
+    uint8_t **vals;
+    size_t *lens;
+    bool is_short;
+} picked_t;
+
+static void pick(void *arg, const char *key, const uint8_t *v, size_t len) {
+    picked_t *p = arg;
+    int i = find_key(p->keys, p->n, key);
+    if (i >= 0 && !p->vals[i] && copy_out(v, len, &p->vals[i], &p->lens[i]) < 0)
+        p->is_short = true;
+}
+
+/* One range over the keys' common prefix (a round's records: r<R>/node/), not one GET each: a
+ * round of N members reads N ranges, not N^2 GETs. */
+static int kv_multi_get(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_t **vals,
+                        size_t *lens) {
+    etcd_kv_t *e = self(kv);
+    char *prefix = common_prefix(keys, n);
+    if (!prefix) return -ENOMEM;
+    for (size_t i = 0; i < n; i++) vals[i] = NULL;
+    picked_t p = {.keys = keys, .n = n, .vals = vals, .lens = lens};
+    int rc = etcd_get_prefix(e->c, prefix, pick, &p, NULL);
+    free(prefix);
+    if (rc < 0) failed(e, rc);
+    else if (p.is_short) rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!vals[i] && copy_out("", 0, &vals[i], &lens[i]) < 0) rc = -ENOMEM;
+    if (rc < 0)
+        for (size_t i = 0; i < n; i++) {
+            free(vals[i]);
+            vals[i] = NULL;
+        }
+    return rc;
+}
+
+/* ---- waiting for what live agents owe ----------------------------------------------------- */
+
+typedef struct {
+    const char *const *keys, *const *alive;
+    size_t n, n_have;
+    bool *has, *is_alive, *was_alive;
+    int lost;
+    int64_t next_revision; /* where the next slice's watch begins */
+} owed_t;
+
+static void owed_mark(owed_t *o, etcd_event_type_t type, const char *key) {
+    int i = find_key(o->keys, o->n, key);
+    if (i >= 0 && type == ETCD_EVENT_PUT && !o->has[i]) {
+        o->has[i] = true;
+        o->n_have++;
+    }
+    if ((i = find_key(o->alive, o->n, key)) < 0) return;
+    o->is_alive[i] = type == ETCD_EVENT_PUT;
+    o->was_alive[i] |= o->is_alive[i];
+    if (!o->is_alive[i] && !o->has[i] && o->lost < 0) o->lost = i;
+}
+
+static void owed_seen(void *arg, const char *key, const uint8_t *v, size_t n) {
+    (void)v, (void)n;
+    owed_mark(arg, ETCD_EVENT_PUT, key);
+}
+
+static bool owed_event(void *arg, etcd_event_type_t type, const char *key, const uint8_t *v,
+                       size_t n, int64_t rev) {
+    (void)v, (void)n;
+    owed_t *o = arg;
+    if (rev >= o->next_revision) o->next_revision = rev + 1;
+    owed_mark(o, type, key);
+    return o->lost >= 0 || o->n_have == o->n;
+}
+
+/* One range over everything's common prefix, then one watch from the revision after it: the
+ * events update what is there; every grace check ends a slice of the watch. */
+static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *const *alive, size_t n,
+                        int64_t grace_ms, int64_t timeout_ms, int *lost) {
+    etcd_kv_t *e = self(kv);
+    *lost = -1;
+    const char **all = calloc(2 * n + 1, sizeof *all);
+    bool *flags = calloc(3 * n + 1, sizeof *flags);
+    char *prefix = NULL;
+    if (all) {
+        for (size_t i = 0; i < n; i++) all[i] = keys[i], all[n + i] = alive[i];
+        prefix = common_prefix(all, 2 * n);
+    }
+    free(all);
+    if (!prefix || !flags) {
+        free(prefix);
+        free(flags);
+        return -ENOMEM;
+    }
+    owed_t o = {.keys = keys, .alive = alive, .n = n, .has = flags, .is_alive = flags + n,
+                .was_alive = flags + 2 * n, .lost = -1};
+    uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
+    int64_t revision = 0;
+    int rc = etcd_get_prefix(e->c, prefix, owed_seen, &o, &revision);
+    if (rc < 0) failed(e, rc);
+    o.next_revision = revision + 1;
+    while (rc == 0 && o.lost < 0 && o.n_have < n) {
+        uint64_t now = clock_now_ms();
+        for (size_t i = 0; i < n && o.lost < 0; i++) /* never seen alive within the grace */
+            if (!o.has[i] && !o.was_alive[i] && now - start >= (uint64_t)grace_ms) o.lost = (int)i;
+        if (o.lost >= 0) break;
+        if (now >= deadline) {
+            rc = DDP_ETIMEOUT;
+            snprintf(e->error, sizeof e->error, "etcd %s: keys under %s did not all appear in "
+                     "time", etcd_endpoints(e->c), prefix);
+            break;
+        }
+        uint64_t until = deadline;
+        if (start + (uint64_t)grace_ms > now && start + (uint64_t)grace_ms < until)
+            until = start + (uint64_t)grace_ms;
+        rc = etcd_watch(e->c, prefix, true, o.next_revision, (int64_t)(until - now), owed_event,
+                        &o);
+        if (rc == DDP_ETIMEOUT) rc = 0; /* a slice ended: check the grace, then again */
+        else if (rc < 0) failed(e, rc);
+    }
+    free(prefix);
+    bool is_lost = rc == 0 && o.lost >= 0;
+    free(flags);
+    if (is_lost) {
+        *lost = o.lost;
+        snprintf(e->error, sizeof e->error, "%s lost its lease before it wrote %s",
+                 alive[o.lost], keys[o.lost]);
+        return DDP_ELOST;
+    }
+    return rc;
+}
+
+static int lease_id(etcd_kv_t *e, int64_t *id) {
+    rdzv_lease_t *l = e->lease;
+    pthread_mutex_lock(&l->mu);
+    int rc = 0;
+    if (!l->id) rc = etcd_lease_grant(e->c, l->ttl_s, &l->id);
+    *id = l->id;
+    pthread_mutex_unlock(&l->mu);
+    return rc < 0 ? failed(e, rc) : 0;
+}
+
+/* Remembers key for a renewal (the same key again replaces its value; the oldest goes first). */
+static int lease_note_key(rdzv_lease_t *l, const char *key, const void *val, size_t len) {
+    char *k = strdup(key);
+    uint8_t *v = malloc(len ? len : 1);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return -ENOMEM;
+    }
+    memcpy(v, val, len);
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < l->n_keys; i++)
+        if (strcmp(l->keys[i], key) == 0) lease_drop_key(l, i--);
+    if (l->n_keys == LEASE_KEYS_MAX) lease_drop_key(l, 0);
+    l->keys[l->n_keys] = k;
+    l->vals[l->n_keys] = v;
+    l->lens[l->n_keys++] = len;
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+}
+
+static bool is_lease_gone(const etcd_kv_t *e) {
+    return strstr(etcd_error(e->c), "requested lease not found") != NULL;
+}
+
+/* The lease `expired` is gone (its TTL passed without a refresh: a frozen agent, an etcd that
+ * took no refresh in time): a new one, and every key this agent put under the old one again
+ * under it. Whoever comes first renews; the other finds the id changed and uses the new one. */
+static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id) {
+    rdzv_lease_t *l = e->lease;
+    pthread_mutex_lock(&l->mu);
+    int rc = 0;
+    if (l->id == expired) {
+        int64_t fresh;
+        rc = etcd_lease_grant(e->c, l->ttl_s, &fresh);
+        if (rc == 0) l->id = fresh;
+        for (int i = 0; rc == 0 && i < l->n_keys; i++)
+            rc = etcd_put(e->c, l->keys[i], l->vals[i], l->lens[i], fresh);
+    }
+    *id = l->id;
+    pthread_mutex_unlock(&l->mu);
+    return rc < 0 ? failed(e, rc) : 0;
+}
+
+static int kv_set_ephemeral(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
+    etcd_kv_t *e = self(kv);
+    int64_t id;
+    TRY(lease_id(e, &id));
+    TRY(lease_note_key(e->lease, key, val, len));
+    int rc = etcd_put(e->c, key, val, len, id);
+    if (rc < 0 && is_lease_gone(e)) { /* expired since: renew, which puts key too */
+        rc = lease_renew(e, id, &id);
+        return rc < 0 ? DDP_ELEASE : 0;
+    }
+    return rc < 0 ? failed(e, rc) : 0;
+}
+
+static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
+    etcd_kv_t *e = self(kv);
+    *is_renewed = false;
+    pthread_mutex_lock(&e->lease->mu);
+    int64_t id = e->lease->id;
+    pthread_mutex_unlock(&e->lease->mu);
+    if (!id) return 0;
+    int64_t ttl = 0;
+    int rc = etcd_lease_keepalive(e->c, id, &ttl);
+    if (rc < 0 && !is_lease_gone(e)) return failed(e, rc);
+    if (rc == 0 && ttl > 0) return 0;
+    int64_t fresh;
+    if ((rc = lease_renew(e, id, &fresh)) < 0) {
+        char why[sizeof e->error];
+        memcpy(why, e->error, sizeof why);
+        snprintf(e->error, sizeof e->error, "lease %" PRIx64 " expired and no new one could be "
+                 "had: %.900s", (uint64_t)id, why);
+        return DDP_ELEASE;
+    }
+    *is_renewed = true;
+    snprintf(e->error, sizeof e->error, "etcd %s: lease %" PRIx64 " expired (the other nodes "
+             "consider this one lost and end its round): this agent's keys are under lease %"
+             PRIx64 " now", etcd_endpoints(e->c), (uint64_t)id, (uint64_t)fresh);
+    return 0;
+}
+
+typedef struct {
+    const char *const *keys;
+    size_t n;
+    int gone;
+    bool *is_present;
+} gone_t;
+
+static int key_index(const gone_t *g, const char *key) {
+    for (size_t i = 0; i < g->n; i++)
+        if (strcmp(g->keys[i], key) == 0) return (int)i;
+    return -1;
+}
+
+static void note_present(void *arg, const char *key, const uint8_t *v, size_t n) {
+    (void)v, (void)n;
+    gone_t *g = arg;
+    int i = key_index(g, key);
+    if (i >= 0) g->is_present[i] = true;
+}
+
+static bool is_delete_of_one(void *arg, etcd_event_type_t type, const char *key, const uint8_t *v,
+                             size_t n, int64_t rev) {
+    (void)v, (void)n, (void)rev;
+    gone_t *g = arg;
+    int i = key_index(g, key);
+    if (type != ETCD_EVENT_DELETE || i < 0) return false;
+    g->gone = i;
+    return true;
+}
+
+static int kv_wait_gone(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t timeout_ms,
+                        int *gone) {
+    etcd_kv_t *e = self(kv);
+    if (n == 0) return DDP_ETIMEOUT;
+    size_t common = strlen(keys[0]); /* one watch over the keys' common prefix */
+    for (size_t i = 1; i < n; i++) {
+        size_t j = 0;
+        while (j < common && keys[i][j] == keys[0][j]) j++;
+        common = j;
+    }
+    char *prefix = strndup(keys[0], common);
+    bool *is_present = calloc(n, sizeof *is_present);
+    int rc = prefix && is_present ? 0 : -ENOMEM;
+    gone_t g = {.keys = keys, .n = n, .gone = -1, .is_present = is_present};
+    int64_t revision = 0;
+    if (rc == 0 && (rc = etcd_get_prefix(e->c, prefix, note_present, &g, &revision)) < 0)
+        failed(e, rc);
+    for (size_t i = 0; rc == 0 && i < n && g.gone < 0; i++)
+        if (!is_present[i]) g.gone = (int)i; /* gone before we looked */
+    if (rc == 0 && g.gone < 0) {
+        rc = etcd_watch(e->c, prefix, true, revision + 1, timeout_ms, is_delete_of_one, &g);
+        if (rc < 0 && rc != DDP_ETIMEOUT) failed(e, rc);
+    }
+    *gone = g.gone;
+    free(prefix);
+    free(is_present);
+    return rc;
+}
+
+typedef struct {
+    char **keys;
+    uint8_t **vals;
+    size_t *lens, n, cap;
+    bool is_short;
+} listing_t;
+
+static void collect(void *arg, const char *key, const uint8_t *v, size_t len) {
+    listing_t *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        char **k = realloc(l->keys, cap * sizeof *k);
+        if (k) l->keys = k;
+        uint8_t **vs = realloc(l->vals, cap * sizeof *vs);
+        if (vs) l->vals = vs;
+        size_t *ls = realloc(l->lens, cap * sizeof *ls);
+        if (ls) l->lens = ls;
+        if (!k || !vs || !ls) {
+            l->is_short = true;
+            return;
+        }
+        l->cap = cap;
+    }
+    l->keys[l->n] = strdup(key);
+    l->vals[l->n] = malloc(len + 1);
+    if (!l->keys[l->n] || !l->vals[l->n]) {
+        free(l->keys[l->n]);
+        free(l->vals[l->n]);
+        l->is_short = true;
+        return;
+    }
+    memcpy(l->vals[l->n], v, len);
+    l->lens[l->n++] = len;
+}
+
+static int kv_expire_prefix(rdzv_kv_t *kv, const char *prefix, int64_t ttl_s) {
+    etcd_kv_t *e = self(kv);
+    listing_t l = {0};
+    int64_t lease;
+    int rc = etcd_lease_grant(e->c, ttl_s, &lease);
+    if (rc == 0) rc = etcd_get_prefix(e->c, prefix, collect, &l, NULL);
+    if (rc == 0 && l.is_short) rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < l.n; i++)
+        rc = etcd_put(e->c, l.keys[i], l.vals[i], l.lens[i], lease);
+    for (size_t i = 0; i < l.n; i++) {
+        free(l.keys[i]);
+        free(l.vals[i]);
+    }
+    free(l.keys);
+    free(l.vals);
+    free(l.lens);
+    return rc < 0 && rc != -ENOMEM ? failed(e, rc) : rc;
+}
+
+static void kv_interrupt(rdzv_kv_t *kv) { etcd_interrupt(self(kv)->c); }
+
+static const char *kv_error(const rdzv_kv_t *kv) { return ((const etcd_kv_t *)kv)->error; }
+
+static void kv_destroy(rdzv_kv_t *kv) {
+    etcd_destroy(self(kv)->c);
+    free(kv);
+}
+
+static const rdzv_kv_ops_t etcd_ops = {
+    .set = kv_set, .get = kv_get, .add = kv_add, .compare_set = kv_compare_set, .wait = kv_wait,
+    .multi_get = kv_multi_get, .set_ephemeral = kv_set_ephemeral, .keep_alive = kv_keep_alive, .wait_live = kv_wait_live,
+    .wait_gone = kv_wait_gone, .expire_prefix = kv_expire_prefix, .interrupt = kv_interrupt, .error = kv_error,
+    .destroy = kv_destroy};
+
+int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,
+                         int64_t op_timeout_ms, rdzv_kv_t **out) {
+    etcd_kv_t *e = calloc(1, sizeof *e);
+    *out = (rdzv_kv_t *)e;
+    if (!e) return -ENOMEM;
+    e->kv.ops = &etcd_ops;
+    e->lease = lease;
+    e->op_timeout_ms = op_timeout_ms;
+    etcd_opts_t eo = {.endpoints = o->rdzv_endpoints, .cacert = o->etcd_cacert,
+                      .cert = o->etcd_cert, .key = o->etcd_key, .user = o->etcd_user,
+                      .password = o->etcd_password,
+                      .connect_timeout_ms = connect_timeout_ms < 2000 ? connect_timeout_ms : 2000,
+                      .op_timeout_ms = op_timeout_ms,
+                      /* a frozen member must leave time for the others within a lease TTL */
+                      .try_timeout_ms = (int64_t)(o->lease_ttl_s * 1000 / 3)};
+    int rc = etcd_create(&eo, &e->c);
+    if (rc < 0) return failed(e, rc);
+    /* reach the cluster now, so that a wrong endpoint or password says so at once */
+    etcd_value_t v;
+    if ((rc = etcd_get(e->c, "/ddprun", &v, NULL)) < 0) return failed(e, rc);
+    etcd_value_free(&v);
+    return 0;
+}

@@ -1,0 +1,92 @@
+/* rdzv_record: see rdzv_record.h. */
+#include "rdzv/rdzv_record.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+static int print_to(cJSON *o, char *out, size_t out_len) {
+    int rc = -1;
+    if (o && cJSON_PrintPreallocated(o, out, (int)out_len, false)) rc = (int)strlen(out);
+    cJSON_Delete(o);
+    return rc;
+}
+
+int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_len) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "nproc", n->nproc);
+    cJSON_AddNumberToObject(o, "hint", n->hint);
+    cJSON_AddBoolToObject(o, "host", n->is_host);
+    return print_to(o, out, out_len);
+}
+
+int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "code", w->code);
+    cJSON_AddBoolToObject(o, "permanent", w->is_permanent);
+    cJSON_AddNumberToObject(o, "failures", w->failures);
+    cJSON_AddNumberToObject(o, "node", w->node);
+    cJSON_AddNumberToObject(o, "rank", w->rank);
+    return print_to(o, out, out_len);
+}
+
+/* A JSON object from n_bytes of text, or NULL (too long, not JSON, not an object). */
+static cJSON *parse_object(const char *text, size_t n_bytes) {
+    if (n_bytes == 0 || n_bytes > RDZV_RECORD_MAX_BYTES) return NULL;
+    cJSON *o = cJSON_ParseWithLength(text, n_bytes);
+    if (o && !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+static bool get_int(const cJSON *o, const char *key, int min, int max, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v)) return false;
+    double d = v->valuedouble;
+    if (!(d >= min && d <= max) || d != floor(d)) return false;
+    *out = (int)d;
+    return true;
+}
+
+static bool get_bool(const cJSON *o, const char *key, bool *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsBool(v)) return false;
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out) {
+    cJSON *o = parse_object(text, n_bytes);
+    bool is_ok = o && get_int(o, "nproc", 1, INT_MAX, &out->nproc) &&
+                 get_int(o, "hint", -1, INT_MAX, &out->hint) && get_bool(o, "host", &out->is_host);
+    cJSON_Delete(o);
+    return is_ok;
+}
+
+bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out) {
+    cJSON *o = parse_object(text, n_bytes);
+    bool is_ok = o && get_int(o, "code", 0, 255, &out->code) &&
+                 get_bool(o, "permanent", &out->is_permanent) &&
+                 get_int(o, "failures", 0, INT_MAX, &out->failures) &&
+                 get_int(o, "node", -1, INT_MAX, &out->node) &&
+                 get_int(o, "rank", -1, INT_MAX, &out->rank);
+    cJSON_Delete(o);
+    return is_ok;
+}
+
+void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len) {
+    if (w->code == 0) {
+        snprintf(out, out_len, "a membership change");
+        return;
+    }
+    char where[64] = "";
+    if (w->node >= 0 && w->rank >= 0) snprintf(where, sizeof where, " on node %d rank %d", w->node, w->rank);
+    else if (w->node >= 0) snprintf(where, sizeof where, " on node %d", w->node);
+    snprintf(out, out_len, "exit %d%s, failure %d of the job%s", w->code, where, w->failures,
+             w->is_permanent ? ", not retryable" : "");
+}

@@ -1,0 +1,52 @@
+/* rdzv_record: the rendezvous' records in the store, as JSON objects (cJSON): a node's record in a
+ * round (r<R>/node/<i>) and why a round ended (r<R>/restart); and what a join hands back
+ * (rdzv_result_t), which the agent's pure state machine keeps (agent_sm.h). Parsing is strict and bounded: a
+ * record from the store is outside input (another agent, or anyone who can reach the store), so
+ * a malformed one is refused, never trusted in part. Pure: no I/O; any thread. */
+#ifndef DDP_LAUNCHER_RDZV_RECORD_H
+#define DDP_LAUNCHER_RDZV_RECORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RDZV_RECORD_MAX_BYTES 512
+#define RDZV_MAX_NODES 1024
+
+/* A round as this agent joined it (rdzv_join, rendezvous.h). */
+typedef struct {
+    int round;
+    int group_rank, group_world_size;
+    int rank_offset, world_size;
+    bool is_member; /* false: this agent joined too late for this round */
+    int join_index;
+    char store_host[256]; /* etcd: the round's store (node 0's), for MASTER_ADDR/MASTER_PORT */
+    uint16_t store_port;
+} rdzv_result_t;
+
+/* A node's record in a round. */
+typedef struct {
+    int nproc;      /* its workers, >= 1 */
+    int hint;       /* --node-rank, -1 when not given */
+    bool is_host;   /* it hosts the store */
+} rdzv_node_record_t;
+
+/* Why a round ended, as every agent reads it from the round's restart key. */
+typedef struct {
+    int code;          /* 0: a membership change, not a failure */
+    bool is_permanent; /* retrying cannot help: every agent exits with code */
+    int failures;      /* failures of the job so far, this one included: the restart budget */
+    int node, rank;    /* where it happened (-1: not a worker) */
+} rdzv_why_t;
+
+/* The record as JSON into out; returns its length, or -1 if it does not fit. */
+int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_len);
+int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len);
+/* Parse n_bytes of text (not NUL-terminated). Every field must be there with its type and range;
+ * returns false otherwise (out then unspecified). */
+bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out);
+bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out);
+/* For people: "exit 75 on node 1 rank 3 (failure 2)", "a membership change", ... */
+void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len);
+
+#endif

@@ -1,0 +1,509 @@
+/* rendezvous: see rendezvous.h. Records are JSON objects (rdzv_record.h). */
+#include "rdzv/rendezvous.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "ddp_error.h"
+#include "rdzv/liveness.h"
+
+static void key(const rdzv_t *r, char *out, size_t len, int round, const char *what) {
+    if (round < 0) snprintf(out, len, "%s/%s", r->prefix, what);
+    else snprintf(out, len, "%s/r%d/%s", r->prefix, round, what);
+}
+
+void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host) {
+    memset(r, 0, sizeof *r);
+    r->opts = opts;
+    r->is_store_host = is_store_host;
+    r->node_rank_hint = opts->node_rank;
+    snprintf(r->prefix, sizeof r->prefix, "/ddprun/%s", opts->rdzv_id);
+}
+
+static int get_int(rdzv_kv_t *c, const char *k, int64_t *out) {
+    uint8_t *v;
+    size_t n;
+    TRY(c->ops->get(c, k, &v, &n));
+    char text[32];
+    size_t m = n < sizeof text - 1 ? n : sizeof text - 1;
+    memcpy(text, v, m);
+    text[m] = '\0';
+    free(v);
+    char *end;
+    *out = strtoll(text, &end, 10);
+    return end == text ? DDP_EPROTO : 0;
+}
+
+void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port) {
+    snprintf(r->own_store_host, sizeof r->own_store_host, "%s", host);
+    r->own_store_port = port;
+}
+
+/* etcd: waits until each of keys (owed by the round's members join_index[i]) is there, or one of
+ * them has lost its lease (DDP_ELOST, err names it): a member that died after its join's ADD
+ * never writes them, and waiting out the join's whole bound for it would wedge the round. */
+static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys,
+                     const int *join_index, int n, char *err, size_t err_len) {
+    if (!c->ops->wait_live) return c->ops->wait(c, keys, (size_t)n, -1);
+    const ddprun_opts_t *o = r->opts;
+    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **alive = calloc((size_t)n, sizeof *alive);
+    int rc = names && alive ? 0 : -ENOMEM, lost = -1;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        snprintf(names[i], sizeof names[i], "%s/r%d/alive/%d", r->prefix, round, join_index[i]);
+        alive[i] = names[i];
+    }
+    /* an alive key appears right after its ADD: one never seen for two lease TTLs is a member
+     * that died in between */
+    if (rc == 0)
+        rc = c->ops->wait_live(c, keys, alive, (size_t)n, (int64_t)(2000 * o->lease_ttl_s),
+                               (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000), &lost);
+    if (rc == DDP_ELOST)
+        snprintf(err, err_len, "round %d: the node that joined it as #%d lost its etcd lease "
+                 "before it wrote %s: ending the round", round, join_index[lost], keys[lost]);
+    free(names);
+    free(alive);
+    return rc;
+}
+
+/* etcd: node 0 offers its store for the round's workers; the others read where it is. */
+static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, int host_join_index,
+                       char *err, size_t err_len) {
+    char k[256], addr[300];
+    key(r, k, sizeof k, out->round, "store");
+    if (out->group_rank == 0) {
+        snprintf(addr, sizeof addr, "%s:%u", r->own_store_host, r->own_store_port);
+        snprintf(out->store_host, sizeof out->store_host, "%s", r->own_store_host);
+        out->store_port = r->own_store_port;
+        return c->ops->set(c, k, addr, strlen(addr));
+    }
+    const char *keys[] = {k};
+    TRY(wait_owed(r, c, out->round, keys, &host_join_index, 1, err, err_len));
+    uint8_t *v;
+    size_t n;
+    TRY(c->ops->get(c, k, &v, &n));
+    char *colon = n < sizeof addr ? memrchr(v, ':', n) : NULL;
+    char port_text[8] = ""; /* the value has no NUL of its own on every backend */
+    if (colon && (size_t)((char *)v + n - colon - 1) < sizeof port_text)
+        memcpy(port_text, colon + 1, (size_t)((char *)v + n - colon - 1));
+    long port = colon ? strtol(port_text, NULL, 10) : 0;
+    if (!colon || colon == (char *)v || port <= 0 || port > 65535 ||
+        (size_t)(colon - (char *)v) >= sizeof out->store_host) {
+        free(v);
+        snprintf(err, err_len, "round %d: the round's store address is malformed", out->round);
+        return DDP_EPROTO;
+    }
+    memcpy(out->store_host, v, (size_t)(colon - (char *)v));
+    out->store_host[colon - (char *)v] = '\0';
+    out->store_port = (uint16_t)port;
+    free(v);
+    return 0;
+}
+
+int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round) {
+    char k[256];
+    key(r, k, sizeof k, -1, "round");
+    int64_t v;
+    TRY(c->ops->add(c, k, 0, &v));
+    *round = (int)v;
+    return 0;
+}
+
+typedef struct {
+    int join_index, nproc, hint;
+    bool is_host;
+} member_t;
+
+static int member_order(const void *a, const void *b) {
+    const member_t *x = a, *y = b;
+    if (x->is_host != y->is_host) return x->is_host ? -1 : 1;
+    int hx = x->hint < 0 ? RDZV_MAX_NODES * 8 : x->hint, hy = y->hint < 0 ? RDZV_MAX_NODES * 8 : y->hint;
+    if (hx != hy) return hx < hy ? -1 : 1;
+    return x->join_index - y->join_index;
+}
+
+static void sleep_ms(int64_t ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void free_records(uint8_t **vals, size_t *lens, int n) {
+    for (int i = 0; vals && i < n; i++) free(vals[i]);
+    free(vals);
+    free(lens);
+}
+
+/* Every member's node record r<R>/node/<i>, once each is there (a member writes it after its
+ * join's ADD): one WAIT on all of them (etcd: one watch, ended too by a member's lost lease),
+ * then one MULTI_GET (etcd: one range). */
+static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***vals_out,
+                        size_t **lens_out, char *err, size_t err_len) {
+    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    uint8_t **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int rc = names && keys && vals && lens ? 0 : -ENOMEM;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        snprintf(names[i], sizeof names[i], "%s/r%d/node/%d", r->prefix, round, i);
+        keys[i] = names[i];
+    }
+    int *join_index = rc == 0 ? calloc((size_t)n, sizeof *join_index) : NULL;
+    if (rc == 0 && !join_index) rc = -ENOMEM;
+    for (int i = 0; rc == 0 && i < n; i++) join_index[i] = i;
+    if (rc == 0) rc = wait_owed(r, c, round, keys, join_index, n, err, err_len);
+    free(join_index);
+    if (rc == 0) rc = c->ops->multi_get(c, keys, (size_t)n, vals, lens);
+    free(names);
+    free(keys);
+    if (rc < 0) { /* multi_get frees what it got on failure */
+        free(vals);
+        free(lens);
+        return rc;
+    }
+    *vals_out = vals;
+    *lens_out = lens;
+    return 0;
+}
+
+int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
+              size_t err_len) {
+    const ddprun_opts_t *o = r->opts;
+    char k[256], record[RDZV_RECORD_MAX_BYTES];
+    int64_t joined;
+    key(r, k, sizeof k, round, "joined");
+    int rc = c->ops->add(c, k, 1, &joined);
+    if (rc < 0) goto fail;
+    int index = (int)joined - 1;
+    if (c->ops->keep_alive) { /* etcd: membership lives as long as this agent's lease */
+        char alive[256], what[32];
+        snprintf(what, sizeof what, "alive/%d", index);
+        key(r, alive, sizeof alive, round, what);
+        if ((rc = c->ops->set_ephemeral(c, alive, "1", 1)) < 0) goto fail;
+    }
+    rdzv_node_record_t mine = {.nproc = o->nproc_per_node, .hint = r->node_rank_hint,
+                               .is_host = r->is_store_host};
+    if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
+    char node_key[256];
+    snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
+    if ((rc = c->ops->set(c, node_key, record, strlen(record))) < 0) goto fail;
+    char closed_key[256];
+    key(r, closed_key, sizeof closed_key, round, "closed");
+    if (joined >= (int64_t)o->min_nodes) {
+        /* MAX closes at once; MIN after a last call that lets more nodes in. */
+        if (joined < (int64_t)o->max_nodes) {
+            sleep_ms((int64_t)(o->last_call_timeout_s * 1000));
+            if ((rc = c->ops->add(c, k, 0, &joined)) < 0) goto fail;
+        }
+        char count[16];
+        int n = (int)(joined < (int64_t)o->max_nodes ? joined : (int64_t)o->max_nodes);
+        snprintf(count, sizeof count, "%d", n);
+        uint8_t *cur;
+        size_t cur_n;
+        rc = c->ops->compare_set(c, closed_key, "", 0, count, strlen(count), &cur, &cur_n);
+        if (rc < 0) goto fail;
+        free(cur);
+    }
+    const char *keys[] = {closed_key};
+    rc = c->ops->wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
+    if (rc == DDP_ETIMEOUT) {
+        snprintf(err, err_len, "round %d did not gather --nnodes %u:%u within join_timeout=%gs "
+                 "(%lld joined)", round, o->min_nodes, o->max_nodes, o->join_timeout_s,
+                 (long long)joined);
+        return rc;
+    }
+    int64_t n_members;
+    if (rc < 0 || (rc = get_int(c, closed_key, &n_members)) < 0) goto fail;
+    if (n_members < 1 || n_members > RDZV_MAX_NODES) {
+        snprintf(err, err_len, "round %d closed with %lld members", round, (long long)n_members);
+        return DDP_EPROTO;
+    }
+    memset(out, 0, sizeof *out);
+    out->round = round;
+    out->group_world_size = (int)n_members;
+    out->is_member = index < n_members;
+    out->join_index = index;
+    if (!out->is_member) return 0;
+    member_t *m = calloc((size_t)n_members, sizeof *m);
+    uint8_t **vals = NULL;
+    size_t *lens = NULL;
+    if (!m) return -ENOMEM;
+    /* a WAIT on every member's record and a MULTI_GET of them, a round trip or two each: 2 per
+     * agent instead of one per member (N^2 in all for a round of N) */
+    if ((rc = read_records(r, c, round, (int)n_members, &vals, &lens, err, err_len)) < 0) {
+        free(m);
+        if (rc == DDP_ELOST) return rc;
+        goto fail;
+    }
+    for (int i = 0; i < n_members; i++) {
+        uint8_t *v = vals[i];
+        size_t vn = lens[i];
+        vals[i] = NULL;
+        rdzv_node_record_t rec;
+        bool is_ok = rdzv_record_node_parse((const char *)v, vn, &rec);
+        free(v);
+        m[i].join_index = i;
+        if (!is_ok) { /* never echoed: the bytes may be anything */
+            snprintf(err, err_len, "round %d: node record %d (%zu bytes) is malformed", round, i, vn);
+            free(m);
+            free_records(vals, lens, (int)n_members);
+            return DDP_EPROTO;
+        }
+        m[i].nproc = rec.nproc;
+        m[i].hint = rec.hint;
+        m[i].is_host = rec.is_host;
+    }
+    free_records(vals, lens, (int)n_members);
+    qsort(m, (size_t)n_members, sizeof *m, member_order);
+    for (int i = 0; i < n_members; i++) {
+        if (m[i].join_index == index) {
+            out->group_rank = i;
+            out->rank_offset = out->world_size;
+        }
+        out->world_size += m[i].nproc;
+    }
+    int host_join_index = m[0].join_index;
+    free(m);
+    if (r->own_store_host[0] && (rc = round_store(r, c, out, host_join_index, err, err_len)) < 0) {
+        if (rc != DDP_EPROTO && rc != DDP_ELOST) goto fail;
+        return rc;
+    }
+    return 0;
+fail:
+    snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
+    return rc;
+}
+
+int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *why) {
+    char k[256], failures_key[256], text[RDZV_RECORD_MAX_BYTES];
+    key(r, failures_key, sizeof failures_key, -1, "failures");
+    int64_t failures;
+    TRY(c->ops->add(c, failures_key, 0, &failures));
+    if (why->code != 0) failures++;
+    rdzv_why_t record = *why;
+    record.failures = (int)failures;
+    if (rdzv_record_why_format(&record, text, sizeof text) < 0) return -ENOSPC;
+    key(r, k, sizeof k, round, "restart");
+    uint8_t *cur;
+    size_t n;
+    TRY(c->ops->compare_set(c, k, "", 0, text, strlen(text), &cur, &n));
+    bool is_winner = n == strlen(text) && memcmp(cur, text, n) == 0;
+    free(cur);
+    if (is_winner && why->code != 0) {
+        char count[24];
+        snprintf(count, sizeof count, "%lld", (long long)failures);
+        TRY(c->ops->set(c, failures_key, count, strlen(count)));
+    }
+    /* The next round begins where agents that start late will look for it: round + 1, once,
+     * however many agents report at the same time (a compare-set, not an ADD). */
+    key(r, k, sizeof k, -1, "round");
+    char was[24], next[24];
+    snprintf(was, sizeof was, "%d", round);
+    snprintf(next, sizeof next, "%d", round + 1);
+    TRY(c->ops->compare_set(c, k, was, strlen(was), next, strlen(next), &cur, &n));
+    free(cur);
+    return 0;
+}
+
+int rdzv_refund_failure(rdzv_t *r, rdzv_kv_t *c) {
+    char failures_key[256];
+    key(r, failures_key, sizeof failures_key, -1, "failures");
+    int64_t failures;
+    return c->ops->add(c, failures_key, -1, &failures);
+}
+
+static int set_json(rdzv_kv_t *c, const char *k, cJSON *o) {
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) return -ENOMEM;
+    int rc = c->ops->set(c, k, text, strlen(text));
+    cJSON_free(text);
+    return rc;
+}
+
+int rdzv_publish_job(rdzv_t *r, rdzv_kv_t *c) {
+    const ddprun_opts_t *o = r->opts;
+    char k[256];
+    key(r, k, sizeof k, -1, "job");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "backend", o->rdzv_backend);
+    cJSON_AddNumberToObject(j, "min_nodes", o->min_nodes);
+    cJSON_AddNumberToObject(j, "max_nodes", o->max_nodes);
+    cJSON_AddNumberToObject(j, "nproc_per_node", o->nproc_per_node);
+    cJSON_AddNumberToObject(j, "max_restarts", o->max_restarts);
+    return set_json(c, k, j);
+}
+
+int rdzv_publish_member(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round) {
+    char k[512], what[64], host[256] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(what, sizeof what, "member/%d", round->group_rank);
+    key(r, k, sizeof k, round->round, what);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "host", host);
+    cJSON_AddNumberToObject(j, "node", round->group_rank);
+    cJSON_AddNumberToObject(j, "first_rank", round->rank_offset);
+    cJSON_AddNumberToObject(j, "nproc", r->opts->nproc_per_node);
+    cJSON_AddNumberToObject(j, "world_size", round->world_size);
+    cJSON_AddNumberToObject(j, "agent_pid", getpid());
+    return set_json(c, k, j);
+}
+
+int rdzv_publish_failure(rdzv_t *r, rdzv_kv_t *c, int round, int group_rank,
+                         const char *failure_json) {
+    char k[512], what[64];
+    snprintf(what, sizeof what, "failure/%d", group_rank);
+    key(r, k, sizeof k, round, what);
+    return c->ops->set(c, k, failure_json, strlen(failure_json));
+}
+
+int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, int round, char *why, size_t why_len) {
+    char k[256];
+    key(r, k, sizeof k, round, "restart");
+    const char *keys[] = {k};
+    int rc;
+    /* WAIT in slices: each slice is one bounded operation of the client. */
+    while ((rc = c->ops->wait(c, keys, 1, 60000)) == DDP_ETIMEOUT) {
+    }
+    if (rc < 0) return rc;
+    uint8_t *v;
+    size_t n;
+    TRY(c->ops->get(c, k, &v, &n));
+    size_t m = n < why_len - 1 ? n : why_len - 1;
+    memcpy(why, v, m);
+    why[m] = '\0';
+    free(v);
+    return 0;
+}
+
+int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
+    char k[256], all[256];
+    key(r, k, sizeof k, round, "done");
+    key(r, all, sizeof all, round, "all_done");
+    int64_t count;
+    TRY(c->ops->add(c, k, 1, &count));
+    if (count >= n) TRY(c->ops->set(c, all, "1", 1));
+    const char *keys[] = {all};
+    return c->ops->wait(c, keys, 1, timeout_ms);
+}
+
+/* Every member's key r<R>/<what>/<i> in one MULTI_GET (a missing key reads as empty): on the
+ * store the heartbeat counters, on etcd the lease-bound alive keys. */
+static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const char *what,
+                            bool is_presence, int64_t *marks) {
+    int n = round->group_world_size;
+    char **keys = calloc((size_t)n, sizeof *keys);
+    uint8_t **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    int rc = keys && vals && lens ? 0 : -ENOMEM;
+    for (int i = 0; i < n && rc == 0; i++) {
+        keys[i] = malloc(256);
+        if (!keys[i]) rc = -ENOMEM;
+        else snprintf(keys[i], 256, "%s/r%d/%s/%d", r->prefix, round->round, what, i);
+    }
+    if (rc == 0) rc = c->ops->multi_get(c, (const char *const *)keys, (size_t)n, vals, lens);
+    for (int i = 0; i < n; i++) {
+        if (rc == 0) {
+            char text[32];
+            size_t m = lens[i] < sizeof text - 1 ? lens[i] : sizeof text - 1;
+            memcpy(text, vals[i], m);
+            text[m] = '\0';
+            if (is_presence) marks[i] = m ? LIVENESS_ALIVE : LIVENESS_GONE;
+            else marks[i] = m ? strtoll(text, NULL, 10) : 0;
+            free(vals[i]);
+        }
+        if (keys) free(keys[i]);
+    }
+    free(keys);
+    free(vals);
+    free(lens);
+    return rc;
+}
+
+int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters) {
+    char k[256];
+    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
+    int64_t mine;
+    TRY(c->ops->add(c, k, 1, &mine));
+    int n = round->group_world_size;
+    for (int i = 0; i < n; i++) counters[i] = LIVENESS_ALIVE;
+    if (n < 2) return 0;
+    /* Only the next member's counter: in a ring where some member lives and some died, some
+     * living member's next one is dead, so this finds any loss, at 2 operations per member and
+     * beat instead of reading N counters each (N^2 for the store at every beat). */
+    int next = (round->group_rank + 1) % n;
+    snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, next);
+    const char *keys[] = {k};
+    uint8_t *v = NULL;
+    size_t len = 0;
+    TRY(c->ops->multi_get(c, keys, 1, &v, &len));
+    char text[32];
+    size_t m = len < sizeof text - 1 ? len : sizeof text - 1;
+    memcpy(text, v, m);
+    text[m] = '\0';
+    free(v);
+    counters[next] = m ? strtoll(text, NULL, 10) : 0;
+    return 0;
+}
+
+int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *marks) {
+    /* etcd: members' alive keys are by join index, and the members are the first joiners */
+    if (c->ops->keep_alive) return read_member_keys(r, c, round, "alive", true, marks);
+    return read_member_keys(r, c, round, "hb", false, marks);
+}
+
+int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,
+                          int *join_index) {
+    int n = round->group_world_size;
+    if (!c->ops->wait_gone || n < 2) return -ENOTSUP;
+    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    int *index_of = calloc((size_t)n, sizeof *index_of);
+    int rc = names && keys && index_of ? 0 : -ENOMEM, m = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (i == round->join_index) continue; /* our own lease is keep_alive's business */
+        char what[32];
+        snprintf(what, sizeof what, "alive/%d", i);
+        key(r, names[m], sizeof names[m], round->round, what);
+        keys[m] = names[m];
+        index_of[m++] = i;
+    }
+    int gone = -1;
+    if (rc == 0) rc = c->ops->wait_gone(c, keys, (size_t)m, timeout_ms, &gone);
+    *join_index = rc == 0 && gone >= 0 ? index_of[gone] : -1;
+    free(names);
+    free(keys);
+    free(index_of);
+    return rc;
+}
+
+int rdzv_retire(rdzv_t *r, rdzv_kv_t *c, int world_size) {
+    if (!c->ops->expire_prefix || !r->own_store_host[0]) return -ENOTSUP;
+    ddprun_opts_t store_opts = *r->opts; /* the same job, through this agent's own store */
+    strcpy(store_opts.rdzv_backend, "c10d");
+    snprintf(store_opts.rdzv_host, sizeof store_opts.rdzv_host, "%s", r->own_store_host);
+    store_opts.rdzv_port = r->own_store_port;
+    rdzv_kv_t *store = NULL;
+    int rc = rdzv_kv_connect(&store_opts, NULL, 5000, 5000, &store);
+    for (int rank = 0; rc == 0 && rank < world_size; rank++) {
+        char k[256], what[32];
+        snprintf(what, sizeof what, "progress/%d", rank);
+        key(r, k, sizeof k, -1, what);
+        const char *keys[] = {k};
+        uint8_t *v = NULL;
+        size_t n = 0;
+        rc = store->ops->multi_get(store, keys, 1, &v, &n);
+        if (rc == 0 && n > 0) rc = c->ops->set(c, k, v, n);
+        free(v);
+    }
+    rdzv_kv_destroy(store);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s/", r->prefix);
+    int expire_rc = c->ops->expire_prefix(c, prefix, (int64_t)r->opts->status_ttl_s);
+    return rc < 0 ? rc : expire_rc;
+}

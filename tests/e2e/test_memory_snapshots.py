@@ -1,0 +1,358 @@
+"""Memory snapshots (snapshot.every_memory, worker/memory_snapshot.h): rank 0 copies its state
+after every step into shared memory its agent owns; a restart resumes from there. Each test kills
+a worker with SIGKILL (after damaging its memory copies where that is the point) and asserts on the
+outcome: the source the job resumed from, the steps lost, and a final state equal bit for bit to
+an uninterrupted run's. The job is small (two CPU ranks, 64 steps): seconds each."""
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from conftest import clean_env, wait_until
+
+CONF = """[model]
+name = cnn
+width = 8
+[data]
+kind = synthetic
+height = 28
+width = 28
+channels = 1
+classes = 10
+train_limit = 1024
+test_limit = 128
+augment = true
+[optim]
+lr = 0.05
+[train]
+batch_size = 16
+epochs = 2
+log_interval = 4
+collective_timeout = 30
+[snapshot]
+every = {every}
+keep = 2
+"""
+STEPS = 64
+
+
+def state_hash(ddpworker, snap_dir):
+    """The state hash and step of the snapshot `latest` names (it must verify)."""
+    latest = (snap_dir / "latest").read_text().strip()
+    r = subprocess.run([ddpworker, "inspect", str(snap_dir / latest)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fields = dict(re.findall(r"^([a-z ]+):\s+(.*)$", r.stdout, re.M))
+    return fields["state hash"], int(fields["step"].split()[0])
+
+
+def write_conf(tmp_path, every):
+    conf = tmp_path / "mem.conf"
+    conf.write_text(CONF.format(every=every))
+    return str(conf)
+
+
+def start_job(ddprun, conf, snap, metrics, *flags, env=None, nnodes=None, port=None):
+    cmd = [ddprun, "--nproc-per-node", "2", "--max-restarts", "3", *flags]
+    if nnodes:
+        cmd += ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{port}", "--rdzv-id", "memsnap"]
+    else:
+        cmd += ["--standalone"]
+    cmd += [conf, f"snapshot.dir={snap}", f"train.metrics_file={metrics}"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env or clean_env(), start_new_session=True)
+
+
+def reference(ddprun, ddpworker, conf, tmp_path):
+    snap = tmp_path / "reference"
+    job = start_job(ddprun, conf, snap, tmp_path / "ref.jsonl")
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0 and "restarting" not in out, out
+    return state_hash(ddpworker, snap)
+
+
+def read_until_step(job, step):
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if f" step {step}/" in line:
+            return "".join(seen)
+    pytest.fail("the job ended before step %d:\n%s" % (step, "".join(seen)))
+
+
+def rank0_pid(metrics):
+    starts = [e for e in map(json.loads, open(metrics)) if e.get("event") == "start"]
+    return starts[-1]["pid"]
+
+
+def memory_dir(agent_pid, base="/dev/shm"):
+    found = glob.glob(f"{base}/ddprun-mem-{agent_pid}-*")
+    assert len(found) == 1, found
+    return found[0]
+
+
+def slot_steps(mem_dir):
+    """{slot file: step} of the own slots whose header is sealed (magic, header checksum not
+    checked here: the worker does that)."""
+    steps = {}
+    for name in ("own-0.ddps", "own-1.ddps"):
+        with open(os.path.join(mem_dir, name), "rb") as f:
+            head = f.read(24)
+        if head[:7] == b"DDPSNAP":
+            steps[name] = struct.unpack_from("<Q", head, 16)[0]
+    return steps
+
+
+def damage(path, offset=4096, n=4096):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes([0x5A]) * n)
+
+
+def resume_of(out):
+    """(path, step, source, steps lost) of the one resume in out."""
+    found = re.findall(r"resuming from (\S+): step (\d+).*; source (\w+) \(rank \d+\)"
+                       r"(?:, (\d+) steps lost)?", out)
+    assert len(found) == 1, out
+    path, step, source, lost = found[0]
+    return path, int(step), source, int(lost) if lost else None
+
+
+def stop_with_two_generations(pid, mem_dir, timeout=30):
+    """SIGSTOP pid at a moment both of its slots hold sealed generations; their steps."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        steps = slot_steps(mem_dir)
+        if len(steps) == 2:
+            return steps
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.005)
+    pytest.fail("never two sealed generations at once")
+
+
+def finish(job):
+    out, _ = job.communicate(timeout=300)
+    return out
+
+
+def test_kill_9_of_rank_0_resumes_from_memory_losing_at_most_one_step(ddprun, ddpworker,
+                                                                     tmp_path):
+    """No disk snapshot before the end (every = 1000): only memory can resume it."""
+    conf = write_conf(tmp_path, 1000)
+    ref = reference(ddprun, ddpworker, conf, tmp_path)
+    snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
+    job = start_job(ddprun, conf, snap, metrics)
+    try:
+        seen = read_until_step(job, 24)
+        mem_dir = memory_dir(job.pid)
+        os.kill(rank0_pid(metrics), signal.SIGKILL)
+        out = seen + finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, out
+    assert out.count("restarting every worker") == 1, out
+    path, step, source, lost = resume_of(out)
+    assert source == "memory" and path.startswith(mem_dir), out
+    assert step >= 24 - 1 and lost is not None and lost <= 1, (step, lost)
+    assert state_hash(ddpworker, snap) == ref
+    assert not os.path.exists(mem_dir), "the agent leaves its shared memory behind"
+
+
+def test_a_torn_newest_copy_is_skipped_for_the_generation_before(ddprun, ddpworker, tmp_path):
+    conf = write_conf(tmp_path, 1000)
+    ref = reference(ddprun, ddpworker, conf, tmp_path)
+    snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
+    job = start_job(ddprun, conf, snap, metrics)
+    try:
+        seen = read_until_step(job, 20)
+        mem_dir, pid = memory_dir(job.pid), rank0_pid(metrics)
+        steps = stop_with_two_generations(pid, mem_dir)
+        newest = max(steps, key=steps.get)
+        damage(os.path.join(mem_dir, newest))  # its parameters, header intact: a torn copy
+        os.kill(pid, signal.SIGKILL)
+        out = seen + finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, out
+    assert re.search(rf"memory snapshot skipped: \S*{newest}: .*checksum", out), out
+    path, step, source, lost = resume_of(out)
+    assert source == "memory" and step == min(steps.values()), (steps, out)
+    assert lost is not None and 1 <= lost <= 2, out
+    assert state_hash(ddpworker, snap) == ref
+
+
+def test_corrupt_memory_copies_fall_back_to_the_disk(ddprun, ddpworker, tmp_path):
+    conf = write_conf(tmp_path, 8)
+    ref = reference(ddprun, ddpworker, conf, tmp_path)
+    snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
+    job = start_job(ddprun, conf, snap, metrics)
+    try:
+        seen = read_until_step(job, 20)
+        mem_dir, pid = memory_dir(job.pid), rank0_pid(metrics)
+        steps = stop_with_two_generations(pid, mem_dir)
+        for name in steps:
+            damage(os.path.join(mem_dir, name))
+        os.kill(pid, signal.SIGKILL)
+        out = seen + finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, out
+    assert len(re.findall(r"memory snapshot skipped: .*checksum", out)) == 2, out
+    path, step, source, lost = resume_of(out)
+    assert source == "disk" and path == str(snap / f"snapshot-{step:012d}.ddps"), out
+    assert step % 8 == 0 and step >= 16, (steps, out)
+    assert lost in (max(steps.values()) - step, max(steps.values()) - step + 1), (steps, out)
+    assert state_hash(ddpworker, snap) == ref
+
+
+SECRET = "memory-snapshot-test-secret"
+
+
+@pytest.mark.parametrize("after", ["scaled_down", "replaced"])
+def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, tmp_path,
+                                                            start_store, after):
+    """Two nodes on an outside store; node 0 (rank 0: the memory and disk snapshots) loses its
+    agent, its workers and its snapshot directory. Node 1's agent holds a copy of node 0's memory
+    snapshots, and the job resumes from it, losing at most a step, and ends as a run resumed from
+    that very copy: scaled_down, node 1 goes on alone (--nnodes 1:2); replaced, a fresh node 0
+    (empty memory, empty disk) takes the lost one's place and rank 0, and rank 2 (node 1's local
+    rank 0) sends it the state. The agents hold a shared secret (DDPRUN_STORE_SECRET), which
+    their copies prove (the chaos suite runs without one)."""
+    conf = write_conf(tmp_path, 8)
+    env = clean_env(DDPRUN_STORE_SECRET=SECRET)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    nnodes = "1:2" if after == "scaled_down" else "2"
+    snaps = [tmp_path / "snap0", tmp_path / "snap1"]
+    metrics = [tmp_path / "m0.jsonl", tmp_path / "m1.jsonl"]
+
+    def start(node):
+        return start_job(ddprun, conf, snaps[node], metrics[node], "--node-rank", str(node),
+                         "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv, nnodes=nnodes,
+                         port=store.port, env=env)
+    jobs = []
+    try:
+        jobs = [start(0), start(1)]
+        seen = read_until_step(jobs[0], 12)
+        peer_dir = memory_dir(jobs[1].pid)
+        assert wait_until(lambda: glob.glob(f"{peer_dir}/peer-0-*.ddps"), timeout=30), \
+            "no copy reached node 1"
+        os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0: its agent and its workers
+        jobs[0].communicate()
+        shutil.rmtree(snaps[0])                 # and its disk
+        metrics[0].unlink()
+        kept = tmp_path / "kept"  # node 1's copies as they are now, for the reference
+        kept.mkdir()
+        for path in glob.glob(f"{peer_dir}/peer-0-*.ddps"):
+            shutil.copy(path, kept)
+        if after == "replaced":
+            jobs.append(start(0))
+            out0 = finish(jobs[2])
+        out = finish(jobs[1])
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+    assert jobs[1].returncode == 0, out
+    path, step, source, lost = resume_of(out)  # printed by the rank that sent it
+    assert source == "peer" and os.path.basename(path).startswith("peer-0-"), out
+    assert step >= 11 and lost is not None and lost <= 1, (step, lost, seen)
+    world, root, final_snaps = (2, 0, snaps[1]) if after == "scaled_down" else (4, 2, snaps[0])
+    assert re.search(rf"saved by 4 ranks, now {world}\); source peer \(rank {root}\)", out), out
+    if after == "replaced":
+        assert jobs[2].returncode == 0 and "resuming from" not in out0, out0
+    # `ddprun status` (the store outlives the job here) and rank 0's metrics say the same
+    r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
+                        "memsnap", "--json"], capture_output=True, text=True, timeout=30,
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["last_resume"]
+    assert (res["step"], res["source"], res["rank"], res["steps_lost"]) == \
+        (step, "peer", root, lost), res
+    r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
+                        "memsnap"], capture_output=True, text=True, timeout=30, env=clean_env())
+    assert f"last resume: step {step} from peer (rank {root}), {lost} step" in r.stdout, r.stdout
+    rank0 = metrics[1] if after == "scaled_down" else metrics[0]
+    events = [e for e in map(json.loads, open(rank0)) if e["event"] == "resume"]
+    assert [(e["step"], e["source"]) for e in events] == [(step, "peer")], events
+    # the reference: the same world, resumed from the copy the job resumed from
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    shutil.copy(kept / os.path.basename(path), ref / f"snapshot-{step:012d}.ddps")
+    r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", str(world), conf,
+                        f"snapshot.dir={ref}", "snapshot.every_memory=0"], capture_output=True,
+                       text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0 and f"resuming from {ref}" in r.stdout, r.stdout + r.stderr
+    assert state_hash(ddpworker, ref) == state_hash(ddpworker, final_snaps)
+
+
+def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):
+    """An agent that holds a shared secret takes copies only from peers that prove it: a
+    well-formed frame sent without the proof writes nothing and is logged."""
+    conf = write_conf(tmp_path, 8)
+    env = clean_env(DDPRUN_STORE_SECRET=SECRET)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=5"
+    jobs = [start_job(ddprun, conf, tmp_path / f"snap{node}", tmp_path / f"m{node}.jsonl",
+                      "--node-rank", str(node), "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv,
+                      nnodes="2", port=store.port, env=env) for node in (0, 1)]
+    try:
+        seen = read_until_step(jobs[0], 4)
+        r = subprocess.run([ddprun, "store-client", "--endpoint", store.endpoint, "get",
+                            "/ddprun/memsnap/memsnap/r0/1"], capture_output=True, text=True,
+                           timeout=30, env=clean_env())
+        assert r.returncode == 0, r.stderr
+        host, port = r.stdout.strip().rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            nonce = s.recv(32)
+            assert len(nonce) == 32, nonce  # the challenge comes first
+            payload = b"\0" * 1024
+            s.sendall(b"DDPMEMR1" + struct.pack("<IIQQQ", 7, 0, 1, len(payload), 1) + payload)
+            s.settimeout(10)
+            assert s.recv(1) == b"", "the connection stays open"
+        peer_dir = memory_dir(jobs[1].pid)
+        assert not glob.glob(f"{peer_dir}/peer-7-*"), os.listdir(peer_dir)
+        for j in jobs:
+            os.killpg(j.pid, signal.SIGTERM)
+        outs = [seen + j.communicate(timeout=60)[0] for j in jobs]
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+    assert "a peer connection without the store's secret refused" in outs[1], outs[1]
+
+
+def test_a_restart_with_nothing_to_resume_says_it_lost_every_step(ddprun, tmp_path):
+    """Memory snapshots off and no disk snapshot yet: the restart starts over, and says how many
+    steps that lost (the progress record is kept with every_memory = 0)."""
+    conf = write_conf(tmp_path, 1000)
+    snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
+    cmd = [ddprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "3", conf,
+           f"snapshot.dir={snap}", f"train.metrics_file={metrics}", "snapshot.every_memory=0"]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=clean_env(), start_new_session=True)
+    try:
+        seen = read_until_step(job, 12)
+        os.kill(rank0_pid(metrics), signal.SIGKILL)
+        out = seen + finish(job)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, out
+    found = re.findall(r"starting again from step 0; source none, (\d+) steps lost", out)
+    assert len(found) == 1 and int(found[0]) >= 12, out
+    events = [e for e in map(json.loads, open(metrics)) if e["event"] == "resume"]
+    assert [(e["source"], e["steps_lost"]) for e in events] == [("none", int(found[0]))], events

@@ -1,0 +1,217 @@
+/* memory_snapshot: generations alternate between the two slots and each reads back as a snapshot;
+ * the newest that verifies wins; a torn copy (a section half overwritten, a header not yet
+ * written) never hides the good generation; a corrupt one is reported; a peer's copy is found and
+ * loses a tie to the node's own; the slots survive the writer (a new process keeps the newest);
+ * the progress record. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "memory_snapshot.h"
+
+static char dir[256];
+
+static void make_dir(void) {
+    snprintf(dir, sizeof dir, "/tmp/test_memory_snapshot.XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void remove_dir(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(memory_snapshot, .init = make_dir, .fini = remove_dir, .timeout = 30);
+
+#define N_PARAMS 1000
+#define N_BUFFERS 10
+
+static void fill(snapshot_data_t *d, int64_t step) {
+    for (int i = 0; i < N_PARAMS; i++) {
+        d->params[i] = (float)i * 0.5f + (float)step;
+        d->momentum[i] = -(float)i - (float)step;
+    }
+    for (int i = 0; i < N_BUFFERS; i++) d->buffers[i] = (float)(i + step);
+}
+
+static void take(memory_snapshot_t *m, int64_t step) {
+    snapshot_data_t *d = memory_snapshot_begin(m);
+    fill(d, step);
+    snapshot_header_t h = {0};
+    h.step = (uint64_t)step;
+    h.n_params = N_PARAMS;
+    h.n_buffers = N_BUFFERS;
+    h.world_size = 2;
+    memory_snapshot_submit(m, &h);
+    memory_snapshot_flush(m);
+    memory_snapshot_mark_reached(m, step);
+}
+
+static memory_snapshot_t *open_slots(void) {
+    memory_snapshot_t *m;
+    char err[512];
+    cr_assert_eq(memory_snapshot_create(dir, N_PARAMS, N_BUFFERS, false, NULL, &m, err, sizeof err), 0,
+                 "%s", err);
+    return m;
+}
+
+static int64_t found_step(memory_snapshot_source_t *source, int64_t *reached) {
+    snapshot_data_t d;
+    char path[4096];
+    int64_t r;
+    *source = memory_snapshot_find_latest(dir, NULL, &d, path, sizeof path, reached ? reached : &r);
+    if (*source == MEMORY_SNAPSHOT_NONE) return -1;
+    cr_assert_float_eq(d.params[3], 1.5f + (float)d.header.step, 0);
+    int64_t step = (int64_t)d.header.step;
+    snapshot_data_free(&d);
+    return step;
+}
+
+/* Bytes at offset of slot file name: overwritten with value. */
+static void scribble(const char *name, long offset, int value, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY);
+    cr_assert(fd >= 0);
+    char buf[4096];
+    memset(buf, value, n);
+    cr_assert_eq(pwrite(fd, buf, n, offset), (ssize_t)n);
+    close(fd);
+}
+
+/* The slot holding step (own-0 or own-1). */
+static const char *slot_of(int64_t step) {
+    static const char *names[2] = {"own-0.ddps", "own-1.ddps"};
+    for (int i = 0; i < 2; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        snapshot_data_t d;
+        char err[256];
+        if (snapshot_read(path, &d, err, sizeof err) == 0) {
+            int64_t s = (int64_t)d.header.step;
+            snapshot_data_free(&d);
+            if (s == step) return names[i];
+        }
+    }
+    cr_assert_fail("no slot holds step %lld", (long long)step);
+    return NULL;
+}
+
+Test(memory_snapshot, generations_alternate_and_the_newest_wins) {
+    memory_snapshot_t *m = open_slots();
+    cr_assert_eq(memory_snapshot_sealed_step(m), -1);
+    for (int64_t s = 1; s <= 5; s++) take(m, s);
+    cr_assert_eq(memory_snapshot_sealed_step(m), 5);
+    memory_snapshot_source_t source;
+    int64_t reached;
+    cr_assert_eq(found_step(&source, &reached), 5);
+    cr_assert_eq(source, MEMORY_SNAPSHOT_OWN);
+    cr_assert_eq(reached, 5);
+    cr_assert_neq(strcmp(slot_of(5), slot_of(4)), 0, "two generations share a slot");
+    memory_snapshot_destroy(m);
+}
+
+Test(memory_snapshot, a_torn_newest_copy_falls_back_to_the_previous_generation) {
+    memory_snapshot_t *m = open_slots();
+    take(m, 7);
+    take(m, 8);
+    memory_snapshot_destroy(m);
+    /* half of step 8's parameters overwritten, its header intact: as a copy cut short */
+    scribble(slot_of(8), (long)sizeof(snapshot_header_t) + 100, 0x5a, 2000);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 7);
+    /* a header not yet written (what begin leaves) is no generation either */
+    scribble(slot_of(7), 0, 0, 16);
+    cr_assert_eq(found_step(&source, NULL), -1);
+    cr_assert_eq(source, MEMORY_SNAPSHOT_NONE);
+}
+
+Test(memory_snapshot, a_new_writer_keeps_the_newest_generation_and_overwrites_the_older) {
+    memory_snapshot_t *m = open_slots();
+    take(m, 3);
+    take(m, 4);
+    memory_snapshot_destroy(m);
+    m = open_slots(); /* the restarted worker */
+    cr_assert_eq(memory_snapshot_sealed_step(m), 4);
+    const char *slot4 = slot_of(4);
+    snapshot_data_t *d = memory_snapshot_begin(m); /* killed while copying step 5 */
+    fill(d, 5);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 4);
+    cr_assert_str_eq(slot_of(4), slot4);
+    memory_snapshot_destroy(m);
+}
+
+Test(memory_snapshot, a_peer_copy_is_found_and_the_own_one_wins_a_tie) {
+    memory_snapshot_t *m = open_slots();
+    take(m, 6);
+    memory_snapshot_destroy(m);
+    char from[512], to[512], cmd[1100];
+    snprintf(from, sizeof from, "%s/%s", dir, slot_of(6));
+    snprintf(to, sizeof to, "%s/peer-1-0.ddps", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    cr_assert_eq(system(cmd), 0);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 6);
+    cr_assert_eq(source, MEMORY_SNAPSHOT_OWN);
+    unlink(from);
+    cr_assert_eq(found_step(&source, NULL), 6);
+    cr_assert_eq(source, MEMORY_SNAPSHOT_PEER);
+}
+
+Test(memory_snapshot, no_directory_is_no_snapshot) {
+    snapshot_data_t d;
+    char path[64];
+    int64_t reached;
+    cr_assert_eq(memory_snapshot_find_latest("/nonexistent/dir", NULL, &d, path, sizeof path, &reached),
+                 MEMORY_SNAPSHOT_NONE);
+    cr_assert_eq(reached, -1);
+}
+
+Test(memory_snapshot, the_progress_record_alone_counts_steps_without_slots) {
+    memory_snapshot_t *m;
+    char err[512];
+    cr_assert_eq(memory_snapshot_create_progress(dir, &m, err, sizeof err), 0, "%s", err);
+    memory_snapshot_mark_reached(m, 41);
+    cr_assert_eq(memory_snapshot_sealed_step(m), -1);
+    memory_snapshot_destroy(m);
+    memory_snapshot_source_t source;
+    int64_t reached;
+    cr_assert_eq(found_step(&source, &reached), -1);
+    cr_assert_eq(reached, 41);
+    /* a peer's word on how far its node got counts too: the newest wins */
+    char path[512];
+    snprintf(path, sizeof path, "%s/peer-1-progress", dir);
+    FILE *f = fopen(path, "wb");
+    uint64_t v[2] = {57, ~(uint64_t)57};
+    fwrite(v, sizeof v, 1, f);
+    fclose(f);
+    cr_assert_eq(found_step(&source, &reached), -1);
+    cr_assert_eq(reached, 57);
+}
+
+Test(memory_snapshot, copies_handed_to_the_writer_land_before_the_seal) {
+    memory_snapshot_t *m = open_slots();
+    static float params[N_PARAMS], momentum[N_PARAMS];
+    for (int i = 0; i < N_PARAMS; i++) {
+        params[i] = (float)i * 0.5f + 9.0f; /* fill()'s values for step 9 */
+        momentum[i] = -(float)i - 9.0f;
+    }
+    snapshot_data_t *d = memory_snapshot_begin(m);
+    for (int i = 0; i < N_BUFFERS; i++) d->buffers[i] = (float)(i + 9);
+    snapshot_header_t h = {.step = 9, .n_params = N_PARAMS, .n_buffers = N_BUFFERS};
+    memory_snapshot_copy_t copies[2] = {{d->params, params, sizeof params},
+                                        {d->momentum, momentum, sizeof momentum}};
+    memory_snapshot_submit_copies(m, &h, copies, 2);
+    memory_snapshot_wait_copied(m);
+    params[3] = -1; /* the sources may change now: the copy is made */
+    memory_snapshot_flush(m);
+    memory_snapshot_destroy(m);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 9); /* checks params[3] == 1.5 + 9 */
+}

@@ -1,0 +1,312 @@
+/* memory_snapshot: see memory_snapshot.h. One writer thread seals generations; the trainer's
+ * thread fills sections between memory_snapshot_begin and memory_snapshot_submit. */
+#include "memory_snapshot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ddp_error.h"
+
+#define SLOTS 2
+#define PROGRESS_FILE "progress"
+
+typedef struct {
+    uint8_t *map;      /* the whole slot file, MAP_SHARED */
+    int64_t step;      /* sealed step, -1: invalid */
+} slot_t;
+
+struct memory_snapshot {
+    char dir[4096];
+    size_t n_params, n_buffers, bytes;
+    bool has_second_moment;
+    bool has_slots;            /* false: the progress record alone */
+    memory_snapshot_wait_t wait;
+    slot_t slots[SLOTS];
+    int filling;               /* the slot being filled or sealed, -1: none */
+    snapshot_data_t data;      /* pointers into slots[filling] */
+    uint64_t *progress;        /* {step, ~step}, mapped */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool has_job, is_stopping;
+    snapshot_header_t job;
+    memory_snapshot_copy_t copies[MEMORY_SNAPSHOT_MAX_COPIES]; /* the job's, done by the thread */
+    int n_copies;
+    bool is_copied;            /* the job's copies are done: their sources may change */
+};
+
+static int map_file(const char *path, size_t bytes, uint8_t **out, char *err, size_t err_len) {
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return ddp_errf(err, err_len, "memory snapshot: cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0 || ((size_t)st.st_size != bytes && ftruncate(fd, (off_t)bytes) < 0)) {
+        int e = errno;
+        close(fd);
+        return ddp_errf(err, err_len, "memory snapshot: cannot size %s to %zu bytes: %s", path, bytes,
+                        strerror(e));
+    }
+    /* populated now: the first snapshot must not pay the page faults of the whole state */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED)
+        return ddp_errf(err, err_len, "memory snapshot: cannot map %s (%zu bytes): %s", path, bytes,
+                        strerror(e));
+    *out = p;
+    return 0;
+}
+
+/* The step a slot's mapping holds when its header verifies, else -1. The sections are not hashed
+ * again here: a slot the writer reuses is overwritten anyway, and readers verify everything. */
+static int64_t sealed_step_of(const slot_t *s) {
+    snapshot_header_t h;
+    memcpy(&h, s->map, sizeof h);
+    if (memcmp(h.magic, SNAPSHOT_MAGIC, sizeof h.magic) != 0 || h.version != SNAPSHOT_VERSION ||
+        h.header_bytes != sizeof h ||
+        XXH3_64bits(&h, offsetof(snapshot_header_t, header_checksum)) != h.header_checksum)
+        return -1;
+    return (int64_t)h.step;
+}
+
+static void point_data(memory_snapshot_t *m, int slot) {
+    uint8_t *base = m->slots[slot].map + sizeof(snapshot_header_t);
+    m->data.params = (float *)base;
+    m->data.momentum = m->data.params + m->n_params;
+    m->data.buffers = m->data.momentum + m->n_params;
+    m->data.second_moment = m->has_second_moment ? m->data.buffers + m->n_buffers : NULL;
+}
+
+static void *writer_main(void *arg) {
+    memory_snapshot_t *m = arg;
+    pthread_mutex_lock(&m->lock);
+    for (;;) {
+        while (!m->has_job && !m->is_stopping) pthread_cond_wait(&m->cond, &m->lock);
+        if (!m->has_job) break;
+        snapshot_header_t h = m->job;
+        int slot = m->filling;
+        pthread_mutex_unlock(&m->lock);
+        for (int i = 0; i < m->n_copies; i++)
+            memcpy(m->copies[i].dst, m->copies[i].src, m->copies[i].n_bytes);
+        pthread_mutex_lock(&m->lock);
+        m->is_copied = true;
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
+        if (m->wait.cb) m->wait.cb(m->wait.arg);
+        snapshot_seal(&h, &m->data);
+        /* the header last, after every section byte: until it lands the slot reads as invalid */
+        atomic_thread_fence(memory_order_release);
+        memcpy(m->slots[slot].map, &h, sizeof h);
+        pthread_mutex_lock(&m->lock);
+        m->slots[slot].step = (int64_t)h.step;
+        m->has_job = false;
+        m->filling = -1;
+        pthread_cond_broadcast(&m->cond);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+static int open_region(const char *dir, bool has_slots, size_t n_params, size_t n_buffers,
+                       bool has_second_moment, const memory_snapshot_wait_t *wait,
+                       memory_snapshot_t **out, char *err, size_t err_len) {
+    *out = NULL;
+    memory_snapshot_t *m = calloc(1, sizeof *m);
+    if (!m) return ddp_errf(err, err_len, "memory snapshot: out of memory");
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    m->n_params = n_params;
+    m->n_buffers = n_buffers;
+    m->has_second_moment = has_second_moment;
+    m->has_slots = has_slots;
+    m->slots[0].step = m->slots[1].step = -1;
+    m->bytes = sizeof(snapshot_header_t) +
+               ((has_second_moment ? 3 : 2) * n_params + n_buffers) * sizeof(float);
+    if (wait) m->wait = *wait;
+    m->filling = -1;
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->cond, NULL);
+    char path[4200];
+    for (int i = 0; has_slots && i < SLOTS; i++) {
+        snprintf(path, sizeof path, "%s/own-%d" SNAPSHOT_FILE_SUFFIX, dir, i);
+        if (map_file(path, m->bytes, &m->slots[i].map, err, err_len) < 0) goto fail;
+        m->slots[i].step = sealed_step_of(&m->slots[i]);
+    }
+    snprintf(path, sizeof path, "%s/" PROGRESS_FILE, dir);
+    uint8_t *progress;
+    if (map_file(path, 2 * sizeof(uint64_t), &progress, err, err_len) < 0) goto fail;
+    m->progress = (uint64_t *)progress;
+    if (has_slots && pthread_create(&m->thread, NULL, writer_main, m) != 0) {
+        munmap(m->progress, 2 * sizeof(uint64_t));
+        m->progress = NULL;
+        ddp_errf(err, err_len, "memory snapshot: cannot start its thread");
+        goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    for (int i = 0; i < SLOTS; i++)
+        if (m->slots[i].map) munmap(m->slots[i].map, m->bytes);
+    pthread_mutex_destroy(&m->lock);
+    pthread_cond_destroy(&m->cond);
+    free(m);
+    return -1;
+}
+
+int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
+                           bool has_second_moment, const memory_snapshot_wait_t *wait,
+                           memory_snapshot_t **out, char *err, size_t err_len) {
+    return open_region(dir, true, n_params, n_buffers, has_second_moment, wait, out, err, err_len);
+}
+
+int memory_snapshot_create_progress(const char *dir, memory_snapshot_t **out, char *err,
+                                    size_t err_len) {
+    return open_region(dir, false, 0, 0, false, NULL, out, err, err_len);
+}
+
+snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    while (m->has_job) pthread_cond_wait(&m->cond, &m->lock);
+    int slot = m->slots[0].step <= m->slots[1].step ? 0 : 1; /* never the newest sealed one */
+    m->slots[slot].step = -1;
+    m->filling = slot;
+    pthread_mutex_unlock(&m->lock);
+    memset(m->slots[slot].map, 0, sizeof(snapshot_header_t)); /* invalid until sealed */
+    atomic_thread_fence(memory_order_release);
+    point_data(m, slot);
+    return &m->data;
+}
+
+void memory_snapshot_submit(memory_snapshot_t *m, const snapshot_header_t *h) {
+    memory_snapshot_submit_copies(m, h, NULL, 0);
+}
+
+void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t *h,
+                                   const memory_snapshot_copy_t *copies, int n_copies) {
+    pthread_mutex_lock(&m->lock);
+    m->job = *h;
+    m->n_copies = n_copies < MEMORY_SNAPSHOT_MAX_COPIES ? n_copies : MEMORY_SNAPSHOT_MAX_COPIES;
+    if (m->n_copies > 0) memcpy(m->copies, copies, (size_t)m->n_copies * sizeof *copies);
+    m->is_copied = false;
+    m->has_job = true;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void memory_snapshot_wait_copied(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    while (m->has_job && !m->is_copied) pthread_cond_wait(&m->cond, &m->lock);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void memory_snapshot_flush(memory_snapshot_t *m) {
+    if (!m) return;
+    pthread_mutex_lock(&m->lock);
+    while (m->has_job) pthread_cond_wait(&m->cond, &m->lock);
+    pthread_mutex_unlock(&m->lock);
+}
+
+int64_t memory_snapshot_sealed_step(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    int64_t step = m->slots[0].step > m->slots[1].step ? m->slots[0].step : m->slots[1].step;
+    pthread_mutex_unlock(&m->lock);
+    return step;
+}
+
+void memory_snapshot_mark_reached(memory_snapshot_t *m, int64_t step) {
+    if (!m) return;
+    m->progress[1] = ~(uint64_t)step;
+    m->progress[0] = (uint64_t)step;
+}
+
+void memory_snapshot_each_slot(memory_snapshot_t *m, void (*cb)(void *arg, void *p, size_t n_bytes),
+                               void *arg) {
+    for (int i = 0; m->has_slots && i < SLOTS; i++) cb(arg, m->slots[i].map, m->bytes);
+}
+
+void memory_snapshot_destroy(memory_snapshot_t *m) {
+    if (!m) return;
+    pthread_mutex_lock(&m->lock);
+    m->is_stopping = true;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    if (m->has_slots) {
+        pthread_join(m->thread, NULL);
+        for (int i = 0; i < SLOTS; i++) munmap(m->slots[i].map, m->bytes);
+    }
+    munmap(m->progress, 2 * sizeof(uint64_t));
+    pthread_mutex_destroy(&m->lock);
+    pthread_cond_destroy(&m->cond);
+    free(m);
+}
+
+/* "own-N.ddps" or "peer-NODE-N.ddps" */
+static memory_snapshot_source_t source_of(const char *name) {
+    size_t n = strlen(name), ls = strlen(SNAPSHOT_FILE_SUFFIX);
+    if (n <= ls || strcmp(name + n - ls, SNAPSHOT_FILE_SUFFIX) != 0) return MEMORY_SNAPSHOT_NONE;
+    if (strncmp(name, "own-", 4) == 0) return MEMORY_SNAPSHOT_OWN;
+    if (strncmp(name, "peer-", 5) == 0) return MEMORY_SNAPSHOT_PEER;
+    return MEMORY_SNAPSHOT_NONE;
+}
+
+memory_snapshot_source_t memory_snapshot_find_latest(const char *dir, FILE *report,
+                                                     snapshot_data_t *d, char *path,
+                                                     size_t path_len, int64_t *reached) {
+    memset(d, 0, sizeof *d);
+    *reached = -1;
+    DIR *dh = opendir(dir);
+    if (!dh) return MEMORY_SNAPSHOT_NONE;
+    memory_snapshot_source_t best = MEMORY_SNAPSHOT_NONE;
+    for (struct dirent *e; (e = readdir(dh));) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        size_t len = strlen(e->d_name), lp = strlen("-" PROGRESS_FILE);
+        bool is_peer_progress = strncmp(e->d_name, "peer-", 5) == 0 && len > lp &&
+                                strcmp(e->d_name + len - lp, "-" PROGRESS_FILE) == 0;
+        if (strcmp(e->d_name, PROGRESS_FILE) == 0 || is_peer_progress) {
+            uint64_t v[2];
+            int fd = open(p, O_RDONLY | O_CLOEXEC);
+            if (fd >= 0 && pread(fd, v, sizeof v, 0) == (ssize_t)sizeof v && v[1] == ~v[0] &&
+                (int64_t)v[0] > *reached)
+                *reached = (int64_t)v[0];
+            if (fd >= 0) close(fd);
+            continue;
+        }
+        memory_snapshot_source_t source = source_of(e->d_name);
+        if (source == MEMORY_SNAPSHOT_NONE) continue;
+        /* a slot being written has no header yet: not damage, just not a generation */
+        snapshot_header_t head;
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        bool is_empty = fd < 0 || pread(fd, &head, sizeof head, 0) != (ssize_t)sizeof head ||
+                        head.magic[0] == 0;
+        if (fd >= 0) close(fd);
+        if (is_empty) continue;
+        snapshot_data_t c;
+        char err[1024];
+        if (snapshot_read(p, &c, err, sizeof err) != 0) {
+            if (report) fprintf(report, "ddpworker: memory snapshot skipped: %s\n", err);
+            continue;
+        }
+        /* newest step wins; at the same step this node's own copy, then the first found */
+        bool is_better = best == MEMORY_SNAPSHOT_NONE || c.header.step > d->header.step ||
+                         (c.header.step == d->header.step && source < best);
+        if (is_better) {
+            snapshot_data_free(d);
+            *d = c;
+            best = source;
+            snprintf(path, path_len, "%s", p);
+        } else {
+            snapshot_data_free(&c);
+        }
+    }
+    closedir(dh);
+    return best;
+}
