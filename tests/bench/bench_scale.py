@@ -10,7 +10,7 @@
                own; etcd: the 3 members together, tests/tools/etcd_cluster.py)
 
 The open-file limit is raised to its hard limit first (each agent holds a few sockets on the
-store). With --protocol the N agents are N threads of one process (tests/bench/bench_rdzv_threads.c): each
+store). With --protocol the N agents are N threads of one process (tests/bench/bench_rdzv_agents.c): each
 does an agent's join with its own client, one asks for a restart, all join the next round. No
 process starts, workers or heartbeats: the rendezvous protocol's own cost, which 2048 processes
 starting on a 2-core machine hide. Usage:
@@ -90,12 +90,12 @@ def run_protocol(ddprun, n, backend, timeout):
     endpoint, store_pids, store = start_store(ddprun, out, backend)
     result = {"agents": n, "backend": backend, "protocol": True}
     try:
-        bench = build_path("tests/bench", "bench_rdzv_threads")
+        bench = build_path("tests/bench", "bench_rdzv_agents")
         r = subprocess.run(["/usr/bin/time", "-f", "%U %S", bench, backend, endpoint, str(n)],
                            capture_output=True, text=True, timeout=timeout)
         lines = r.stdout.strip().splitlines()
         if r.returncode != 0 or not lines:
-            result["error"] = f"bench_rdzv_threads exit {r.returncode}: {r.stderr[-500:]}"
+            result["error"] = f"bench_rdzv_agents exit {r.returncode}: {r.stderr[-500:]}"
             return result
         result.update(json.loads(lines[-1]))
         user, system = r.stderr.strip().splitlines()[-1].split()
@@ -198,7 +198,7 @@ def main():
     ap.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--protocol", action="store_true",
-                    help="the N agents as threads of one process (bench_rdzv_threads): the protocol alone")
+                    help="the N agents as threads of one process (bench_rdzv_agents): the protocol alone")
     ap.add_argument("--json")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

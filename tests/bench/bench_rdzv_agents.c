@@ -1,4 +1,4 @@
-/* bench_rdzv_threads: the rendezvous protocol at scale without the processes: N agents' joins as N threads
+/* bench_rdzv_agents: the rendezvous protocol at scale without the processes: N agents' joins as N threads
  * of this one process, each with its own client (a TCP store connection, or an etcd client), doing
  * what an agent's join does (launcher/rendezvous.c: the round, ADD, records, close, read the
  * records; on etcd also the lease, the alive key and node 0's store address). Then one "agent"
@@ -7,8 +7,8 @@
  * protocol's own cost, which bench_scale.py's 1024 real agents on a 2-core machine cannot show
  * (there, starting 2048 processes is most of the time). bench_scale.py --protocol drives it.
  *
- *   bench_rdzv_threads c10d HOST:PORT N      (a `ddprun store` listening there)
- *   bench_rdzv_threads etcd ENDPOINTS N
+ *   bench_rdzv_agents c10d HOST:PORT N      (a `ddprun store` listening there)
+ *   bench_rdzv_agents etcd ENDPOINTS N
  *
  * Prints one JSON line: {"agents": N, "rendezvous_s": ..., "restart_s": ..., "errors": ...}. */
 #include <errno.h>
@@ -94,14 +94,14 @@ static void *sim_agent_main(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 4 || (strcmp(argv[1], "c10d") != 0 && strcmp(argv[1], "etcd") != 0)) {
-        fprintf(stderr, "usage: bench_rdzv_threads c10d HOST:PORT N | etcd ENDPOINTS N\n");
+        fprintf(stderr, "usage: bench_rdzv_agents c10d HOST:PORT N | etcd ENDPOINTS N\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    log_init("bench_rdzv_threads", LOG_LEVEL_WARN);
+    log_init("bench_rdzv_agents", LOG_LEVEL_WARN);
     int n = atoi(argv[3]);
     if (n < 1 || n > RDZV_MAX_NODES) {
-        fprintf(stderr, "bench_rdzv_threads: N=%s is not 1-%d\n", argv[3], RDZV_MAX_NODES);
+        fprintf(stderr, "bench_rdzv_agents: N=%s is not 1-%d\n", argv[3], RDZV_MAX_NODES);
         return 2;
     }
     opts.min_nodes = opts.max_nodes = (unsigned)n;
@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "c10d") == 0) {
         char *colon = strrchr(argv[2], ':');
         if (!colon) {
-            fprintf(stderr, "bench_rdzv_threads: %s is not HOST:PORT\n", argv[2]);
+            fprintf(stderr, "bench_rdzv_agents: %s is not HOST:PORT\n", argv[2]);
             return 2;
         }
         snprintf(opts.rdzv_host, sizeof opts.rdzv_host, "%.*s", (int)(colon - argv[2]), argv[2]);
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         agents[i].index = i;
         if (pthread_create(&agents[i].thread, &attr, sim_agent_main, &agents[i]) != 0) {
-            fprintf(stderr, "bench_rdzv_threads: thread %d: %s\n", i, strerror(errno));
+            fprintf(stderr, "bench_rdzv_agents: thread %d: %s\n", i, strerror(errno));
             return 1;
         }
     }
@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         pthread_join(agents[i].thread, NULL);
         if (agents[i].rc < 0 && errors++ == 0)
-            fprintf(stderr, "bench_rdzv_threads: agent %d: %s\n", i, agents[i].err);
+            fprintf(stderr, "bench_rdzv_agents: agent %d: %s\n", i, agents[i].err);
         if (agents[i].joined_ns > joined) joined = agents[i].joined_ns;
         if (agents[i].rejoined_ns > rejoined) rejoined = agents[i].rejoined_ns;
     }
