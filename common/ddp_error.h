@@ -1,6 +1,8 @@
-/* ddp_error: the project's error convention for launcher/, common/ and proto/ callers.
- * Functions return 0 or a negative errno / DDP_E* code; TRY propagates, TRY_GOTO jumps to the
- * one cleanup label. ddp_strerror names both kinds. */
+/* ddp_error: error codes and messages. The launcher's, common/'s and proto/'s functions return 0
+ * or a negative errno / DDP_E* code; TRY propagates, TRY_GOTO jumps to the one cleanup label, and
+ * ddp_strerror names both kinds. The parsers and loaders of files and flags say what was wrong in
+ * a caller's err buffer (ddp_errf), on both sides: the worker's return -1, the launcher's -EINVAL
+ * (DDP_ERRF_EINVAL). */
 #ifndef DDP_COMMON_DDP_ERROR_H
 #define DDP_COMMON_DDP_ERROR_H
 
@@ -34,7 +36,11 @@ enum {
 /* Message for 0, -errno or DDP_E*; never NULL. */
 const char *ddp_strerror(int rc);
 /* Format "what and where" into err (err_len bytes, always terminated) and return -1: the one
- * helper behind every `return ddp_errf(err, err_len, ...)` of a parser or loader. */
+ * formatter behind every parser's and loader's message, `return ddp_errf(err, err_len, ...)` in
+ * the worker's readers (train.conf, datasets, images, weights, snapshots), which return -1. */
 int ddp_errf(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* ddp_errf for code under the 0 / -errno convention (options.c's flags, slurm.c's variables and
+ * node lists): the message into err, and -EINVAL. */
+#define DDP_ERRF_EINVAL(err, err_len, ...) (ddp_errf((err), (err_len), __VA_ARGS__), -EINVAL)
 
 #endif

@@ -3,7 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,4 +35,48 @@ int fs_check_writable(const char *dir) {
     close(fd);
     unlink(probe);
     return rc;
+}
+
+void fs_self_dir(char *out, size_t out_len) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) snprintf(out, out_len, ".");
+    else snprintf(out, out_len, "%.*s", slash == exe ? 1 : (int)(slash - exe), exe);
+}
+
+/* path with its longest existing prefix replaced by realpath's answer; unchanged when that does
+ * not fit in len */
+static void resolve_existing_prefix(char *path, size_t len) {
+    char head[PATH_MAX], real[PATH_MAX];
+    snprintf(head, sizeof head, "%s", path);
+    for (;;) {
+        if (realpath(head, real)) {
+            const char *tail = path + strlen(head);
+            size_t real_len = strlen(real), tail_len = strlen(tail);
+            if (real_len + tail_len >= len) return;
+            memmove(path + real_len, tail, tail_len + 1);
+            memcpy(path, real, real_len);
+            return;
+        }
+        char *slash = strrchr(head, '/');
+        if (!slash || slash == head) return;
+        *slash = '\0';
+    }
+}
+
+int fs_find_beside_self(const char *const *paths, int n, int mode, char *out, size_t out_len) {
+    char dir[PATH_MAX];
+    fs_self_dir(dir, sizeof dir);
+    for (int i = 0; i < n; i++) {
+        int k = paths[i][0] == '/' ? snprintf(out, out_len, "%s", paths[i])
+                                   : snprintf(out, out_len, "%s/%s", dir, paths[i]);
+        if (k > 0 && (size_t)k < out_len && access(out, mode) == 0) {
+            resolve_existing_prefix(out, out_len);
+            return 0;
+        }
+    }
+    if (out_len) resolve_existing_prefix(out, out_len);
+    return -ENOENT;
 }

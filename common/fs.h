@@ -10,5 +10,14 @@ int fs_mkdir_p(const char *path);
 /* Whether this process can create files in dir: creates and removes a probe file. Returns 0 or
  * -errno (dir missing, read-only, full, permissions). */
 int fs_check_writable(const char *dir);
+/* The folder of this process's executable (/proc/self/exe, "." when unreadable) into out. */
+void fs_self_dir(char *out, size_t out_len);
+/* Find a file beside this executable: the first of paths[0..n) (each relative to the executable's
+ * folder, or absolute) that passes access(mode) (F_OK, R_OK, X_OK), into out. Returns 0, or
+ * -ENOENT with out holding the last candidate. Either way the part of out that exists is
+ * resolved through realpath (/usr/lib/..., not /usr/bin/../lib/...: messages and --version name
+ * the real place).
+ * ddprun's shim, trainer and plot script, ddpworker's CUDA library. Blocking (stat); any thread. */
+int fs_find_beside_self(const char *const *paths, int n, int mode, char *out, size_t out_len);
 
 #endif

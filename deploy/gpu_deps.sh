@@ -7,6 +7,8 @@
 #   source deploy/gpu_deps.sh --env     # PKG_CONFIG_*, CMAKE_PREFIX_PATH, LD_LIBRARY_PATH, PATH
 #   cmake -S . -B build && cmake --build build -j
 # Debian 12's binaries run on Ubuntu 24.04 (older glibc). Nothing is installed system-wide.
+# Not oneDNN (libdnnl2 is 40 MB, more than a call may carry beside the rest): ddpworker built there
+# has the cpu backend's plain path, which is the reference the cuda backend is tested against.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.deps"
 
 if [ "${1:-}" = "--env" ]; then

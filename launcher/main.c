@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "log.h"
 #include "options.h"
+#include "slurm.h"
 
 int main(int argc, char **argv) {
     const char *level = getenv("DDPRUN_LOG_LEVEL");
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
         }
     }
     static ddprun_opts_t opts;
-    int rc = options_parse(argc, argv, &opts, stderr);
+    int rc = options_parse(argc, argv, &opts, slurm_apply_defaults, stderr);
     if (rc != 0) return rc == 1 ? 0 : rc;
     if (opts.is_dry_run) {
         options_print(&opts, stdout);

@@ -5,15 +5,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "ddp_error.h"
 #include "endpoint.h"
-#include "rdzv/rdzv_kv.h"
-#include "slurm.h"
 #include "store_limits.h"
 
 typedef int (*opt_set_fn)(ddprun_opts_t *o, const char *value, char *err, size_t err_len);
@@ -25,16 +23,6 @@ typedef struct {
     const char *help;
     opt_set_fn set;
 } opt_spec_t;
-
-static int errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int errf(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
 
 static int parse_int(const char *v, long min, long max, long *out) {
     char *end;
@@ -54,7 +42,7 @@ static int parse_seconds(const char *v, double *out) {
 }
 
 static int copy_str(char *dst, size_t cap, const char *v, const char *what, char *err, size_t el) {
-    if (strlen(v) >= cap) return errf(err, el, "%s is longer than %zu characters", what, cap - 1);
+    if (strlen(v) >= cap) return DDP_ERRF_EINVAL(err, el, "%s is longer than %zu characters", what, cap - 1);
     strcpy(dst, v);
     return 0;
 }
@@ -85,13 +73,13 @@ static int set_nnodes(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     char first[32];
     if (colon) {
         size_t n = (size_t)(colon - v);
-        if (n >= sizeof first) return errf(err, el, "--nnodes: '%s' is not N or MIN:MAX", v);
+        if (n >= sizeof first) return DDP_ERRF_EINVAL(err, el, "--nnodes: '%s' is not N or MIN:MAX", v);
         memcpy(first, v, n);
         first[n] = '\0';
     }
     if (parse_int(colon ? first : v, 1, 100000, &lo) < 0 ||
         parse_int(colon ? colon + 1 : v, 1, 100000, &hi) < 0 || lo > hi)
-        return errf(err, el, "--nnodes: '%s' is not N or MIN:MAX with 1 <= MIN <= MAX", v);
+        return DDP_ERRF_EINVAL(err, el, "--nnodes: '%s' is not N or MIN:MAX with 1 <= MIN <= MAX", v);
     o->min_nodes = (unsigned)lo;
     o->max_nodes = (unsigned)hi;
     return 0;
@@ -103,11 +91,11 @@ static int set_nproc(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (strcmp(v, "cpu") == 0) n = cpus;
     else if (strcmp(v, "gpu") == 0) {
-        if (gpus == 0) return errf(err, el, "--nproc-per-node gpu: no GPU is visible here");
+        if (gpus == 0) return DDP_ERRF_EINVAL(err, el, "--nproc-per-node gpu: no GPU is visible here");
         n = gpus;
     } else if (strcmp(v, "auto") == 0) n = gpus > 0 ? gpus : cpus;
     else if (parse_int(v, 1, DDP_MAX_LOCAL_WORKERS, &n) < 0)
-        return errf(err, el, "--nproc-per-node: '%s' is not a count (1-%d), cpu, gpu or auto", v,
+        return DDP_ERRF_EINVAL(err, el, "--nproc-per-node: '%s' is not a count (1-%d), cpu, gpu or auto", v,
                     DDP_MAX_LOCAL_WORKERS);
     if (n > DDP_MAX_LOCAL_WORKERS) n = DDP_MAX_LOCAL_WORKERS;
     o->nproc_per_node = (int)n;
@@ -116,19 +104,19 @@ static int set_nproc(ddprun_opts_t *o, const char *v, char *err, size_t el) {
 
 static int set_node_rank(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long r;
-    if (parse_int(v, 0, 100000, &r) < 0) return errf(err, el, "--node-rank: '%s' is not >= 0", v);
+    if (parse_int(v, 0, 100000, &r) < 0) return DDP_ERRF_EINVAL(err, el, "--node-rank: '%s' is not >= 0", v);
     o->node_rank = (int)r;
     return 0;
 }
 
 static int set_backend(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (strcmp(v, "etcd-v2") == 0)
-        return errf(err, el, "--rdzv-backend etcd-v2: etcd's v2 API is off by default since etcd "
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd-v2: etcd's v2 API is off by default since etcd "
                              "3.4 and removed in 3.6; ddprun's etcd backend speaks the v3 API: "
                              "use --rdzv-backend etcd");
     if (strcmp(v, "etcd-v3") == 0) v = "etcd";
     if (strcmp(v, "c10d") && strcmp(v, "static") && strcmp(v, "etcd"))
-        return errf(err, el, "--rdzv-backend: '%s' is not c10d, etcd or static", v);
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend: '%s' is not c10d, etcd or static", v);
     strcpy(o->rdzv_backend, v);
     return 0;
 }
@@ -163,13 +151,13 @@ int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el)
     if (copy_str(buf, sizeof buf, v, "--rdzv-conf", err, el) < 0) return -EINVAL;
     for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
-        if (!eq) return errf(err, el, "--rdzv-conf: '%s' is not key=value", item);
+        if (!eq) return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: '%s' is not key=value", item);
         *eq = '\0';
         const char *v2 = eq + 1;
         if (strcmp(item, "is_host") == 0) {
             if (!strcmp(v2, "true") || !strcmp(v2, "1") || !strcmp(v2, "True")) o->is_host = 1;
             else if (!strcmp(v2, "false") || !strcmp(v2, "0") || !strcmp(v2, "False")) o->is_host = 0;
-            else return errf(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
+            else return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
             continue;
         }
         struct {
@@ -186,33 +174,33 @@ int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el)
         while (t < sizeof texts / sizeof texts[0] && strcmp(texts[t].key, item) != 0) t++;
         if (t < sizeof texts / sizeof texts[0]) {
             if (strlen(v2) >= texts[t].size) /* never echo the value: it may be a password */
-                return errf(err, el, "--rdzv-conf: %s is longer than %zu bytes", item,
+                return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s is longer than %zu bytes", item,
                             texts[t].size - 1);
             strcpy(texts[t].field, v2);
             continue;
         }
         if (strcmp(item, "store_type") == 0) {
             if (strcasecmp(v2, "tcp") != 0)
-                return errf(err, el, "--rdzv-conf: store_type=%s: ddprun's rendezvous store is a "
+                return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: store_type=%s: ddprun's rendezvous store is a "
                                      "TCP store (store_type=tcp); a file store is not supported", v2);
             continue;
         }
         size_t i = 0, n = sizeof keys / sizeof keys[0];
         while (i < n && strcmp(keys[i].key, item) != 0) i++;
         if (i == n)
-            return errf(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
                                  "close_timeout, heartbeat_timeout, keep_alive_interval, "
                                  "read_timeout, is_host, store_type; etcd: lease_ttl, status_ttl, "
                                  "cacert, cert, key, user, password, password_file)", item);
         if (parse_seconds(eq + 1, keys[i].field) < 0)
-            return errf(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
     }
     return 0;
 }
 
 static int set_start_method(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
-        return errf(err, el, "--start-method: '%s' is not spawn, fork or forkserver", v);
+        return DDP_ERRF_EINVAL(err, el, "--start-method: '%s' is not spawn, fork or forkserver", v);
     strcpy(o->start_method, v);
     return 0;
 }
@@ -230,14 +218,14 @@ static int set_standalone(ddprun_opts_t *o, const char *v, char *err, size_t el)
 
 static int set_max_restarts(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long n;
-    if (parse_int(v, 0, 1000000, &n) < 0) return errf(err, el, "--max-restarts: '%s' is not >= 0", v);
+    if (parse_int(v, 0, 1000000, &n) < 0) return DDP_ERRF_EINVAL(err, el, "--max-restarts: '%s' is not >= 0", v);
     o->max_restarts = (int)n;
     return 0;
 }
 
 static int set_monitor(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (parse_seconds(v, &o->monitor_interval_s) < 0)
-        return errf(err, el, "--monitor-interval: '%s' is not a number of seconds", v);
+        return DDP_ERRF_EINVAL(err, el, "--monitor-interval: '%s' is not a number of seconds", v);
     return 0;
 }
 
@@ -265,7 +253,7 @@ static int parse_std_spec(uint8_t *masks, const char *v, const char *flag, char 
         if (colon) *colon = '\0';
         if (!colon || parse_int(item, 0, DDP_MAX_LOCAL_WORKERS - 1, &rank) < 0 ||
             parse_int(colon + 1, 0, 3, &m) < 0)
-            return errf(err, el, "%s: '%s' is not 0-3 or LOCAL_RANK:0-3,...", flag, v);
+            return DDP_ERRF_EINVAL(err, el, "%s: '%s' is not 0-3 or LOCAL_RANK:0-3,...", flag, v);
         masks[rank] = (uint8_t)m;
     }
     return 0;
@@ -286,7 +274,7 @@ static int set_ranks_filter(ddprun_opts_t *o, const char *v, char *err, size_t e
     for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         long r;
         if (parse_int(item, 0, DDP_MAX_LOCAL_WORKERS - 1, &r) < 0)
-            return errf(err, el, "--local-ranks-filter: '%s' is not a list of local ranks", v);
+            return DDP_ERRF_EINVAL(err, el, "--local-ranks-filter: '%s' is not a list of local ranks", v);
         o->is_rank_shown[r] = true;
     }
     return 0;
@@ -298,7 +286,7 @@ static int set_master_addr(ddprun_opts_t *o, const char *v, char *err, size_t el
 
 static int set_master_port(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long p;
-    if (parse_int(v, 0, 65535, &p) < 0) return errf(err, el, "--master-port: '%s' is not a port", v);
+    if (parse_int(v, 0, 65535, &p) < 0) return DDP_ERRF_EINVAL(err, el, "--master-port: '%s' is not a port", v);
     o->master_port = (uint16_t)p;
     return 0;
 }
@@ -333,7 +321,7 @@ static int set_signals(ddprun_opts_t *o, const char *v, char *err, size_t el) {
         size_t i = 0, n = sizeof names / sizeof names[0];
         while (i < n && strcmp(names[i].name, item) != 0) i++;
         if (i == n || o->n_signals == DDP_MAX_SIGNALS)
-            return errf(err, el, "--signals-to-handle: '%s' is not one of SIGTERM, SIGINT, SIGHUP, "
+            return DDP_ERRF_EINVAL(err, el, "--signals-to-handle: '%s' is not one of SIGTERM, SIGINT, SIGHUP, "
                                  "SIGQUIT, SIGUSR1, SIGUSR2", item);
         o->signals[o->n_signals++] = names[i].num;
     }
@@ -342,34 +330,34 @@ static int set_signals(ddprun_opts_t *o, const char *v, char *err, size_t el) {
 
 static int set_shutdown_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (parse_seconds(v, &o->shutdown_timeout_s) < 0)
-        return errf(err, el, "--shutdown-timeout: '%s' is not a number of seconds", v);
+        return DDP_ERRF_EINVAL(err, el, "--shutdown-timeout: '%s' is not a number of seconds", v);
     return 0;
 }
 
 static int set_hang_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (parse_seconds(v, &o->hang_timeout_s) < 0)
-        return errf(err, el, "--hang-timeout: '%s' is not a number of seconds", v);
+        return DDP_ERRF_EINVAL(err, el, "--hang-timeout: '%s' is not a number of seconds", v);
     return 0;
 }
 
 static int set_store_max_value(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long n;
     if (parse_int(v, 1, 1L << 30, &n) < 0)
-        return errf(err, el, "--store-max-value: '%s' is not a byte count in [1, 1073741824]", v);
+        return DDP_ERRF_EINVAL(err, el, "--store-max-value: '%s' is not a byte count in [1, 1073741824]", v);
     o->store_max_value_bytes = (size_t)n;
     return 0;
 }
 
 static int set_start_timeout(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (parse_seconds(v, &o->start_timeout_s) < 0)
-        return errf(err, el, "--start-timeout: '%s' is not a number of seconds", v);
+        return DDP_ERRF_EINVAL(err, el, "--start-timeout: '%s' is not a number of seconds", v);
     return 0;
 }
 
 static int set_warm_spares(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (strcmp(v, "auto") == 0) o->warm_spares = -1;
     else if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) o->warm_spares = v[0] - '0';
-    else return errf(err, el, "--warm-spares: '%s' is not 0, 1 or auto", v);
+    else return DDP_ERRF_EINVAL(err, el, "--warm-spares: '%s' is not 0, 1 or auto", v);
     return 0;
 }
 
@@ -518,7 +506,7 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
         if (!v || (!opt_table[i].metavar && (!*v || strcmp(v, "0") == 0))) continue;
         char msg[512];
         if (opt_table[i].set(o, v, msg, sizeof msg) < 0)
-            return errf(err, el, "%s (from $%s)", msg, env);
+            return DDP_ERRF_EINVAL(err, el, "%s (from $%s)", msg, env);
     }
     return 0;
 }
@@ -526,27 +514,28 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
 /* etcd: the endpoint list, the lease, TLS files that exist, and the password (from password=,
  * password_file= or $DDPRUN_ETCD_PASSWORD) when there is a user. */
 int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
-    if (!rdzv_kv_has_etcd())
-        return errf(err, el, "--rdzv-backend etcd: this ddprun was built without libcurl, so "
-                             "without its etcd backend");
+#ifndef DDP_HAVE_ETCD /* rdzv/rdzv_kv's build, libcurl found or not */
+    return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd: this ddprun was built without libcurl, "
+                                    "so without its etcd backend");
+#endif
     if (!o->has_rdzv_endpoint || !o->rdzv_endpoints[0])
-        return errf(err, el, "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
     if (o->lease_ttl_s < 1 || o->lease_ttl_s > 3600)
-        return errf(err, el, "--rdzv-conf: lease_ttl=%g is not 1-3600 seconds", o->lease_ttl_s);
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: lease_ttl=%g is not 1-3600 seconds", o->lease_ttl_s);
     if (o->status_ttl_s < 1 || o->status_ttl_s > 30 * 86400)
-        return errf(err, el, "--rdzv-conf: status_ttl=%g is not 1 s - 30 days", o->status_ttl_s);
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: status_ttl=%g is not 1 s - 30 days", o->status_ttl_s);
     const char *files[] = {o->etcd_cacert, o->etcd_cert, o->etcd_key};
     const char *names[] = {"cacert", "cert", "key"};
     for (int i = 0; i < 3; i++)
         if (files[i][0] && access(files[i], R_OK) != 0)
-            return errf(err, el, "--rdzv-conf: %s=%s: %s", names[i], files[i], strerror(errno));
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s: %s", names[i], files[i], strerror(errno));
     if (!o->etcd_cert[0] != !o->etcd_key[0])
-        return errf(err, el, "--rdzv-conf: cert= and key= go together");
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: cert= and key= go together");
     const char *env = getenv("DDPRUN_ETCD_PASSWORD");
     if (o->etcd_password_file[0]) {
         FILE *f = fopen(o->etcd_password_file, "r");
         if (!f)
-            return errf(err, el, "--rdzv-conf: password_file=%s: %s", o->etcd_password_file,
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: password_file=%s: %s", o->etcd_password_file,
                         strerror(errno));
         size_t n = fread(o->etcd_password, 1, sizeof o->etcd_password - 1, f);
         bool is_long = n == sizeof o->etcd_password - 1 && fgetc(f) != EOF;
@@ -554,13 +543,13 @@ int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
         o->etcd_password[n] = '\0';
         o->etcd_password[strcspn(o->etcd_password, "\r\n")] = '\0';
         if (is_long)
-            return errf(err, el, "--rdzv-conf: password_file=%s: longer than %zu bytes",
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: password_file=%s: longer than %zu bytes",
                         o->etcd_password_file, sizeof o->etcd_password - 1);
     } else if (!o->etcd_password[0] && env && strlen(env) < sizeof o->etcd_password) {
         strcpy(o->etcd_password, env);
     }
     if (o->etcd_user[0] && !o->etcd_password[0])
-        return errf(err, el, "--rdzv-conf: user=%s needs a password (password_file=, "
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: user=%s needs a password (password_file=, "
                              "$DDPRUN_ETCD_PASSWORD or password=)", o->etcd_user);
     snprintf(o->rdzv_host, sizeof o->rdzv_host, "%.*s", (int)strcspn(o->rdzv_endpoints, ","),
              o->rdzv_endpoints);
@@ -577,7 +566,7 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     /* only ddpworker can wait as a spare; on a GPU a fresh one spends most of its start on the
      * CUDA context and the libraries' handles */
     if (o->warm_spares == 1 && !is_builtin)
-        return errf(err, el, "--warm-spares 1: only the built-in trainer (a train.conf) can wait as "
+        return DDP_ERRF_EINVAL(err, el, "--warm-spares 1: only the built-in trainer (a train.conf) can wait as "
                              "a spare, not %s", prog);
     if (o->warm_spares < 0) o->warm_spares = is_builtin && count_gpus() > 0;
     if (o->is_standalone) {
@@ -597,38 +586,39 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     if (o->has_rdzv_endpoint && !o->is_standalone && !is_etcd && o->rdzv_endpoints[0]) {
         char msg[256];
         if (strchr(o->rdzv_endpoints, ','))
-            return errf(err, el, "--rdzv-endpoint %s: a list of endpoints is for --rdzv-backend "
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-endpoint %s: a list of endpoints is for --rdzv-backend "
                                  "etcd; %s takes one HOST[:PORT]", o->rdzv_endpoints, o->rdzv_backend);
         if (endpoint_parse(o->rdzv_endpoints, DDP_DEFAULT_STORE_PORT, o->rdzv_host,
                            sizeof o->rdzv_host, &o->rdzv_port, msg, sizeof msg) < 0)
-            return errf(err, el, "--rdzv-endpoint: %s", msg);
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-endpoint: %s", msg);
     }
     if (is_etcd && options_finish_etcd(o, err, el) < 0) return -EINVAL;
     if (strcmp(o->rdzv_backend, "static") == 0) {
         if (o->min_nodes != o->max_nodes)
-            return errf(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
+            return DDP_ERRF_EINVAL(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
                         o->min_nodes, o->max_nodes);
         if (o->node_rank < 0) o->node_rank = 0; /* torchrun's default: the card's command is node 0 */
         if (o->node_rank >= (int)o->min_nodes)
-            return errf(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
+            return DDP_ERRF_EINVAL(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
                         o->min_nodes);
         /* The static backend's store is MASTER_ADDR:MASTER_PORT, hosted by node 0. */
         strcpy(o->rdzv_host, o->master_addr);
         o->rdzv_port = o->master_port;
         o->has_rdzv_endpoint = true;
     } else if (!o->has_rdzv_endpoint) {
-        return errf(err, el, "--rdzv-backend %s needs --rdzv-endpoint %s", o->rdzv_backend,
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend %s needs --rdzv-endpoint %s", o->rdzv_backend,
                     is_etcd ? "HOST[:PORT],..." : "HOST[:PORT]");
     }
     if (o->is_no_python && o->is_module)
-        return errf(err, el, "--no-python and --module exclude each other");
+        return DDP_ERRF_EINVAL(err, el, "--no-python and --module exclude each other");
     return 0;
 }
 
-int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
+int options_parse(int argc, char **argv, ddprun_opts_t *o, options_defaults_fn defaults,
+                  FILE *errf_out) {
     char err[768];
     set_defaults(o);
-    int rc = slurm_apply_defaults(o, err, sizeof err); /* then PET_* and flags override them */
+    int rc = defaults ? defaults(o, err, sizeof err) : 0; /* then PET_* and flags override them */
     if (rc == 0) rc = apply_env(o, err, sizeof err);
     int i = 1;
     for (; rc == 0 && i < argc; i++) {
@@ -652,23 +642,23 @@ int options_parse(int argc, char **argv, ddprun_opts_t *o, FILE *errf_out) {
             s = a[2] == '\0' ? find_short(a[1]) : NULL;
         }
         if (!s) {
-            rc = errf(err, sizeof err, "unknown option %s", a);
+            rc = DDP_ERRF_EINVAL(err, sizeof err, "unknown option %s", a);
             break;
         }
         if (s->metavar && !value) {
             if (i + 1 >= argc) {
-                rc = errf(err, sizeof err, "option --%s needs a value (%s)", s->name, s->metavar);
+                rc = DDP_ERRF_EINVAL(err, sizeof err, "option --%s needs a value (%s)", s->name, s->metavar);
                 break;
             }
             value = argv[++i];
         } else if (!s->metavar && value) {
-            rc = errf(err, sizeof err, "option --%s takes no value", s->name);
+            rc = DDP_ERRF_EINVAL(err, sizeof err, "option --%s takes no value", s->name);
             break;
         }
         rc = s->set(o, value ? value : "", err, sizeof err);
     }
     if (rc == 0 && i >= argc)
-        rc = errf(err, sizeof err, "no program given: ddprun [options] train.conf|script.py|PROGRAM");
+        rc = DDP_ERRF_EINVAL(err, sizeof err, "no program given: ddprun [options] train.conf|script.py|PROGRAM");
     if (rc == 0) {
         o->program_argv = argv + i;
         o->program_argc = argc - i;

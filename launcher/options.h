@@ -59,10 +59,15 @@ typedef struct {
     int program_argc;
 } ddprun_opts_t;
 
-/* Parse argv (argv[0] is the program name) after the PET_* environment, itself after a Slurm
- * allocation's defaults (slurm.h). Returns 0, 1 when --help was printed (exit 0), or 2 after
- * printing one line "ddprun: ..." to err (exit 2). */
-int options_parse(int argc, char **argv, ddprun_opts_t *out, FILE *err);
+/* Defaults beyond the built-in ones, set before the PET_* environment and the flags, which win:
+ * main passes a Slurm allocation's (slurm_apply_defaults, slurm.h, which sits above this file).
+ * 0, or a negative code with the message in err. */
+typedef int (*options_defaults_fn)(ddprun_opts_t *o, char *err, size_t err_len);
+/* Parse argv (argv[0] is the program name) after the PET_* environment, itself after the built-in
+ * defaults and then `defaults` (NULL: none). Returns 0, 1 when --help was printed (exit 0), or 2
+ * after printing one line "ddprun: ..." to err (exit 2). */
+int options_parse(int argc, char **argv, ddprun_opts_t *out, options_defaults_fn defaults,
+                  FILE *err);
 /* --rdzv-conf K=V,... into o (ddprun status parses it too); 0 or -1 with the message in err. */
 int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el);
 /* etcd's settings checked and completed (the password from its file or the environment). */

@@ -8,7 +8,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,19 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ddp_error.h"
 #include "endpoint.h"
 
 extern char **environ;
-
-static int errf(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int errf(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
 
 /* ---- the node-list parser ------------------------------------------------------------------ */
 
@@ -46,9 +36,9 @@ static bool is_host_char(char c) {
 }
 
 static int emit(sink_t *s, const char *name, size_t len) {
-    if (len == 0) return errf(s->err, s->err_len, "an empty host name");
+    if (len == 0) return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty host name");
     if (++s->n_hosts > SLURM_MAX_HOSTS)
-        return errf(s->err, s->err_len, "more than %d hosts", SLURM_MAX_HOSTS);
+        return DDP_ERRF_EINVAL(s->err, s->err_len, "more than %d hosts", SLURM_MAX_HOSTS);
     if (s->used + len + 2 <= s->out_len) {
         memcpy(s->out + s->used, name, len);
         s->used += len;
@@ -61,12 +51,12 @@ static int emit(sink_t *s, const char *name, size_t len) {
 /* A decimal bound of a range: digits only, at most 9 of them. */
 static int parse_bound(sink_t *s, const char *p, size_t len, long *out) {
     if (len == 0 || len > 9)
-        return errf(s->err, s->err_len, "'%.*s' at position %td is not a number of 1-9 digits",
+        return DDP_ERRF_EINVAL(s->err, s->err_len, "'%.*s' at position %td is not a number of 1-9 digits",
                     (int)len, p, p - s->list);
     long v = 0;
     for (size_t i = 0; i < len; i++) {
         if (!isdigit((unsigned char)p[i]))
-            return errf(s->err, s->err_len, "'%c' at position %td is not a digit in a range", p[i],
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "'%c' at position %td is not a digit in a range", p[i],
                         p + i - s->list);
         v = v * 10 + (p[i] - '0');
     }
@@ -82,13 +72,13 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
     size_t plain = open ? (size_t)(open - item) : len;
     for (size_t i = 0; i < plain; i++) {
         if (item[i] == ']')
-            return errf(s->err, s->err_len, "']' at position %td has no '['", item + i - s->list);
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "']' at position %td has no '['", item + i - s->list);
         if (!is_host_char(item[i]))
-            return errf(s->err, s->err_len, "'%c' at position %td is not in a host name",
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "'%c' at position %td is not in a host name",
                         isprint((unsigned char)item[i]) ? item[i] : '?', item + i - s->list);
     }
     if (name_used + plain >= SLURM_HOST_MAX_BYTES)
-        return errf(s->err, s->err_len, "a host name longer than %d bytes",
+        return DDP_ERRF_EINVAL(s->err, s->err_len, "a host name longer than %d bytes",
                     SLURM_HOST_MAX_BYTES - 1);
     memcpy(name + name_used, item, plain);
     name_used += plain;
@@ -98,11 +88,11 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
     const char *nested =
         memchr(open + 1, '[', close ? (size_t)(close - open - 1) : len - plain - 1);
     if (!close || nested)
-        return errf(s->err, s->err_len, "'[' at position %td is not closed by ']'", open - s->list);
+        return DDP_ERRF_EINVAL(s->err, s->err_len, "'[' at position %td is not closed by ']'", open - s->list);
     const char *rest = close + 1;
     size_t rest_len = len - (size_t)(rest - item);
     const char *p = open + 1;
-    if (p == close) return errf(s->err, s->err_len, "an empty range at position %td", p - s->list);
+    if (p == close) return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty range at position %td", p - s->list);
     while (p < close) {
         const char *comma = memchr(p, ',', (size_t)(close - p));
         const char *end = comma ? comma : close;
@@ -113,23 +103,23 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
         if (rc < 0) return rc;
         if (!dash) hi = lo;
         if (lo > hi)
-            return errf(s->err, s->err_len, "the range %.*s at position %td goes down",
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "the range %.*s at position %td goes down",
                         (int)(end - p), p, p - s->list);
         if (hi - lo >= SLURM_MAX_HOSTS)
-            return errf(s->err, s->err_len, "more than %d hosts", SLURM_MAX_HOSTS);
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "more than %d hosts", SLURM_MAX_HOSTS);
         int width = (int)((dash ? dash : end) - p); /* "01-10": 01 ... 10 */
         for (long v = lo; v <= hi; v++) {
             char digits[16];
             int n = snprintf(digits, sizeof digits, "%0*ld", width, v);
             if (name_used + (size_t)n >= SLURM_HOST_MAX_BYTES)
-                return errf(s->err, s->err_len, "a host name longer than %d bytes",
+                return DDP_ERRF_EINVAL(s->err, s->err_len, "a host name longer than %d bytes",
                             SLURM_HOST_MAX_BYTES - 1);
             memcpy(name + name_used, digits, (size_t)n);
             if ((rc = expand_item(s, rest, rest_len, name, name_used + (size_t)n)) < 0) return rc;
         }
         p = comma ? comma + 1 : close;
         if (comma && p == close)
-            return errf(s->err, s->err_len, "an empty range at position %td", p - s->list);
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty range at position %td", p - s->list);
     }
     return 0;
 }
@@ -139,7 +129,7 @@ int slurm_hostlist_expand(const char *list, char *out, size_t out_len, long *n_h
     sink_t s = {.list = list, .out = out, .out_len = out_len, .err = err, .err_len = err_len};
     if (out_len) out[0] = '\0';
     *n_hosts = 0;
-    if (!*list) return errf(err, err_len, "an empty node list");
+    if (!*list) return DDP_ERRF_EINVAL(err, err_len, "an empty node list");
     const char *p = list;
     for (;;) { /* split at the commas outside brackets */
         const char *q = p;
@@ -203,10 +193,10 @@ static int scontrol_first_host(const char *list, char *host, size_t host_len, ch
     char *nl = strchr(buf, '\n');
     if (nl) *nl = '\0';
     if (!buf[0] || strlen(buf) >= host_len)
-        return errf(err, err_len, "`scontrol show hostnames %s` gave no host name", list);
+        return DDP_ERRF_EINVAL(err, err_len, "`scontrol show hostnames %s` gave no host name", list);
     for (const char *c = buf; *c; c++)
         if (!is_host_char(*c))
-            return errf(err, err_len, "scontrol gave '%s', not a host name", buf);
+            return DDP_ERRF_EINVAL(err, err_len, "scontrol gave '%s', not a host name", buf);
     strcpy(host, buf);
     return 0;
 }
@@ -220,7 +210,7 @@ int slurm_first_host(const char *list, char *host, size_t host_len, char *err, s
     long n;
     if ((rc = slurm_hostlist_expand(list, hosts, sizeof hosts, &n, err, err_len)) < 0) return rc;
     size_t first = strcspn(hosts, "\n");
-    if (first >= host_len) return errf(err, err_len, "the first host of %s is too long", list);
+    if (first >= host_len) return DDP_ERRF_EINVAL(err, err_len, "the first host of %s is too long", list);
     memcpy(host, hosts, first);
     host[first] = '\0';
     return 0;
@@ -246,7 +236,7 @@ static int env_count(const char *name, const char *v, long min, long max, long *
     errno = 0;
     long x = strtol(v, &end, 10);
     if (!*v || *end || errno || x < min || x > max)
-        return errf(err, err_len, "%s='%s' is not a whole number in [%ld, %ld]", name, v, min, max);
+        return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is not a whole number in [%ld, %ld]", name, v, min, max);
     *out = x;
     return 0;
 }
@@ -258,9 +248,9 @@ int slurm_apply_defaults(ddprun_opts_t *o, char *err, size_t err_len) {
     if (!job || (enabled && strcmp(enabled, "0") == 0)) return 0;
     long job_num, nodes = 1, node_id = 0;
     if (strlen(job) >= sizeof o->slurm_job_id)
-        return errf(err, err_len, "%s='%s' is too long", which, job);
+        return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is too long", which, job);
     for (const char *c = job; *c; c++)
-        if (!is_host_char(*c)) return errf(err, err_len, "%s='%s' is not a job id", which, job);
+        if (!is_host_char(*c)) return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is not a job id", which, job);
     const char *v = env_first(
         (const char *[]){"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 3, &which);
     if (v && env_count(which, v, 1, SLURM_MAX_HOSTS, &nodes, err, err_len) < 0) return -EINVAL;
@@ -273,7 +263,7 @@ int slurm_apply_defaults(ddprun_opts_t *o, char *err, size_t err_len) {
     if (t && sn && env_count("SLURM_STEP_NUM_TASKS", t, 1, 1L << 30, &tasks, err, err_len) == 0 &&
         env_count("SLURM_STEP_NUM_NODES", sn, 1, SLURM_MAX_HOSTS, &step_nodes, err, err_len) == 0 &&
         tasks > step_nodes)
-        return errf(err, err_len,
+        return DDP_ERRF_EINVAL(err, err_len,
                     "srun started %ld tasks on %ld nodes: ddprun starts the workers "
                     "itself and runs once per node (srun --ntasks-per-node=1 ddprun "
                     "--nproc-per-node N ...)",
@@ -290,7 +280,7 @@ int slurm_apply_defaults(ddprun_opts_t *o, char *err, size_t err_len) {
     if (!list) return 0; /* no endpoint to offer: --rdzv-endpoint it is */
     char host[SLURM_HOST_MAX_BYTES], msg[512];
     if (slurm_first_host(list, host, sizeof host, msg, sizeof msg) < 0)
-        return errf(err, err_len, "%s='%.200s': %s", which, list, msg);
+        return DDP_ERRF_EINVAL(err, err_len, "%s='%.200s': %s", which, list, msg);
     job_num = strtol(job, NULL, 10); /* numeric in Slurm; anything else: port 29400 */
     if (job_num < 0) job_num = 0;
     strcpy(o->rdzv_backend, "c10d");

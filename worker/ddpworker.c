@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "cuda/cuda_api.h"
 #include "dataset.h"
+#include "fs.h"
 #include "snapshot.h"
 #include "spare.h"
 #include "startup_trace.h"
@@ -201,24 +202,6 @@ static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
 /* The path with its longest existing prefix resolved: /usr/lib/ddprun/..., not
  * /usr/bin/../lib/ddprun/..., also when the library (or its folder) is not installed, so that
  * the error names where it looked in words a user can check. */
-static void resolve_existing_prefix(char *path, size_t len) {
-    char head[PATH_MAX], real[PATH_MAX];
-    snprintf(head, sizeof head, "%s", path);
-    for (;;) {
-        if (realpath(head, real)) {
-            const char *tail = path + strlen(head);
-            size_t real_len = strlen(real), tail_len = strlen(tail);
-            if (real_len + tail_len >= len) return; /* keep it unresolved rather than cut */
-            memmove(path + real_len, tail, tail_len + 1);
-            memcpy(path, real, real_len);
-            return;
-        }
-        char *slash = strrchr(head, '/');
-        if (!slash || slash == head) return;
-        *slash = '\0';
-    }
-}
-
 /* libddpworker_cuda.so: $DDPWORKER_CUDA_LIB, else next to this executable (the build tree), else
  * where `cmake --install` puts it relative to this executable (DDP_CUDA_LIB_RELDIR, e.g.
  * ../lib/x86_64-linux-gnu/ddprun), so an installed tree works under any prefix or DESTDIR. The
@@ -229,16 +212,8 @@ static void cuda_lib_path(char *path, size_t len) {
         snprintf(path, len, "%s", env);
         return;
     }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    char *slash = strrchr(exe, '/');
-    int dir_len = slash ? (int)(slash - exe) : 1;
-    const char *dir = slash ? exe : ".";
-    snprintf(path, len, "%.*s/libddpworker_cuda.so", dir_len, dir);
-    if (access(path, F_OK) == 0) return;
-    snprintf(path, len, "%.*s/%s/libddpworker_cuda.so", dir_len, dir, DDP_CUDA_LIB_RELDIR);
-    resolve_existing_prefix(path, len);
+    const char *paths[] = {"libddpworker_cuda.so", DDP_CUDA_LIB_RELDIR "/libddpworker_cuda.so"};
+    fs_find_beside_self(paths, 2, F_OK, path, len); /* not found: the installed place, resolved */
 }
 
 static backend_t *make_backend(const train_conf_t *conf, int threads) {

@@ -879,13 +879,8 @@ static int host_store(agent_t *a) {
  * it is installed relative to ddprun (DDP_SHIM_RELPATH: ../libexec/ddprun/ddprun-shim), else
  * ddprun itself (`ddprun __shim`, the same code with the agent's libraries). */
 static void find_shim(const char *self_exe, char *out, size_t out_len) {
-    const char *slash = strrchr(self_exe, '/');
-    int dir_len = slash ? (int)(slash - self_exe) : 0;
-    const char *candidates[] = {"/ddprun-shim", "/" DDP_SHIM_RELPATH};
-    for (size_t i = 0; slash && i < sizeof candidates / sizeof candidates[0]; i++) {
-        int n = snprintf(out, out_len, "%.*s%s", dir_len, self_exe, candidates[i]);
-        if (n > 0 && (size_t)n < out_len && access(out, X_OK) == 0) return;
-    }
+    const char *paths[] = {"ddprun-shim", DDP_SHIM_RELPATH};
+    if (fs_find_beside_self(paths, 2, X_OK, out, out_len) == 0) return;
     size_t len = strnlen(self_exe, out_len - 1);
     memcpy(out, self_exe, len);
     out[len] = '\0';
@@ -893,26 +888,21 @@ static void find_shim(const char *self_exe, char *out, size_t out_len) {
 
 /* The built-in trainer: $DDPWORKER, else next to ddprun (installed), else the build tree's
  * worker/ddpworker (ddprun in build/launcher), else ddpworker on PATH. */
-static void find_ddpworker(const char *self_exe, char *out, size_t out_len) {
+static void find_ddpworker(char *out, size_t out_len) {
     const char *env = getenv("DDPWORKER");
     if (env && *env) {
         snprintf(out, out_len, "%s", env);
         return;
     }
-    const char *slash = strrchr(self_exe, '/');
-    int dir_len = slash ? (int)(slash - self_exe) : 0;
-    const char *candidates[] = {"/ddpworker", "/../worker/ddpworker"};
-    for (size_t i = 0; slash && i < sizeof candidates / sizeof candidates[0]; i++) {
-        int n = snprintf(out, out_len, "%.*s%s", dir_len, self_exe, candidates[i]);
-        if (n > 0 && (size_t)n < out_len && access(out, X_OK) == 0) return;
-    }
+    const char *paths[] = {"ddpworker", "../worker/ddpworker"};
+    if (fs_find_beside_self(paths, 2, X_OK, out, out_len) == 0) return;
     snprintf(out, out_len, "ddpworker");
 }
 
 /* `ddprun ... train.conf [key=value ...]` runs ddpworker train.conf [key=value ...]. */
-static int use_builtin_trainer(agent_t *a, ddprun_opts_t *o) {
+static int use_builtin_trainer(ddprun_opts_t *o) {
     static char worker_path[PATH_MAX];
-    find_ddpworker(a->self_exe, worker_path, sizeof worker_path);
+    find_ddpworker(worker_path, sizeof worker_path);
     char **argv = calloc((size_t)o->program_argc + 2, sizeof *argv);
     if (!argv) return -ENOMEM;
     argv[0] = worker_path;
@@ -942,7 +932,7 @@ int agent_main(ddprun_opts_t *o) {
     find_shim(a->self_exe, a->shim_exe, sizeof a->shim_exe);
     const char *prog = o->program_argv[0];
     size_t plen = strlen(prog);
-    if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0 && use_builtin_trainer(a, o) < 0) {
+    if (plen > 5 && strcmp(prog + plen - 5, ".conf") == 0 && use_builtin_trainer(o) < 0) {
         fprintf(stderr, "ddprun: out of memory\n");
         return 1;
     }

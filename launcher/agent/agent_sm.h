@@ -12,7 +12,7 @@
 
 #include <stdbool.h>
 
-#include "rdzv/rendezvous.h"
+#include "rdzv/rdzv_record.h"
 
 typedef enum {
     AGENT_SM_IDLE,      /* before AGENT_EV_START */

@@ -1,15 +1,15 @@
 /* memory_region: the node's shared-memory directory for memory snapshots, owned by the agent.
  * The agent creates it (on /dev/shm, or $DDPRUN_SHM_DIR), names it to its workers
- * (DDPRUN_MEMORY_SNAPSHOT_DIR), keeps it across worker restarts (a worker killed with -9 leaves
- * its last sealed generation there) and removes it when it exits. A directory left by an agent
- * that was killed (its pid in the name is gone) is removed by the next agent on the node.
- * What the workers write into it: worker/memory_snapshot.h. The agent's loop thread. */
+ * (DDPRUN_MEMORY_SNAPSHOT_DIR: SNAPSHOT_MEMORY_DIR_ENV, proto/snapshot_format.h; set by
+ * workers/worker_env.c), keeps it across worker restarts (a worker killed with -9 leaves its last
+ * sealed generation there) and removes it when it exits. A directory left by an agent that was
+ * killed (its pid in the name is gone) is removed by the next agent on the node. What the workers
+ * write into it: worker/snapshot/memory_snapshot.h. The agent's loop thread. */
 #ifndef DDP_LAUNCHER_MEMORY_REGION_H
 #define DDP_LAUNCHER_MEMORY_REGION_H
 
 #include <stddef.h>
 
-#define MEMORY_REGION_ENV "DDPRUN_MEMORY_SNAPSHOT_DIR"
 #define MEMORY_REGION_BASE_ENV "DDPRUN_SHM_DIR"
 
 /* Create this agent's directory into dir (dir_len bytes) after removing stale ones. Returns 0, or

@@ -10,14 +10,9 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "fs.h"
 
 #define PLOT_SCRIPT "ddprun_plot.py"
-
-/* dir/name into out when it is a readable file; returns whether it is. */
-static int try_path(char *out, size_t len, const char *dir, int dir_len, const char *name) {
-    int n = snprintf(out, len, "%.*s/%s", dir_len, dir, name);
-    return n > 0 && (size_t)n < len && access(out, R_OK) == 0;
-}
 
 /* $DDPRUN_PLOT_SCRIPT, else next to this executable (the build tree has a copy), else where
  * `cmake --install` puts it relative to the executable (DDP_PLOT_RELDIR, ../share/ddprun), else
@@ -29,21 +24,12 @@ static int find_script(char *out, size_t len, char *tried, size_t tried_len) {
         snprintf(tried, tried_len, "%s ($DDPRUN_PLOT_SCRIPT)", env);
         return access(out, R_OK) == 0 ? 0 : -ENOENT;
     }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[n > 0 ? n : 0] = '\0';
-    char *slash = strrchr(exe, '/');
-    int dir_len = slash ? (int)(slash - exe) : 1;
-    const char *dir = slash ? exe : ".";
-    char installed[PATH_MAX];
-    snprintf(installed, sizeof installed, "%.*s/%s", dir_len, dir, DDP_PLOT_RELDIR);
-    if (try_path(out, len, dir, dir_len, PLOT_SCRIPT) ||
-        try_path(out, len, installed, (int)strlen(installed), PLOT_SCRIPT) ||
-        try_path(out, len, DDP_SOURCE_DIR "/launcher/cmd",
-                 (int)strlen(DDP_SOURCE_DIR "/launcher/cmd"),
-                 PLOT_SCRIPT))
-        return 0;
-    snprintf(tried, tried_len, "%.*s/, %s/ and %s/launcher/cmd/", dir_len, dir, installed,
+    const char *paths[] = {PLOT_SCRIPT, DDP_PLOT_RELDIR "/" PLOT_SCRIPT,
+                           DDP_SOURCE_DIR "/launcher/cmd/" PLOT_SCRIPT};
+    if (fs_find_beside_self(paths, 3, R_OK, out, len) == 0) return 0;
+    char dir[PATH_MAX];
+    fs_self_dir(dir, sizeof dir);
+    snprintf(tried, tried_len, "%s/, %s/%s/ and %s/launcher/cmd/", dir, dir, DDP_PLOT_RELDIR,
              DDP_SOURCE_DIR);
     return -ENOENT;
 }

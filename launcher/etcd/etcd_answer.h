@@ -11,7 +11,23 @@
 
 #include <cJSON.h>
 
-#include "etcd/etcd_client.h"
+/* A key's value as a range answer gives it. */
+typedef struct {
+    bool is_found;
+    uint8_t *value; /* malloc'd, NUL-terminated (not counted in len); NULL when !is_found */
+    size_t len;
+    int64_t mod_revision;
+    int64_t lease;
+} etcd_value_t;
+
+/* What a watch saw happen to a key. */
+typedef enum { ETCD_EVENT_PUT, ETCD_EVENT_DELETE } etcd_event_type_t;
+
+/* One watched change; returning true ends the watch (etcd_watch returns 0). */
+typedef bool (*etcd_event_fn)(void *arg, etcd_event_type_t type, const char *key,
+                              const uint8_t *value, size_t len, int64_t mod_revision);
+/* One key of a prefix read. */
+typedef void (*etcd_kv_fn)(void *arg, const char *key, const uint8_t *value, size_t len);
 
 /* A base64 field into a malloc'd NUL-terminated buffer; a missing field is empty. False (and
  * *out NULL) when it does not decode. */

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "etcd/etcd_answer.h" /* the answers' types: etcd_value_t, the watch and range callbacks */
+
 #define ETCD_MAX_ENDPOINTS 16
 
 typedef struct {
@@ -33,22 +35,6 @@ typedef struct {
 } etcd_opts_t;
 
 typedef struct etcd etcd_t;
-
-typedef struct {
-    bool is_found;
-    uint8_t *value; /* malloc'd, NUL-terminated (not counted in len); NULL when !is_found */
-    size_t len;
-    int64_t mod_revision;
-    int64_t lease;
-} etcd_value_t;
-
-typedef enum { ETCD_EVENT_PUT, ETCD_EVENT_DELETE } etcd_event_type_t;
-
-/* One watched change; returning true ends the watch (etcd_watch returns 0). */
-typedef bool (*etcd_event_fn)(void *arg, etcd_event_type_t type, const char *key,
-                              const uint8_t *value, size_t len, int64_t mod_revision);
-/* One key of a prefix read. */
-typedef void (*etcd_kv_fn)(void *arg, const char *key, const uint8_t *value, size_t len);
 
 /* Checks the options (endpoints parse, at most ETCD_MAX_ENDPOINTS); no I/O. On failure *out
  * still holds a client whose etcd_error() explains; destroy it. */

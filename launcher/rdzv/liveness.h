@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "rdzv/rendezvous.h"
+#include "rdzv/rdzv_record.h"
 
 #define LIVENESS_ALIVE INT64_MAX /* seen alive right now (etcd: its key is there) */
 #define LIVENESS_GONE  (-1)      /* its key is gone; stays stale */

@@ -10,8 +10,6 @@
 #ifdef DDP_HAVE_ETCD
 #include "http.h"
 
-bool rdzv_kv_has_etcd(void) { return true; }
-
 int rdzv_kv_etcd_check(char *err, size_t err_len) {
     int rc = http_load();
     if (rc < 0) snprintf(err, err_len, "%s", http_load_error());
@@ -23,7 +21,6 @@ int rdzv_kv_etcd_check(char *err, size_t err_len) {
     return -ENOTSUP;
 }
 
-bool rdzv_kv_has_etcd(void) { return false; }
 rdzv_lease_t *rdzv_lease_new(int64_t ttl_s) {
     (void)ttl_s;
     return NULL;

@@ -70,8 +70,6 @@ static inline void rdzv_kv_destroy(rdzv_kv_t *kv) {
 }
 rdzv_lease_t *rdzv_lease_new(int64_t ttl_s);
 void rdzv_lease_free(rdzv_lease_t *l);
-/* Whether this build speaks etcd (libcurl was found when it was configured). */
-bool rdzv_kv_has_etcd(void);
 /* Whether etcd can be used now: 0, or a negative code with the reason in err (built without
  * libcurl, or libcurl cannot be loaded: it is loaded at the first use, not linked). */
 int rdzv_kv_etcd_check(char *err, size_t err_len);

@@ -1,5 +1,6 @@
 /* rdzv_record: the rendezvous' records in the store, as JSON objects (cJSON): a node's record in a
- * round (r<R>/node/<i>) and why a round ended (r<R>/restart). Parsing is strict and bounded: a
+ * round (r<R>/node/<i>) and why a round ended (r<R>/restart); and what a join hands back
+ * (rdzv_result_t), which the agent's pure state machine keeps (agent_sm.h). Parsing is strict and bounded: a
  * record from the store is outside input (another agent, or anyone who can reach the store), so
  * a malformed one is refused, never trusted in part. Pure: no I/O; any thread. */
 #ifndef DDP_LAUNCHER_RDZV_RECORD_H
@@ -7,8 +8,21 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define RDZV_RECORD_MAX_BYTES 512
+#define RDZV_MAX_NODES 1024
+
+/* A round as this agent joined it (rdzv_join, rendezvous.h). */
+typedef struct {
+    int round;
+    int group_rank, group_world_size;
+    int rank_offset, world_size;
+    bool is_member; /* false: this agent joined too late for this round */
+    int join_index;
+    char store_host[256]; /* etcd: the round's store (node 0's), for MASTER_ADDR/MASTER_PORT */
+    uint16_t store_port;
+} rdzv_result_t;
 
 /* A node's record in a round. */
 typedef struct {

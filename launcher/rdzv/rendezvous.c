@@ -89,7 +89,10 @@ static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, int host_joi
     size_t n;
     TRY(c->ops->get(c, k, &v, &n));
     char *colon = n < sizeof addr ? memrchr(v, ':', n) : NULL;
-    long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+    char port_text[8] = ""; /* the value has no NUL of its own on every backend */
+    if (colon && (size_t)((char *)v + n - colon - 1) < sizeof port_text)
+        memcpy(port_text, colon + 1, (size_t)((char *)v + n - colon - 1));
+    long port = colon ? strtol(port_text, NULL, 10) : 0;
     if (!colon || colon == (char *)v || port <= 0 || port > 65535 ||
         (size_t)(colon - (char *)v) >= sizeof out->store_host) {
         free(v);

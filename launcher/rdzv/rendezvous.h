@@ -22,18 +22,6 @@
 #include "rdzv/rdzv_record.h"
 #include "rdzv/rdzv_kv.h"
 
-#define RDZV_MAX_NODES 1024
-
-typedef struct {
-    int round;
-    int group_rank, group_world_size;
-    int rank_offset, world_size;
-    bool is_member; /* false: this agent joined too late for this round */
-    int join_index;
-    char store_host[256]; /* etcd: the round's store (node 0's), for MASTER_ADDR/MASTER_PORT */
-    uint16_t store_port;
-} rdzv_result_t;
-
 typedef struct {
     const ddprun_opts_t *opts;
     char prefix[200];

@@ -1,8 +1,6 @@
 /* worker_env: see worker_env.h. */
 #include "workers/worker_env.h"
 
-#include "agent/memory_region.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -10,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "snapshot_format.h"
 
 extern char **environ;
 
@@ -96,7 +96,7 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) 
     rc |= worker_env_set(e, "DDPRUN_PROGRESS_FILE", "%s/%d/progress", sp->attempt_dir, local_rank);
     rc |= worker_env_set(e, "DDPRUN_PID_FILE", "%s/%d/pid", sp->attempt_dir, local_rank);
     if (sp->memory_dir && sp->memory_dir[0])
-        rc |= worker_env_set(e, MEMORY_REGION_ENV, "%s", sp->memory_dir);
+        rc |= worker_env_set(e, SNAPSHOT_MEMORY_DIR_ENV, "%s", sp->memory_dir);
     return rc;
 }
 

@@ -10,10 +10,13 @@
                own; etcd: the 3 members together, tests/tools/etcd_cluster.py)
 
 The open-file limit is raised to its hard limit first (each agent holds a few sockets on the
-store). Usage:
+store). With --protocol the N agents are N threads of one process (tests/bench/bench_rdzv_agents.c): each
+does an agent's join with its own client, one asks for a restart, all join the next round. No
+process starts, workers or heartbeats: the rendezvous protocol's own cost, which 2048 processes
+starting on a 2-core machine hide. Usage:
 
     /usr/bin/python3 tests/bench/bench_scale.py [--agents 256,512,1024] [--backend c10d|etcd]
-        [--json FILE]
+        [--protocol] [--json FILE]
 """
 import argparse
 import json
@@ -65,6 +68,47 @@ def wait_count(out, attempt, n, timeout):
             return max(int(open(os.path.join(out, f)).read()) for f in names)
         time.sleep(0.02)
     return None
+
+
+def start_store(ddprun, out, backend):
+    """(the --rdzv-endpoint, the store's pids, the etcd cluster or the store process)."""
+    if backend == "c10d":
+        port_file = os.path.join(out, "port")
+        store = subprocess.Popen([ddprun, "store", "--host", "127.0.0.1", "--port", "0",
+                                  "--port-file", port_file], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        while not os.path.exists(port_file) or not open(port_file).read().strip():
+            time.sleep(0.01)
+        return f"127.0.0.1:{int(open(port_file).read())}", [store.pid], store
+    from etcd_cluster import EtcdCluster
+    etcd = EtcdCluster(os.path.join(out, "etcd"), members=3).start()
+    return etcd.endpoints, [p.pid for p in etcd.procs], etcd
+
+
+def run_protocol(ddprun, n, backend, timeout):
+    out = tempfile.mkdtemp(prefix=f"bench-proto-{n}-")
+    endpoint, store_pids, store = start_store(ddprun, out, backend)
+    result = {"agents": n, "backend": backend, "protocol": True}
+    try:
+        bench = build_path("tests/bench", "bench_rdzv_agents")
+        r = subprocess.run(["/usr/bin/time", "-f", "%U %S", bench, backend, endpoint, str(n)],
+                           capture_output=True, text=True, timeout=timeout)
+        lines = r.stdout.strip().splitlines()
+        if r.returncode != 0 or not lines:
+            result["error"] = f"bench_rdzv_agents exit {r.returncode}: {r.stderr[-500:]}"
+            return result
+        result.update(json.loads(lines[-1]))
+        user, system = r.stderr.strip().splitlines()[-1].split()
+        result["agents_cpu_s"] = float(user) + float(system)
+        result["store_cpu_s"], result["store_peak_mib"] = cpu_and_rss(store_pids)
+        return result
+    finally:
+        if isinstance(store, subprocess.Popen):
+            store.kill()
+            store.wait()
+        else:
+            store.close()
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def run(ddprun, n, backend, timeout):
@@ -153,6 +197,8 @@ def main():
     ap.add_argument("--agents", default="256,512,1024")
     ap.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--protocol", action="store_true",
+                    help="the N agents as threads of one process (bench_rdzv_agents): the protocol alone")
     ap.add_argument("--json")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -160,15 +206,23 @@ def main():
     ddprun = build_path("launcher", "ddprun")
     rows = []
     for n in (int(x) for x in args.agents.split(",")):
-        r = run(ddprun, n, args.backend, args.timeout)
+        r = (run_protocol if args.protocol else run)(ddprun, n, args.backend, args.timeout)
+        r["loadavg"] = os.getloadavg()[0]
         rows.append(r)
         if "error" in r:
             print(f"{args.backend} {n:5d} agents: {r['error']}", flush=True)
             continue
+        if args.protocol:
+            print(f"{args.backend} {n:5d} agents as threads: rendezvous {r['rendezvous_s']:7.2f} s, "
+                  f"restart {r['restart_s']:6.2f} s, agents {r['agents_cpu_s']:.2f} s CPU, store "
+                  f"{r['store_cpu_s']:.2f} s CPU, {r['store_peak_mib']:.0f} MiB peak "
+                  f"(load average {r['loadavg']:.1f})", flush=True)
+            continue
         print(f"{args.backend} {n:5d} agents: rendezvous {r['rendezvous_s']:7.2f} s "
               f"(agents spawned in {r['spawn_agents_s']:.2f} s), restart {r['restart_s']:6.2f} s, "
               f"store {r['store_cpu_s']:.2f} s CPU, {r['store_peak_mib']:.0f} MiB peak; all "
-              f"processes {r['all_cpu_s']:.1f} s CPU on {os.cpu_count()} cores", flush=True)
+              f"processes {r['all_cpu_s']:.1f} s CPU on {os.cpu_count()} cores (load average "
+              f"{r['loadavg']:.1f})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "date": time.strftime("%Y-%m-%d"), "binary": ddprun}, f,

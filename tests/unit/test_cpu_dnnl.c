@@ -1,7 +1,8 @@
-/* worker/cpu/cpu_dnnl: oneDNN's convolutions against the cpu backend's im2col + SGEMM on shapes
- * the models use (3x3 same padding, the 7x7/2 stem, 1x1/2 projections, a stride that does not
- * divide the input): forward, and the backward's += contract on prefilled dx and dw, with and
- * without dx. Built only where the build has oneDNN. */
+/* worker/cpu/cpu_dnnl: oneDNN's convolutions against the cpu backend's plain path (im2col +
+ * SGEMM; DDP_CPU_ONEDNN=0) on shapes the models use (3x3 same padding, the 7x7/2 stem, 1x1/2
+ * projections, a stride that does not divide the input): forward, and the backward's += contract
+ * on prefilled dx and dw, with and without dx; the linear layers' matmuls alike. Built only where
+ * the build has oneDNN. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -47,8 +48,16 @@ static conv_shape_t shape(int n, int h, int w, int c, int k, int r, int stride, 
     return s;
 }
 
+/* The cpu backend without oneDNN: the reference here (the default would use oneDNN itself). */
+static backend_t *plain_backend(void) {
+    setenv("DDP_CPU_ONEDNN", "0", 1); /* this test's own process */
+    backend_t *b = backend_cpu_create(0);
+    cr_assert_not_null(b);
+    return b;
+}
+
 static void check(conv_shape_t s, bool with_dx) {
-    backend_t *ref = backend_cpu_create(0);
+    backend_t *ref = plain_backend();
     cpu_dnnl_t *d = cpu_dnnl_create();
     cr_assert_not_null(ref);
     cr_assert_not_null(d, "oneDNN's CPU engine did not start");
@@ -104,3 +113,31 @@ Test(cpu_dnnl, resnet50_width_4_shapes) {
         check(shapes[i], true);
     }
 }
+
+/* y = x w^T + bias; dw += dy^T x, dx += dy w onto prefilled buffers (or no dx), as SGEMM does */
+static void check_linear(int n, int in, int out, bool with_dx) {
+    backend_t *ref = plain_backend();
+    cpu_dnnl_t *d = cpu_dnnl_create();
+    cr_assert_not_null(d, "oneDNN's CPU engine did not start");
+    size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
+    float *x = random_buffer(nx), *w = random_buffer(nw), *bias = random_buffer((size_t)out);
+    float *dy = random_buffer(ny), *y_ref = filled(ny, NAN), *y = filled(ny, NAN);
+    ref->ops->linear_forward(ref, n, in, out, tensor_f32(x, nx), w, bias, tensor_f32(y_ref, ny));
+    cr_assert_eq(cpu_dnnl_linear_forward(d, n, in, out, x, w, bias, y), 0);
+    assert_close(y, y_ref, ny, "y");
+    float *dx_ref = filled(nx, PREFILL), *dx = filled(nx, PREFILL);
+    float *dw_ref = filled(nw, PREFILL), *dw = filled(nw, PREFILL), *db = filled((size_t)out, 0);
+    ref->ops->linear_backward(ref, n, in, out, tensor_f32(x, nx), w, tensor_f32(dy, ny),
+                              tensor_f32(with_dx ? dx_ref : NULL, nx), dw_ref, db);
+    cr_assert_eq(cpu_dnnl_linear_backward(d, n, in, out, x, w, dy, with_dx ? dx : NULL, dw), 0);
+    assert_close(dw, dw_ref, nw, "dw");
+    assert_close(dx, dx_ref, nx, "dx");
+    free(x), free(w), free(bias), free(dy), free(y_ref), free(y);
+    free(dx_ref), free(dx), free(dw_ref), free(dw), free(db);
+    cpu_dnnl_destroy(d);
+    ref->mem->destroy(ref);
+}
+
+Test(cpu_dnnl, linear_classifier) { check_linear(64, 512, 10, true); }
+Test(cpu_dnnl, linear_odd_sizes) { check_linear(7, 33, 5, true); }
+Test(cpu_dnnl, linear_first_layer_without_dx) { check_linear(16, 784, 256, false); }

@@ -333,6 +333,25 @@ Test(cpu_ops, maxpool_padding_never_wins) {
     b->mem->destroy(b);
 }
 
+/* As nn.MaxPool2d: a NaN in a window wins (and the last of several), ties go to the first cell in
+ * row-major order; channels apart (the loop runs all channels of a cell at once). 2x2 windows,
+ * stride 2, 4 channels: ch 0 a NaN in the third cell, ch 1 all equal, ch 2 NaNs in the first and
+ * last cells, ch 3 plain values with the largest second. */
+Test(cpu_ops, maxpool_nan_wins_and_ties_go_first) {
+    backend_t *b = backend_cpu_create(1);
+    pool_shape_t s = {.n = 1, .h = 2, .w = 2, .c = 4, .size = 2, .stride = 2, .oh = 1, .ow = 1};
+    float x[16] = {1, 7, NAN, 0, /* cell (0,0) */ 2, 7, 5, 9,  /* cell (0,1) */
+                   NAN, 7, 6, 3, /* cell (1,0) */ 3, 7, NAN, 2 /* cell (1,1) */};
+    float y[4];
+    int32_t argmax[4];
+    b->ops->maxpool_forward(b, &s, T(x), T(y), argmax);
+    cr_assert(isnan(y[0]) && argmax[0] == 8, "ch 0: %g at %d", y[0], argmax[0]);
+    cr_assert(y[1] == 7 && argmax[1] == 1, "ch 1: %g at %d", y[1], argmax[1]);
+    cr_assert(isnan(y[2]) && argmax[2] == 14, "ch 2: %g at %d", y[2], argmax[2]);
+    cr_assert(y[3] == 9 && argmax[3] == 7, "ch 3: %g at %d", y[3], argmax[3]);
+    b->mem->destroy(b);
+}
+
 static void gap_fwd(op_check_t *c) { c->b->ops->avgpool_global_forward(c->b, c->n, c->rows, c->ch, T(c->in[0]), T(c->y)); }
 static void gap_bwd(op_check_t *c) { c->b->ops->avgpool_global_backward(c->b, c->n, c->rows, c->ch, T(c->r), T(c->grad[0])); }
 
@@ -804,14 +823,17 @@ Test(cpu_ops, bn_act_gives_the_unfused_ops_bits) {
 }
 
 /* conv_shape_t.is_dx_written: the backward writes dx, bit for bit what adding onto zeros gives,
- * for the GEMM-only (1x1) path and the im2col one, and through oneDNN (DDP_CPU_ONEDNN=1) where the
- * build has it. */
+ * for the GEMM-only (1x1) path and the im2col one (DDP_CPU_ONEDNN=0), and through oneDNN (the
+ * default) where the build has it. */
 static void conv_written_cases(void);
 
-Test(cpu_ops, conv_backward_writes_dx_when_told) { conv_written_cases(); }
+Test(cpu_ops, conv_backward_writes_dx_when_told) {
+    setenv("DDP_CPU_ONEDNN", "0", 1); /* this test's own process */
+    conv_written_cases();
+}
 
 Test(cpu_ops, conv_backward_writes_dx_when_told_through_onednn) {
-    setenv("DDP_CPU_ONEDNN", "1", 1); /* this test's own process; without oneDNN: im2col again */
+    unsetenv("DDP_CPU_ONEDNN"); /* the default; without oneDNN: im2col again */
     conv_written_cases();
 }
 

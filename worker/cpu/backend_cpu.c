@@ -1,8 +1,11 @@
-/* backend_cpu: the reference backend. fp32, NHWC, host memory; convolutions are im2col + SGEMM
- * and linear layers SGEMM through OpenBLAS, everything else plain loops written to be read and
- * checked (tests hold every op against finite differences, and the CUDA backend against these).
- * Reductions accumulate in double. Loops run on OpenMP threads, split so that no result depends
- * on the thread count (a channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. */
+/* backend_cpu: the reference backend. fp32, NHWC, host memory. Where the build has oneDNN
+ * (cpu_dnnl.h; DDP_CPU_ONEDNN=0 turns it off) its primitives take the ops it has; the plain path
+ * below stays for the rest and for builds without it: convolutions as im2col + SGEMM, linear
+ * layers SGEMM through OpenBLAS, everything else loops written to be read and checked (tests hold
+ * every op against finite differences, and the CUDA backend against these). Reductions accumulate
+ * in double. Loops run on OpenMP threads, split so that no result depends on the thread count (a
+ * channel's sum always runs over the rows in order); GEMMs on OpenBLAS's. oneDNN's kernels split
+ * some sums by thread, so with oneDNN a run repeats bit for bit at the same train.threads only. */
 #include "backend.h"
 #include "backend_cpu_internal.h"
 #include "cpu_dnnl.h"
@@ -19,7 +22,7 @@ typedef struct {
     backend_t base;
     float *workspace; /* im2col columns of one image */
     size_t workspace_bytes;
-    cpu_dnnl_t *dnnl; /* convolutions through oneDNN (DDP_CPU_ONEDNN=1), or NULL: im2col */
+    cpu_dnnl_t *dnnl; /* oneDNN's primitives (cpu_dnnl.h), or NULL: im2col and the plain loops */
 } cpu_t;
 
 void openblas_set_num_threads(int num_threads); /* not in every cblas.h */
@@ -197,17 +200,19 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
 #pragma omp parallel
     {
         FOR_CHANNEL_BLOCK(c, j0, j1)
-        for (int j = j0; j < j1; j++) sum[j] = sq[j] = 0;
+        /* restrict: vectorized over the channels (backend_cpu_fused.c says why) */
+        double *restrict s1 = sum, *restrict s2 = sq;
+        for (int j = j0; j < j1; j++) s1[j] = s2[j] = 0;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c;
-            for (int j = j0; j < j1; j++) sum[j] += xi[j];
+            for (int j = j0; j < j1; j++) s1[j] += xi[j];
         }
-        for (int j = j0; j < j1; j++) sum[j] /= (double)rows;
+        for (int j = j0; j < j1; j++) s1[j] /= (double)rows;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c;
             for (int j = j0; j < j1; j++) {
-                double d = xi[j] - sum[j];
-                sq[j] += d * d;
+                double d = xi[j] - s1[j];
+                s2[j] += d * d;
             }
         }
     }
@@ -255,12 +260,13 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
 #pragma omp parallel
     {
         FOR_CHANNEL_BLOCK(c, j0, j1)
-        for (int j = j0; j < j1; j++) sum_dy[j] = sum_dy_xhat[j] = 0;
+        double *restrict s_dy = sum_dy, *restrict s_dy_xhat = sum_dy_xhat; /* vectorized, as above */
+        for (int j = j0; j < j1; j++) s_dy[j] = s_dy_xhat[j] = 0;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
             for (int j = j0; j < j1; j++) {
-                sum_dy[j] += dyi[j];
-                sum_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
+                s_dy[j] += dyi[j];
+                s_dy_xhat[j] += (double)dyi[j] * (xi[j] - save_mean[j]) * save_invstd[j];
             }
         }
     }
@@ -317,7 +323,8 @@ static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
 
 static void cpu_linear_forward(backend_t *b, int n, int in, int out, const float *x, const float *w,
                                const float *bias, float *y) {
-    (void)b;
+    cpu_t *c = cpu_of(b);
+    if (c->dnnl && cpu_dnnl_linear_forward(c->dnnl, n, in, out, x, w, bias, y) == 0) return;
     for (int i = 0; i < n; i++) memcpy(y + (size_t)i * out, bias, sizeof(float) * (size_t)out);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 1.0f, y,
                 out);
@@ -326,11 +333,12 @@ static void cpu_linear_forward(backend_t *b, int n, int in, int out, const float
 static void cpu_linear_backward(backend_t *b, int n, int in, int out, const float *x,
                                 const float *w, const float *dy, float *dx, float *dw,
                                 float *dbias) {
-    (void)b;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f,
-                dw, in);
+    cpu_t *c = cpu_of(b);
     for (int i = 0; i < n; i++)
         for (int o = 0; o < out; o++) dbias[o] += dy[(size_t)i * out + o];
+    if (c->dnnl && cpu_dnnl_linear_backward(c->dnnl, n, in, out, x, w, dy, dx, dw) == 0) return;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f,
+                dw, in);
     if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w,
                         in, 1.0f, dx, in);
 }
@@ -624,7 +632,8 @@ backend_t *backend_cpu_create(int threads) {
         free(c);
         return NULL;
     }
-    const char *onednn = getenv("DDP_CPU_ONEDNN"); /* opt-in until it is the default (cpu_dnnl.h) */
-    if (onednn && !strcmp(onednn, "1")) c->dnnl = cpu_dnnl_create();
+    /* oneDNN where the build has it, unless DDP_CPU_ONEDNN=0 asks for the plain loops (cpu_dnnl.h) */
+    const char *onednn = getenv("DDP_CPU_ONEDNN");
+    if (!onednn || strcmp(onednn, "0")) c->dnnl = cpu_dnnl_create();
     return &c->base;
 }

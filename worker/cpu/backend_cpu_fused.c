@@ -7,6 +7,9 @@
 #include "backend_cpu_internal.h"
 #include "bn_act.h"
 
+#include <stdint.h>
+#include <string.h>
+
 /* y = act(y + residual) in place: add_forward then relu_forward, element by element */
 static void add_act(size_t n, const float *residual, unsigned flags, float *y) {
     if (!residual && !(flags & BN_ACT_RELU)) return;
@@ -51,13 +54,37 @@ void backend_cpu__bn_act_backward(backend_t *b, size_t rows, int c, const float 
 #pragma omp parallel
     {
         FOR_CHANNEL_BLOCK(c, j0, j1)
-        for (int j = j0; j < j1; j++) sum_dy[j] = sum_dy_xhat[j] = 0;
-        for (size_t i = 0; i < rows; i++) {
-            const float *xi = x + i * (size_t)c, *yi = y + i * (size_t)c, *dyi = dy + i * (size_t)c;
-            for (int j = j0; j < j1; j++) {
-                float dz = bn_act_masked(yi[j], dyi[j], has_relu);
-                sum_dy[j] += dz;
-                sum_dy_xhat[j] += (double)dz * (xi[j] - save_mean[j]) * save_invstd[j];
+        /* BN_SUM_BLOCK channels at a time in local sums, which gcc vectorizes (the workspace's
+         * could alias the inputs); each channel still sums its rows in order */
+        for (int jb = j0; jb < j1; jb += BN_SUM_BLOCK) {
+            int nb = j1 - jb < BN_SUM_BLOCK ? j1 - jb : BN_SUM_BLOCK;
+            double s_dz[BN_SUM_BLOCK] = {0}, s_dz_xhat[BN_SUM_BLOCK] = {0};
+            for (size_t i = 0; i < rows; i++) {
+                size_t at = i * (size_t)c + (size_t)jb;
+                const float *xi = x + at, *yi = y + at, *dyi = dy + at, *m = save_mean + jb,
+                            *is = save_invstd + jb;
+                /* bn_act_masked, one loop per case and as a bit mask (+0.0f where y <= 0, the
+                 * same bits): gcc left the selects scalar */
+                if (has_relu) {
+                    for (int j = 0; j < nb; j++) {
+                        uint32_t bits;
+                        float dz;
+                        memcpy(&bits, &dyi[j], sizeof bits);
+                        bits &= 0u - (uint32_t)(yi[j] > 0.0f);
+                        memcpy(&dz, &bits, sizeof dz);
+                        s_dz[j] += dz;
+                        s_dz_xhat[j] += (double)dz * (xi[j] - m[j]) * is[j];
+                    }
+                } else {
+                    for (int j = 0; j < nb; j++) {
+                        s_dz[j] += dyi[j];
+                        s_dz_xhat[j] += (double)dyi[j] * (xi[j] - m[j]) * is[j];
+                    }
+                }
+            }
+            for (int j = 0; j < nb; j++) {
+                sum_dy[jb + j] = s_dz[j];
+                sum_dy_xhat[jb + j] = s_dz_xhat[j];
             }
         }
     }

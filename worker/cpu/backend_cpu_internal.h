@@ -26,6 +26,9 @@ static inline float *backend_cpu__f32(tensor_desc_t t) {
     return (float *)t.data;
 }
 
+/* Channels per block of the per-channel sums that a thread keeps in local arrays. */
+#define BN_SUM_BLOCK 32
+
 /* The backend's scratch space, at least n_bytes (reserve_workspace made room; aborts otherwise:
  * a bug in the caller's sizing). */
 void *backend_cpu__workspace(backend_t *b, size_t n_bytes);

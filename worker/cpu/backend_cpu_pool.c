@@ -4,6 +4,7 @@
  * thread so that no result depends on the thread count. */
 #include <math.h>
 #include <omp.h>
+#include <stdbool.h>
 
 #include "backend_cpu_internal.h"
 #include "dropout.h"
@@ -26,20 +27,26 @@ void backend_cpu__maxpool_forward(backend_t *b, const pool_shape_t *s, const flo
                 x0 = x0 < 0 ? 0 : x0;
                 x1 = x1 > s->w ? s->w : x1;
                 size_t o = (((size_t)n * s->oh + oy) * s->ow + ox) * s->c;
-                for (int ch = 0; ch < s->c; ch++) {
-                    float best = -INFINITY;
-                    int32_t best_at = (y0 * s->w + x0) * s->c + ch;
-                    for (int iy = y0; iy < y1; iy++) {
-                        for (int ix = x0; ix < x1; ix++) {
-                            int at = (iy * s->w + ix) * s->c + ch;
-                            if (xn[at] > best || isnan(xn[at])) { /* as PyTorch: a NaN wins */
-                                best = xn[at];
-                                best_at = at;
-                            }
+                /* cell by cell in row-major order, all channels at once (vectorized); each
+                 * channel sees its cells in the same order as one at a time would */
+                float *restrict best = y + o;
+                int32_t *restrict best_at = argmax + o;
+                int c = s->c, first = (y0 * s->w + x0) * c;
+                for (int ch = 0; ch < c; ch++) {
+                    best[ch] = -INFINITY;
+                    best_at[ch] = first + ch;
+                }
+                for (int iy = y0; iy < y1; iy++) {
+                    for (int ix = x0; ix < x1; ix++) {
+                        int at = (iy * s->w + ix) * c;
+                        const float *restrict cell = xn + at;
+                        for (int ch = 0; ch < c; ch++) {
+                            float v = cell[ch];
+                            bool is_taken = v > best[ch] || v != v; /* as PyTorch: a NaN wins */
+                            best[ch] = is_taken ? v : best[ch];
+                            best_at[ch] = is_taken ? at + ch : best_at[ch];
                         }
                     }
-                    y[o + ch] = best;
-                    argmax[o + ch] = best_at;
                 }
             }
         }

@@ -1,11 +1,12 @@
-/* cpu_dnnl: see cpu_dnnl.h. The activations in place (nhwc); the weights reordered to and from
- * the blocked layouts oneDNN's kernels pick (small; done each call). The backward primitives have no "add to the
+/* cpu_dnnl: see cpu_dnnl.h. Convolutions: the activations in place (nhwc); the weights reordered
+ * to and from the blocked layouts oneDNN's kernels pick (small; done each call). The backward primitives have no "add to the
  * destination" (post-ops are forward only), so their results land in scratch buffers that are then
  * added to dx and dw, as the backend's contract asks. */
 #include "cpu_dnnl.h"
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,16 @@ int cpu_dnnl_conv_forward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x, 
 int cpu_dnnl_conv_backward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x, const float *w,
                            const float *dy, float *dx, float *dw) {
     (void)d, (void)s, (void)x, (void)w, (void)dy, (void)dx, (void)dw;
+    return -1;
+}
+int cpu_dnnl_linear_forward(cpu_dnnl_t *d, int n, int in, int out, const float *x, const float *w,
+                            const float *bias, float *y) {
+    (void)d, (void)n, (void)in, (void)out, (void)x, (void)w, (void)bias, (void)y;
+    return -1;
+}
+int cpu_dnnl_linear_backward(cpu_dnnl_t *d, int n, int in, int out, const float *x, const float *w,
+                             const float *dy, float *dx, float *dw) {
+    (void)d, (void)n, (void)in, (void)out, (void)x, (void)w, (void)dy, (void)dx, (void)dw;
     return -1;
 }
 #else
@@ -46,11 +57,22 @@ typedef struct {
     float *dx_tmp, *dw_tmp;  /* backward results before they are added */
 } entry_t;
 
+/* A linear layer's three matmuls for one (n, in, out); the backward ones add to their output
+ * (a sum post-op), as the backend's contract asks. */
+typedef struct {
+    int n, in, out;
+    bool is_failed;
+    dnnl_primitive_t fwd, bwd_w, bwd_x;
+    dnnl_memory_t x, w_t, bias, y, dy_t, x_w, dw, dy, w, dx; /* handles per call */
+} mm_entry_t;
+
 struct cpu_dnnl {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     entry_t entries[MAX_SHAPES];
     int n_entries;
+    mm_entry_t mm[MAX_SHAPES / 4];
+    int n_mm;
 };
 
 cpu_dnnl_t *cpu_dnnl_create(void) {
@@ -80,9 +102,24 @@ static void entry_free(entry_t *e) {
     free(e->dw_tmp);
 }
 
+static void destroy_all(dnnl_primitive_t *prims, size_t n_prims, dnnl_memory_t *mems,
+                        size_t n_mems) {
+    for (size_t i = 0; i < n_prims; i++)
+        if (prims[i]) dnnl_primitive_destroy(prims[i]);
+    for (size_t i = 0; i < n_mems; i++)
+        if (mems[i]) dnnl_memory_destroy(mems[i]);
+}
+
+static void mm_entry_free(mm_entry_t *e) {
+    dnnl_primitive_t prims[] = {e->fwd, e->bwd_w, e->bwd_x};
+    dnnl_memory_t mems[] = {e->x, e->w_t, e->bias, e->y, e->dy_t, e->x_w, e->dw, e->dy, e->w, e->dx};
+    destroy_all(prims, 3, mems, sizeof mems / sizeof mems[0]);
+}
+
 void cpu_dnnl_destroy(cpu_dnnl_t *d) {
     if (!d) return;
     for (int i = 0; i < d->n_entries; i++) entry_free(&d->entries[i]);
+    for (int i = 0; i < d->n_mm; i++) mm_entry_free(&d->mm[i]);
     dnnl_stream_destroy(d->stream);
     dnnl_engine_destroy(d->engine);
     free(d);
@@ -257,6 +294,118 @@ int cpu_dnnl_conv_backward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x,
         add_into(dx, e->dx_tmp, x_elems);
     add_into(dw, e->dw_tmp, w_elems);
     return 0;
+}
+
+
+/* ---- linear layers: matmuls ---- */
+
+static bool mem(cpu_dnnl_t *d, const dnnl_memory_desc_t *md, dnnl_memory_t *out) {
+    return dnnl_memory_create(out, md, d->engine, DNNL_MEMORY_NONE) == dnnl_success;
+}
+
+static bool prim_of(const void *op_desc, const_dnnl_primitive_attr_t attr, cpu_dnnl_t *d,
+                    const_dnnl_primitive_desc_t hint, dnnl_primitive_t *out) {
+    dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_desc_create(&pd, op_desc, attr, d->engine, hint) != dnnl_success)
+        return false;
+    bool ok = dnnl_primitive_create(out, pd) == dnnl_success;
+    dnnl_primitive_desc_destroy(pd);
+    return ok;
+}
+
+static bool run_wait(cpu_dnnl_t *d, dnnl_primitive_t prim, const dnnl_exec_arg_t *args, int n) {
+    return dnnl_primitive_execute(prim, d->stream, n, args) == dnnl_success &&
+           dnnl_stream_wait(d->stream) == dnnl_success;
+}
+
+static bool md_strided(dnnl_memory_desc_t *md, dnnl_dim_t rows, dnnl_dim_t cols,
+                       dnnl_dim_t row_stride, dnnl_dim_t col_stride) {
+    dnnl_dims_t dims = {rows, cols}, strides = {row_stride, col_stride};
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides) == dnnl_success;
+}
+
+static bool mm_prim(cpu_dnnl_t *d, const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                    const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst, bool is_sum,
+                    dnnl_primitive_t *out) {
+    dnnl_matmul_desc_t desc;
+    if (dnnl_matmul_desc_init(&desc, src, wei, bias, dst) != dnnl_success) return false;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    bool ok = true;
+    if (is_sum) { /* dst += src x wei */
+        ok = dnnl_primitive_attr_create(&attr) == dnnl_success &&
+             dnnl_post_ops_create(&po) == dnnl_success &&
+             dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    }
+    ok = ok && prim_of(&desc, attr, d, NULL, out);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ok;
+}
+
+static bool mm_entry_init(cpu_dnnl_t *d, mm_entry_t *e) {
+    dnnl_dim_t n = e->n, in = e->in, out = e->out;
+    dnnl_memory_desc_t x, w_t, bias, y, dy_t, x_w, dw, dy, w, dx;
+    /* y (n, out) = x (n, in) . w^T (in, out: w's bytes read column-wise) + bias (1, out) */
+    bool ok = md_strided(&x, n, in, in, 1) && md_strided(&w_t, in, out, 1, in) &&
+              md_strided(&bias, 1, out, out, 1) && md_strided(&y, n, out, out, 1) &&
+              /* dw (out, in) += dy^T (out, n) . x (n, in) */
+              md_strided(&dy_t, out, n, 1, out) && md_strided(&x_w, n, in, in, 1) &&
+              md_strided(&dw, out, in, in, 1) &&
+              /* dx (n, in) += dy (n, out) . w (out, in) */
+              md_strided(&dy, n, out, out, 1) && md_strided(&w, out, in, in, 1) &&
+              md_strided(&dx, n, in, in, 1);
+    return ok && mm_prim(d, &x, &w_t, &bias, &y, false, &e->fwd) &&
+           mm_prim(d, &dy_t, &x_w, NULL, &dw, true, &e->bwd_w) &&
+           mm_prim(d, &dy, &w, NULL, &dx, true, &e->bwd_x) && mem(d, &x, &e->x) &&
+           mem(d, &w_t, &e->w_t) && mem(d, &bias, &e->bias) && mem(d, &y, &e->y) &&
+           mem(d, &dy_t, &e->dy_t) && mem(d, &x_w, &e->x_w) && mem(d, &dw, &e->dw) &&
+           mem(d, &dy, &e->dy) && mem(d, &w, &e->w) && mem(d, &dx, &e->dx);
+}
+
+static mm_entry_t *mm_entry_for(cpu_dnnl_t *d, int n, int in, int out) {
+    for (int i = 0; i < d->n_mm; i++) {
+        mm_entry_t *e = &d->mm[i];
+        if (e->n == n && e->in == in && e->out == out) return e->is_failed ? NULL : e;
+    }
+    if (d->n_mm == (int)(sizeof d->mm / sizeof d->mm[0])) return NULL;
+    mm_entry_t *e = &d->mm[d->n_mm++];
+    *e = (mm_entry_t){.n = n, .in = in, .out = out};
+    if (!mm_entry_init(d, e)) {
+        mm_entry_free(e);
+        *e = (mm_entry_t){.n = n, .in = in, .out = out, .is_failed = true};
+        return NULL;
+    }
+    return e;
+}
+
+int cpu_dnnl_linear_forward(cpu_dnnl_t *d, int n, int in, int out, const float *x, const float *w,
+                            const float *bias, float *y) {
+    mm_entry_t *e = mm_entry_for(d, n, in, out);
+    if (!e || !set(e->x, x) || !set(e->w_t, w) || !set(e->bias, bias) || !set(e->y, y)) return -1;
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e->x}, {DNNL_ARG_WEIGHTS, e->w_t},
+                              {DNNL_ARG_BIAS, e->bias}, {DNNL_ARG_DST, e->y}};
+    return run_wait(d, e->fwd, args, 4) ? 0 : -1;
+}
+
+int cpu_dnnl_linear_backward(cpu_dnnl_t *d, int n, int in, int out, const float *x, const float *w,
+                             const float *dy, float *dx, float *dw) {
+    mm_entry_t *e = mm_entry_for(d, n, in, out);
+    if (!e || !set(e->dy_t, dy) || !set(e->x_w, x) || !set(e->dw, dw)) return -1;
+    dnnl_exec_arg_t wargs[] = {{DNNL_ARG_SRC, e->dy_t}, {DNNL_ARG_WEIGHTS, e->x_w},
+                               {DNNL_ARG_DST, e->dw}};
+    if (dx && (!set(e->dy, dy) || !set(e->w, w) || !set(e->dx, dx))) return -1;
+    if (!run_wait(d, e->bwd_w, wargs, 3)) return -1;
+    if (!dx) return 0;
+    dnnl_exec_arg_t xargs[] = {{DNNL_ARG_SRC, e->dy}, {DNNL_ARG_WEIGHTS, e->w},
+                               {DNNL_ARG_DST, e->dx}};
+    if (run_wait(d, e->bwd_x, xargs, 3)) return 0;
+    /* dw has its share already: the caller's fallback would add it twice. A primitive that ran
+     * once and fails now is oneDNN's bug, not an input's. */
+    fprintf(stderr, "ddpworker: %s:%d: oneDNN's matmul (%d x %d -> %d) failed after running\n",
+            __FILE__, __LINE__, n, in, out);
+    abort();
 }
 
 #endif /* DDP_HAVE_ONEDNN */

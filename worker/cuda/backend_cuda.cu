@@ -77,6 +77,7 @@ static backend_i make_ops(void) {
     o.conv2d_forward = gpu_conv2d_forward;
     o.conv2d_backward = gpu_conv2d_backward;
     o.conv2d_bn_forward = gpu_conv2d_bn_forward;
+    o.bn_act_forward_train_sums = gpu_bn_act_forward_train_sums;
     o.batchnorm_forward_train = gpu_batchnorm_forward_train;
     o.batchnorm_forward_eval = gpu_batchnorm_forward_eval;
     o.batchnorm_backward = gpu_batchnorm_backward;

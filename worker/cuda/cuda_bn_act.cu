@@ -84,6 +84,33 @@ static void backward_as(gpu_t *g, size_t rows, int c, const T *x, const float *g
     CHECK_CUDA(cudaGetLastError());
 }
 
+/* The statistics from per-channel sums of x and of its squares (conv2d_bn_forward's epilogue, fp32),
+ * in double as act_stats_kernel finishes its own (shift 0). sum and sqsum may be save_mean and
+ * save_invstd themselves: each channel's thread reads both before it writes. */
+__global__ void sums_stats_kernel(int c, size_t rows, const float *sum, const float *sqsum, float *save_mean,
+                                  float *save_invstd, float *running_mean, float *running_var, float momentum,
+                                  float eps) {
+    GRID_STRIDE(ch, (size_t)c) {
+        double s1 = sum[ch], s2 = sqsum[ch];
+        bn_act_stats((double)rows, 0.0f, s1, s2, momentum, eps, &save_mean[ch], &save_invstd[ch],
+                     &running_mean[ch], &running_var[ch]);
+    }
+}
+
+template <typename T, int V>
+static void forward_sums_as(gpu_t *g, size_t rows, int c, const T *x, const float *sum, const float *sqsum,
+                            const float *gamma, const float *beta, const T *res, bool has_relu, T *y,
+                            float *save_mean, float *save_invstd, float *running_mean, float *running_var,
+                            float momentum, float eps) {
+    act_grid a = grid_for(c, V);
+    sums_stats_kernel<<<blocks_for((size_t)c), 256, 0, g->stream>>>(c, rows, sum, sqsum, save_mean, save_invstd,
+                                                                    running_mean, running_var, momentum, eps);
+    CHECK_CUDA(cudaGetLastError());
+    act_apply_kernel<T, V><<<apply_blocks(g, rows, a), dim3(a.bx, a.by), 0, g->stream>>>(
+        rows, c, a, x, res, has_relu, save_mean, save_invstd, NULL, eps, gamma, beta, y);
+    CHECK_CUDA(cudaGetLastError());
+}
+
 /* 16-byte vectors when C is a multiple of the width and every tensor is aligned; else one value. */
 #define DISPATCH(g, ptrs_aligned, c, T, call) \
     do { \
@@ -162,4 +189,27 @@ void gpu_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, co
         DISPATCH(g, ok, c, float,
                  (backward_as<float, V>(g, rows, c, x, gamma, save_mean, save_invstd, y, dy, flags, dx, dresidual,
                                         dgamma, dbeta)));
+}
+
+void gpu_bn_act_forward_train_sums(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *sum,
+                                   const float *sqsum, const float *gamma, const float *beta,
+                                   tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d, float *save_mean,
+                                   float *save_invstd, float *running_mean, float *running_var, float momentum,
+                                   float eps) {
+    const float *x = (const float *)x_d.data;
+    const float *residual = (const float *)residual_d.data;
+    float *y = (float *)y_d.data;
+    gpu_t *g = gpu_of(b);
+    if (!rows || !c) return;
+    check_channels(c);
+    bool ok = aligned16(x) && aligned16(y) && (!residual || aligned16(residual)), relu = flags & BN_ACT_RELU;
+    if (is_low(g, x_d))
+        WITH_LOW(g, DISPATCH(g, ok, c, Low,
+                             (forward_sums_as<Low, V>(g, rows, c, CLOW(x), sum, sqsum, gamma, beta, CLOW(residual),
+                                                      relu, LOW(y), save_mean, save_invstd, running_mean,
+                                                      running_var, momentum, eps))));
+    else
+        DISPATCH(g, ok, c, float,
+                 (forward_sums_as<float, V>(g, rows, c, x, sum, sqsum, gamma, beta, residual, relu, y, save_mean,
+                                            save_invstd, running_mean, running_var, momentum, eps)));
 }

@@ -45,6 +45,7 @@ static inline void check_cublas(cublasStatus_t rc, const char *what, const char 
  * none for it, the op returns -1) */
 typedef struct {
     conv_shape_t shape;
+    bool has_affine; /* scale, bias and ReLU before the convolution */
     void *plan;
     size_t workspace;
 } conv_fusion_plan_t;
@@ -287,6 +288,11 @@ void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d
 void gpu_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
                          const float *save_mean, const float *save_invstd, tensor_desc_t y_d, tensor_desc_t dy_d,
                          unsigned flags, tensor_desc_t dx_d, tensor_desc_t dresidual_d, float *dgamma, float *dbeta);
+void gpu_bn_act_forward_train_sums(backend_t *b, size_t rows, int c, tensor_desc_t x, const float *sum,
+                                   const float *sqsum, const float *gamma, const float *beta,
+                                   tensor_desc_t residual, unsigned flags, tensor_desc_t y, float *save_mean,
+                                   float *save_invstd, float *running_mean, float *running_var, float momentum,
+                                   float eps);
 /* cuda_conv_fusion.cu */
 int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
                           const float *bias, const float *w, tensor_desc_t y, float *sum, float *sqsum);

@@ -76,8 +76,9 @@ fail:
     return NULL;
 }
 
-/* The execution plan for shape s, or NULL when cuDNN has no engine for it (or a step failed). */
-static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, int64_t *workspace) {
+/* The execution plan for shape s, or NULL when cuDNN has no engine for it (or a step failed).
+ * has_affine: x * scale + bias and a ReLU before the convolution (else the convolution reads x). */
+static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, bool has_affine, int64_t *workspace) {
     enum { N_TENSORS = 10, N_OPS = 5, N_CFGS = 16 };
     cudnnBackendDescriptor_t t[N_TENSORS] = {0}, pw[3] = {0}, ops[N_OPS] = {0}, conv = NULL, graph = NULL,
                              heur = NULL, cfgs[N_CFGS] = {0}, plan = NULL, found = NULL;
@@ -98,12 +99,14 @@ static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, int6
             fusion_fail("a tensor descriptor", CUDNN_STATUS_BAD_PARAM, __LINE__);
             goto out;
         }
-    ops[0] = pointwise(&pw[0], CUDNN_POINTWISE_MUL, t[0], t[1], t[3]);
-    ops[1] = pointwise(&pw[1], CUDNN_POINTWISE_ADD, t[3], t[2], t[4]);
-    ops[2] = pointwise(&pw[2], CUDNN_POINTWISE_RELU_FWD, t[4], NULL, t[5]);
-    if (!ops[0] || !ops[1] || !ops[2]) {
-        fusion_fail("the scale, bias and ReLU operations", CUDNN_STATUS_BAD_PARAM, __LINE__);
-        goto out;
+    if (has_affine) {
+        ops[0] = pointwise(&pw[0], CUDNN_POINTWISE_MUL, t[0], t[1], t[3]);
+        ops[1] = pointwise(&pw[1], CUDNN_POINTWISE_ADD, t[3], t[2], t[4]);
+        ops[2] = pointwise(&pw[2], CUDNN_POINTWISE_RELU_FWD, t[4], NULL, t[5]);
+        if (!ops[0] || !ops[1] || !ops[2]) {
+            fusion_fail("the scale, bias and ReLU operations", CUDNN_STATUS_BAD_PARAM, __LINE__);
+            goto out;
+        }
     }
     {
         int64_t dims = 2, one[2] = {1, 1}, stride[2] = {s->stride, s->stride}, pad[2] = {s->pad, s->pad};
@@ -129,7 +132,7 @@ static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, int6
         CHECK_BACKEND(cudnnBackendSetAttribute(ops[3], CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv));
         CHECK_BACKEND(cudnnBackendSetAttribute(ops[3], CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t[5]));
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, has_affine ? &t[5] : &t[0]));
         CHECK_BACKEND(cudnnBackendSetAttribute(ops[3], CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t[6]));
         CHECK_BACKEND(cudnnBackendSetAttribute(ops[3], CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
@@ -152,8 +155,9 @@ static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, int6
         CHECK_BACKEND(cudnnBackendFinalize(ops[4]));
     }
     CHECK_BACKEND(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph));
-    CHECK_BACKEND(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, N_OPS,
-                                           ops));
+    /* without the affine part only the convolution and the statistics (ops 3 and 4) */
+    CHECK_BACKEND(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                           has_affine ? N_OPS : 2, has_affine ? ops : ops + 3));
     CHECK_BACKEND(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &g->cudnn));
     CHECK_BACKEND(cudnnBackendFinalize(graph));
     /* the heuristics' engine configurations, best first: the first that makes a plan wins (mode
@@ -209,20 +213,22 @@ out:
     return found;
 }
 
-/* The plan of shape s (NULL: none can be had), built on first use. */
-static conv_fusion_plan_t *plan_for(gpu_t *g, const conv_shape_t *s) {
+/* The plan of shape s (NULL: none can be had), built on first use, never while ops are being
+ * recorded (a CUDA graph's capture: cuDNN's heuristics may not be capturable). */
+static conv_fusion_plan_t *plan_for(gpu_t *g, const conv_shape_t *s, bool has_affine) {
     for (int i = 0; i < g->n_fusion_plans; i++) {
         const conv_shape_t *p = &g->fusion_plans[i].shape;
         if (p->n == s->n && p->h == s->h && p->w == s->w && p->c == s->c && p->k == s->k && p->r == s->r &&
-            p->s == s->s && p->stride == s->stride && p->pad == s->pad)
+            p->s == s->s && p->stride == s->stride && p->pad == s->pad && g->fusion_plans[i].has_affine == has_affine)
             return &g->fusion_plans[i];
     }
-    if (g->n_fusion_plans == CONV_FUSION_PLANS) return NULL; /* more shapes than a ResNet has */
+    if (g->n_fusion_plans == CONV_FUSION_PLANS || g->is_recording) return NULL; /* more shapes than a ResNet has */
     conv_fusion_plan_t *p = &g->fusion_plans[g->n_fusion_plans++];
     memset(p, 0, sizeof *p);
     p->shape = *s;
+    p->has_affine = has_affine;
     int64_t workspace = 0;
-    p->plan = build_plan(g, s, &workspace);
+    p->plan = build_plan(g, s, has_affine, &workspace);
     p->workspace = (size_t)workspace;
     if (p->plan && p->workspace > g->workspace_bytes && gpu_reserve_workspace(&g->base, p->workspace) < 0)
         fail_at("convolution fusion workspace", "out of GPU memory", __FILE__, __LINE__);
@@ -249,23 +255,33 @@ void gpu_conv_fusion_free(gpu_t *g) {
 int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *scale,
                           const float *bias, const float *w, tensor_desc_t y_d, float *sum, float *sqsum) {
     gpu_t *g = gpu_of(b);
+    bool has_affine = scale || bias;
     if (!g->is_conv_fusion || g->low != LOW_FP16 || !is_low(g, x_d) || !is_low(g, y_d) || s->c % 8 || s->k % 8 ||
         s->c > BN_MAX_CHANNELS || !aligned16(x_d.data) || !aligned16(y_d.data) || !aligned16(shadow_of(g, w)) ||
-        g->is_recording)
+        (has_affine && (!scale || !bias)))
         return -1;
-    conv_fusion_plan_t *p = plan_for(g, s);
+    conv_fusion_plan_t *p = plan_for(g, s, has_affine);
     if (!p || !p->plan) return -1;
-    if (!g->fusion_affine && cudaMalloc(&g->fusion_affine, 2 * BN_MAX_CHANNELS * sizeof(f16)) != cudaSuccess)
-        fail_at("convolution fusion", "out of GPU memory", __FILE__, __LINE__);
-    f16 *affine = (f16 *)g->fusion_affine;
-    LAUNCH(to_half_kernel, (size_t)s->c, scale, bias, affine, s->c);
-    void *ptrs[7] = {x_d.data, (void *)shadow_of(g, w), affine, affine + s->c, y_d.data, sum, sqsum};
-    int64_t uids[7] = {UID_X, UID_W, UID_SCALE, UID_BIAS, UID_Y, UID_SUM, UID_SQSUM};
+    f16 *affine = NULL;
+    if (has_affine) {
+        if (!g->fusion_affine && cudaMalloc(&g->fusion_affine, 2 * BN_MAX_CHANNELS * sizeof(f16)) != cudaSuccess)
+            fail_at("convolution fusion", "out of GPU memory", __FILE__, __LINE__);
+        affine = (f16 *)g->fusion_affine;
+        LAUNCH(to_half_kernel, (size_t)s->c, scale, bias, affine, s->c);
+    }
+    /* the affine pair last: left out of the pack without it */
+    void *ptrs[7] = {x_d.data, (void *)shadow_of(g, w), y_d.data, sum, sqsum, affine, affine ? affine + s->c : NULL};
+    int64_t uids[7] = {UID_X, UID_W, UID_Y, UID_SUM, UID_SQSUM, UID_SCALE, UID_BIAS};
+    int64_t n_ptrs = has_affine ? 7 : 5;
+    /* the statistics start from zero whether cuDNN's epilogue writes or adds them (they may be
+     * a batch norm's saved slots, holding the last step's values) */
+    CHECK_CUDA(cudaMemsetAsync(sum, 0, (size_t)s->k * sizeof(float), g->stream));
+    CHECK_CUDA(cudaMemsetAsync(sqsum, 0, (size_t)s->k * sizeof(float), g->stream));
     void *workspace = g->workspace;
     cudnnBackendDescriptor_t pack = NULL;
     CHECK_CUDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    CHECK_CUDNN(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 7, ptrs));
-    CHECK_CUDNN(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 7, uids));
+    CHECK_CUDNN(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n_ptrs, ptrs));
+    CHECK_CUDNN(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n_ptrs, uids));
     CHECK_CUDNN(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace));
     CHECK_CUDNN(cudnnBackendFinalize(pack));
     CHECK_CUDNN(cudnnBackendExecute(g->cudnn, (cudnnBackendDescriptor_t)p->plan, pack));

@@ -160,7 +160,8 @@ typedef struct {
                             tensor_desc_t dy, tensor_desc_t dx, float *dw);
     /* Optional (NULL: not offered; cuda: in fp16 with DDP_CUDA_CONV_FUSION=1): y = the convolution
      * of relu(x * scale + bias) (scale, bias: C fp32, per input channel: a batch norm folded into
-     * a scale and a shift, and its ReLU, applied as the convolution reads x; x is not changed),
+     * a scale and a shift, and its ReLU, applied as the convolution reads x; x is not changed;
+     * both NULL: of x itself, no ReLU),
      * and sum, sqsum (K fp32, written): the sums of y and of its squares per output channel over
      * (N, OH, OW), the statistics the batch norm after it needs. cuDNN's ConvBNfprop fusion.
      * Returns 0, or -1 when it cannot run this shape, type or alignment (nothing written: run
@@ -190,6 +191,16 @@ typedef struct {
                                  const float *gamma, const float *beta, tensor_desc_t residual,
                                  unsigned flags, tensor_desc_t y, float *save_mean, float *save_invstd,
                                  float *running_mean, float *running_var, float momentum, float eps);
+    /* Optional (NULL: not offered; cuda): bn_act_forward_train with x's statistics given as the
+     * sums of x and of its squares per channel over the rows (sum, sqsum: C fp32, e.g.
+     * conv2d_bn_forward's), instead of a pass over x. sum and sqsum may be save_mean and
+     * save_invstd themselves (they are then replaced). */
+    void (*bn_act_forward_train_sums)(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                      const float *sum, const float *sqsum, const float *gamma,
+                                      const float *beta, tensor_desc_t residual, unsigned flags,
+                                      tensor_desc_t y, float *save_mean, float *save_invstd,
+                                      float *running_mean, float *running_var, float momentum,
+                                      float eps);
     void (*bn_act_forward_eval)(backend_t *b, size_t rows, int c, tensor_desc_t x,
                                 const float *gamma, const float *beta, tensor_desc_t residual,
                                 unsigned flags, tensor_desc_t y, const float *running_mean,

@@ -126,6 +126,12 @@ int model_init_opts(model_t *m, backend_t *bk, const model_opts_t *opts, int h, 
         return -1;
     }
     m->act_dtype = bk->mem->activation_dtype ? bk->mem->activation_dtype(bk) : DTYPE_F32;
+    for (int i = 0; i < m->n_layers; i++) { /* a convolution's batch norm, whose statistics it may give */
+        layer_t *l = &m->layers[i];
+        l->stats_bn = -1;
+        for (int j = i + 1; l->kind == LAYER_CONV && !l->has_bias && j < m->n_layers && l->stats_bn < 0; j++)
+            if (m->layers[j].kind == LAYER_BATCHNORM && m->layers[j].in == l->out) l->stats_bn = j;
+    }
     if (bk->mem->mark_arenas && bk->mem->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
         snprintf(err, err_len, "model %s: out of memory for the backend's copies of %zu parameters",
                  name, m->n_params);
@@ -201,7 +207,7 @@ uint64_t model_dropout_key(const model_t *m, int layer) {
 
 /* Batch norm layer bn over tensor x_t, with residual res_t (-1: none) and flags (BN_ACT_*), into
  * y_t: a lone batch norm or a fused chain (model.h). */
-static void bn_act_forward(model_t *m, const layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
+static void bn_act_forward(model_t *m, layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
                            int n, bool is_training) {
     backend_t *bk = m->backend;
     const tensor_t *tx = &m->tensors[x_t];
@@ -210,7 +216,11 @@ static void bn_act_forward(model_t *m, const layer_t *bn, int x_t, int res_t, un
     const float *p = m->params + bn->param_offset;
     tensor_desc_t x = act(m, x_t, n), res = act(m, res_t, n), y = act(m, y_t, n);
     float *run = m->buffers + bn->buffer_offset, *save = m->scratch + bn->scratch_offset;
-    if (is_training)
+    if (is_training && bn->has_sums) { /* its convolution left the sums in the saved slots */
+        bn->has_sums = false;
+        bk->ops->bn_act_forward_train_sums(bk, rows, c, x, save, save + c, p, p + c, res, flags, y,
+                                           save, save + c, run, run + c, BN_MOMENTUM, BN_EPS);
+    } else if (is_training)
         bk->ops->bn_act_forward_train(bk, rows, c, x, p, p + c, res, flags, y, save, save + c, run,
                                       run + c, BN_MOMENTUM, BN_EPS);
     else
@@ -309,6 +319,22 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
         if (m->layers[i].n_params) cb(arg, m->layers[i].param_offset);
 }
 
+/* A training forward's convolution l that also gives its batch norm the statistics of its output
+ * (conv2d_bn_forward with no scale and bias); false when the backend does not (the caller runs
+ * the plain convolution). */
+static bool conv_with_stats(model_t *m, layer_t *l, tensor_desc_t x, const float *w, tensor_desc_t y) {
+    backend_t *bk = m->backend;
+    if (l->stats_bn < 0 || !bk->ops->conv2d_bn_forward || !bk->ops->bn_act_forward_train_sums)
+        return false;
+    layer_t *bn = &m->layers[l->stats_bn];
+    float *save = m->scratch + bn->scratch_offset;
+    if (bk->ops->conv2d_bn_forward(bk, &l->conv, x, NULL, NULL, w, y, save, save + l->conv.k) < 0)
+        return false;
+    bn->has_sums = true;
+    m->conv_stats_runs++;
+    return true;
+}
+
 static void forward_eager(model_t *m, const step_args_t *a) {
     int n = a->n;
     bool is_training = a->is_training;
@@ -323,7 +349,7 @@ static void forward_eager(model_t *m, const step_args_t *a) {
         switch (l->kind) {
         case LAYER_CONV:
             l->conv.n = n;
-            o->conv2d_forward(bk, &l->conv, x, p, y);
+            if (!is_training || !conv_with_stats(m, l, x, p, y)) o->conv2d_forward(bk, &l->conv, x, p, y);
             if (l->has_bias)
                 o->bias_add(bk, (size_t)n * l->conv.oh * l->conv.ow, l->conv.k,
                             p + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c, y);

@@ -64,6 +64,12 @@ typedef struct {
      * left alone runs as bn_act without residual or ReLU. */
     int bn_layer;
     bool is_fused;
+    /* Statistics from a convolution's epilogue (backend conv2d_bn_forward, where offered and
+     * accepted): a convolution's stats_bn is the batch norm that reads its output (-1: none); a
+     * batch norm's has_sums says that, in this training forward, its saved mean and invstd slots
+     * hold its input's sums instead (bn_act_forward_train_sums finishes them). */
+    int stats_bn;
+    bool has_sums;
     /* backward writes the gradient of in (in2) instead of adding to it: no one produced it yet */
     bool is_dx_written, is_dx2_written;
     conv_shape_t conv;       /* n is set per call */
@@ -133,6 +139,7 @@ typedef struct {
     model_graph_t graphs[MODEL_GRAPHS];
     int n_graphs;
     bool has_dropout;
+    long conv_stats_runs; /* convolutions that gave their batch norm its statistics (tests) */
 } model_t;
 
 /* Called during backward each time the gradients of params[ready_from, n_params) are final. */

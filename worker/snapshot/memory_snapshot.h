@@ -25,7 +25,7 @@
 
 #include "snapshot.h"
 
-#define MEMORY_SNAPSHOT_DIR_ENV "DDPRUN_MEMORY_SNAPSHOT_DIR"
+#define MEMORY_SNAPSHOT_DIR_ENV SNAPSHOT_MEMORY_DIR_ENV /* proto/snapshot_format.h */
 
 typedef struct memory_snapshot memory_snapshot_t;
 
