@@ -22,6 +22,19 @@ deploy/setup.sh --tests --build-dir "$build" -- -DDDP_SANITIZE=ON -DDDP_WERROR=O
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
+echo "== the layers and the formatting"
+# no include circle between files, modules or folders, and docs/architecture.md's layer picture is
+# the code's (tests/tools/check_layers.py --write redraws it)
+/usr/bin/python3 tests/tools/check_layers.py
+# clang-format --dry-run -Werror over the C sources: switched on (1) in the commit that formats
+# the whole tree once (tests/tools/check_format.sh --fix)
+check_format=0
+if [ "$check_format" = 1 ]; then
+    tests/tools/check_format.sh
+else
+    echo "formatting: not checked yet (tests/run.sh: check_format=0 until the tree is formatted)"
+fi
+
 echo "== unit tests"
 # --no-tests=error: without Criterion the unit tests would vanish and ctest would pass
 (cd "$build" && ctest --output-on-failure --no-tests=error -j "$(nproc)")

@@ -14,7 +14,7 @@ Usage: python3 tests/bench/bench_gpu_train.py [--shapes cifar,fmnist] [--precisi
            [--batch 512] [--steps 50] [--warmup 20] [--compile] [--json FILE]
        python3 tests/bench/bench_gpu_train.py --rows resnet18-cifar,resnet50-128 --compile
            [--precisions bf16,fp16]
---rows runs the GPU issue's workloads, each with its own model, shape and batch (resnet18-cifar:
+--rows runs the standard GPU workloads (ROWS below), each with its own model, shape and batch (resnet18-cifar:
 ResNet-18 w64 on 32x32x3, batch 512; resnet50-128: ResNet-50 w64 with the ImageNet stem on
 128x128x3, 1000 classes, batch 256), and ends with one line per row and precision:
   RESULT <row> <precision> ddpworker=<img/s> torch_eager=<img/s> torch_compile=<img/s> ratio=<ddpworker/eager>
@@ -167,7 +167,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile")
-    ap.add_argument("--rows", help="the GPU issue's rows instead of --shapes/--model/--batch: "
+    ap.add_argument("--rows", help="the standard workloads (ROWS) instead of --shapes/--model/--batch: "
                                    + ",".join(ROWS))
     ap.add_argument("--row-batch", type=int, help="--rows: this batch instead of each row's")
     ap.add_argument("--jpeg-sides", default="160-256",

@@ -49,10 +49,12 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static int join_round(rdzv_t *r, rdzv_kv_t *kv, sim_agent_t *a, rdzv_result_t *out) {
+/* As the agent: the job's round, or the one after the round that ended when the job's counter
+ * has not moved yet (the restart key is written before it). */
+static int join_round(rdzv_t *r, rdzv_kv_t *kv, sim_agent_t *a, int at_least, rdzv_result_t *out) {
     int round = 0;
     TRY(rdzv_current_round(r, kv, &round));
-    return rdzv_join(r, kv, round, out, a->err, sizeof a->err);
+    return rdzv_join(r, kv, round > at_least ? round : at_least, out, a->err, sizeof a->err);
 }
 
 static void *sim_agent_main(void *arg) {
@@ -67,7 +69,7 @@ static void *sim_agent_main(void *arg) {
         snprintf(a->err, sizeof a->err, "connect: %s", kv ? kv->ops->error(kv) : ddp_strerror(a->rc));
     pthread_barrier_wait(&start_line);
     rdzv_result_t out;
-    if (a->rc == 0) a->rc = join_round(&r, kv, a, &out);
+    if (a->rc == 0) a->rc = join_round(&r, kv, a, 0, &out);
     a->joined_ns = now_ns();
     pthread_mutex_lock(&mu);
     if (atomic_fetch_add(&n_joined, 1) + 1 == (int)opts.min_nodes) pthread_cond_broadcast(&all_joined);
@@ -82,7 +84,7 @@ static void *sim_agent_main(void *arg) {
     }
     char why[512];
     if (a->rc == 0) a->rc = rdzv_wait_restart(&r, kv, out.round, why, sizeof why);
-    if (a->rc == 0) a->rc = join_round(&r, kv, a, &out);
+    if (a->rc == 0) a->rc = join_round(&r, kv, a, out.round + 1, &out);
     a->rejoined_ns = now_ns();
     if (a->rc < 0 && !a->err[0]) snprintf(a->err, sizeof a->err, "%s", kv ? kv->ops->error(kv) : "");
     rdzv_kv_destroy(kv);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The scaling report of seed 002: the same train.conf at 1, 2 and 4 ranks (ddprun --standalone),
+"""The scaling report: the same train.conf at 1, 2 and 4 ranks (ddprun --standalone),
 the learning rate scaled by the run's rule, and one table of what a user compares.
 
     tests/bench/bench_scaling.py CONF [--ranks 1,2,4] [--lr-scaling sqrt] [section.key=value ...]

@@ -1,4 +1,4 @@
-"""tests/bench/bench_scaling.py, seed 002's scaling table, on a tiny synthetic run at 1 and 2
+"""tests/bench/bench_scaling.py, the scaling table across world sizes, on a tiny synthetic run at 1 and 2
 ranks: the figures come from the runs (the worker's own lr after optim.lr_scaling, the global batch,
 steps per epoch, epochs, validation and test figures), so the report cannot drift from the worker."""
 import json

@@ -3,7 +3,7 @@
 (the bench's SGD settings) whose first --warmup steps run unprofiled (cuDNN's timed algorithm search
 among them, so the convolutions are the algorithms the bench uses, not the ones a profiler's
 replays make look fastest), then --steps steps inside the profiler's capture range (DDP_CUDA_PROFILE:
-the cuda backend calls cudaProfilerStart/Stop at those steps' forwards). Prints the issue's table:
+the cuda backend calls cudaProfilerStart/Stop at those steps' forwards). Prints one table:
 kernel, ms per step, share of the step's kernel time.
 
   --tool nsys (default when nsys is on PATH): Nsight Systems, kernels as they ran (real clocks,

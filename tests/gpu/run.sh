@@ -4,8 +4,8 @@
 #   tests/gpu/run.sh [build] [unit] [smoke] [e2e] [bench] [profile] [bench-compile] [startup]
 #                    [memsnap]
 #   (default: build unit smoke e2e bench startup; stages run in this order)
-# Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (bench_gpu_train.py arguments; default: the GPU issue's
-# rows in bf16 and fp16, RESULT lines), PROFILE_PRECISIONS
+# Knobs: BENCH_ARGS, BENCH_COMPILE_ARGS (bench_gpu_train.py arguments; default: its standard
+# workloads, --rows, in bf16 and fp16, RESULT lines), PROFILE_PRECISIONS
 # ("fp32 bf16"), PROFILE_TOP (lines shown), STARTUP_REPEATS, MEMSNAP_ARGS (bench_memory_snapshot.py
 # arguments; default ResNet-18 and ResNet-50 in bf16, 2 on/off rounds). The carried folder: run it with
 # carry [".deps/root"]. Logs and JSON results go to $OUT (else gpu-out/); a summary is printed last.

@@ -20,6 +20,10 @@ import pytest
 
 import safetensors_file
 from conftest import clean_env, wait_until
+
+# The GPU tests reuse the CPU tests' helpers and settings (tests/e2e), also when run alone (as
+# tests/gpu/run.sh does), where pytest has not put tests/e2e on the path.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 from test_faults import final_state, restarts, snapshot_steps
 from test_imagefolder import CONVERGENCE  # the CPU reference's settings
 

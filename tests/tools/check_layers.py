@@ -4,7 +4,8 @@
 Reads every C, C++ and CUDA file under proto/, common/, launcher/ and worker/, resolves each
 `#include "..."` as the build does (the including file's folder, then the include paths the
 CMakeLists give: launcher/, common/, proto/, worker/ and the worker's folders), and fails on
-  - an include circle between files,
+  - an include circle between files, or between modules (x.c with x.h: A's files include B's
+    header, B's include A's, directly or through header-only modules),
   - a circle between boxes: a box is a folder (launcher/store, worker/train, common, ...), and
     each file at the top of launcher/ or worker/ is a box of its own (main.c sits above every
     folder, options.h below most),
@@ -58,8 +59,47 @@ def box_of(path):
     return module_of(path) if folder in ("launcher", "worker") else folder
 
 
+_internal = {}
+
+
 def module_of(path):
-    return os.path.splitext(path)[0]
+    """x.c with x.h; and the files of one module split over several (P.c, P_pool.c, P_fused.c)
+    that share its P_internal.h: P (libuv's pattern; STYLE.md's module__x symbols)."""
+    stem = os.path.splitext(path)[0]
+    folder, name = os.path.split(stem)
+    if folder not in _internal:
+        full = os.path.join(ROOT, folder)
+        _internal[folder] = sorted((n[:-len("_internal.h")] for n in os.listdir(full)
+                                    if n.endswith("_internal.h")), key=len, reverse=True)
+    for p in _internal[folder]:
+        if name == p or name.startswith(p + "_"):
+            return os.path.join(folder, p)
+    return stem
+
+
+def module_needs(files, edges):
+    """{module with an implementation: modules with one it includes}: through header-only
+    modules (types, inline helpers: they call nothing themselves) to the modules behind them."""
+    has_impl = {module_of(f) for f in files if not f.endswith((".h", ".cuh"))}
+    out = {}
+    for f in files:
+        a = module_of(f)
+        if a not in has_impl:
+            continue
+        seen, todo = set(), list(edges[f])
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            b = module_of(t)
+            if b in has_impl:
+                if b != a:
+                    out.setdefault(a, set()).add(b)
+            else:
+                todo.extend(edges[t])
+        out.setdefault(a, set())
+    return out
 
 
 def graph():
@@ -204,7 +244,8 @@ def picture(folders):
     lines = ["```"]
     for n in order:
         needs = ", ".join(sorted(folders[n], key=lambda m: (depth[m], m))) or "-"
-        lines.append(f"{n + '/':<{width}} <- {needs}")
+        name = n + "/" if os.path.isdir(os.path.join(ROOT, n)) else n  # a top file's module: no /
+        lines.append(f"{name:<{width}} <- {needs}")
     lines.append("```")
     return "\n".join(lines)
 
@@ -230,6 +271,8 @@ def main():
     failures = []
     for comp in cycles(edges):
         failures.append("include circle: " + " <-> ".join(comp))
+    for comp in cycles(module_needs(files, edges)):
+        failures.append("include circle between modules: " + " <-> ".join(comp))
     for comp in cycles(boxes):
         failures.append("circle between boxes: " + " <-> ".join(comp))
     n_called = ""

@@ -135,7 +135,7 @@ void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall);
 int trainer__agree_step(trainer_t *t, bool *is_out_of_time);
 void trainer__snapshot_free(trainer_t *t);
 
-/* memory_checkpoint.c, internal to the trainer: memory snapshots (memory_snapshot.h). */
+/* checkpoint_memory.c, internal to the trainer: memory snapshots (memory_snapshot.h). */
 /* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
  * A failure is a warning: training goes on without them. */
 void trainer__memory_init(trainer_t *t);

@@ -1,4 +1,4 @@
-/* memory_checkpoint: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
+/* checkpoint_memory: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
  * state after every snapshot.every_memory steps into the agent's shared memory. The copy overlaps
  * the next step's forward and backward: on the cpu backend the memory writer's thread makes it, on
  * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
