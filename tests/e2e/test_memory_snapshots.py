@@ -353,6 +353,7 @@ def test_a_restart_with_nothing_to_resume_says_it_lost_every_step(ddprun, tmp_pa
             os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode == 0, out
     found = re.findall(r"starting again from step 0; source none, (\d+) steps lost", out)
-    assert len(found) == 1 and int(found[0]) >= 12, out
+    # >= 11: the progress line of step 12 comes before the step is recorded as reached
+    assert len(found) == 1 and int(found[0]) >= 11, out
     events = [e for e in map(json.loads, open(metrics)) if e["event"] == "resume"]
     assert [(e["source"], e["steps_lost"]) for e in events] == [("none", int(found[0]))], events

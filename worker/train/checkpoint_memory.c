@@ -65,11 +65,16 @@ static void account(trainer_t *t, double start) {
 
 void trainer__memory_snapshot(trainer_t *t) {
     if (!t->memory) return;
-    memory_snapshot_mark_reached(t->memory, t->step);
     int64_t every = t->conf->snapshot_every_memory;
-    if (every == 0 || t->step % every != 0) return;
+    if (every == 0 || t->step % every != 0) {
+        memory_snapshot_mark_reached(t->memory, t->step);
+        return;
+    }
     double start = clock_now_s();
     snapshot_data_t *d = memory_snapshot_begin(t->memory); /* the previous one is sealed */
+    /* recorded only now: a kill from here on finds the previous step sealed (at most this one
+     * lost), even when the writer's thread ran behind the training */
+    memory_snapshot_mark_reached(t->memory, t->step);
     snapshot_header_t h;
     memset(&h, 0, sizeof h);
     trainer__describe(t, &h);
