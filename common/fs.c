@@ -27,7 +27,8 @@ int fs_mkdir_p(const char *path) {
 
 int fs_check_writable(const char *dir) {
     char probe[4200];
-    if (snprintf(probe, sizeof probe, "%s/.ddprun-probe-%ld", dir, (long)getpid()) >= (int)sizeof probe)
+    if (snprintf(probe, sizeof probe, "%s/.ddprun-probe-%ld", dir, (long)getpid()) >=
+        (int)sizeof probe)
         return -ENAMETOOLONG;
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return -errno;
@@ -42,8 +43,10 @@ void fs_self_dir(char *out, size_t out_len) {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
     char *slash = strrchr(exe, '/');
-    if (!slash) snprintf(out, out_len, ".");
-    else snprintf(out, out_len, "%.*s", slash == exe ? 1 : (int)(slash - exe), exe);
+    if (!slash)
+        snprintf(out, out_len, ".");
+    else
+        snprintf(out, out_len, "%.*s", slash == exe ? 1 : (int)(slash - exe), exe);
 }
 
 /* path with its longest existing prefix replaced by realpath's answer; unchanged when that does

@@ -58,7 +58,8 @@ static void global_init(void) {
     for (size_t i = 0; !lib && i < sizeof names / sizeof names[0] && names[i]; i++)
         lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        snprintf(load_error, sizeof load_error, "libcurl (%s) cannot be loaded (%s): install "
+        snprintf(load_error, sizeof load_error,
+                 "libcurl (%s) cannot be loaded (%s): install "
                  "libcurl4 (Debian, Ubuntu) or libcurl (Fedora), or name it in DDPRUN_LIBCURL",
                  names[0], dlerror());
         return;
@@ -78,8 +79,10 @@ static void global_init(void) {
                 {(void **)&api.slist_free_all, "curl_slist_free_all"}};
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         if ((*syms[i].fn = dlsym(lib, syms[i].name))) continue;
-        snprintf(load_error, sizeof load_error, "the libcurl found lacks %s: too old (7.85 or "
-                 "later is needed)", syms[i].name);
+        snprintf(load_error, sizeof load_error,
+                 "the libcurl found lacks %s: too old (7.85 or "
+                 "later is needed)",
+                 syms[i].name);
         api.easy_init = NULL;
         return;
     }
@@ -91,7 +94,9 @@ int http_load(void) {
     return api.easy_init ? 0 : -ELIBACC;
 }
 
-const char *http_load_error(void) { return load_error; }
+const char *http_load_error(void) {
+    return load_error;
+}
 
 int http_create(const http_opts_t *opts, http_t **out) {
     TRY(http_load());
@@ -114,9 +119,13 @@ void http_destroy(http_t *h) {
     free(h);
 }
 
-void http_interrupt(http_t *h) { atomic_store(&h->is_interrupted, true); }
+void http_interrupt(http_t *h) {
+    atomic_store(&h->is_interrupted, true);
+}
 
-const char *http_error(const http_t *h) { return h->error; }
+const char *http_error(const http_t *h) {
+    return h->error;
+}
 
 static size_t on_write(char *data, size_t size, size_t nmemb, void *arg) {
     transfer_t *t = arg;
@@ -179,7 +188,7 @@ int http_post(http_t *h, const http_request_t *req, long *status, char **respons
     api.easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for DNS timeouts */
     api.easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(req->timeout_ms > 0 ? req->timeout_ms : 1));
     api.easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
-                     (long)(h->opts.connect_timeout_ms > 0 ? h->opts.connect_timeout_ms : 5000));
+                    (long)(h->opts.connect_timeout_ms > 0 ? h->opts.connect_timeout_ms : 5000));
     api.easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
     api.easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     if (h->opts.cacert) api.easy_setopt(c, CURLOPT_CAINFO, h->opts.cacert);

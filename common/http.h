@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 typedef struct {
-    const char *cacert;          /* PEM file of the CA to trust (NULL: the system's) */
-    const char *cert, *key;      /* client certificate and key (NULL: none) */
-    int64_t connect_timeout_ms;  /* per connection attempt */
-    size_t max_response_bytes;   /* a longer response fails (-EMSGSIZE); 0: 16 MiB */
+    const char *cacert;         /* PEM file of the CA to trust (NULL: the system's) */
+    const char *cert, *key;     /* client certificate and key (NULL: none) */
+    int64_t connect_timeout_ms; /* per connection attempt */
+    size_t max_response_bytes;  /* a longer response fails (-EMSGSIZE); 0: 16 MiB */
 } http_opts_t;
 
 typedef struct http http_t;
@@ -23,10 +23,10 @@ typedef bool (*http_chunk_fn)(void *arg, const char *data, size_t n);
 
 typedef struct {
     const char *url;
-    const char *body;          /* JSON */
-    const char *auth_header;   /* "Authorization: ..." or NULL */
-    int64_t timeout_ms;        /* the whole request, streaming included */
-    http_chunk_fn on_chunk;    /* NULL: collect the response into *response */
+    const char *body;        /* JSON */
+    const char *auth_header; /* "Authorization: ..." or NULL */
+    int64_t timeout_ms;      /* the whole request, streaming included */
+    http_chunk_fn on_chunk;  /* NULL: collect the response into *response */
     void *arg;
 } http_request_t;
 

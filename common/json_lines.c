@@ -58,7 +58,9 @@ void json_line_bool(cJSON *o, const char *key, int value) {
     if (o) cJSON_AddBoolToObject(o, key, value);
 }
 
-char *json_line_text(const cJSON *o) { return o ? cJSON_PrintUnformatted(o) : NULL; }
+char *json_line_text(const cJSON *o) {
+    return o ? cJSON_PrintUnformatted(o) : NULL;
+}
 
 int json_line_write(FILE *f, cJSON *o) {
     char *text = json_line_text(o);

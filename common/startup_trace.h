@@ -29,7 +29,8 @@ static inline double startup_trace_now(void) {
  * start. */
 static inline double startup_trace_end(const char *phase, double since) {
     double now = startup_trace_now();
-    if (startup_trace_is_on()) fprintf(stderr, "ddpworker: startup: %s %.3f s\n", phase, now - since);
+    if (startup_trace_is_on())
+        fprintf(stderr, "ddpworker: startup: %s %.3f s\n", phase, now - since);
     return now;
 }
 

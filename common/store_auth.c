@@ -16,8 +16,8 @@ int store_secret_from_text(const char *text, size_t len, const char *origin, sto
     while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' '))
         len--;
     if (len < STORE_SECRET_MIN_BYTES) {
-        snprintf(err, err_len, "store secret from %s is %zu bytes; at least %u are required", origin,
-                 len, STORE_SECRET_MIN_BYTES);
+        snprintf(err, err_len, "store secret from %s is %zu bytes; at least %u are required",
+                 origin, len, STORE_SECRET_MIN_BYTES);
         return -EINVAL;
     }
     crypto_hash_sha256(out->key, (const unsigned char *)text, len);
@@ -42,7 +42,8 @@ int store_secret_load_file(const char *path, store_secret_t *out, char *err, siz
         return -EIO;
     }
     if (is_too_big) {
-        snprintf(err, err_len, "store secret file %s is larger than %zu bytes", path, sizeof buf - 1);
+        snprintf(err, err_len, "store secret file %s is larger than %zu bytes", path,
+                 sizeof buf - 1);
         return -EFBIG;
     }
     int rc = store_secret_from_text(buf, n, path, out, err, err_len);

@@ -28,7 +28,8 @@ int store_secret_load_file(const char *path, store_secret_t *out, char *err, siz
 /* Secret from text (e.g. DDPRUN_STORE_SECRET); same rules. */
 int store_secret_from_text(const char *text, size_t len, const char *origin, store_secret_t *out,
                            char *err, size_t err_len);
-/* DDPRUN_STORE_SECRET, else DDPRUN_STORE_SECRET_FILE, else none (out->is_set = false, returns 0). */
+/* DDPRUN_STORE_SECRET, else DDPRUN_STORE_SECRET_FILE, else none (out->is_set = false, returns 0).
+ */
 int store_secret_from_env(store_secret_t *out, char *err, size_t err_len);
 
 void store_auth_random_nonce(uint8_t nonce[STORE_AUTH_NONCE_BYTES]);

@@ -23,7 +23,7 @@
 #define BACKOFF_FIRST_MS           10
 #define BACKOFF_MAX_MS             1000
 /* A store answers the auth hello at once; a program that accepts and stays silent is not one. */
-#define HANDSHAKE_TIMEOUT_MS       10000
+#define HANDSHAKE_TIMEOUT_MS 10000
 
 struct store_client {
     store_client_opts_t opts;
@@ -68,7 +68,8 @@ static void disconnect(store_client_t *c) {
 
 static int wait_fd(store_client_t *c, short events) {
     for (;;) {
-        struct pollfd p[2] = {{.fd = c->fd, .events = events}, {.fd = c->wake[0], .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = c->fd, .events = events},
+                              {.fd = c->wake[0], .events = POLLIN}};
         int n = poll(p, 2, clock_remaining_ms(c->deadline_ms));
         if (n > 0 && (p[1].revents & POLLIN)) {
             char drain[64];
@@ -110,8 +111,8 @@ static int send_all(store_client_t *c, const void *p, size_t n) {
 /* Read until a reply of this kind is complete; it points into rbuf until the next read. */
 static int read_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t *out) {
     for (;;) {
-        int rc = store_proto_decode_reply(kind, &c->limits, c->rbuf + c->r_pos,
-                                          c->r_len - c->r_pos, out);
+        int rc = store_proto_decode_reply(kind, &c->limits, c->rbuf + c->r_pos, c->r_len - c->r_pos,
+                                          out);
         if (rc > 0) {
             c->r_pos += (size_t)rc;
             return 0;
@@ -200,9 +201,10 @@ static int check_key(store_client_t *c, const char *key) {
  * to send one, with the limit named, instead of having the caller see "connection reset". */
 static int check_value(store_client_t *c, const char *key, size_t n_bytes) {
     if (n_bytes > c->limits.max_value_bytes)
-        return fail(c, -EMSGSIZE, "a value of %zu bytes for '%s' is over the store's limit of %zu "
-                    "bytes (ddprun --store-max-value, ddprun store --max-value-bytes)", n_bytes,
-                    key, c->limits.max_value_bytes);
+        return fail(c, -EMSGSIZE,
+                    "a value of %zu bytes for '%s' is over the store's limit of %zu "
+                    "bytes (ddprun --store-max-value, ddprun store --max-value-bytes)",
+                    n_bytes, key, c->limits.max_value_bytes);
     return 0;
 }
 
@@ -283,20 +285,24 @@ static int auth_exchange(store_client_t *c) {
         return rc;
     }
     if (rc == DDP_ECLOSED)
-        return fail(c, DDP_EAUTH, "the store closed the connection at the auth hello: it is not a "
-                                  "ddprun store, so it cannot check our shared secret");
+        return fail(c, DDP_EAUTH,
+                    "the store closed the connection at the auth hello: it is not a "
+                    "ddprun store, so it cannot check our shared secret");
     if (rc < 0) return rc;
     bool has = c->secret.is_set;
     if (r.u8 == STORE_AUTH_OPEN) {
         if (!has) return 0;
         disconnect(c);
-        return fail(c, DDP_EAUTH, "the store runs without a shared secret but we hold one; refusing "
-                                  "(start the store with the same --secret-file)");
+        return fail(c, DDP_EAUTH,
+                    "the store runs without a shared secret but we hold one; refusing "
+                    "(start the store with the same --secret-file)");
     }
     if (!has) {
         disconnect(c);
-        return fail(c, DDP_ENOSECRET, "the store requires a shared secret; set %s or %s (or pass "
-                                      "--secret-file)", STORE_SECRET_FILE_ENV, STORE_SECRET_ENV);
+        return fail(c, DDP_ENOSECRET,
+                    "the store requires a shared secret; set %s or %s (or pass "
+                    "--secret-file)",
+                    STORE_SECRET_FILE_ENV, STORE_SECRET_ENV);
     }
     uint8_t server_nonce[STORE_AUTH_NONCE_BYTES], client_nonce[STORE_AUTH_NONCE_BYTES];
     memcpy(server_nonce, r.bytes.ptr, sizeof server_nonce);
@@ -311,7 +317,8 @@ static int auth_exchange(store_client_t *c) {
     if (rc == 0 && r.u8 == STORE_AUTH_DENIED) rc = DDP_EAUTH;
     if (rc == DDP_EAUTH || rc == DDP_ECLOSED) {
         disconnect(c);
-        return fail(c, DDP_EAUTH, "the store rejected our shared secret (it holds a different one)");
+        return fail(c, DDP_EAUTH,
+                    "the store rejected our shared secret (it holds a different one)");
     }
     if (rc < 0) return rc;
     store_auth_server_mac(&c->secret, server_nonce, client_nonce, mac);
@@ -362,8 +369,8 @@ static bool is_retryable(int rc) {
 
 static int reconnect(store_client_t *c) {
     uint64_t connect_deadline = clock_deadline_ms(c->opts.connect_timeout_ms);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     char port[8];
     snprintf(port, sizeof port, "%u", c->opts.port);
     int backoff_ms = BACKOFF_FIRST_MS, rc = 0;
@@ -381,7 +388,8 @@ static int reconnect(store_client_t *c) {
             /* the handshake gets the shortest of its own bound and the caller's: half of what
              * is left, so that a store of the legacy numbering can still be recognised */
             int64_t wait_ms = HANDSHAKE_TIMEOUT_MS;
-            if (c->opts.op_timeout_ms > 0 && c->opts.op_timeout_ms < wait_ms) wait_ms = c->opts.op_timeout_ms;
+            if (c->opts.op_timeout_ms > 0 && c->opts.op_timeout_ms < wait_ms)
+                wait_ms = c->opts.op_timeout_ms;
             int left = clock_remaining_ms(connect_deadline);
             if (left >= 0 && left < wait_ms) wait_ms = left;
             uint64_t handshake_deadline = clock_deadline_ms(wait_ms / 2 > 0 ? wait_ms / 2 : 1);
@@ -390,14 +398,17 @@ static int reconnect(store_client_t *c) {
             if (rc == DDP_ETIMEOUT) {
                 disconnect(c);
                 if (is_legacy_store(c, ai, clock_deadline_ms(wait_ms / 2 > 0 ? wait_ms / 2 : 1)))
-                    rc = fail(c, DDP_EPROTO, "the store speaks the legacy numbering of PyTorch "
-                                             "<= 2.1 (it answers a legacy request, not our "
-                                             "handshake): use the legacy dialect (store-client "
-                                             "--legacy)");
+                    rc = fail(c, DDP_EPROTO,
+                              "the store speaks the legacy numbering of PyTorch "
+                              "<= 2.1 (it answers a legacy request, not our "
+                              "handshake): use the legacy dialect (store-client "
+                              "--legacy)");
                 else
-                    rc = fail(c, DDP_EPROTO, "accepted the connection but did not answer the "
-                                             "handshake within %lld ms: is another program using "
-                                             "this port?", (long long)wait_ms);
+                    rc = fail(c, DDP_EPROTO,
+                              "accepted the connection but did not answer the "
+                              "handshake within %lld ms: is another program using "
+                              "this port?",
+                              (long long)wait_ms);
                 break;
             }
             if (rc == DDP_ECLOSED && c->is_plain) {
@@ -464,7 +475,8 @@ int store_client_new(const store_client_opts_t *opts, store_client_t **out) {
         return fail(c, -errno, "cannot create a pipe: %s", strerror(errno));
     }
     if (!c->rbuf) return fail(c, -ENOMEM, "out of memory");
-    if (c->secret.is_set && store_auth_init() < 0) return fail(c, -EIO, "libsodium failed to start");
+    if (c->secret.is_set && store_auth_init() < 0)
+        return fail(c, -EIO, "libsodium failed to start");
     return 0;
 }
 
@@ -493,8 +505,8 @@ int store_client_set(store_client_t *c, const char *key, const void *val, size_t
 static int keys_op(store_client_t *c, store_op_t op, const char *const *keys, size_t n,
                    const void *const *vals, const size_t *val_lens, int64_t timeout_ms) {
     if (n > c->limits.max_keys_per_op)
-        return fail(c, -EINVAL, "%zu keys in one %s, above the limit of %llu", n,
-                    store_op_name(op), (unsigned long long)c->limits.max_keys_per_op);
+        return fail(c, -EINVAL, "%zu keys in one %s, above the limit of %llu", n, store_op_name(op),
+                    (unsigned long long)c->limits.max_keys_per_op);
     size_t need = 8;
     for (size_t i = 0; i < n; i++) {
         TRY(check_key(c, keys[i]));
@@ -586,7 +598,8 @@ int store_client_list_keys(store_client_t *c, char ***keys, size_t *n_keys) {
         out[i][r.bytes.len] = '\0';
     }
     if (rc < 0) {
-        while (i-- > 0) free(out[i]);
+        while (i-- > 0)
+            free(out[i]);
         free(out);
         disconnect(c);
         return rc == DDP_EPROTO ? fail(c, rc, "LIST_KEYS reply holds an over-long key") : rc;
@@ -663,7 +676,8 @@ int store_client_multi_get(store_client_t *c, const char *const *keys, size_t n_
         if (rc < 0) break;
     }
     if (rc < 0)
-        while (i-- > 0) free(vals[i]);
+        while (i-- > 0)
+            free(vals[i]);
     return rc;
 }
 

@@ -21,13 +21,13 @@
 typedef struct {
     const char *host;
     uint16_t port;
-    store_dialect_t dialect;       /* STORE_DIALECT_CURRENT (default if UNKNOWN) or LEGACY */
-    const store_secret_t *secret;  /* NULL or !is_set: no secret */
-    int64_t connect_timeout_ms;    /* retry connecting until this passes; default 30000 */
-    int64_t op_timeout_ms;         /* bound of every op and of WAIT; default 300000 */
-    const char *source_addr;       /* optional local address to bind (tests) */
-    size_t max_value_bytes;        /* the store's value limit; 0: STORE_DEFAULT_MAX_VALUE_BYTES.
-                                      A longer value fails with -EMSGSIZE before it is sent */
+    store_dialect_t dialect;      /* STORE_DIALECT_CURRENT (default if UNKNOWN) or LEGACY */
+    const store_secret_t *secret; /* NULL or !is_set: no secret */
+    int64_t connect_timeout_ms;   /* retry connecting until this passes; default 30000 */
+    int64_t op_timeout_ms;        /* bound of every op and of WAIT; default 300000 */
+    const char *source_addr;      /* optional local address to bind (tests) */
+    size_t max_value_bytes;       /* the store's value limit; 0: STORE_DEFAULT_MAX_VALUE_BYTES.
+                                     A longer value fails with -EMSGSIZE before it is sent */
 } store_client_opts_t;
 
 typedef struct store_client store_client_t;

@@ -42,7 +42,8 @@ static int parse_seconds(const char *v, double *out) {
 }
 
 static int copy_str(char *dst, size_t cap, const char *v, const char *what, char *err, size_t el) {
-    if (strlen(v) >= cap) return DDP_ERRF_EINVAL(err, el, "%s is longer than %zu characters", what, cap - 1);
+    if (strlen(v) >= cap)
+        return DDP_ERRF_EINVAL(err, el, "%s is longer than %zu characters", what, cap - 1);
     strcpy(dst, v);
     return 0;
 }
@@ -54,13 +55,15 @@ static int count_gpus(void) {
     if (visible) {
         if (!*visible) return 0;
         int n = 1;
-        for (const char *p = visible; *p; p++) n += *p == ',';
+        for (const char *p = visible; *p; p++)
+            n += *p == ',';
         return n;
     }
     DIR *d = opendir("/proc/driver/nvidia/gpus");
     if (!d) return 0;
     int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
     closedir(d);
     return n;
 }
@@ -73,13 +76,15 @@ static int set_nnodes(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     char first[32];
     if (colon) {
         size_t n = (size_t)(colon - v);
-        if (n >= sizeof first) return DDP_ERRF_EINVAL(err, el, "--nnodes: '%s' is not N or MIN:MAX", v);
+        if (n >= sizeof first)
+            return DDP_ERRF_EINVAL(err, el, "--nnodes: '%s' is not N or MIN:MAX", v);
         memcpy(first, v, n);
         first[n] = '\0';
     }
     if (parse_int(colon ? first : v, 1, 100000, &lo) < 0 ||
         parse_int(colon ? colon + 1 : v, 1, 100000, &hi) < 0 || lo > hi)
-        return DDP_ERRF_EINVAL(err, el, "--nnodes: '%s' is not N or MIN:MAX with 1 <= MIN <= MAX", v);
+        return DDP_ERRF_EINVAL(err, el, "--nnodes: '%s' is not N or MIN:MAX with 1 <= MIN <= MAX",
+                               v);
     o->min_nodes = (unsigned)lo;
     o->max_nodes = (unsigned)hi;
     return 0;
@@ -89,14 +94,18 @@ static int set_nproc(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long n;
     int gpus = count_gpus();
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (strcmp(v, "cpu") == 0) n = cpus;
+    if (strcmp(v, "cpu") == 0)
+        n = cpus;
     else if (strcmp(v, "gpu") == 0) {
-        if (gpus == 0) return DDP_ERRF_EINVAL(err, el, "--nproc-per-node gpu: no GPU is visible here");
+        if (gpus == 0)
+            return DDP_ERRF_EINVAL(err, el, "--nproc-per-node gpu: no GPU is visible here");
         n = gpus;
-    } else if (strcmp(v, "auto") == 0) n = gpus > 0 ? gpus : cpus;
+    } else if (strcmp(v, "auto") == 0)
+        n = gpus > 0 ? gpus : cpus;
     else if (parse_int(v, 1, DDP_MAX_LOCAL_WORKERS, &n) < 0)
-        return DDP_ERRF_EINVAL(err, el, "--nproc-per-node: '%s' is not a count (1-%d), cpu, gpu or auto", v,
-                    DDP_MAX_LOCAL_WORKERS);
+        return DDP_ERRF_EINVAL(err, el,
+                               "--nproc-per-node: '%s' is not a count (1-%d), cpu, gpu or auto", v,
+                               DDP_MAX_LOCAL_WORKERS);
     if (n > DDP_MAX_LOCAL_WORKERS) n = DDP_MAX_LOCAL_WORKERS;
     o->nproc_per_node = (int)n;
     return 0;
@@ -104,16 +113,18 @@ static int set_nproc(ddprun_opts_t *o, const char *v, char *err, size_t el) {
 
 static int set_node_rank(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long r;
-    if (parse_int(v, 0, 100000, &r) < 0) return DDP_ERRF_EINVAL(err, el, "--node-rank: '%s' is not >= 0", v);
+    if (parse_int(v, 0, 100000, &r) < 0)
+        return DDP_ERRF_EINVAL(err, el, "--node-rank: '%s' is not >= 0", v);
     o->node_rank = (int)r;
     return 0;
 }
 
 static int set_backend(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (strcmp(v, "etcd-v2") == 0)
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd-v2: etcd's v2 API is off by default since etcd "
-                             "3.4 and removed in 3.6; ddprun's etcd backend speaks the v3 API: "
-                             "use --rdzv-backend etcd");
+        return DDP_ERRF_EINVAL(err, el,
+                               "--rdzv-backend etcd-v2: etcd's v2 API is off by default since etcd "
+                               "3.4 and removed in 3.6; ddprun's etcd backend speaks the v3 API: "
+                               "use --rdzv-backend etcd");
     if (strcmp(v, "etcd-v3") == 0) v = "etcd";
     if (strcmp(v, "c10d") && strcmp(v, "static") && strcmp(v, "etcd"))
         return DDP_ERRF_EINVAL(err, el, "--rdzv-backend: '%s' is not c10d, etcd or static", v);
@@ -155,9 +166,12 @@ int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el)
         *eq = '\0';
         const char *v2 = eq + 1;
         if (strcmp(item, "is_host") == 0) {
-            if (!strcmp(v2, "true") || !strcmp(v2, "1") || !strcmp(v2, "True")) o->is_host = 1;
-            else if (!strcmp(v2, "false") || !strcmp(v2, "0") || !strcmp(v2, "False")) o->is_host = 0;
-            else return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
+            if (!strcmp(v2, "true") || !strcmp(v2, "1") || !strcmp(v2, "True"))
+                o->is_host = 1;
+            else if (!strcmp(v2, "false") || !strcmp(v2, "0") || !strcmp(v2, "False"))
+                o->is_host = 0;
+            else
+                return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
             continue;
         }
         struct {
@@ -171,29 +185,37 @@ int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el)
                      {"password", o->etcd_password, sizeof o->etcd_password},
                      {"password_file", o->etcd_password_file, sizeof o->etcd_password_file}};
         size_t t = 0;
-        while (t < sizeof texts / sizeof texts[0] && strcmp(texts[t].key, item) != 0) t++;
+        while (t < sizeof texts / sizeof texts[0] && strcmp(texts[t].key, item) != 0)
+            t++;
         if (t < sizeof texts / sizeof texts[0]) {
             if (strlen(v2) >= texts[t].size) /* never echo the value: it may be a password */
                 return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s is longer than %zu bytes", item,
-                            texts[t].size - 1);
+                                       texts[t].size - 1);
             strcpy(texts[t].field, v2);
             continue;
         }
         if (strcmp(item, "store_type") == 0) {
             if (strcasecmp(v2, "tcp") != 0)
-                return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: store_type=%s: ddprun's rendezvous store is a "
-                                     "TCP store (store_type=tcp); a file store is not supported", v2);
+                return DDP_ERRF_EINVAL(err, el,
+                                       "--rdzv-conf: store_type=%s: ddprun's rendezvous store is a "
+                                       "TCP store (store_type=tcp); a file store is not supported",
+                                       v2);
             continue;
         }
         size_t i = 0, n = sizeof keys / sizeof keys[0];
-        while (i < n && strcmp(keys[i].key, item) != 0) i++;
+        while (i < n && strcmp(keys[i].key, item) != 0)
+            i++;
         if (i == n)
-            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
-                                 "close_timeout, heartbeat_timeout, keep_alive_interval, "
-                                 "read_timeout, is_host, store_type; etcd: lease_ttl, status_ttl, "
-                                 "cacert, cert, key, user, password, password_file)", item);
+            return DDP_ERRF_EINVAL(
+                err, el,
+                "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
+                "close_timeout, heartbeat_timeout, keep_alive_interval, "
+                "read_timeout, is_host, store_type; etcd: lease_ttl, status_ttl, "
+                "cacert, cert, key, user, password, password_file)",
+                item);
         if (parse_seconds(eq + 1, keys[i].field) < 0)
-            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item, eq + 1);
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item,
+                                   eq + 1);
     }
     return 0;
 }
@@ -218,7 +240,8 @@ static int set_standalone(ddprun_opts_t *o, const char *v, char *err, size_t el)
 
 static int set_max_restarts(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long n;
-    if (parse_int(v, 0, 1000000, &n) < 0) return DDP_ERRF_EINVAL(err, el, "--max-restarts: '%s' is not >= 0", v);
+    if (parse_int(v, 0, 1000000, &n) < 0)
+        return DDP_ERRF_EINVAL(err, el, "--max-restarts: '%s' is not >= 0", v);
     o->max_restarts = (int)n;
     return 0;
 }
@@ -237,7 +260,8 @@ static int set_log_dir(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     return copy_str(o->log_dir, sizeof o->log_dir, v, "--log-dir", err, el);
 }
 
-/* torchrun's Std spec: "3" for every rank, or "0:1,1:2" per local rank; 0 none 1 out 2 err 3 both. */
+/* torchrun's Std spec: "3" for every rank, or "0:1,1:2" per local rank; 0 none 1 out 2 err 3 both.
+ */
 static int parse_std_spec(uint8_t *masks, const char *v, const char *flag, char *err, size_t el) {
     long m;
     if (parse_int(v, 0, 3, &m) == 0) {
@@ -274,7 +298,8 @@ static int set_ranks_filter(ddprun_opts_t *o, const char *v, char *err, size_t e
     for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         long r;
         if (parse_int(item, 0, DDP_MAX_LOCAL_WORKERS - 1, &r) < 0)
-            return DDP_ERRF_EINVAL(err, el, "--local-ranks-filter: '%s' is not a list of local ranks", v);
+            return DDP_ERRF_EINVAL(err, el,
+                                   "--local-ranks-filter: '%s' is not a list of local ranks", v);
         o->is_rank_shown[r] = true;
     }
     return 0;
@@ -286,7 +311,8 @@ static int set_master_addr(ddprun_opts_t *o, const char *v, char *err, size_t el
 
 static int set_master_port(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long p;
-    if (parse_int(v, 0, 65535, &p) < 0) return DDP_ERRF_EINVAL(err, el, "--master-port: '%s' is not a port", v);
+    if (parse_int(v, 0, 65535, &p) < 0)
+        return DDP_ERRF_EINVAL(err, el, "--master-port: '%s' is not a port", v);
     o->master_port = (uint16_t)p;
     return 0;
 }
@@ -317,12 +343,17 @@ static int set_signals(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     if (copy_str(buf, sizeof buf, v, "--signals-to-handle", err, el) < 0) return -EINVAL;
     o->n_signals = 0;
     for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        while (isspace((unsigned char)*item)) item++;
+        while (isspace((unsigned char)*item))
+            item++;
         size_t i = 0, n = sizeof names / sizeof names[0];
-        while (i < n && strcmp(names[i].name, item) != 0) i++;
+        while (i < n && strcmp(names[i].name, item) != 0)
+            i++;
         if (i == n || o->n_signals == DDP_MAX_SIGNALS)
-            return DDP_ERRF_EINVAL(err, el, "--signals-to-handle: '%s' is not one of SIGTERM, SIGINT, SIGHUP, "
-                                 "SIGQUIT, SIGUSR1, SIGUSR2", item);
+            return DDP_ERRF_EINVAL(
+                err, el,
+                "--signals-to-handle: '%s' is not one of SIGTERM, SIGINT, SIGHUP, "
+                "SIGQUIT, SIGUSR1, SIGUSR2",
+                item);
         o->signals[o->n_signals++] = names[i].num;
     }
     return 0;
@@ -343,7 +374,8 @@ static int set_hang_timeout(ddprun_opts_t *o, const char *v, char *err, size_t e
 static int set_store_max_value(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     long n;
     if (parse_int(v, 1, 1L << 30, &n) < 0)
-        return DDP_ERRF_EINVAL(err, el, "--store-max-value: '%s' is not a byte count in [1, 1073741824]", v);
+        return DDP_ERRF_EINVAL(err, el,
+                               "--store-max-value: '%s' is not a byte count in [1, 1073741824]", v);
     o->store_max_value_bytes = (size_t)n;
     return 0;
 }
@@ -355,9 +387,12 @@ static int set_start_timeout(ddprun_opts_t *o, const char *v, char *err, size_t 
 }
 
 static int set_warm_spares(ddprun_opts_t *o, const char *v, char *err, size_t el) {
-    if (strcmp(v, "auto") == 0) o->warm_spares = -1;
-    else if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) o->warm_spares = v[0] - '0';
-    else return DDP_ERRF_EINVAL(err, el, "--warm-spares: '%s' is not 0, 1 or auto", v);
+    if (strcmp(v, "auto") == 0)
+        o->warm_spares = -1;
+    else if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)
+        o->warm_spares = v[0] - '0';
+    else
+        return DDP_ERRF_EINVAL(err, el, "--warm-spares: '%s' is not 0, 1 or auto", v);
     return 0;
 }
 
@@ -370,17 +405,20 @@ static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
 static const opt_spec_t opt_table[] = {
     {"nnodes", 0, "N|MIN:MAX", "number of nodes, or a range for elastic jobs (1:1)", set_nnodes},
     {"nproc-per-node", 0, "N|cpu|gpu|auto", "workers per node (1)", set_nproc},
-    {"node-rank", 0, "R", "this node's rank hint (static backend: its rank, default 0)", set_node_rank},
+    {"node-rank", 0, "R", "this node's rank hint (static backend: its rank, default 0)",
+     set_node_rank},
     {"rdzv-backend", 0, "c10d|etcd|static", "rendezvous backend (static)", set_backend},
-    {"rdzv-endpoint", 0, "HOST[:PORT]", "the store of the rendezvous ([v6]:port too; port 29400); "
-                                        "etcd: H1[:2379],H2,... its members",
+    {"rdzv-endpoint", 0, "HOST[:PORT]",
+     "the store of the rendezvous ([v6]:port too; port 29400); "
+     "etcd: H1[:2379],H2,... its members",
      set_endpoint},
     {"rdzv-id", 0, "ID", "job id shared by all nodes (none)", set_rdzv_id},
-    {"rdzv-conf", 0, "K=V,...", "join_timeout, last_call_timeout, close_timeout, "
-                                "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), "
-                                "is_host (true|false), store_type (tcp); etcd: lease_ttl (10), "
-                                "cacert, cert, key, user, password_file, status_ttl (3600)",
-                                options_set_rdzv_conf},
+    {"rdzv-conf", 0, "K=V,...",
+     "join_timeout, last_call_timeout, close_timeout, "
+     "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), "
+     "is_host (true|false), store_type (tcp); etcd: lease_ttl (10), "
+     "cacert, cert, key, user, password_file, status_ttl (3600)",
+     options_set_rdzv_conf},
     {"standalone", 0, NULL, "single node: own store on a free port, random job id", set_standalone},
     {"max-restarts", 0, "N", "restarts of the whole job before giving up (0)", set_max_restarts},
     {"monitor-interval", 0, "SECONDS", "how often workers are checked (0.1)", set_monitor},
@@ -396,24 +434,33 @@ static const opt_spec_t opt_table[] = {
     {"local-addr", 0, "HOST", "this node's address as others reach it", set_local_addr},
     {"no-python", 0, NULL, "run the program directly, not under python3", set_no_python},
     {"module", 'm', NULL, "the program is a Python module (python3 -m)", set_module},
-    {"signals-to-handle", 0, "SIG,...", "signals forwarded to the workers "
-                                        "(SIGTERM,SIGINT,SIGHUP,SIGQUIT)", set_signals},
+    {"signals-to-handle", 0, "SIG,...",
+     "signals forwarded to the workers "
+     "(SIGTERM,SIGINT,SIGHUP,SIGQUIT)",
+     set_signals},
     {"shutdown-timeout", 0, "SECONDS", "grace after forwarding a signal, then SIGKILL (30)",
      set_shutdown_timeout},
-    {"hang-timeout", 0, "SECONDS", "restart the job when a worker that reports progress "
-                                   "(ddpworker does) makes none for this long (0: off)",
+    {"hang-timeout", 0, "SECONDS",
+     "restart the job when a worker that reports progress "
+     "(ddpworker does) makes none for this long (0: off)",
      set_hang_timeout},
-    {"store-max-value", 0, "BYTES", "the longest value the job's store accepts (8388608, as "
-                                    "PyTorch's)", set_store_max_value},
-    {"start-timeout", 0, "SECONDS", "restart the job when a worker has reported no progress this "
-                                    "long after its start (120 for train.conf, else 0: off)",
+    {"store-max-value", 0, "BYTES",
+     "the longest value the job's store accepts (8388608, as "
+     "PyTorch's)",
+     set_store_max_value},
+    {"start-timeout", 0, "SECONDS",
+     "restart the job when a worker has reported no progress this "
+     "long after its start (120 for train.conf, else 0: off)",
      set_start_timeout},
-    {"start-method", 0, "spawn|fork|forkserver", "accepted for torchrun's scripts: workers "
-                                                   "are always new processes (exec)", set_start_method},
+    {"start-method", 0, "spawn|fork|forkserver",
+     "accepted for torchrun's scripts: workers "
+     "are always new processes (exec)",
+     set_start_method},
     {"run-path", 0, NULL, "accepted for torchrun's scripts: a script always runs as __main__",
      set_run_path},
-    {"warm-spares", 0, "0|1|auto", "keep an initialized spare train.conf worker per local rank "
-                                   "that a restart takes over (auto: on a GPU node)",
+    {"warm-spares", 0, "0|1|auto",
+     "keep an initialized spare train.conf worker per local rank "
+     "that a restart takes over (auto: on a GPU node)",
      set_warm_spares},
     {"dry-run", 0, NULL, "print the resolved configuration and exit", set_dry_run},
 };
@@ -440,7 +487,8 @@ void options_print_help(FILE *f) {
         fprintf(f, "  %-36s %s\n", left, s->help);
     }
     fputs("      --version                        version, commit, backends and collectives\n"
-          "  -h, --help                           this text\n", f);
+          "  -h, --help                           this text\n",
+          f);
 }
 
 static void set_defaults(ddprun_opts_t *o) {
@@ -483,7 +531,8 @@ static const opt_spec_t *find_long(const char *name, size_t len) {
         const char *n = opt_table[i].name;
         if (strlen(n) != len) continue;
         size_t j = 0;
-        while (j < len && (n[j] == name[j] || (n[j] == '-' && name[j] == '_'))) j++;
+        while (j < len && (n[j] == name[j] || (n[j] == '-' && name[j] == '_')))
+            j++;
         if (j == len) return &opt_table[i];
     }
     return NULL;
@@ -515,28 +564,33 @@ static int apply_env(ddprun_opts_t *o, char *err, size_t el) {
  * password_file= or $DDPRUN_ETCD_PASSWORD) when there is a user. */
 int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
 #ifndef DDP_HAVE_ETCD /* rdzv/rdzv_kv's build, libcurl found or not */
-    return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd: this ddprun was built without libcurl, "
-                                    "so without its etcd backend");
+    return DDP_ERRF_EINVAL(err, el,
+                           "--rdzv-backend etcd: this ddprun was built without libcurl, "
+                           "so without its etcd backend");
 #endif
     if (!o->has_rdzv_endpoint || !o->rdzv_endpoints[0])
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
+        return DDP_ERRF_EINVAL(err, el,
+                               "--rdzv-backend etcd needs --rdzv-endpoint HOST[:PORT],...");
     if (o->lease_ttl_s < 1 || o->lease_ttl_s > 3600)
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: lease_ttl=%g is not 1-3600 seconds", o->lease_ttl_s);
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: lease_ttl=%g is not 1-3600 seconds",
+                               o->lease_ttl_s);
     if (o->status_ttl_s < 1 || o->status_ttl_s > 30 * 86400)
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: status_ttl=%g is not 1 s - 30 days", o->status_ttl_s);
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: status_ttl=%g is not 1 s - 30 days",
+                               o->status_ttl_s);
     const char *files[] = {o->etcd_cacert, o->etcd_cert, o->etcd_key};
     const char *names[] = {"cacert", "cert", "key"};
     for (int i = 0; i < 3; i++)
         if (files[i][0] && access(files[i], R_OK) != 0)
-            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s: %s", names[i], files[i], strerror(errno));
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s: %s", names[i], files[i],
+                                   strerror(errno));
     if (!o->etcd_cert[0] != !o->etcd_key[0])
         return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: cert= and key= go together");
     const char *env = getenv("DDPRUN_ETCD_PASSWORD");
     if (o->etcd_password_file[0]) {
         FILE *f = fopen(o->etcd_password_file, "r");
         if (!f)
-            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: password_file=%s: %s", o->etcd_password_file,
-                        strerror(errno));
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: password_file=%s: %s",
+                                   o->etcd_password_file, strerror(errno));
         size_t n = fread(o->etcd_password, 1, sizeof o->etcd_password - 1, f);
         bool is_long = n == sizeof o->etcd_password - 1 && fgetc(f) != EOF;
         fclose(f);
@@ -544,13 +598,15 @@ int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el) {
         o->etcd_password[strcspn(o->etcd_password, "\r\n")] = '\0';
         if (is_long)
             return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: password_file=%s: longer than %zu bytes",
-                        o->etcd_password_file, sizeof o->etcd_password - 1);
+                                   o->etcd_password_file, sizeof o->etcd_password - 1);
     } else if (!o->etcd_password[0] && env && strlen(env) < sizeof o->etcd_password) {
         strcpy(o->etcd_password, env);
     }
     if (o->etcd_user[0] && !o->etcd_password[0])
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: user=%s needs a password (password_file=, "
-                             "$DDPRUN_ETCD_PASSWORD or password=)", o->etcd_user);
+        return DDP_ERRF_EINVAL(err, el,
+                               "--rdzv-conf: user=%s needs a password (password_file=, "
+                               "$DDPRUN_ETCD_PASSWORD or password=)",
+                               o->etcd_user);
     snprintf(o->rdzv_host, sizeof o->rdzv_host, "%.*s", (int)strcspn(o->rdzv_endpoints, ","),
              o->rdzv_endpoints);
     return 0;
@@ -566,8 +622,11 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     /* only ddpworker can wait as a spare; on a GPU a fresh one spends most of its start on the
      * CUDA context and the libraries' handles */
     if (o->warm_spares == 1 && !is_builtin)
-        return DDP_ERRF_EINVAL(err, el, "--warm-spares 1: only the built-in trainer (a train.conf) can wait as "
-                             "a spare, not %s", prog);
+        return DDP_ERRF_EINVAL(
+            err, el,
+            "--warm-spares 1: only the built-in trainer (a train.conf) can wait as "
+            "a spare, not %s",
+            prog);
     if (o->warm_spares < 0) o->warm_spares = is_builtin && count_gpus() > 0;
     if (o->is_standalone) {
         if (o->has_rdzv_endpoint)
@@ -586,8 +645,10 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     if (o->has_rdzv_endpoint && !o->is_standalone && !is_etcd && o->rdzv_endpoints[0]) {
         char msg[256];
         if (strchr(o->rdzv_endpoints, ','))
-            return DDP_ERRF_EINVAL(err, el, "--rdzv-endpoint %s: a list of endpoints is for --rdzv-backend "
-                                 "etcd; %s takes one HOST[:PORT]", o->rdzv_endpoints, o->rdzv_backend);
+            return DDP_ERRF_EINVAL(err, el,
+                                   "--rdzv-endpoint %s: a list of endpoints is for --rdzv-backend "
+                                   "etcd; %s takes one HOST[:PORT]",
+                                   o->rdzv_endpoints, o->rdzv_backend);
         if (endpoint_parse(o->rdzv_endpoints, DDP_DEFAULT_STORE_PORT, o->rdzv_host,
                            sizeof o->rdzv_host, &o->rdzv_port, msg, sizeof msg) < 0)
             return DDP_ERRF_EINVAL(err, el, "--rdzv-endpoint: %s", msg);
@@ -595,19 +656,21 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     if (is_etcd && options_finish_etcd(o, err, el) < 0) return -EINVAL;
     if (strcmp(o->rdzv_backend, "static") == 0) {
         if (o->min_nodes != o->max_nodes)
-            return DDP_ERRF_EINVAL(err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
-                        o->min_nodes, o->max_nodes);
-        if (o->node_rank < 0) o->node_rank = 0; /* torchrun's default: the card's command is node 0 */
+            return DDP_ERRF_EINVAL(
+                err, el, "--nnodes %u:%u needs --rdzv-backend c10d (static is fixed-size)",
+                o->min_nodes, o->max_nodes);
+        if (o->node_rank < 0)
+            o->node_rank = 0; /* torchrun's default: the card's command is node 0 */
         if (o->node_rank >= (int)o->min_nodes)
             return DDP_ERRF_EINVAL(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
-                        o->min_nodes);
+                                   o->min_nodes);
         /* The static backend's store is MASTER_ADDR:MASTER_PORT, hosted by node 0. */
         strcpy(o->rdzv_host, o->master_addr);
         o->rdzv_port = o->master_port;
         o->has_rdzv_endpoint = true;
     } else if (!o->has_rdzv_endpoint) {
-        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend %s needs --rdzv-endpoint %s", o->rdzv_backend,
-                    is_etcd ? "HOST[:PORT],..." : "HOST[:PORT]");
+        return DDP_ERRF_EINVAL(err, el, "--rdzv-backend %s needs --rdzv-endpoint %s",
+                               o->rdzv_backend, is_etcd ? "HOST[:PORT],..." : "HOST[:PORT]");
     }
     if (o->is_no_python && o->is_module)
         return DDP_ERRF_EINVAL(err, el, "--no-python and --module exclude each other");
@@ -647,7 +710,8 @@ int options_parse(int argc, char **argv, ddprun_opts_t *o, options_defaults_fn d
         }
         if (s->metavar && !value) {
             if (i + 1 >= argc) {
-                rc = DDP_ERRF_EINVAL(err, sizeof err, "option --%s needs a value (%s)", s->name, s->metavar);
+                rc = DDP_ERRF_EINVAL(err, sizeof err, "option --%s needs a value (%s)", s->name,
+                                     s->metavar);
                 break;
             }
             value = argv[++i];
@@ -658,7 +722,8 @@ int options_parse(int argc, char **argv, ddprun_opts_t *o, options_defaults_fn d
         rc = s->set(o, value ? value : "", err, sizeof err);
     }
     if (rc == 0 && i >= argc)
-        rc = DDP_ERRF_EINVAL(err, sizeof err, "no program given: ddprun [options] train.conf|script.py|PROGRAM");
+        rc = DDP_ERRF_EINVAL(err, sizeof err,
+                             "no program given: ddprun [options] train.conf|script.py|PROGRAM");
     if (rc == 0) {
         o->program_argv = argv + i;
         o->program_argc = argc - i;
@@ -675,18 +740,22 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "nnodes: %u:%u\nnproc_per_node: %d\nnode_rank: %d\n", o->min_nodes, o->max_nodes,
             o->nproc_per_node, o->node_rank);
     if (strcmp(o->rdzv_backend, "etcd") == 0)
-        fprintf(f, "rdzv_backend: etcd\nrdzv_endpoint: %s\nrdzv_id: %s\netcd: lease_ttl=%g,"
-                   "status_ttl=%g,cacert=%s,cert=%s,key=%s,user=%s,password=%s\n",
-                o->rdzv_endpoints, o->rdzv_id, o->lease_ttl_s, o->status_ttl_s, o->etcd_cacert, o->etcd_cert, o->etcd_key,
-                o->etcd_user, o->etcd_password[0] ? "(set)" : "");
+        fprintf(f,
+                "rdzv_backend: etcd\nrdzv_endpoint: %s\nrdzv_id: %s\netcd: lease_ttl=%g,"
+                "status_ttl=%g,cacert=%s,cert=%s,key=%s,user=%s,password=%s\n",
+                o->rdzv_endpoints, o->rdzv_id, o->lease_ttl_s, o->status_ttl_s, o->etcd_cacert,
+                o->etcd_cert, o->etcd_key, o->etcd_user, o->etcd_password[0] ? "(set)" : "");
     else
         fprintf(f, "rdzv_backend: %s\nrdzv_endpoint: %s:%u\nrdzv_id: %s\n", o->rdzv_backend,
                 o->rdzv_host, o->rdzv_port, o->rdzv_id);
-    fprintf(f, "rdzv_conf: join_timeout=%g,last_call_timeout=%g,close_timeout=%g,"
-               "heartbeat_timeout=%g,keep_alive_interval=%g,read_timeout=%g,is_host=%s\n",
+    fprintf(f,
+            "rdzv_conf: join_timeout=%g,last_call_timeout=%g,close_timeout=%g,"
+            "heartbeat_timeout=%g,keep_alive_interval=%g,read_timeout=%g,is_host=%s\n",
             o->join_timeout_s, o->last_call_timeout_s, o->close_timeout_s, o->heartbeat_timeout_s,
             o->keep_alive_interval_s, o->read_timeout_s,
-            o->is_host < 0 ? "auto" : o->is_host ? "true" : "false");
+            o->is_host < 0 ? "auto"
+            : o->is_host   ? "true"
+                           : "false");
     fprintf(f, "start_method: %s\n", o->start_method);
     if (o->slurm_job_id[0])
         fprintf(f, "slurm: job %s, %d node(s), this node %d\n", o->slurm_job_id, o->slurm_nodes,
@@ -696,18 +765,25 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
     fprintf(f, "standalone: %d\nmax_restarts: %d\nmonitor_interval: %g\nrole: %s\nlog_dir: %s\n",
             o->is_standalone, o->max_restarts, o->monitor_interval_s, o->role, o->log_dir);
     fprintf(f, "redirects:");
-    for (int r = 0; r < o->nproc_per_node; r++) fprintf(f, " %d", o->redirects[r]);
+    for (int r = 0; r < o->nproc_per_node; r++)
+        fprintf(f, " %d", o->redirects[r]);
     fprintf(f, "\ntee:");
-    for (int r = 0; r < o->nproc_per_node; r++) fprintf(f, " %d", o->tee[r]);
+    for (int r = 0; r < o->nproc_per_node; r++)
+        fprintf(f, " %d", o->tee[r]);
     fprintf(f, "\nlocal_ranks_shown:");
     for (int r = 0; r < o->nproc_per_node; r++)
         if (o->is_rank_shown[r]) fprintf(f, " %d", r);
-    fprintf(f, "\nmaster: %s:%u\nlocal_addr: %s\nno_python: %d\nmodule: %d\nsignals:",
-            o->master_addr, o->master_port, o->local_addr, o->is_no_python, o->is_module);
-    for (int s = 0; s < o->n_signals; s++) fprintf(f, " %d", o->signals[s]);
-    fprintf(f, "\nshutdown_timeout: %g\nhang_timeout: %g\nstart_timeout: %g\nstore_max_value: %zu\n"
-               "warm_spares: %d\nprogram:", o->shutdown_timeout_s, o->hang_timeout_s,
-            o->start_timeout_s, o->store_max_value_bytes, o->warm_spares);
-    for (int a = 0; a < o->program_argc; a++) fprintf(f, " %s", o->program_argv[a]);
+    fprintf(f,
+            "\nmaster: %s:%u\nlocal_addr: %s\nno_python: %d\nmodule: %d\nsignals:", o->master_addr,
+            o->master_port, o->local_addr, o->is_no_python, o->is_module);
+    for (int s = 0; s < o->n_signals; s++)
+        fprintf(f, " %d", o->signals[s]);
+    fprintf(f,
+            "\nshutdown_timeout: %g\nhang_timeout: %g\nstart_timeout: %g\nstore_max_value: %zu\n"
+            "warm_spares: %d\nprogram:",
+            o->shutdown_timeout_s, o->hang_timeout_s, o->start_timeout_s, o->store_max_value_bytes,
+            o->warm_spares);
+    for (int a = 0; a < o->program_argc; a++)
+        fprintf(f, " %s", o->program_argv[a]);
     fputc('\n', f);
 }

@@ -16,7 +16,7 @@
 typedef struct {
     unsigned min_nodes, max_nodes;
     int nproc_per_node;
-    int node_rank; /* -1: not given */
+    int node_rank;         /* -1: not given */
     char rdzv_backend[16]; /* "c10d", "etcd" or "static" */
     char rdzv_host[256];   /* c10d, static: the store; etcd: unused */
     uint16_t rdzv_port;
@@ -30,8 +30,8 @@ typedef struct {
     char rdzv_id[128];
     double join_timeout_s, last_call_timeout_s, close_timeout_s, heartbeat_timeout_s,
         keep_alive_interval_s, read_timeout_s;
-    int is_host;            /* --rdzv-conf is_host: -1 decide by binding the endpoint, 0 no, 1 yes */
-    char start_method[16];  /* torchrun's --start-method, accepted: workers are always exec'd */
+    int is_host;           /* --rdzv-conf is_host: -1 decide by binding the endpoint, 0 no, 1 yes */
+    char start_method[16]; /* torchrun's --start-method, accepted: workers are always exec'd */
     bool is_standalone;
     int max_restarts;
     double monitor_interval_s;
@@ -47,11 +47,12 @@ typedef struct {
     int signals[DDP_MAX_SIGNALS];
     int n_signals;
     double shutdown_timeout_s;
-    double hang_timeout_s;   /* 0: no hang detection */
-    size_t store_max_value_bytes; /* the hosted store's value limit, which our clients respect too */
-    double start_timeout_s;  /* 0: none; a worker must report progress this soon after its start */
-    int warm_spares;         /* 1: keep a warm spare worker per local rank, 0: none (-1 auto until
-                                parsed: 1 for train.conf on a GPU node) */
+    double hang_timeout_s; /* 0: no hang detection */
+    size_t
+        store_max_value_bytes; /* the hosted store's value limit, which our clients respect too */
+    double start_timeout_s; /* 0: none; a worker must report progress this soon after its start */
+    int warm_spares;        /* 1: keep a warm spare worker per local rank, 0: none (-1 auto until
+                               parsed: 1 for train.conf on a GPU node) */
     bool is_dry_run;
     char slurm_job_id[64]; /* "" outside Slurm; else the allocation these defaults came from */
     int slurm_nodes, slurm_node_id;

@@ -51,13 +51,15 @@ static int emit(sink_t *s, const char *name, size_t len) {
 /* A decimal bound of a range: digits only, at most 9 of them. */
 static int parse_bound(sink_t *s, const char *p, size_t len, long *out) {
     if (len == 0 || len > 9)
-        return DDP_ERRF_EINVAL(s->err, s->err_len, "'%.*s' at position %td is not a number of 1-9 digits",
-                    (int)len, p, p - s->list);
+        return DDP_ERRF_EINVAL(s->err, s->err_len,
+                               "'%.*s' at position %td is not a number of 1-9 digits", (int)len, p,
+                               p - s->list);
     long v = 0;
     for (size_t i = 0; i < len; i++) {
         if (!isdigit((unsigned char)p[i]))
-            return DDP_ERRF_EINVAL(s->err, s->err_len, "'%c' at position %td is not a digit in a range", p[i],
-                        p + i - s->list);
+            return DDP_ERRF_EINVAL(s->err, s->err_len,
+                                   "'%c' at position %td is not a digit in a range", p[i],
+                                   p + i - s->list);
         v = v * 10 + (p[i] - '0');
     }
     *out = v;
@@ -72,14 +74,16 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
     size_t plain = open ? (size_t)(open - item) : len;
     for (size_t i = 0; i < plain; i++) {
         if (item[i] == ']')
-            return DDP_ERRF_EINVAL(s->err, s->err_len, "']' at position %td has no '['", item + i - s->list);
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "']' at position %td has no '['",
+                                   item + i - s->list);
         if (!is_host_char(item[i]))
             return DDP_ERRF_EINVAL(s->err, s->err_len, "'%c' at position %td is not in a host name",
-                        isprint((unsigned char)item[i]) ? item[i] : '?', item + i - s->list);
+                                   isprint((unsigned char)item[i]) ? item[i] : '?',
+                                   item + i - s->list);
     }
     if (name_used + plain >= SLURM_HOST_MAX_BYTES)
         return DDP_ERRF_EINVAL(s->err, s->err_len, "a host name longer than %d bytes",
-                    SLURM_HOST_MAX_BYTES - 1);
+                               SLURM_HOST_MAX_BYTES - 1);
     memcpy(name + name_used, item, plain);
     name_used += plain;
     if (!open) return emit(s, name, name_used);
@@ -88,11 +92,13 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
     const char *nested =
         memchr(open + 1, '[', close ? (size_t)(close - open - 1) : len - plain - 1);
     if (!close || nested)
-        return DDP_ERRF_EINVAL(s->err, s->err_len, "'[' at position %td is not closed by ']'", open - s->list);
+        return DDP_ERRF_EINVAL(s->err, s->err_len, "'[' at position %td is not closed by ']'",
+                               open - s->list);
     const char *rest = close + 1;
     size_t rest_len = len - (size_t)(rest - item);
     const char *p = open + 1;
-    if (p == close) return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty range at position %td", p - s->list);
+    if (p == close)
+        return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty range at position %td", p - s->list);
     while (p < close) {
         const char *comma = memchr(p, ',', (size_t)(close - p));
         const char *end = comma ? comma : close;
@@ -104,7 +110,7 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
         if (!dash) hi = lo;
         if (lo > hi)
             return DDP_ERRF_EINVAL(s->err, s->err_len, "the range %.*s at position %td goes down",
-                        (int)(end - p), p, p - s->list);
+                                   (int)(end - p), p, p - s->list);
         if (hi - lo >= SLURM_MAX_HOSTS)
             return DDP_ERRF_EINVAL(s->err, s->err_len, "more than %d hosts", SLURM_MAX_HOSTS);
         int width = (int)((dash ? dash : end) - p); /* "01-10": 01 ... 10 */
@@ -113,13 +119,14 @@ static int expand_item(sink_t *s, const char *item, size_t len, char *name, size
             int n = snprintf(digits, sizeof digits, "%0*ld", width, v);
             if (name_used + (size_t)n >= SLURM_HOST_MAX_BYTES)
                 return DDP_ERRF_EINVAL(s->err, s->err_len, "a host name longer than %d bytes",
-                            SLURM_HOST_MAX_BYTES - 1);
+                                       SLURM_HOST_MAX_BYTES - 1);
             memcpy(name + name_used, digits, (size_t)n);
             if ((rc = expand_item(s, rest, rest_len, name, name_used + (size_t)n)) < 0) return rc;
         }
         p = comma ? comma + 1 : close;
         if (comma && p == close)
-            return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty range at position %td", p - s->list);
+            return DDP_ERRF_EINVAL(s->err, s->err_len, "an empty range at position %td",
+                                   p - s->list);
     }
     return 0;
 }
@@ -193,7 +200,8 @@ static int scontrol_first_host(const char *list, char *host, size_t host_len, ch
     char *nl = strchr(buf, '\n');
     if (nl) *nl = '\0';
     if (!buf[0] || strlen(buf) >= host_len)
-        return DDP_ERRF_EINVAL(err, err_len, "`scontrol show hostnames %s` gave no host name", list);
+        return DDP_ERRF_EINVAL(err, err_len, "`scontrol show hostnames %s` gave no host name",
+                               list);
     for (const char *c = buf; *c; c++)
         if (!is_host_char(*c))
             return DDP_ERRF_EINVAL(err, err_len, "scontrol gave '%s', not a host name", buf);
@@ -210,7 +218,8 @@ int slurm_first_host(const char *list, char *host, size_t host_len, char *err, s
     long n;
     if ((rc = slurm_hostlist_expand(list, hosts, sizeof hosts, &n, err, err_len)) < 0) return rc;
     size_t first = strcspn(hosts, "\n");
-    if (first >= host_len) return DDP_ERRF_EINVAL(err, err_len, "the first host of %s is too long", list);
+    if (first >= host_len)
+        return DDP_ERRF_EINVAL(err, err_len, "the first host of %s is too long", list);
     memcpy(host, hosts, first);
     host[first] = '\0';
     return 0;
@@ -236,7 +245,8 @@ static int env_count(const char *name, const char *v, long min, long max, long *
     errno = 0;
     long x = strtol(v, &end, 10);
     if (!*v || *end || errno || x < min || x > max)
-        return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is not a whole number in [%ld, %ld]", name, v, min, max);
+        return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is not a whole number in [%ld, %ld]", name, v,
+                               min, max);
     *out = x;
     return 0;
 }
@@ -250,7 +260,8 @@ int slurm_apply_defaults(ddprun_opts_t *o, char *err, size_t err_len) {
     if (strlen(job) >= sizeof o->slurm_job_id)
         return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is too long", which, job);
     for (const char *c = job; *c; c++)
-        if (!is_host_char(*c)) return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is not a job id", which, job);
+        if (!is_host_char(*c))
+            return DDP_ERRF_EINVAL(err, err_len, "%s='%s' is not a job id", which, job);
     const char *v = env_first(
         (const char *[]){"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 3, &which);
     if (v && env_count(which, v, 1, SLURM_MAX_HOSTS, &nodes, err, err_len) < 0) return -EINVAL;
@@ -264,10 +275,10 @@ int slurm_apply_defaults(ddprun_opts_t *o, char *err, size_t err_len) {
         env_count("SLURM_STEP_NUM_NODES", sn, 1, SLURM_MAX_HOSTS, &step_nodes, err, err_len) == 0 &&
         tasks > step_nodes)
         return DDP_ERRF_EINVAL(err, err_len,
-                    "srun started %ld tasks on %ld nodes: ddprun starts the workers "
-                    "itself and runs once per node (srun --ntasks-per-node=1 ddprun "
-                    "--nproc-per-node N ...)",
-                    tasks, step_nodes);
+                               "srun started %ld tasks on %ld nodes: ddprun starts the workers "
+                               "itself and runs once per node (srun --ntasks-per-node=1 ddprun "
+                               "--nproc-per-node N ...)",
+                               tasks, step_nodes);
 
     snprintf(o->slurm_job_id, sizeof o->slurm_job_id, "%s", job);
     o->slurm_nodes = (int)nodes;

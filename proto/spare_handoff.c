@@ -5,7 +5,8 @@
 #include <string.h>
 
 static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 static uint32_t get_u32(const uint8_t *p) {
@@ -24,8 +25,10 @@ int spare_handoff_header_decode(const uint8_t in[DDP_SPARE_HEADER_BYTES], uint32
     uint32_t magic = get_u32(in), version = get_u32(in + 4), bytes = get_u32(in + 8),
              n_fds = get_u32(in + 12);
     if (magic != DDP_SPARE_MAGIC || version != DDP_SPARE_VERSION) {
-        snprintf(err, err_len, "not a handoff of this ddprun (magic 0x%08x, version %u; expected "
-                 "0x%08x, version %u)", magic, version, DDP_SPARE_MAGIC, DDP_SPARE_VERSION);
+        snprintf(err, err_len,
+                 "not a handoff of this ddprun (magic 0x%08x, version %u; expected "
+                 "0x%08x, version %u)",
+                 magic, version, DDP_SPARE_MAGIC, DDP_SPARE_VERSION);
         return -1;
     }
     if (n_fds != DDP_SPARE_N_FDS) {

@@ -21,31 +21,52 @@ void store_limits_default(store_limits_t *lim) {
 
 const char *store_proto_strerror(int status) {
     switch (status) {
-    case STORE_PROTO_NEED_MORE: return "incomplete frame";
-    case STORE_PROTO_E_OPCODE: return "unknown operation";
-    case STORE_PROTO_E_KEY_TOO_LONG: return "key longer than the key-size limit";
-    case STORE_PROTO_E_VALUE_TOO_LONG: return "value longer than the value-size limit";
-    case STORE_PROTO_E_TOO_MANY_KEYS: return "more keys in one request than the per-op limit";
-    case STORE_PROTO_E_FRAME_TOO_LONG: return "request larger than the frame-size limit";
-    case STORE_PROTO_E_BAD_MAGIC: return "VALIDATE with a wrong magic number";
-    case STORE_PROTO_E_NOT_VALIDATED: return "first request was not VALIDATE";
-    case STORE_PROTO_E_BAD_VALUE: return "malformed field";
-    default: return status > 0 ? "complete frame" : "unknown codec status";
+    case STORE_PROTO_NEED_MORE:
+        return "incomplete frame";
+    case STORE_PROTO_E_OPCODE:
+        return "unknown operation";
+    case STORE_PROTO_E_KEY_TOO_LONG:
+        return "key longer than the key-size limit";
+    case STORE_PROTO_E_VALUE_TOO_LONG:
+        return "value longer than the value-size limit";
+    case STORE_PROTO_E_TOO_MANY_KEYS:
+        return "more keys in one request than the per-op limit";
+    case STORE_PROTO_E_FRAME_TOO_LONG:
+        return "request larger than the frame-size limit";
+    case STORE_PROTO_E_BAD_MAGIC:
+        return "VALIDATE with a wrong magic number";
+    case STORE_PROTO_E_NOT_VALIDATED:
+        return "first request was not VALIDATE";
+    case STORE_PROTO_E_BAD_VALUE:
+        return "malformed field";
+    default:
+        return status > 0 ? "complete frame" : "unknown codec status";
     }
 }
 
 static const char *const op_names[STORE_OP__COUNT] = {
-    [STORE_OP_VALIDATE] = "VALIDATE",     [STORE_OP_SET] = "SET",
-    [STORE_OP_COMPARE_SET] = "COMPARE_SET", [STORE_OP_GET] = "GET",
-    [STORE_OP_ADD] = "ADD",               [STORE_OP_CHECK] = "CHECK",
-    [STORE_OP_WAIT] = "WAIT",             [STORE_OP_GETNUMKEYS] = "GETNUMKEYS",
-    [STORE_OP_DELETE_KEY] = "DELETE_KEY", [STORE_OP_APPEND] = "APPEND",
-    [STORE_OP_MULTI_GET] = "MULTI_GET",   [STORE_OP_MULTI_SET] = "MULTI_SET",
-    [STORE_OP_CANCEL_WAIT] = "CANCEL_WAIT", [STORE_OP_PING] = "PING",
-    [STORE_OP_QUEUE_PUSH] = "QUEUE_PUSH", [STORE_OP_QUEUE_POP] = "QUEUE_POP",
-    [STORE_OP_QUEUE_LEN] = "QUEUE_LEN",   [STORE_OP_LIST_KEYS] = "LIST_KEYS",
-    [STORE_OP_BARRIER] = "BARRIER",       [STORE_OP_WATCH_KEY] = "WATCH_KEY",
-    [STORE_OP_AUTH_HELLO] = "AUTH_HELLO", [STORE_OP_AUTH_PROOF] = "AUTH_PROOF",
+    [STORE_OP_VALIDATE] = "VALIDATE",
+    [STORE_OP_SET] = "SET",
+    [STORE_OP_COMPARE_SET] = "COMPARE_SET",
+    [STORE_OP_GET] = "GET",
+    [STORE_OP_ADD] = "ADD",
+    [STORE_OP_CHECK] = "CHECK",
+    [STORE_OP_WAIT] = "WAIT",
+    [STORE_OP_GETNUMKEYS] = "GETNUMKEYS",
+    [STORE_OP_DELETE_KEY] = "DELETE_KEY",
+    [STORE_OP_APPEND] = "APPEND",
+    [STORE_OP_MULTI_GET] = "MULTI_GET",
+    [STORE_OP_MULTI_SET] = "MULTI_SET",
+    [STORE_OP_CANCEL_WAIT] = "CANCEL_WAIT",
+    [STORE_OP_PING] = "PING",
+    [STORE_OP_QUEUE_PUSH] = "QUEUE_PUSH",
+    [STORE_OP_QUEUE_POP] = "QUEUE_POP",
+    [STORE_OP_QUEUE_LEN] = "QUEUE_LEN",
+    [STORE_OP_LIST_KEYS] = "LIST_KEYS",
+    [STORE_OP_BARRIER] = "BARRIER",
+    [STORE_OP_WATCH_KEY] = "WATCH_KEY",
+    [STORE_OP_AUTH_HELLO] = "AUTH_HELLO",
+    [STORE_OP_AUTH_PROOF] = "AUTH_PROOF",
 };
 
 const char *store_op_name(store_op_t op) {
@@ -54,9 +75,9 @@ const char *store_op_name(store_op_t op) {
 
 /* Legacy wire numbering, torch 1.9-2.1 (1.13 stops at DELETE_KEY; 2.0/2.1 add up to 12). */
 static const store_op_t legacy_ops[] = {
-    STORE_OP_SET,       STORE_OP_COMPARE_SET, STORE_OP_GET,       STORE_OP_ADD,
-    STORE_OP_CHECK,     STORE_OP_WAIT,        STORE_OP_GETNUMKEYS, STORE_OP_WATCH_KEY,
-    STORE_OP_DELETE_KEY, STORE_OP_APPEND,     STORE_OP_MULTI_GET, STORE_OP_MULTI_SET,
+    STORE_OP_SET,         STORE_OP_COMPARE_SET, STORE_OP_GET,        STORE_OP_ADD,
+    STORE_OP_CHECK,       STORE_OP_WAIT,        STORE_OP_GETNUMKEYS, STORE_OP_WATCH_KEY,
+    STORE_OP_DELETE_KEY,  STORE_OP_APPEND,      STORE_OP_MULTI_GET,  STORE_OP_MULTI_SET,
     STORE_OP_CANCEL_WAIT,
 };
 #define N_LEGACY_OPS (sizeof legacy_ops / sizeof legacy_ops[0])
@@ -198,7 +219,8 @@ static int rd_items(reader_t *r, const store_limits_t *lim, bool has_values, sto
 static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *q) {
     switch (q->op) {
     case STORE_OP_VALIDATE:
-    case STORE_OP_PING: return rd_u32(r, &q->u32);
+    case STORE_OP_PING:
+        return rd_u32(r, &q->u32);
     case STORE_OP_SET:
     case STORE_OP_APPEND:
     case STORE_OP_QUEUE_PUSH:
@@ -212,7 +234,8 @@ static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *
     case STORE_OP_DELETE_KEY:
     case STORE_OP_QUEUE_POP:
     case STORE_OP_QUEUE_LEN:
-    case STORE_OP_WATCH_KEY: return rd_key(r, lim, &q->key);
+    case STORE_OP_WATCH_KEY:
+        return rd_key(r, lim, &q->key);
     case STORE_OP_ADD:
     case STORE_OP_BARRIER: {
         uint64_t v;
@@ -223,11 +246,14 @@ static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *
     }
     case STORE_OP_CHECK:
     case STORE_OP_WAIT:
-    case STORE_OP_MULTI_GET: return rd_items(r, lim, false, q);
-    case STORE_OP_MULTI_SET: return rd_items(r, lim, true, q);
+    case STORE_OP_MULTI_GET:
+        return rd_items(r, lim, false, q);
+    case STORE_OP_MULTI_SET:
+        return rd_items(r, lim, true, q);
     case STORE_OP_GETNUMKEYS:
     case STORE_OP_CANCEL_WAIT:
-    case STORE_OP_LIST_KEYS: return 1;
+    case STORE_OP_LIST_KEYS:
+        return 1;
     case STORE_OP_AUTH_HELLO: {
         uint8_t version;
         RD(rd_u8(r, &version));
@@ -236,7 +262,8 @@ static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *
     }
     case STORE_OP_AUTH_PROOF:
         return rd_take(r, STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES, &q->auth);
-    default: return STORE_PROTO_E_OPCODE;
+    default:
+        return STORE_PROTO_E_OPCODE;
     }
 }
 
@@ -284,39 +311,55 @@ store_reply_kind_t store_proto_reply_kind(store_op_t op) {
     case STORE_OP_CHECK:
     case STORE_OP_WAIT:
     case STORE_OP_BARRIER:
-    case STORE_OP_CANCEL_WAIT: return STORE_REPLY_U8;
-    case STORE_OP_LIST_KEYS: return STORE_REPLY_KEY_COUNT;
+    case STORE_OP_CANCEL_WAIT:
+        return STORE_REPLY_U8;
+    case STORE_OP_LIST_KEYS:
+        return STORE_REPLY_KEY_COUNT;
     case STORE_OP_ADD:
     case STORE_OP_GETNUMKEYS:
     case STORE_OP_DELETE_KEY:
-    case STORE_OP_QUEUE_LEN: return STORE_REPLY_I64;
-    case STORE_OP_PING: return STORE_REPLY_U32;
+    case STORE_OP_QUEUE_LEN:
+        return STORE_REPLY_I64;
+    case STORE_OP_PING:
+        return STORE_REPLY_U32;
     case STORE_OP_GET:
     case STORE_OP_COMPARE_SET:
-    case STORE_OP_MULTI_GET: return STORE_REPLY_BYTES;
-    case STORE_OP_QUEUE_POP: return STORE_REPLY_QUEUE_POP;
-    case STORE_OP_AUTH_HELLO: return STORE_REPLY_AUTH_HELLO;
-    case STORE_OP_AUTH_PROOF: return STORE_REPLY_AUTH_PROOF;
-    default: return STORE_REPLY_NONE;
+    case STORE_OP_MULTI_GET:
+        return STORE_REPLY_BYTES;
+    case STORE_OP_QUEUE_POP:
+        return STORE_REPLY_QUEUE_POP;
+    case STORE_OP_AUTH_HELLO:
+        return STORE_REPLY_AUTH_HELLO;
+    case STORE_OP_AUTH_PROOF:
+        return STORE_REPLY_AUTH_PROOF;
+    default:
+        return STORE_REPLY_NONE;
     }
 }
 
-int store_proto_decode_reply(store_reply_kind_t kind, const store_limits_t *lim,
-                             const uint8_t *buf, size_t len, store_reply_t *out) {
+int store_proto_decode_reply(store_reply_kind_t kind, const store_limits_t *lim, const uint8_t *buf,
+                             size_t len, store_reply_t *out) {
     reader_t r = {.buf = buf, .len = len, .pos = 0, .need = 1, .max_frame = lim->max_frame_bytes};
     uint64_t v64 = 0;
     memset(out, 0, sizeof *out);
     int rc = 1;
     switch (kind) {
-    case STORE_REPLY_NONE: return STORE_PROTO_E_BAD_VALUE;
-    case STORE_REPLY_U8: rc = rd_u8(&r, &out->u8); break;
-    case STORE_REPLY_U32: rc = rd_u32(&r, &out->u32); break;
+    case STORE_REPLY_NONE:
+        return STORE_PROTO_E_BAD_VALUE;
+    case STORE_REPLY_U8:
+        rc = rd_u8(&r, &out->u8);
+        break;
+    case STORE_REPLY_U32:
+        rc = rd_u32(&r, &out->u32);
+        break;
     case STORE_REPLY_I64:
     case STORE_REPLY_KEY_COUNT:
         rc = rd_u64(&r, &v64);
         out->i64 = (int64_t)v64;
         break;
-    case STORE_REPLY_BYTES: rc = rd_value(&r, lim, &out->bytes); break;
+    case STORE_REPLY_BYTES:
+        rc = rd_value(&r, lim, &out->bytes);
+        break;
     case STORE_REPLY_QUEUE_POP:
         rc = rd_u64(&r, &v64);
         out->i64 = (int64_t)v64;

@@ -42,9 +42,9 @@ typedef enum {
     STORE_OP_QUEUE_PUSH = 14,
     STORE_OP_QUEUE_POP = 15,
     STORE_OP_QUEUE_LEN = 16,
-    STORE_OP_LIST_KEYS = 17,  /* torch >= 2.10-ish */
-    STORE_OP_BARRIER = 18,    /* torch >= 2.10-ish */
-    STORE_OP_WATCH_KEY = 19,  /* legacy only (7 on the wire); decoded so it can be refused clearly */
+    STORE_OP_LIST_KEYS = 17, /* torch >= 2.10-ish */
+    STORE_OP_BARRIER = 18,   /* torch >= 2.10-ish */
+    STORE_OP_WATCH_KEY = 19, /* legacy only (7 on the wire); decoded so it can be refused clearly */
     STORE_OP_AUTH_HELLO = 20, /* ddprun extension, current dialect only: 0xD0 on the wire */
     STORE_OP_AUTH_PROOF = 21, /* ddprun extension: 0xD1 */
     STORE_OP__COUNT
@@ -63,7 +63,8 @@ typedef enum {
 enum { STORE_CHECK_READY = 0, STORE_CHECK_NOT_READY = 1 };
 enum { STORE_WAIT_STOP_WAITING = 0, STORE_WAIT_CANCELED = 1 };
 
-/* Auth extension (docs/protocol.md): HELLO -> OPEN | CHALLENGE(nonce); PROOF -> OK(mac) | DENIED. */
+/* Auth extension (docs/protocol.md): HELLO -> OPEN | CHALLENGE(nonce); PROOF -> OK(mac) | DENIED.
+ */
 #define STORE_AUTH_VERSION     1u
 #define STORE_AUTH_NONCE_BYTES 32u
 #define STORE_AUTH_MAC_BYTES   32u
@@ -77,14 +78,14 @@ enum {
 /* Decoder results: > 0 is the length of a complete frame; these are the rest. */
 typedef enum {
     STORE_PROTO_NEED_MORE = 0,
-    STORE_PROTO_E_OPCODE = -1,        /* unknown operation byte */
-    STORE_PROTO_E_KEY_TOO_LONG = -2,  /* key longer than limits.max_key_bytes */
-    STORE_PROTO_E_VALUE_TOO_LONG = -3,/* value longer than limits.max_value_bytes */
-    STORE_PROTO_E_TOO_MANY_KEYS = -4, /* multi-key op above limits.max_keys_per_op */
-    STORE_PROTO_E_FRAME_TOO_LONG = -5,/* frame above limits.max_frame_bytes */
-    STORE_PROTO_E_BAD_MAGIC = -6,     /* VALIDATE with the wrong magic */
-    STORE_PROTO_E_NOT_VALIDATED = -7, /* current dialect: first request was not VALIDATE */
-    STORE_PROTO_E_BAD_VALUE = -8,     /* well-framed but meaningless (e.g. unknown auth version) */
+    STORE_PROTO_E_OPCODE = -1,         /* unknown operation byte */
+    STORE_PROTO_E_KEY_TOO_LONG = -2,   /* key longer than limits.max_key_bytes */
+    STORE_PROTO_E_VALUE_TOO_LONG = -3, /* value longer than limits.max_value_bytes */
+    STORE_PROTO_E_TOO_MANY_KEYS = -4,  /* multi-key op above limits.max_keys_per_op */
+    STORE_PROTO_E_FRAME_TOO_LONG = -5, /* frame above limits.max_frame_bytes */
+    STORE_PROTO_E_BAD_MAGIC = -6,      /* VALIDATE with the wrong magic */
+    STORE_PROTO_E_NOT_VALIDATED = -7,  /* current dialect: first request was not VALIDATE */
+    STORE_PROTO_E_BAD_VALUE = -8,      /* well-framed but meaningless (e.g. unknown auth version) */
 } store_proto_status_t;
 
 const char *store_proto_strerror(int status);
@@ -132,15 +133,15 @@ int store_proto_wire_opcode(store_dialect_t dialect, store_op_t op);
 /* ---- replies (client side) ---------------------------------------------------------------- */
 
 typedef enum {
-    STORE_REPLY_U8,    /* CHECK WAIT CANCEL_WAIT: u8 */
-    STORE_REPLY_I64,   /* ADD GETNUMKEYS DELETE_KEY QUEUE_LEN: i64 */
-    STORE_REPLY_U32,   /* PING: u32 nonce echo */
-    STORE_REPLY_BYTES, /* GET COMPARE_SET: u64 length + bytes */
-    STORE_REPLY_QUEUE_POP, /* i64 queue length before the pop, then bytes if it was > 0 */
-    STORE_REPLY_KEY_COUNT, /* LIST_KEYS: i64 count, then that many keys (decode each as BYTES) */
+    STORE_REPLY_U8,         /* CHECK WAIT CANCEL_WAIT: u8 */
+    STORE_REPLY_I64,        /* ADD GETNUMKEYS DELETE_KEY QUEUE_LEN: i64 */
+    STORE_REPLY_U32,        /* PING: u32 nonce echo */
+    STORE_REPLY_BYTES,      /* GET COMPARE_SET: u64 length + bytes */
+    STORE_REPLY_QUEUE_POP,  /* i64 queue length before the pop, then bytes if it was > 0 */
+    STORE_REPLY_KEY_COUNT,  /* LIST_KEYS: i64 count, then that many keys (decode each as BYTES) */
     STORE_REPLY_AUTH_HELLO, /* u8 OPEN | u8 CHALLENGE + nonce */
     STORE_REPLY_AUTH_PROOF, /* u8 OK + mac | u8 DENIED */
-    STORE_REPLY_NONE,  /* SET APPEND MULTI_SET QUEUE_PUSH VALIDATE: nothing */
+    STORE_REPLY_NONE,       /* SET APPEND MULTI_SET QUEUE_PUSH VALIDATE: nothing */
 } store_reply_kind_t;
 
 store_reply_kind_t store_proto_reply_kind(store_op_t op);
@@ -154,8 +155,8 @@ typedef struct {
 
 /* Decode one reply of the given kind (MULTI_GET: call once per key with STORE_REPLY_BYTES).
  * Same return convention as store_proto_decode_request. */
-int store_proto_decode_reply(store_reply_kind_t kind, const store_limits_t *lim,
-                             const uint8_t *buf, size_t len, store_reply_t *out);
+int store_proto_decode_reply(store_reply_kind_t kind, const store_limits_t *lim, const uint8_t *buf,
+                             size_t len, store_reply_t *out);
 
 /* ---- encoding ----------------------------------------------------------------------------- */
 

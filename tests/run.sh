@@ -28,7 +28,7 @@ echo "== the layers and the formatting"
 /usr/bin/python3 tests/tools/check_layers.py
 # clang-format --dry-run -Werror over the C sources: switched on (1) in the commit that formats
 # the whole tree once (tests/tools/check_format.sh --fix)
-check_format=0
+check_format=1
 if [ "$check_format" = 1 ]; then
     tests/tools/check_format.sh
 else

@@ -55,8 +55,10 @@ static void *load_data(void *arg) {
 static void finish_loading(data_load_t *l, pthread_t loader, bool is_loading, int rank) {
     if (is_loading) pthread_join(loader, NULL);
     if (l->rc == 0) return;
-    if (rank >= 0) fprintf(stderr, "ddpworker: rank %d: %s\n", rank, l->err);
-    else fprintf(stderr, "ddpworker: %s\n", l->err);
+    if (rank >= 0)
+        fprintf(stderr, "ddpworker: rank %d: %s\n", rank, l->err);
+    else
+        fprintf(stderr, "ddpworker: %s\n", l->err);
     exit(DDP_EXIT_DATA);
 }
 
@@ -68,8 +70,8 @@ static long env_long(const char *name, long def, long min, long max) {
     errno = 0;
     long x = strtol(v, &end, 10);
     if (*end || errno || x < min || x > max)
-        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a whole number in [%ld, %ld]", name,
-                    v, min, max);
+        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a whole number in [%ld, %ld]",
+                    name, v, min, max);
     return x;
 }
 
@@ -80,17 +82,20 @@ static int cuda_devices;
 static comm_t *make_nccl(int rank, int world, store_client_t *store, const char *prefix,
                          int64_t timeout_ms, backend_t *backend) {
     if (!cuda_api->nccl_id_bytes || !cuda_api->nccl_unique_id || !cuda_api->nccl_create)
-        trainer_die(DDP_EXIT_CONFIG, "train.collective: nccl, but this libddpworker_cuda.so was built "
-                                     "without NCCL (CMake did not find nccl.h and libnccl)");
+        trainer_die(DDP_EXIT_CONFIG,
+                    "train.collective: nccl, but this libddpworker_cuda.so was built "
+                    "without NCCL (CMake did not find nccl.h and libnccl)");
     unsigned char id[1024];
     size_t n = cuda_api->nccl_id_bytes();
     char err[512], key[600];
     if (n > sizeof id) trainer_die(DDP_EXIT_BUG, "an ncclUniqueId of %zu bytes", n);
     snprintf(key, sizeof key, "%snccl_id", prefix);
     if (rank == 0) {
-        if (cuda_api->nccl_unique_id(id, err, sizeof err) < 0) trainer_die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
+        if (cuda_api->nccl_unique_id(id, err, sizeof err) < 0)
+            trainer_die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
         if (store && store_client_set(store, key, id, n) < 0)
-            trainer_die(DDP_EXIT_PEER_FAILURE, "publishing the NCCL id: %s", store_client_error(store));
+            trainer_die(DDP_EXIT_PEER_FAILURE, "publishing the NCCL id: %s",
+                        store_client_error(store));
     } else {
         uint8_t *val = NULL;
         size_t len = 0;
@@ -122,9 +127,13 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
     const char *host = getenv("MASTER_ADDR");
     long port = env_long("MASTER_PORT", 0, 1, 65535);
     if (!host || !*host || port == 0)
-        trainer_die(DDP_EXIT_USAGE, "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
-                                    "(run it with ddprun)", world);
-    store_client_opts_t so = {.host = host, .port = (uint16_t)port, .connect_timeout_ms = 60000,
+        trainer_die(DDP_EXIT_USAGE,
+                    "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
+                    "(run it with ddprun)",
+                    world);
+    store_client_opts_t so = {.host = host,
+                              .port = (uint16_t)port,
+                              .connect_timeout_ms = 60000,
                               .op_timeout_ms = timeout_ms};
     store_client_t *store = NULL;
     if (store_client_connect(&so, &store) < 0)
@@ -148,15 +157,20 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
         store_client_destroy(store);
         return comm;
     }
-    comm_ring_opts_t ro = {.rank = rank, .world = world, .store = store, .key_prefix = prefix,
-                           .store_host = host, .timeout_ms = timeout_ms};
+    comm_ring_opts_t ro = {.rank = rank,
+                           .world = world,
+                           .store = store,
+                           .key_prefix = prefix,
+                           .store_host = host,
+                           .timeout_ms = timeout_ms};
     char err[512];
     if (comm_ring_create(&ro, &comm, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the ring of %d workers: %s", world, err);
     store_client_destroy(store);
     if (conf->backend == BACKEND_CUDA) { /* gradients live on the GPU: through host memory */
         comm_t *staged = NULL;
-        if (comm_staged_create(comm, backend, &staged) < 0) trainer_die(DDP_EXIT_BUG, "out of memory");
+        if (comm_staged_create(comm, backend, &staged) < 0)
+            trainer_die(DDP_EXIT_BUG, "out of memory");
         comm = staged;
     }
     return comm;
@@ -165,8 +179,8 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
 /* The CPU backend's OpenMP loops and OpenBLAS's own threads take turns on the same cores, and
  * idle threads of either that spin starve the other: OpenMP threads spinning after each loop made
  * ResNet-18 2.7x slower; OpenBLAS's threads yielding for 2^28 cycles after each GEMM took 17% of
- * the CPU time and 5-12% of the speed (2 cores, 2026-11-23). Both libraries read their setting once, when loaded, so set what the
- * user did not and exec again (same pid, a few ms). */
+ * the CPU time and 5-12% of the speed (2 cores, 2026-11-23). Both libraries read their setting
+ * once, when loaded, so set what the user did not and exec again (same pid, a few ms). */
 static void ensure_passive_threads(char **argv) {
     if (getenv("OMP_WAIT_POLICY") && getenv("OPENBLAS_THREAD_TIMEOUT")) return;
     setenv("OMP_WAIT_POLICY", "passive", 0);
@@ -188,9 +202,12 @@ static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
     } else {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         char dir[PATH_MAX];
-        if (xdg && *xdg) snprintf(dir, sizeof dir, "%s", xdg);
-        else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache", home);
-        else return;
+        if (xdg && *xdg)
+            snprintf(dir, sizeof dir, "%s", xdg);
+        else if (home && *home)
+            snprintf(dir, sizeof dir, "%s/.cache", home);
+        else
+            return;
         mkdir(dir, 0755);
         size_t at = strlen(dir);
         snprintf(dir + at, sizeof dir - at, "/ddpworker");
@@ -228,16 +245,20 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     startup_trace_end("loading libddpworker_cuda.so (CUDA, cuDNN, cuBLAS, NCCL)", t);
     if (!lib)
-        trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda needs %s (built when CMake finds CUDA and "
-                                     "cuDNN; packaged as ddprun-cuda): %s", path, dlerror());
+        trainer_die(DDP_EXIT_CONFIG,
+                    "train.backend: cuda needs %s (built when CMake finds CUDA and "
+                    "cuDNN; packaged as ddprun-cuda): %s",
+                    path, dlerror());
     const ddpworker_cuda_api_t *api = dlsym(lib, DDPWORKER_CUDA_API_SYMBOL);
-    if (!api) trainer_die(DDP_EXIT_CONFIG, "%s: not a ddpworker backend (no %s)", path,
-                          DDPWORKER_CUDA_API_SYMBOL);
+    if (!api)
+        trainer_die(DDP_EXIT_CONFIG, "%s: not a ddpworker backend (no %s)", path,
+                    DDPWORKER_CUDA_API_SYMBOL);
     if (api->version != DDPWORKER_CUDA_API_VERSION || api->size != sizeof *api)
-        trainer_die(DDP_EXIT_CONFIG, "%s is from another build of ddprun (its table is version %u "
+        trainer_die(DDP_EXIT_CONFIG,
+                    "%s is from another build of ddprun (its table is version %u "
                     "of %u bytes; this ddpworker needs version %u of %zu): install the matching "
-                    "ddprun-cuda", path, api->version, api->size, DDPWORKER_CUDA_API_VERSION,
-                    sizeof *api);
+                    "ddprun-cuda",
+                    path, api->version, api->size, DDPWORKER_CUDA_API_VERSION, sizeof *api);
     cuda_api = api;
     int devices = cuda_devices = api->device_count();
     if (devices == 0) trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
@@ -294,16 +315,19 @@ int main(int argc, char **argv) {
         return DDP_EXIT_CONFIG;
     }
     if (conf.precision != PRECISION_FP32 && conf.backend != BACKEND_CUDA)
-        trainer_die(DDP_EXIT_CONFIG, "precision.mode: %s needs train.backend=cuda (the cpu backend "
-                    "is the fp32 reference)", conf.precision == PRECISION_TF32 ? "tf32"
-                    : conf.precision == PRECISION_BF16 ? "bf16" : "fp16");
+        trainer_die(DDP_EXIT_CONFIG,
+                    "precision.mode: %s needs train.backend=cuda (the cpu backend "
+                    "is the fp32 reference)",
+                    conf.precision == PRECISION_TF32   ? "tf32"
+                    : conf.precision == PRECISION_BF16 ? "bf16"
+                                                       : "fp16");
     data_load_t load = {.conf = &conf};
     pthread_t loader;
     bool is_loading = pthread_create(&loader, NULL, load_data, &load) == 0;
     if (!is_loading) load_data(&load);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = conf.threads ? (int)conf.threads
-                               : (int)(cores / local_world > 1 ? cores / local_world : 1);
+    int threads =
+        conf.threads ? (int)conf.threads : (int)(cores / local_world > 1 ? cores / local_world : 1);
     t = startup_trace_end("reading the configuration", t);
     backend_t *backend = make_backend(&conf, threads);
     t = startup_trace_end("backend (all of it)", t);

@@ -21,7 +21,8 @@ int spare_fd_from_env(void) {
     errno = 0;
     long fd = strtol(v, &end, 10);
     if (*end || errno || fd < 3 || fd > 1 << 20)
-        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a descriptor", DDP_SPARE_FD_ENV, v);
+        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a descriptor", DDP_SPARE_FD_ENV,
+                    v);
     return (int)fd;
 }
 
@@ -37,11 +38,14 @@ static size_t read_header(int fd, uint8_t header[DDP_SPARE_HEADER_BYTES], int fd
             char buf[CMSG_SPACE(sizeof(int) * DDP_SPARE_N_FDS)];
         } control;
         struct iovec iov = {.iov_base = header + got, .iov_len = DDP_SPARE_HEADER_BYTES - got};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = control.buf,
                              .msg_controllen = sizeof control.buf};
         ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) trainer_die(DDP_EXIT_BUG, "warm spare: reading the handoff: %s", strerror(errno));
+        if (n < 0)
+            trainer_die(DDP_EXIT_BUG, "warm spare: reading the handoff: %s", strerror(errno));
         if (msg.msg_flags & MSG_CTRUNC)
             trainer_die(DDP_EXIT_BUG, "warm spare: the handoff carried more descriptors than %d",
                         DDP_SPARE_N_FDS);
@@ -51,8 +55,10 @@ static size_t read_header(int fd, uint8_t header[DDP_SPARE_HEADER_BYTES], int fd
             for (int i = 0; i < count; i++) {
                 int received;
                 memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
-                if (*n_fds < DDP_SPARE_N_FDS) fds[(*n_fds)++] = received;
-                else close(received);
+                if (*n_fds < DDP_SPARE_N_FDS)
+                    fds[(*n_fds)++] = received;
+                else
+                    close(received);
             }
         }
         if (n == 0) return got;
@@ -76,7 +82,8 @@ static void read_exactly(int fd, char *p, size_t len) {
 void spare_wait_for_round(int fd) {
     char ready = DDP_SPARE_READY;
     ssize_t w;
-    while ((w = send(fd, &ready, 1, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
+    while ((w = send(fd, &ready, 1, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    }
     if (w != 1) exit(0); /* the agent has gone, or retired the spare already */
     /* still the spare's own output file: the round's replaces it only below */
     fprintf(stderr, "ddpworker: warm spare ready (pid %d, local rank %s)\n", (int)getpid(),

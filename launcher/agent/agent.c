@@ -40,9 +40,9 @@
 #include "workers/spares.h"
 #include "workers/workers.h"
 
-#define STORE_LINGER_MS 5000
-#define EXIT_GRACE_MS   2000 /* after a signal, for what is on the thread pool to come back */
-#define EVENT_QUEUE_LEN 8
+#define STORE_LINGER_MS      5000
+#define EXIT_GRACE_MS        2000 /* after a signal, for what is on the thread pool to come back */
+#define EVENT_QUEUE_LEN      8
 #define JOIN_LOST_ROUNDS_MAX 16 /* rounds one join ends for members lost while they gathered */
 
 /* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
@@ -68,7 +68,7 @@ typedef struct {
     char self_exe[PATH_MAX];
     char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
-    char memory_dir[1200]; /* memory snapshots (memory_region), "" when none */
+    char memory_dir[1200];      /* memory snapshots (memory_region), "" when none */
     memory_peer_t *memory_peer; /* their copies to and from other nodes, or NULL */
     char master_addr[256];
     uint16_t master_port;
@@ -81,13 +81,13 @@ typedef struct {
     bool is_dispatching;
     /* several nodes */
     rdzv_t rdzv;
-    bool is_etcd;          /* etcd: leases instead of heartbeat counters, a store per round */
+    bool is_etcd;           /* etcd: leases instead of heartbeat counters, a store per round */
     bool is_endpoint_taken; /* the endpoint is local, and binding it failed: we are a client */
-    rdzv_lease_t *lease;   /* etcd: this agent's, shared by its clients */
-    rdzv_kv_t *ops;        /* join, report, exit barrier: one at a time */
-    rdzv_kv_t *watch;      /* blocked in the restart WAIT of the round */
-    rdzv_kv_t *hb;         /* heartbeats (etcd: lease refreshes), with short deadlines */
-    rdzv_kv_t *alive;      /* etcd: blocked until a member's lease expires */
+    rdzv_lease_t *lease;    /* etcd: this agent's, shared by its clients */
+    rdzv_kv_t *ops;         /* join, report, exit barrier: one at a time */
+    rdzv_kv_t *watch;       /* blocked in the restart WAIT of the round */
+    rdzv_kv_t *hb;          /* heartbeats (etcd: lease refreshes), with short deadlines */
+    rdzv_kv_t *alive;       /* etcd: blocked until a member's lease expires */
     struct join_job {
         job_t job;
         agent_sm_join_plan_t plan;
@@ -113,16 +113,16 @@ typedef struct {
         int64_t fresh[RDZV_MAX_NODES]; /* counters the beat read */
         uv_timer_t timer;
         bool is_timer_open;
-        uint64_t ok_ms; /* last heartbeat the store took */
+        uint64_t ok_ms;         /* last heartbeat the store took */
         bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
         bool is_job_lease_only; /* ... as the job in flight was queued */
         bool is_lease_lost_said;
-        bool is_renewed; /* the last keep_alive found the lease expired and renewed it */
+        bool is_renewed;    /* the last keep_alive found the lease expired and renewed it */
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
     } beat;
     struct {
         job_t job;
-        int lost;      /* the join index whose lease expired, -1: none */
+        int lost;       /* the join index whose lease expired, -1: none */
         bool is_wanted; /* a round's liveness watch should run (restart it when it returns) */
     } liveness;
 } agent_t;
@@ -199,7 +199,8 @@ static void finish(agent_t *a, int code) {
     a->memory_peer = NULL;
     if (a->spares) spares_destroy(a->spares);
     a->spares = NULL;
-    for (int i = 0; i < a->opts->n_signals; i++) uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
+    for (int i = 0; i < a->opts->n_signals; i++)
+        uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
     if (a->beat.is_timer_open) {
         uv_close((uv_handle_t *)&a->beat.timer, NULL);
         a->beat.is_timer_open = false;
@@ -233,11 +234,15 @@ static void finish(agent_t *a, int code) {
 static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_result_t *round) {
     char how[64];
     if (r->term_signal)
-        snprintf(how, sizeof how, "was killed by signal %d (%s)", r->term_signal, strsignal(r->term_signal));
-    else snprintf(how, sizeof how, "exited with %d", r->exit_status);
-    fprintf(stderr, "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
-                    "of %d\n", round->group_rank, r->rank, r->local_rank, r->pid, how,
-            round->round + 1, a->opts->max_restarts + 1);
+        snprintf(how, sizeof how, "was killed by signal %d (%s)", r->term_signal,
+                 strsignal(r->term_signal));
+    else
+        snprintf(how, sizeof how, "exited with %d", r->exit_status);
+    fprintf(stderr,
+            "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
+            "of %d\n",
+            round->group_rank, r->rank, r->local_rank, r->pid, how, round->round + 1,
+            a->opts->max_restarts + 1);
     const char *tail = a->workers ? workers_tail(a->workers, r->local_rank) : "";
     if (*tail) {
         const char *p = tail;
@@ -251,12 +256,13 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
                 tail[strlen(tail) - 1] == '\n' ? "" : "\n");
     }
     char error_file[1400];
-    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
-             round->round, r->local_rank);
+    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir, round->round,
+             r->local_rank);
     /* a PyTorch script's @record left the exception and its traceback: the real root cause */
     error_file_t ef;
     int rc = error_file_read(error_file, &ef);
-    if (rc == 0) error_file_print(&ef, stderr);
+    if (rc == 0)
+        error_file_print(&ef, stderr);
     else if (rc != -ENOENT)
         fprintf(stderr, "ddprun: %s is not a PyTorch error file (ignored)\n", error_file);
 }
@@ -266,8 +272,11 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
 static void on_worker_exit(workers_t *w, const worker_result_t *r, void *arg) {
     (void)w;
     agent_sm_event_t ev = {.kind = AGENT_EV_WORKER_EXITED,
-                           .exit = {.rank = r->rank, .local_rank = r->local_rank, .pid = r->pid,
-                                    .exit_status = r->exit_status, .term_signal = r->term_signal}};
+                           .exit = {.rank = r->rank,
+                                    .local_rank = r->local_rank,
+                                    .pid = r->pid,
+                                    .exit_status = r->exit_status,
+                                    .term_signal = r->term_signal}};
     dispatch(arg, &ev);
 }
 
@@ -289,14 +298,20 @@ static bool round_is_training(void *arg) {
 static void start_workers(agent_t *a, const agent_sm_action_t *act) {
     char attempt_dir[1300], err[512];
     snprintf(attempt_dir, sizeof attempt_dir, "%s/attempt_%d", a->run_dir, act->round.round);
-    workers_spec_t spec = {
-        .opts = a->opts, .shim_exe = a->shim_exe, .run_id = a->opts->rdzv_id,
-        .attempt = act->round.round, .restart_count = act->restart_count,
-        .group_rank = act->round.group_rank,
-        .group_world_size = act->round.group_world_size, .rank_offset = act->round.rank_offset,
-        .world_size = act->round.world_size, .master_addr = a->master_addr,
-        .master_port = a->master_port, .attempt_dir = attempt_dir, .spares = a->spares,
-        .memory_dir = a->memory_dir};
+    workers_spec_t spec = {.opts = a->opts,
+                           .shim_exe = a->shim_exe,
+                           .run_id = a->opts->rdzv_id,
+                           .attempt = act->round.round,
+                           .restart_count = act->restart_count,
+                           .group_rank = act->round.group_rank,
+                           .group_world_size = act->round.group_world_size,
+                           .rank_offset = act->round.rank_offset,
+                           .world_size = act->round.world_size,
+                           .master_addr = a->master_addr,
+                           .master_port = a->master_port,
+                           .attempt_dir = attempt_dir,
+                           .spares = a->spares,
+                           .memory_dir = a->memory_dir};
     memory_peer_round(a->memory_peer, act->round.round, act->round.group_rank,
                       act->round.group_world_size);
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
@@ -326,11 +341,13 @@ static void describe_failure(agent_t *a, const rdzv_result_t *round, char *out, 
     json_line_int(o, "node", round->group_rank);
     json_line_int(o, "rank", r->rank);
     json_line_int(o, "round", round->round);
-    if (r->term_signal) json_line_int(o, "signal", r->term_signal);
-    else json_line_int(o, "exit_code", r->exit_status);
+    if (r->term_signal)
+        json_line_int(o, "signal", r->term_signal);
+    else
+        json_line_int(o, "exit_code", r->exit_status);
     char error_file[1400];
-    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir,
-             round->round, r->local_rank);
+    snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir, round->round,
+             r->local_rank);
     error_file_t ef;
     if (error_file_read(error_file, &ef) == 0) {
         json_line_str(o, "error", ef.message);
@@ -385,17 +402,19 @@ static void watch_after_cb(uv_work_t *req, int status) {
         ev.is_store_lost = true;
     } else {
         ev.is_valid = rdzv_record_why_parse(a->watching.why, strlen(a->watching.why), &ev.why);
-        if (ev.is_valid) rdzv_record_why_describe(&ev.why, ev.text, sizeof ev.text);
-        else snprintf(ev.text, sizeof ev.text, "an unreadable restart record");
+        if (ev.is_valid)
+            rdzv_record_why_describe(&ev.why, ev.text, sizeof ev.text);
+        else
+            snprintf(ev.text, sizeof ev.text, "an unreadable restart record");
     }
     dispatch(a, &ev);
 }
 
 static void finish_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->barrier.rc = rdzv_finish(&a->rdzv, a->ops, a->barrier.round.round,
-                                a->barrier.round.group_world_size,
-                                (int64_t)(a->opts->join_timeout_s * 1000));
+    a->barrier.rc =
+        rdzv_finish(&a->rdzv, a->ops, a->barrier.round.round, a->barrier.round.group_world_size,
+                    (int64_t)(a->opts->join_timeout_s * 1000));
     if (a->barrier.rc == 0 && a->is_etcd && a->barrier.round.group_rank == 0 &&
         rdzv_retire(&a->rdzv, a->ops, a->barrier.round.world_size) < 0) /* best effort */
         LOG_WARN("the job's record on etcd will not expire: %s", a->ops->ops->error(a->ops));
@@ -448,7 +467,8 @@ static void hb_work_cb(uv_work_t *req) {
         a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
         return;
     }
-    if (a->is_etcd) a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
+    if (a->is_etcd)
+        a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
     else if (round->is_member)
         a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
     /* a spare beats for no round (etcd: it keeps its lease) and reads whether the members live */
@@ -499,19 +519,20 @@ static void hb_after_cb(uv_work_t *req, int status) {
     b->ok_ms = now;
     const rdzv_result_t *round = &a->sm.round;
     if (a->is_etcd && round->is_member) return; /* peers: their leases (liveness_after_cb) */
-    int lost = liveness_judge(&b->members, b->fresh, round->is_member ? round->group_rank : -1,
-                              now);
+    int lost =
+        liveness_judge(&b->members, b->fresh, round->is_member ? round->group_rank : -1, now);
     if (lost < 0) return;
     if (round->is_member)
         LOG_WARN("node %d sent no heartbeat for %g s: ending round %d without it", lost,
                  beat_limit_s(a), round->round);
     else if (a->is_etcd) /* its members may all be gone: nobody else would end the round */
         LOG_WARN("round %d runs without this agent, but the member that joined it as #%d has "
-                 "had no etcd lease for %g s: asking for the next round", round->round, lost,
-                 beat_limit_s(a));
+                 "had no etcd lease for %g s: asking for the next round",
+                 round->round, lost, beat_limit_s(a));
     else
         LOG_WARN("round %d runs without this agent, but its node %d sent no heartbeat for %g s: "
-                 "asking for the next round", round->round, lost, beat_limit_s(a));
+                 "asking for the next round",
+                 round->round, lost, beat_limit_s(a));
     agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = lost};
     dispatch(a, &ev);
 }
@@ -564,8 +585,8 @@ static void liveness_work_cb(uv_work_t *req) {
         }
     }
     /* in slices, so a watch that outlives its round ends by itself too */
-    a->liveness.job.rc = rdzv_wait_member_lost(&a->rdzv, a->alive, &a->liveness.job.round, 60000,
-                                               &a->liveness.lost);
+    a->liveness.job.rc =
+        rdzv_wait_member_lost(&a->rdzv, a->alive, &a->liveness.job.round, 60000, &a->liveness.lost);
 }
 
 static void start_liveness(agent_t *a);
@@ -582,7 +603,8 @@ static void liveness_after_cb(uv_work_t *req, int status) {
     bool is_current = agent_sm_is_beating(&a->sm, a->liveness.job.round.round);
     if (is_current && a->liveness.job.rc == 0 && a->liveness.lost >= 0) {
         LOG_WARN("the node that joined round %d as #%d lost its etcd lease: ending the round "
-                 "without it", a->liveness.job.round.round, a->liveness.lost);
+                 "without it",
+                 a->liveness.job.round.round, a->liveness.lost);
         agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = a->liveness.lost};
         dispatch(a, &ev);
         return;
@@ -614,8 +636,8 @@ static void start_heartbeats(agent_t *a) {
     struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
     b->ok_ms = now;
-    liveness_reset(&b->members, a->sm.round.group_world_size,
-                   (uint64_t)(beat_limit_s(a) * 1000), now);
+    liveness_reset(&b->members, a->sm.round.group_world_size, (uint64_t)(beat_limit_s(a) * 1000),
+                   now);
     if (!b->is_timer_open) {
         uv_timer_init(a->loop, &b->timer);
         b->timer.data = a;
@@ -637,19 +659,20 @@ static void join_work_cb(uv_work_t *req) {
     rdzv_kv_t **clients[2] = {&a->ops, &a->watch};
     for (int i = 0; i < 2 && j->job.rc == 0; i++) {
         if (*clients[i]) continue;
-        j->job.rc = rdzv_kv_connect(o, a->lease, (int64_t)(o->join_timeout_s * 1000),
-                                    (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000),
-                                    clients[i]);
+        j->job.rc =
+            rdzv_kv_connect(o, a->lease, (int64_t)(o->join_timeout_s * 1000),
+                            (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000), clients[i]);
         if (j->job.rc < 0) {
-            snprintf(j->err, sizeof j->err, "%s", *clients[i] ? (*clients[i])->ops->error(*clients[i])
-                                                              : ddp_strerror(j->job.rc));
+            snprintf(j->err, sizeof j->err, "%s",
+                     *clients[i] ? (*clients[i])->ops->error(*clients[i])
+                                 : ddp_strerror(j->job.rc));
             port_holder_t holder; /* who holds the port now, if the endpoint is ours */
             if (a->is_endpoint_taken) port_holder_find(o->rdzv_port, &holder);
             if (a->is_endpoint_taken && !holder.is_listening) {
                 size_t n = strlen(j->err);
                 snprintf(j->err + n, sizeof j->err - n, "; port %u on this machine is held by %s",
-                         o->rdzv_port, holder.is_found ? holder.text
-                                                       : "a socket this machine does not list");
+                         o->rdzv_port,
+                         holder.is_found ? holder.text : "a socket this machine does not list");
             }
             j->failed_client = clients[i]; /* destroyed on the loop: INTERRUPT_JOIN may use it */
         }
@@ -694,7 +717,9 @@ static void join_after_cb(uv_work_t *req, int status) {
         close_idle_clients(a);
         return;
     }
-    agent_sm_event_t ev = {.kind = AGENT_EV_JOIN_DONE, .rc = j->job.rc, .joined = j->joined,
+    agent_sm_event_t ev = {.kind = AGENT_EV_JOIN_DONE,
+                           .rc = j->job.rc,
+                           .joined = j->joined,
                            .is_refunded = j->is_refunded};
     snprintf(ev.text, sizeof ev.text, "%s", j->err);
     dispatch(a, &ev);
@@ -714,12 +739,15 @@ static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_wor
 static void perform(agent_t *a, const agent_sm_action_t *act) {
     switch (act->kind) {
     case AGENT_ACT_SAY:
-        if (act->say == AGENT_SAY_PLAIN) fprintf(stderr, "ddprun: %s\n", act->text);
+        if (act->say == AGENT_SAY_PLAIN)
+            fprintf(stderr, "ddprun: %s\n", act->text);
         else
             log_write(act->say == AGENT_SAY_WARN ? LOG_LEVEL_WARN : LOG_LEVEL_INFO, "%s",
                       act->text);
         return;
-    case AGENT_ACT_PRINT_ROOT_CAUSE: print_root_cause(a, &act->root, &act->round); return;
+    case AGENT_ACT_PRINT_ROOT_CAUSE:
+        print_root_cause(a, &act->root, &act->round);
+        return;
     case AGENT_ACT_JOIN:
         a->join.plan = act->plan;
         queue_job(a, &a->join.job, &act->round, join_work_cb, join_after_cb);
@@ -741,14 +769,20 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
     case AGENT_ACT_WATCH:
         queue_job(a, &a->watching.job, &act->round, watch_work_cb, watch_after_cb);
         return;
-    case AGENT_ACT_START_HEARTBEATS: start_heartbeats(a); return;
+    case AGENT_ACT_START_HEARTBEATS:
+        start_heartbeats(a);
+        return;
     case AGENT_ACT_STOP_HEARTBEATS:
-        if (a->is_etcd) keep_lease_alive(a);
-        else if (a->beat.is_timer_open) uv_timer_stop(&a->beat.timer);
+        if (a->is_etcd)
+            keep_lease_alive(a);
+        else if (a->beat.is_timer_open)
+            uv_timer_stop(&a->beat.timer);
         a->liveness.is_wanted = false;
         if (a->liveness.job.is_busy && a->alive) a->alive->ops->interrupt(a->alive);
         return;
-    case AGENT_ACT_START_WORKERS: start_workers(a, act); return;
+    case AGENT_ACT_START_WORKERS:
+        start_workers(a, act);
+        return;
     case AGENT_ACT_STOP_WORKERS:
         if (a->workers) workers_stop(a->workers, act->signum, act->timeout_s);
         return;
@@ -764,7 +798,9 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
     case AGENT_ACT_BARRIER:
         queue_job(a, &a->barrier, &act->round, finish_work_cb, finish_after_cb);
         return;
-    case AGENT_ACT_EXIT: finish(a, act->code); return;
+    case AGENT_ACT_EXIT:
+        finish(a, act->code);
+        return;
     }
 }
 
@@ -783,7 +819,8 @@ static void dispatch(agent_t *a, const agent_sm_event_t *ev) {
         agent_sm_actions_t acts;
         LOG_DEBUG("agent: %s in %s", agent_sm_event_name(e.kind), agent_sm_state_name(a->sm.state));
         agent_sm_step(&a->sm, &e, &acts);
-        for (int i = 0; i < acts.n; i++) perform(a, &acts.a[i]);
+        for (int i = 0; i < acts.n; i++)
+            perform(a, &acts.a[i]);
     }
     a->queue_head = a->queue_len = 0;
     a->is_dispatching = false;
@@ -823,10 +860,13 @@ static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
     store_server_opts_t so = {.host = o->rdzv_host, .port = o->rdzv_port};
     char own_host[256] = "";
-    /* on etcd even one node, which rendezvouses with nobody: the endpoint is etcd's, not a store's */
+    /* on etcd even one node, which rendezvouses with nobody: the endpoint is etcd's, not a store's
+     */
     if (strcmp(o->rdzv_backend, "etcd") == 0) {
-        if (o->local_addr[0]) snprintf(own_host, sizeof own_host, "%s", o->local_addr);
-        else if (gethostname(own_host, sizeof own_host - 1) != 0) strcpy(own_host, "127.0.0.1");
+        if (o->local_addr[0])
+            snprintf(own_host, sizeof own_host, "%s", o->local_addr);
+        else if (gethostname(own_host, sizeof own_host - 1) != 0)
+            strcpy(own_host, "127.0.0.1");
         so.host = own_host;
         so.port = 0;
     }
@@ -837,12 +877,14 @@ static int host_store(agent_t *a) {
     char err[512];
     bool is_static = strcmp(o->rdzv_backend, "static") == 0;
     int rc = 0;
-    bool is_host = a->is_etcd || (o->is_host >= 0 ? o->is_host == 1 : !is_static || o->node_rank == 0);
+    bool is_host =
+        a->is_etcd || (o->is_host >= 0 ? o->is_host == 1 : !is_static || o->node_rank == 0);
     if (!is_host) { /* node 0 hosts a static job's store; with is_host=false, someone else */
         rc = UV_EADDRINUSE;
-        snprintf(err, sizeof err, "--rdzv-conf is_host=false, and a single node needs its own store");
-    }
-    else rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
+        snprintf(err, sizeof err,
+                 "--rdzv-conf is_host=false, and a single node needs its own store");
+    } else
+        rc = store_server_start(a->loop, &so, &a->store, err, sizeof err);
     /* without is_host=true, an endpoint that another agent holds makes us a client */
     if (rc < 0 && a->sm.cfg.is_multi && o->is_host != 1 && !a->is_etcd &&
         (rc == UV_EADDRINUSE || rc == UV_EADDRNOTAVAIL)) {
@@ -862,7 +904,8 @@ static int host_store(agent_t *a) {
             LOG_WARN("the rendezvous endpoint %s:%u is on this machine and its port is taken, but "
                      "nothing listens there (%s): no store will answer; this agent waits as a "
                      "client until join_timeout=%gs in case one starts. Free the port or pick "
-                     "another endpoint", o->rdzv_host, o->rdzv_port,
+                     "another endpoint",
+                     o->rdzv_host, o->rdzv_port,
                      holder.is_found ? holder.text : "a socket this machine does not list",
                      o->join_timeout_s);
         rc = 0;
@@ -906,7 +949,8 @@ static int use_builtin_trainer(ddprun_opts_t *o) {
     char **argv = calloc((size_t)o->program_argc + 2, sizeof *argv);
     if (!argv) return -ENOMEM;
     argv[0] = worker_path;
-    for (int i = 0; i < o->program_argc; i++) argv[i + 1] = o->program_argv[i];
+    for (int i = 0; i < o->program_argc; i++)
+        argv[i + 1] = o->program_argv[i];
     o->program_argv = argv; /* lives as long as the agent */
     o->program_argc++;
     o->is_no_python = true;
@@ -919,8 +963,10 @@ int agent_main(ddprun_opts_t *o) {
     agent_t *a = &agent;
     a->opts = o;
     a->loop = uv_default_loop();
-    agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1, .nproc_per_node = o->nproc_per_node,
-                             .max_nodes = (int)o->max_nodes, .max_restarts = o->max_restarts,
+    agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1,
+                             .nproc_per_node = o->nproc_per_node,
+                             .max_nodes = (int)o->max_nodes,
+                             .max_restarts = o->max_restarts,
                              .shutdown_timeout_s = o->shutdown_timeout_s};
     agent_sm_init(&a->sm, &cfg);
     ssize_t n = readlink("/proc/self/exe", a->self_exe, sizeof a->self_exe - 1);
@@ -964,8 +1010,9 @@ int agent_main(ddprun_opts_t *o) {
     if (a->is_etcd) {
         rdzv_set_own_store(&a->rdzv, a->master_addr, a->master_port);
         LOG_INFO("run %s: %d worker(s), rendezvous on etcd %s (lease %g s), this node's store on "
-                 "%s port %u for the rounds it leads, logs in %s", o->rdzv_id, o->nproc_per_node,
-                 o->rdzv_endpoints, o->lease_ttl_s, a->master_addr, a->master_port, a->run_dir);
+                 "%s port %u for the rounds it leads, logs in %s",
+                 o->rdzv_id, o->nproc_per_node, o->rdzv_endpoints, o->lease_ttl_s, a->master_addr,
+                 a->master_port, a->run_dir);
     } else {
         LOG_INFO("run %s: %d worker(s), store %s %s port %u, logs in %s", o->rdzv_id,
                  o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
@@ -994,6 +1041,7 @@ int agent_main(ddprun_opts_t *o) {
     rdzv_lease_free(a->lease);
     memory_region_remove(a->memory_dir);
     /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
-    if (a->exit_code == 0 && !o->log_dir[0]) nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (a->exit_code == 0 && !o->log_dir[0])
+        nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     return a->exit_code;
 }

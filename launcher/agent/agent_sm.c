@@ -57,16 +57,18 @@ static bool failure_is_permanent(const agent_sm_exit_t *r) {
 /* The round ended for this node: RUNNING and SPARE wait in STOPPING; JOINING and FINISHING keep
  * their work in flight, which decides next. */
 static void round_ended(agent_sm_t *sm) {
-    if (sm->state == AGENT_SM_RUNNING || sm->state == AGENT_SM_SPARE)
-        sm->state = AGENT_SM_STOPPING;
+    if (sm->state == AGENT_SM_RUNNING || sm->state == AGENT_SM_SPARE) sm->state = AGENT_SM_STOPPING;
 }
 
 /* A synthetic restart reason for a store this node can no longer reach: permanent, so every
  * agent that still reaches the store decides on the real key, and this one leaves. */
 static void restart_store_lost(agent_sm_t *sm) {
     sm->has_restart = true;
-    sm->restart = (rdzv_why_t){.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true,
-                               .failures = sm->failures + 1, .node = -1, .rank = -1};
+    sm->restart = (rdzv_why_t){.code = DDP_EXIT_PEER_FAILURE,
+                               .is_permanent = true,
+                               .failures = sm->failures + 1,
+                               .node = -1,
+                               .rank = -1};
     rdzv_record_why_describe(&sm->restart, sm->restart_text, sizeof sm->restart_text);
 }
 
@@ -80,7 +82,8 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
     sm->is_reporting = true;
     agent_sm_action_t *a = push(out, AGENT_ACT_REPORT);
     a->round = sm->round;
-    a->why = (rdzv_why_t){.code = code, .is_permanent = is_permanent,
+    a->why = (rdzv_why_t){.code = code,
+                          .is_permanent = is_permanent,
                           .node = sm->round.is_member ? sm->round.group_rank : -1,
                           .rank = code ? sm->root_cause.rank : -1};
 }
@@ -92,7 +95,9 @@ static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
     sm->has_failure = sm->has_restart = sm->is_judging_members = false;
     sm->round.round = round;
     if (!sm->cfg.is_multi) {
-        sm->round = (rdzv_result_t){.round = round, .group_world_size = 1, .is_member = true,
+        sm->round = (rdzv_result_t){.round = round,
+                                    .group_world_size = 1,
+                                    .is_member = true,
                                     .world_size = sm->cfg.nproc_per_node};
         sm->state = AGENT_SM_STARTING;
         sm->is_workers_done = false;
@@ -105,7 +110,8 @@ static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
     sm->state = AGENT_SM_JOINING;
     agent_sm_action_t *join = push(out, AGENT_ACT_JOIN);
     join->round = sm->round;
-    join->plan = (agent_sm_join_plan_t){.round = round, .last_round_nodes = sm->last_round_nodes,
+    join->plan = (agent_sm_join_plan_t){.round = round,
+                                        .last_round_nodes = sm->last_round_nodes,
                                         .last_restart_code = sm->last_restart_code,
                                         .failures = sm->failures};
 }
@@ -206,7 +212,8 @@ static void on_join_done(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_ac
     } else if (sm->is_budget_pending) {
         say(out, AGENT_SAY_PLAIN,
             "the job failed (%s), no node was lost, and its restarts (--max-restarts %d) are "
-            "used up", sm->restart_text, sm->cfg.max_restarts);
+            "used up",
+            sm->restart_text, sm->cfg.max_restarts);
         exit_with(sm, out, DDP_EXIT_PEER_FAILURE);
         return;
     }
@@ -283,7 +290,7 @@ static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm
     } else {
         sm->has_restart = true;
         rdzv_why_t bad = {.code = DDP_EXIT_PEER_FAILURE, .is_permanent = true};
-        sm->restart = ev->is_valid ? ev->why : bad; /* unreadable: leave the job */
+        sm->restart = ev->is_valid ? ev->why : bad;                /* unreadable: leave the job */
         size_t n = strnlen(ev->text, sizeof sm->restart_text - 1); /* the watch's 255 at most */
         memcpy(sm->restart_text, ev->text, n);
         sm->restart_text[n] = '\0';
@@ -347,7 +354,9 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
     case AGENT_EV_START:
         if (sm->state == AGENT_SM_IDLE) begin_round(sm, out, 0);
         return;
-    case AGENT_EV_JOIN_DONE: on_join_done(sm, ev, out); return;
+    case AGENT_EV_JOIN_DONE:
+        on_join_done(sm, ev, out);
+        return;
     case AGENT_EV_START_OK:
         if (sm->state != AGENT_SM_STARTING) return;
         sm->has_workers = true;
@@ -356,20 +365,28 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
     case AGENT_EV_START_FAILED:
         if (sm->state == AGENT_SM_STARTING) on_start_failed(sm, ev, out);
         return;
-    case AGENT_EV_WORKER_EXITED: on_worker_exited(sm, &ev->exit, out); return;
+    case AGENT_EV_WORKER_EXITED:
+        on_worker_exited(sm, &ev->exit, out);
+        return;
     case AGENT_EV_WORKERS_DONE:
         sm->is_workers_done = true;
         settle(sm, out);
         return;
-    case AGENT_EV_RESTART_SEEN: on_restart_seen(sm, ev, out); return;
+    case AGENT_EV_RESTART_SEEN:
+        on_restart_seen(sm, ev, out);
+        return;
     case AGENT_EV_STORE_SILENT:
         restart_store_lost(sm);
         round_ended(sm);
         stop_workers(sm, out, SIGTERM, sm->cfg.shutdown_timeout_s);
         settle(sm, out);
         return;
-    case AGENT_EV_PEER_SILENT: report(sm, out, 0, false); return;
-    case AGENT_EV_SIGNAL: on_signal(sm, ev->signum, out); return;
+    case AGENT_EV_PEER_SILENT:
+        report(sm, out, 0, false);
+        return;
+    case AGENT_EV_SIGNAL:
+        on_signal(sm, ev->signum, out);
+        return;
     case AGENT_EV_REPORT_DONE:
         sm->is_reporting = false;
         settle(sm, out);
@@ -398,8 +415,8 @@ void agent_sm_init(agent_sm_t *sm, const agent_sm_config_t *cfg) {
 
 bool agent_sm_is_beating(const agent_sm_t *sm, int round) {
     return sm->state != AGENT_SM_DONE && sm->state != AGENT_SM_JOINING &&
-           (sm->round.is_member || (sm->state == AGENT_SM_SPARE && sm->is_judging_members)) && !sm->has_restart && !sm->has_failure &&
-           !sm->stop_signal && round == sm->round.round;
+           (sm->round.is_member || (sm->state == AGENT_SM_SPARE && sm->is_judging_members)) &&
+           !sm->has_restart && !sm->has_failure && !sm->stop_signal && round == sm->round.round;
 }
 
 /* A node that vanished shows up first as its peers' workers failing ("peer failure"); once the
@@ -412,15 +429,15 @@ bool agent_sm_join_is_refund(const agent_sm_join_plan_t *plan, const rdzv_result
 }
 
 const char *agent_sm_state_name(agent_sm_state_t s) {
-    static const char *const names[] = {"IDLE",     "JOINING",  "STARTING",  "RUNNING",
-                                        "SPARE",    "STOPPING", "FINISHING", "DONE"};
+    static const char *const names[] = {"IDLE",  "JOINING",  "STARTING",  "RUNNING",
+                                        "SPARE", "STOPPING", "FINISHING", "DONE"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
 }
 
 const char *agent_sm_event_name(agent_sm_event_kind_t k) {
-    static const char *const names[] = {
-        "START",        "JOIN_DONE",    "START_OK",    "START_FAILED", "WORKER_EXITED",
-        "WORKERS_DONE", "RESTART_SEEN", "STORE_SILENT", "PEER_SILENT", "SIGNAL",
-        "REPORT_DONE",  "FINISH_DONE"};
+    static const char *const names[] = {"START",        "JOIN_DONE",     "START_OK",
+                                        "START_FAILED", "WORKER_EXITED", "WORKERS_DONE",
+                                        "RESTART_SEEN", "STORE_SILENT",  "PEER_SILENT",
+                                        "SIGNAL",       "REPORT_DONE",   "FINISH_DONE"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }

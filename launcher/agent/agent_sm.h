@@ -56,16 +56,16 @@ typedef struct {
 
 typedef struct {
     agent_sm_event_kind_t kind;
-    int rc;                /* JOIN_DONE: 0 or negative */
-    int signum;            /* SIGNAL */
-    int node;              /* PEER_SILENT */
-    bool has_workers;      /* START_FAILED */
-    bool is_refunded;      /* JOIN_DONE: agent_sm_join_is_refund() held (and node 0 refunded) */
-    rdzv_result_t joined;  /* JOIN_DONE */
-    agent_sm_exit_t exit;  /* WORKER_EXITED */
-    bool is_valid;         /* RESTART_SEEN: why was parsed from text */
-    bool is_store_lost;    /* RESTART_SEEN: the watch lost the store; why and text are unused */
-    rdzv_why_t why;        /* RESTART_SEEN */
+    int rc;               /* JOIN_DONE: 0 or negative */
+    int signum;           /* SIGNAL */
+    int node;             /* PEER_SILENT */
+    bool has_workers;     /* START_FAILED */
+    bool is_refunded;     /* JOIN_DONE: agent_sm_join_is_refund() held (and node 0 refunded) */
+    rdzv_result_t joined; /* JOIN_DONE */
+    agent_sm_exit_t exit; /* WORKER_EXITED */
+    bool is_valid;        /* RESTART_SEEN: why was parsed from text */
+    bool is_store_lost;   /* RESTART_SEEN: the watch lost the store; why and text are unused */
+    rdzv_why_t why;       /* RESTART_SEEN */
     char text[AGENT_SM_TEXT_BYTES]; /* RESTART_SEEN: the key's value; JOIN_DONE: the error */
 } agent_sm_event_t;
 
@@ -84,20 +84,20 @@ typedef enum {
 } agent_sm_say_t;
 
 typedef enum {
-    AGENT_ACT_SAY,              /* say, text */
-    AGENT_ACT_PRINT_ROOT_CAUSE, /* root, round: the summary with the worker's last lines */
-    AGENT_ACT_JOIN,             /* plan: join round plan.round on the thread pool */
-    AGENT_ACT_INTERRUPT_JOIN,   /* end the join in flight early (a signal) */
+    AGENT_ACT_SAY,               /* say, text */
+    AGENT_ACT_PRINT_ROOT_CAUSE,  /* root, round: the summary with the worker's last lines */
+    AGENT_ACT_JOIN,              /* plan: join round plan.round on the thread pool */
+    AGENT_ACT_INTERRUPT_JOIN,    /* end the join in flight early (a signal) */
     AGENT_ACT_INTERRUPT_BARRIER, /* end the exit barrier early (a failure elsewhere) */
-    AGENT_ACT_WATCH,            /* round: WAIT on round.round's restart key */
-    AGENT_ACT_START_HEARTBEATS, /* round: beat and judge the members (a spare: judge only) */
-    AGENT_ACT_STOP_HEARTBEATS,  /* no beats between rounds */
-    AGENT_ACT_START_WORKERS,    /* round, restart_count; agent.c answers START_OK/START_FAILED */
-    AGENT_ACT_STOP_WORKERS,     /* signum to the local workers, SIGKILL after timeout_s */
-    AGENT_ACT_DESTROY_WORKERS,  /* free the ended set */
-    AGENT_ACT_REPORT,           /* round, why: set round.round's restart key */
-    AGENT_ACT_BARRIER,          /* round: the exit barrier of round.round's members */
-    AGENT_ACT_EXIT,             /* code: the agent's exit status; close everything */
+    AGENT_ACT_WATCH,             /* round: WAIT on round.round's restart key */
+    AGENT_ACT_START_HEARTBEATS,  /* round: beat and judge the members (a spare: judge only) */
+    AGENT_ACT_STOP_HEARTBEATS,   /* no beats between rounds */
+    AGENT_ACT_START_WORKERS,     /* round, restart_count; agent.c answers START_OK/START_FAILED */
+    AGENT_ACT_STOP_WORKERS,      /* signum to the local workers, SIGKILL after timeout_s */
+    AGENT_ACT_DESTROY_WORKERS,   /* free the ended set */
+    AGENT_ACT_REPORT,            /* round, why: set round.round's restart key */
+    AGENT_ACT_BARRIER,           /* round: the exit barrier of round.round's members */
+    AGENT_ACT_EXIT,              /* code: the agent's exit status; close everything */
 } agent_sm_action_kind_t;
 
 typedef struct {
@@ -106,8 +106,8 @@ typedef struct {
     int signum;
     double timeout_s;
     int code;
-    int restart_count;         /* TORCHELASTIC_RESTART_COUNT: restarts used */
-    rdzv_result_t round;       /* the round the action is about (a copy) */
+    int restart_count;   /* TORCHELASTIC_RESTART_COUNT: restarts used */
+    rdzv_result_t round; /* the round the action is about (a copy) */
     rdzv_why_t why;
     agent_sm_join_plan_t plan;
     agent_sm_exit_t root;
@@ -122,7 +122,7 @@ typedef struct {
 } agent_sm_actions_t;
 
 typedef struct {
-    bool is_multi;             /* several nodes: rendezvous, watch, reports, exit barrier */
+    bool is_multi; /* several nodes: rendezvous, watch, reports, exit barrier */
     int nproc_per_node;
     int max_nodes;             /* --nnodes MAX: room for a node that arrives late */
     int max_restarts;          /* the job's restart budget */
@@ -132,22 +132,22 @@ typedef struct {
 typedef struct {
     agent_sm_config_t cfg;
     agent_sm_state_t state;
-    rdzv_result_t round;   /* the current round's membership; .round is the attempt */
-    int failures;          /* restarts used by the job (one node counts itself) */
+    rdzv_result_t round; /* the current round's membership; .round is the attempt */
+    int failures;        /* restarts used by the job (one node counts itself) */
     int last_round_nodes, last_restart_code; /* the round that ended last (join plan) */
-    bool is_budget_pending; /* a peer failure past the budget: the next round's size decides */
-    bool has_workers;      /* a worker set exists (started, not yet destroyed) */
-    bool is_workers_done;  /* ... and every worker in it ended */
-    bool is_reporting;     /* a REPORT is in flight */
+    bool is_budget_pending;  /* a peer failure past the budget: the next round's size decides */
+    bool has_workers;        /* a worker set exists (started, not yet destroyed) */
+    bool is_workers_done;    /* ... and every worker in it ended */
+    bool is_reporting;       /* a REPORT is in flight */
     bool is_judging_members; /* a spare of a full job: it judges the members' heartbeats */
     /* what ended the round; more than one may hold, the signal first, then the key */
-    bool has_failure;      /* a local worker failed (root_cause) or could not start */
+    bool has_failure; /* a local worker failed (root_cause) or could not start */
     agent_sm_exit_t root_cause;
-    bool has_restart;      /* the restart key was seen (restart, restart_text) */
+    bool has_restart; /* the restart key was seen (restart, restart_text) */
     rdzv_why_t restart;
     char restart_text[256]; /* the last key seen, kept across the join that follows it */
-    int stop_signal;       /* the first forwarded signal, 0 if none */
-    int exit_code;         /* DONE */
+    int stop_signal;        /* the first forwarded signal, 0 if none */
+    int exit_code;          /* DONE */
 } agent_sm_t;
 
 /* Set up in IDLE. */

@@ -24,11 +24,11 @@
 #include "snapshot_format.h"
 #include "store_auth.h"
 
-#define POLL_MS 10
-#define RETRY_MS 500
-#define FRAME_BYTES 40
+#define POLL_MS        10
+#define RETRY_MS       500
+#define FRAME_BYTES    40
 #define LOOKUP_WAIT_MS 2000 /* one wait for the successor's key; repeated until it comes */
-#define LOOKUP_TRIES 60
+#define LOOKUP_TRIES   60
 #define HEADER_CHECKED offsetof(snapshot_header_t, header_checksum)
 
 typedef struct conn conn_t;
@@ -46,8 +46,8 @@ struct conn {
     size_t frame_got;
     uint32_t origin;
     uint64_t n_bytes, got, reached;
-    uint8_t *map;              /* the slot being received, NULL between frames */
-    snapshot_header_t head;    /* the payload's header, written last */
+    uint8_t *map;           /* the slot being received, NULL between frames */
+    snapshot_header_t head; /* the payload's header, written last */
     char rbuf[1 << 16];
 };
 
@@ -59,7 +59,7 @@ struct memory_peer {
     uint16_t port;
     uv_tcp_t listener;
     uv_timer_t poll;
-    store_secret_t secret;           /* the store's (DDPRUN_STORE_SECRET...): peers prove it */
+    store_secret_t secret; /* the store's (DDPRUN_STORE_SECRET...): peers prove it */
     int open_handles;
     bool is_stopping;
     conn_t *conns;
@@ -67,16 +67,16 @@ struct memory_peer {
     uv_work_t lookup;
     bool is_looking;
     rdzv_kv_t *kv;
-    int round, group_rank, n_nodes;  /* the newest round asked for */
+    int round, group_rank, n_nodes; /* the newest round asked for */
     int lookup_round, lookup_rank, lookup_nodes;
-    char found[300];                 /* HOST:PORT of the successor, from the lookup */
+    char found[300]; /* HOST:PORT of the successor, from the lookup */
     int lookup_rc;
     char lookup_err[300];
     /* sending to it */
     bool has_next;
     char next_host[300];
     uint16_t next_port;
-    uint32_t origin;                 /* our group rank in the round being sent for */
+    uint32_t origin; /* our group rank in the round being sent for */
     uv_tcp_t *out;
     bool is_connected, is_connecting;
     double retry_at;
@@ -88,7 +88,7 @@ struct memory_peer {
     size_t buf_cap, buf_len;
     int read_slot;
     int64_t read_step, sent_step;
-    uint64_t reached;                /* the sender's progress file when its slot was read */
+    uint64_t reached; /* the sender's progress file when its slot was read */
     uint8_t frame[FRAME_BYTES];
     uint8_t challenge[STORE_AUTH_NONCE_BYTES], challenge_buf[64];
     size_t challenge_got;
@@ -172,7 +172,8 @@ static int begin_payload(conn_t *c) {
     memcpy(&c->origin, c->frame + 8, 4);
     memcpy(&c->n_bytes, c->frame + 24, 8);
     memcpy(&c->reached, c->frame + 32, 8);
-    if (c->n_bytes < sizeof(snapshot_header_t) || c->n_bytes > MEMORY_PEER_MAX_BYTES) return -EMSGSIZE;
+    if (c->n_bytes < sizeof(snapshot_header_t) || c->n_bytes > MEMORY_PEER_MAX_BYTES)
+        return -EMSGSIZE;
     char path[2][1500];
     int64_t steps[2];
     for (int i = 0; i < 2; i++) {
@@ -208,7 +209,8 @@ static void end_payload(conn_t *c) {
         }
     } else {
         LOG_WARN("memory snapshot from the node of group rank %u: its header does not verify; "
-                 "the copy before it stays", c->origin);
+                 "the copy before it stays",
+                 c->origin);
     }
     munmap(c->map, c->n_bytes);
     c->map = NULL;
@@ -226,7 +228,8 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (n < 0) {
         if (n != UV_EOF && c->map)
             LOG_WARN("memory snapshot from group rank %u cut at %llu of %llu bytes: %s", c->origin,
-                     (unsigned long long)c->got, (unsigned long long)c->n_bytes, uv_strerror((int)n));
+                     (unsigned long long)c->got, (unsigned long long)c->n_bytes,
+                     uv_strerror((int)n));
         conn_close(c);
         return;
     }
@@ -258,8 +261,11 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
             if (c->frame_got < FRAME_BYTES) break;
             int rc = begin_payload(c);
             if (rc < 0) {
-                LOG_WARN("memory snapshot from a peer refused: %s", rc == -EPROTO ? "not a ddprun "
-                         "memory snapshot frame" : rc == -EMSGSIZE ? "size out of bounds" : strerror(-rc));
+                LOG_WARN("memory snapshot from a peer refused: %s",
+                         rc == -EPROTO     ? "not a ddprun "
+                                             "memory snapshot frame"
+                         : rc == -EMSGSIZE ? "size out of bounds"
+                                           : strerror(-rc));
                 conn_close(c);
                 return;
             }
@@ -319,7 +325,8 @@ static void out_closed(uv_handle_t *h) {
 }
 
 static void drop_out(memory_peer_t *p) {
-    if (p->out && !uv_is_closing((uv_handle_t *)p->out)) uv_close((uv_handle_t *)p->out, out_closed);
+    if (p->out && !uv_is_closing((uv_handle_t *)p->out))
+        uv_close((uv_handle_t *)p->out, out_closed);
     p->out = NULL;
     p->is_connected = false; /* is_connecting stays until its callback: connect_req is in use */
     p->retry_at = clock_now_s() + RETRY_MS / 1000.0;
@@ -363,7 +370,8 @@ static void on_connect(uv_connect_t *req, int status) {
         if (status < 0 && !p->is_stopping)
             LOG_WARN("memory snapshots: cannot reach the next node's agent at %s:%u: %s (retrying)",
                      p->next_host, p->next_port, uv_strerror(status));
-        if (req->handle == (uv_stream_t *)p->out) drop_out(p);
+        if (req->handle == (uv_stream_t *)p->out)
+            drop_out(p);
         else if (!uv_is_closing((uv_handle_t *)req->handle))
             uv_close((uv_handle_t *)req->handle, out_closed);
         return;
@@ -404,7 +412,8 @@ static void start_connect(memory_peer_t *p) {
     p->is_connecting = true;
 }
 
-/* Thread pool: the slot into buf, then every checksum (the worker may have begun overwriting it). */
+/* Thread pool: the slot into buf, then every checksum (the worker may have begun overwriting it).
+ */
 static void read_slot(uv_work_t *req) {
     memory_peer_t *p = req->data;
     p->is_read_ok = false;
@@ -564,8 +573,7 @@ static void lookup_work(uv_work_t *req) {
     }
     free(got);
     p->lookup_rc = rc;
-    if (rc < 0)
-        snprintf(p->lookup_err, sizeof p->lookup_err, "%s", p->kv->ops->error(p->kv));
+    if (rc < 0) snprintf(p->lookup_err, sizeof p->lookup_err, "%s", p->kv->ops->error(p->kv));
 }
 
 static void start_lookup(memory_peer_t *p);
@@ -585,8 +593,10 @@ static void after_lookup(uv_work_t *req, int status) {
     long port = colon ? strtol(colon + 1, NULL, 10) : 0;
     if (p->lookup_rc < 0 || !colon || port <= 0 || port > 65535) {
         if (p->lookup_rc < 0)
-            LOG_WARN("memory snapshots: the next node's agent (round %d) not found: %s; this node's "
-                     "copies stay local", p->lookup_round, p->lookup_err);
+            LOG_WARN(
+                "memory snapshots: the next node's agent (round %d) not found: %s; this node's "
+                "copies stay local",
+                p->lookup_round, p->lookup_err);
         return;
     }
     *colon = '\0';
@@ -625,8 +635,8 @@ void memory_peer_round(memory_peer_t *p, int round, int group_rank, int n_nodes)
 
 /* ---- life ---- */
 
-int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lease,
-                      const char *dir, memory_peer_t **out, char *err, size_t err_len) {
+int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lease, const char *dir,
+                      memory_peer_t **out, char *err, size_t err_len) {
     *out = NULL;
     memory_peer_t *p = calloc(1, sizeof *p);
     if (!p) return ddp_errf(err, err_len, "memory snapshots: out of memory"), -ENOMEM;
@@ -636,17 +646,24 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lea
     p->sent_step = -1;
     p->round = -1;
     snprintf(p->dir, sizeof p->dir, "%s", dir);
-    if (store_secret_from_env(&p->secret, err, err_len) < 0 || (p->secret.is_set && store_auth_init() < 0)) {
+    if (store_secret_from_env(&p->secret, err, err_len) < 0 ||
+        (p->secret.is_set && store_auth_init() < 0)) {
         free(p);
         return -EINVAL;
     }
-    if (o->local_addr[0]) snprintf(p->host, sizeof p->host, "%s", o->local_addr);
-    else if (gethostname(p->host, sizeof p->host - 1) != 0) snprintf(p->host, sizeof p->host, "127.0.0.1");
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE},
+    if (o->local_addr[0])
+        snprintf(p->host, sizeof p->host, "%s", o->local_addr);
+    else if (gethostname(p->host, sizeof p->host - 1) != 0)
+        snprintf(p->host, sizeof p->host, "127.0.0.1");
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE},
                     *ai = NULL;
     if (getaddrinfo(p->host, "0", &hints, &ai) != 0 || !ai) {
-        ddp_errf(err, err_len, "memory snapshots: cannot resolve this node's address %s "
-                 "(--local-addr)", p->host);
+        ddp_errf(err, err_len,
+                 "memory snapshots: cannot resolve this node's address %s "
+                 "(--local-addr)",
+                 p->host);
         free(p);
         return -EADDRNOTAVAIL;
     }
@@ -660,13 +677,14 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lea
     int len = sizeof sa;
     if (rc == 0) rc = uv_tcp_getsockname(&p->listener, (struct sockaddr *)&sa, &len);
     if (rc < 0) {
-        ddp_errf(err, err_len, "memory snapshots: cannot listen on %s: %s", p->host, uv_strerror(rc));
+        ddp_errf(err, err_len, "memory snapshots: cannot listen on %s: %s", p->host,
+                 uv_strerror(rc));
         p->is_stopping = true;
         uv_close((uv_handle_t *)&p->listener, on_handle_closed);
         return rc;
     }
     p->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-                                              : ((struct sockaddr_in *)&sa)->sin_port);
+                                             : ((struct sockaddr_in *)&sa)->sin_port);
     uv_unref((uv_handle_t *)&p->listener);
     uv_timer_init(loop, &p->poll);
     p->poll.data = p;
@@ -684,6 +702,7 @@ void memory_peer_stop(memory_peer_t *p) {
     uv_close((uv_handle_t *)&p->listener, on_handle_closed);
     uv_close((uv_handle_t *)&p->poll, on_handle_closed);
     if (p->out) drop_out(p);
-    for (conn_t *c = p->conns; c; c = c->next) conn_close(c);
+    for (conn_t *c = p->conns; c; c = c->next)
+        conn_close(c);
     maybe_free(p);
 }

@@ -24,14 +24,14 @@
 /* A bound of what a peer may claim a generation's size to be (the state of a 16-billion-parameter
  * model with Adam); the receiving tmpfs refuses what it cannot hold anyway. */
 #define MEMORY_PEER_MAX_BYTES ((uint64_t)192 << 30)
-#define MEMORY_PEER_MAGIC "DDPMEMR1"
+#define MEMORY_PEER_MAGIC     "DDPMEMR1"
 
 typedef struct memory_peer memory_peer_t;
 
 /* Listen on this node's address for peers' generations into dir, and watch dir's own slots.
  * lease: etcd's (or NULL). Returns 0 or a negative code with err (then no replication). */
-int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lease,
-                      const char *dir, memory_peer_t **out, char *err, size_t err_len);
+int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lease, const char *dir,
+                      memory_peer_t **out, char *err, size_t err_len);
 /* A round with this node at group_rank of n_nodes began: publish the listener, find the next
  * node's and send it the newest generations from now on (n_nodes 1: nothing to send). */
 void memory_peer_round(memory_peer_t *p, int round, int group_rank, int n_nodes);

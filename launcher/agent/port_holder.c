@@ -14,9 +14,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define MAX_SOCKETS 8
-#define TCP_LISTEN  0x0A
-#define TCP_CLOSE   0x07
+#define MAX_SOCKETS        8
+#define TCP_LISTEN         0x0A
+#define TCP_CLOSE          0x07
 #define TCP_BOUND_INACTIVE 13 /* inet_diag's pseudo-state (Linux >= 6.5): bound only */
 
 typedef struct {
@@ -28,9 +28,9 @@ typedef struct {
 } holder_socket_t;
 
 static const char *state_name(int st) {
-    static const char *const names[] = {"?", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1",
-                                        "FIN_WAIT2", "TIME_WAIT", "CLOSE", "CLOSE_WAIT",
-                                        "LAST_ACK", "LISTEN", "CLOSING"};
+    static const char *const names[] = {"?",          "ESTABLISHED", "SYN_SENT",  "SYN_RECV",
+                                        "FIN_WAIT1",  "FIN_WAIT2",   "TIME_WAIT", "CLOSE",
+                                        "CLOSE_WAIT", "LAST_ACK",    "LISTEN",    "CLOSING"};
     return st > 0 && st < (int)(sizeof names / sizeof names[0]) ? names[st] : "BOUND";
 }
 
@@ -60,8 +60,8 @@ static int scan_table(const char *path, uint16_t port, holder_socket_t *s, int n
         unsigned st;
         unsigned long inode;
         /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
-        if (sscanf(line, " %*s %63s %63s %x %*s %*s %*s %*s %*s %lu", local, remote, &st,
-                   &inode) != 4)
+        if (sscanf(line, " %*s %63s %63s %x %*s %*s %*s %*s %*s %lu", local, remote, &st, &inode) !=
+            4)
             continue;
         const char *colon = strchr(local, ':');
         if (!colon || strtoul(colon + 1, NULL, 16) != port) continue;
@@ -81,9 +81,11 @@ static int scan_bound(int family, uint16_t port, holder_socket_t *s, int n) {
     struct {
         struct nlmsghdr nlh;
         struct inet_diag_req_v2 r;
-    } req = {.nlh = {.nlmsg_len = sizeof req, .nlmsg_type = SOCK_DIAG_BY_FAMILY,
+    } req = {.nlh = {.nlmsg_len = sizeof req,
+                     .nlmsg_type = SOCK_DIAG_BY_FAMILY,
                      .nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP},
-             .r = {.sdiag_family = (uint8_t)family, .sdiag_protocol = IPPROTO_TCP,
+             .r = {.sdiag_family = (uint8_t)family,
+                   .sdiag_protocol = IPPROTO_TCP,
                    .idiag_states = 1u << TCP_BOUND_INACTIVE}};
     struct timeval tv = {1, 0}; /* never hang on the kernel's answer */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -163,17 +165,22 @@ void port_holder_find(uint16_t port, port_holder_t *out) {
     for (int i = 0; i < n && used < sizeof out->text; i++) {
         if (s[i].state == TCP_LISTEN) out->is_listening = true;
         char who[96] = "a process this user cannot see";
-        if (s[i].pid) snprintf(who, sizeof who, "pid %d (%s)", s[i].pid, s[i].comm);
-        else if (s[i].inode == 0) snprintf(who, sizeof who, "no process");
+        if (s[i].pid)
+            snprintf(who, sizeof who, "pid %d (%s)", s[i].pid, s[i].comm);
+        else if (s[i].inode == 0)
+            snprintf(who, sizeof who, "no process");
         char what[96];
-        if (s[i].state == TCP_LISTEN) snprintf(what, sizeof what, "listening");
+        if (s[i].state == TCP_LISTEN)
+            snprintf(what, sizeof what, "listening");
         else if (s[i].state == TCP_BOUND_INACTIVE ||
-                 (s[i].state == TCP_CLOSE && strcmp(s[i].remote + strlen(s[i].remote) - 2, ":0") == 0))
+                 (s[i].state == TCP_CLOSE &&
+                  strcmp(s[i].remote + strlen(s[i].remote) - 2, ":0") == 0))
             snprintf(what, sizeof what, "a socket bound to it, neither listening nor connected");
-        else snprintf(what, sizeof what, "a connection to %s, %s, not listening", s[i].remote,
-                      state_name(s[i].state));
-        int w = snprintf(out->text + used, sizeof out->text - used, "%s%s: %s", i ? "; " : "",
-                         who, what);
+        else
+            snprintf(what, sizeof what, "a connection to %s, %s, not listening", s[i].remote,
+                     state_name(s[i].state));
+        int w = snprintf(out->text + used, sizeof out->text - used, "%s%s: %s", i ? "; " : "", who,
+                         what);
         if (w < 0) break;
         used += (size_t)w;
     }

@@ -27,18 +27,25 @@
 
 static const char status_usage[] =
     "usage: ddprun status --rdzv-endpoint HOST[:PORT] --rdzv-id JOB [--rdzv-backend c10d|etcd]\n"
-    "                     [--rdzv-conf cacert=..,cert=..,key=..,user=..,password_file=..] [--json]\n"
+    "                     [--rdzv-conf cacert=..,cert=..,key=..,user=..,password_file=..] "
+    "[--json]\n"
     "                     [--timeout MS]\n"
     "A job's round, nodes, restarts, last failure and per-rank progress, from its store (while it\n"
     "runs) or from etcd (while it runs, and for --rdzv-conf status_ttl after it ended).\n";
 
 static const struct option status_options[] = {
-    {"rdzv-endpoint", required_argument, NULL, 'e'}, {"rdzv_endpoint", required_argument, NULL, 'e'},
-    {"rdzv-id", required_argument, NULL, 'i'},       {"rdzv_id", required_argument, NULL, 'i'},
-    {"rdzv-backend", required_argument, NULL, 'b'},  {"rdzv_backend", required_argument, NULL, 'b'},
-    {"rdzv-conf", required_argument, NULL, 'c'},     {"rdzv_conf", required_argument, NULL, 'c'},
-    {"json", no_argument, NULL, 'j'},                {"timeout", required_argument, NULL, 't'},
-    {"help", no_argument, NULL, 'h'},                {NULL, 0, NULL, 0},
+    {"rdzv-endpoint", required_argument, NULL, 'e'},
+    {"rdzv_endpoint", required_argument, NULL, 'e'},
+    {"rdzv-id", required_argument, NULL, 'i'},
+    {"rdzv_id", required_argument, NULL, 'i'},
+    {"rdzv-backend", required_argument, NULL, 'b'},
+    {"rdzv_backend", required_argument, NULL, 'b'},
+    {"rdzv-conf", required_argument, NULL, 'c'},
+    {"rdzv_conf", required_argument, NULL, 'c'},
+    {"json", no_argument, NULL, 'j'},
+    {"timeout", required_argument, NULL, 't'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
 };
 
 #define MAX_READ 4096 /* keys read in one status */
@@ -150,15 +157,19 @@ static cJSON *gather(reader_t *r) {
     if (strcmp(r->opts->rdzv_backend, "etcd") == 0 && round >= 0) open_round_store(r, round);
     cJSON *restart = round >= 0 ? read_fmt(r, "r%d/restart", round) : NULL;
     cJSON *all_done = round >= 0 ? read_fmt(r, "r%d/all_done", round) : NULL;
-    const char *state = !job ? "unknown" : all_done ? "finished" : restart ? "restarting"
-                        : n_nodes ? "running" : "joining";
+    const char *state = !job       ? "unknown"
+                        : all_done ? "finished"
+                        : restart  ? "restarting"
+                        : n_nodes  ? "running"
+                                   : "joining";
     cJSON_AddStringToObject(out, "state", state);
     cJSON_Delete(all_done);
     cJSON_Delete(restart);
     int max_restarts = number(job, "max_restarts", 0);
     cJSON *restarts = cJSON_AddObjectToObject(out, "restarts");
     cJSON_AddNumberToObject(restarts, "used", failures);
-    cJSON_AddNumberToObject(restarts, "left", max_restarts > failures ? max_restarts - failures : 0);
+    cJSON_AddNumberToObject(restarts, "left",
+                            max_restarts > failures ? max_restarts - failures : 0);
     if (job) cJSON_AddItemToObject(out, "job", job);
     cJSON *nodes = cJSON_AddArrayToObject(out, "nodes");
     int world = 0;
@@ -232,8 +243,10 @@ static void print_table(const cJSON *s, const char *id) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(s, "last_failure");
     if (f) {
         char how[48];
-        if (number(f, "signal", 0)) snprintf(how, sizeof how, "killed by signal %d", number(f, "signal", 0));
-        else snprintf(how, sizeof how, "exit %d", number(f, "exit_code", number(f, "code", 0)));
+        if (number(f, "signal", 0))
+            snprintf(how, sizeof how, "killed by signal %d", number(f, "signal", 0));
+        else
+            snprintf(how, sizeof how, "exit %d", number(f, "exit_code", number(f, "code", 0)));
         printf("last failure: round %d, node %d, rank %d, %s%s%s\n", number(f, "round", 0),
                number(f, "node", -1), number(f, "rank", -1), how,
                str_of(f, "time", NULL) ? " at " : "", str_of(f, "time", ""));
@@ -245,9 +258,11 @@ static void print_table(const cJSON *s, const char *id) {
             const char *end = strchr(p, '\n');
             int line_len = end ? (int)(end - p) : (int)strlen(p);
             int k = line_len;
-            while (k > 0 && (p[k - 1] == ' ' || p[k - 1] == '\t' || p[k - 1] == '\r')) k--;
+            while (k > 0 && (p[k - 1] == ' ' || p[k - 1] == '\t' || p[k - 1] == '\r'))
+                k--;
             const char *q = p;
-            while (k > 0 && (*q == ' ' || *q == '\t')) q++, k--;
+            while (k > 0 && (*q == ' ' || *q == '\t'))
+                q++, k--;
             if (k > 0) {
                 printf("  %.*s\n", k < budget ? k : budget, q);
                 budget -= k;
@@ -265,7 +280,8 @@ static void print_table(const cJSON *s, const char *id) {
                str_of(res, "source", "?"), number(res, "rank", -1), lost,
                str_of(res, "time", NULL) ? " at " : "", str_of(res, "time", ""));
     }
-    printf("%-6s %-10s %-7s %-10s %-10s %s\n", "rank", "step", "epoch", "img/s", "snapshot", "time");
+    printf("%-6s %-10s %-7s %-10s %-10s %s\n", "rank", "step", "epoch", "img/s", "snapshot",
+           "time");
     cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(s, "ranks")) {
         const cJSON *rate = cJSON_GetObjectItemCaseSensitive(n, "img_per_s");
         char snap[24] = "-";
@@ -282,14 +298,17 @@ static void print_table(const cJSON *s, const char *id) {
  * `ddprun status` of an ended job wait. Returns 0 (something listens), or -errno (ETIMEDOUT when
  * nothing answered within timeout_ms). */
 static int probe_store(const char *host, uint16_t port, long timeout_ms) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV},
+                    *res = NULL;
     char service[8];
     snprintf(service, sizeof service, "%u", port);
     if (getaddrinfo(host, service, &hints, &res) != 0) return -EHOSTUNREACH;
     int rc = -ECONNREFUSED;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        int fd =
+            socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) {
             rc = -errno;
             continue;
@@ -300,9 +319,12 @@ static int probe_store(const char *host, uint16_t port, long timeout_ms) {
             int ready = poll(&p, 1, (int)timeout_ms);
             int so_error = 0;
             socklen_t len = sizeof so_error;
-            if (ready == 0) rc = -ETIMEDOUT;
-            else if (ready < 0) rc = -errno;
-            else rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) < 0 ? -errno : -so_error;
+            if (ready == 0)
+                rc = -ETIMEDOUT;
+            else if (ready < 0)
+                rc = -errno;
+            else
+                rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) < 0 ? -errno : -so_error;
         }
         close(fd);
         if (rc == 0) break;
@@ -325,9 +347,15 @@ int status_cmd_main(int argc, char **argv) {
     opterr = 0;
     for (int opt; (opt = getopt_long(argc, argv, "+h", status_options, NULL)) != -1;) {
         switch (opt) {
-        case 'h': fputs(status_usage, stdout); return 0;
-        case 'e': snprintf(o.rdzv_endpoints, sizeof o.rdzv_endpoints, "%s", optarg); break;
-        case 'i': snprintf(o.rdzv_id, sizeof o.rdzv_id, "%s", optarg); break;
+        case 'h':
+            fputs(status_usage, stdout);
+            return 0;
+        case 'e':
+            snprintf(o.rdzv_endpoints, sizeof o.rdzv_endpoints, "%s", optarg);
+            break;
+        case 'i':
+            snprintf(o.rdzv_id, sizeof o.rdzv_id, "%s", optarg);
+            break;
         case 'b':
             if (strcmp(optarg, "c10d") != 0 && strcmp(optarg, "static") != 0 &&
                 strcmp(optarg, "etcd") != 0) {
@@ -342,13 +370,20 @@ int status_cmd_main(int argc, char **argv) {
                 return 2;
             }
             break;
-        case 'j': is_json = true; break;
-        case 't': timeout_ms = strtol(optarg, NULL, 10); break;
-        default: fprintf(stderr, "ddprun status: unknown option %s\n%s", argv[optind - 1], status_usage); return 2;
+        case 'j':
+            is_json = true;
+            break;
+        case 't':
+            timeout_ms = strtol(optarg, NULL, 10);
+            break;
+        default:
+            fprintf(stderr, "ddprun status: unknown option %s\n%s", argv[optind - 1], status_usage);
+            return 2;
         }
     }
     if (!o.rdzv_endpoints[0] || !o.rdzv_id[0] || timeout_ms <= 0) {
-        fprintf(stderr, "ddprun status: --rdzv-endpoint and --rdzv-id are needed\n%s", status_usage);
+        fprintf(stderr, "ddprun status: --rdzv-endpoint and --rdzv-id are needed\n%s",
+                status_usage);
         return 2;
     }
     bool is_etcd = strcmp(o.rdzv_backend, "etcd") == 0;
@@ -364,14 +399,17 @@ int status_cmd_main(int argc, char **argv) {
     }
     int probe = is_etcd ? 0 : probe_store(o.rdzv_host, o.rdzv_port, timeout_ms);
     if (probe == -ECONNREFUSED) {
-        fprintf(stderr, "ddprun status: the job's store at %s is gone (connection refused): job '%s' "
+        fprintf(stderr,
+                "ddprun status: the job's store at %s is gone (connection refused): job '%s' "
                 "has ended, or its host is down (or --rdzv-endpoint names another host or port)\n",
                 o.rdzv_endpoints, o.rdzv_id);
         return 1;
     }
     if (probe < 0) {
-        fprintf(stderr, "ddprun status: the job's store at %s cannot be reached (%s): its host is "
-                "down or unreachable, or job '%s' has ended\n", o.rdzv_endpoints,
+        fprintf(stderr,
+                "ddprun status: the job's store at %s cannot be reached (%s): its host is "
+                "down or unreachable, or job '%s' has ended\n",
+                o.rdzv_endpoints,
                 probe == -ETIMEDOUT ? "no answer within --timeout" : strerror(-probe), o.rdzv_id);
         return 1;
     }

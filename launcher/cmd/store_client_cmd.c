@@ -49,12 +49,12 @@ typedef struct {
 } cli_op_t;
 
 static const cli_op_t cli_ops[] = {
-    {"set", 2, 2, false},        {"get", 1, 1, false},        {"add", 2, 2, false},
+    {"set", 2, 2, false},         {"get", 1, 1, false},        {"add", 2, 2, false},
     {"compare-set", 3, 3, false}, {"append", 2, 2, false},     {"check", 1, -1, false},
-    {"wait", 1, -1, false},      {"num-keys", 0, 0, false},   {"delete", 1, 1, false},
-    {"multi-get", 1, -1, false}, {"multi-set", 2, -1, false}, {"ping", 0, 0, true},
-    {"queue-push", 2, 2, true},  {"queue-pop", 1, 1, true},   {"queue-len", 1, 1, true},
-    {"list-keys", 0, 0, true},   {"barrier", 2, 2, true},
+    {"wait", 1, -1, false},       {"num-keys", 0, 0, false},   {"delete", 1, 1, false},
+    {"multi-get", 1, -1, false},  {"multi-set", 2, -1, false}, {"ping", 0, 0, true},
+    {"queue-push", 2, 2, true},   {"queue-pop", 1, 1, true},   {"queue-len", 1, 1, true},
+    {"list-keys", 0, 0, true},    {"barrier", 2, 2, true},
 };
 
 static int usage_error(const char *what, const char *arg) {
@@ -101,22 +101,28 @@ static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, i
     int rc;
     const char *const *keys = (const char *const *)a;
     if (strcmp(op, "set") == 0 || strcmp(op, "append") == 0 || strcmp(op, "queue-push") == 0) {
-        if (op[0] == 's') rc = store_client_set(c, a[0], a[1], strlen(a[1]));
-        else if (op[0] == 'a') rc = store_client_append(c, a[0], a[1], strlen(a[1]));
-        else rc = store_client_queue_push(c, a[0], a[1], strlen(a[1]));
+        if (op[0] == 's')
+            rc = store_client_set(c, a[0], a[1], strlen(a[1]));
+        else if (op[0] == 'a')
+            rc = store_client_append(c, a[0], a[1], strlen(a[1]));
+        else
+            rc = store_client_queue_push(c, a[0], a[1], strlen(a[1]));
         return rc < 0 ? rc : confirm_write(c, is_legacy, keys, 1);
     }
     if (strcmp(op, "wait") == 0) return store_client_wait(c, keys, (size_t)n, -1);
     if (strcmp(op, "ping") == 0) {
         uint64_t rtt;
-        if ((rc = store_client_ping(c, &rtt)) == 0) printf("pong %llu us\n", (unsigned long long)rtt);
+        if ((rc = store_client_ping(c, &rtt)) == 0)
+            printf("pong %llu us\n", (unsigned long long)rtt);
         return rc;
     }
-    if (strcmp(op, "get") == 0 || strcmp(op, "queue-pop") == 0 ||
-        strcmp(op, "compare-set") == 0) {
-        if (op[0] == 'g') rc = store_client_get(c, a[0], &v, &vn);
-        else if (op[0] == 'q') rc = store_client_queue_pop(c, a[0], -1, &v, &vn);
-        else rc = store_client_compare_set(c, a[0], a[1], strlen(a[1]), a[2], strlen(a[2]), &v, &vn);
+    if (strcmp(op, "get") == 0 || strcmp(op, "queue-pop") == 0 || strcmp(op, "compare-set") == 0) {
+        if (op[0] == 'g')
+            rc = store_client_get(c, a[0], &v, &vn);
+        else if (op[0] == 'q')
+            rc = store_client_queue_pop(c, a[0], -1, &v, &vn);
+        else
+            rc = store_client_compare_set(c, a[0], a[1], strlen(a[1]), a[2], strlen(a[2]), &v, &vn);
         if (rc == 0) print_value(v, vn);
         free(v);
         return rc;
@@ -151,8 +157,10 @@ static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, i
         uint8_t **vals = calloc((size_t)n, sizeof *vals);
         size_t *lens = calloc((size_t)n, sizeof *lens);
         rc = vals && lens ? store_client_multi_get(c, keys, (size_t)n, vals, lens) : -ENOMEM;
-        for (int i = 0; rc == 0 && i < n; i++) print_value(vals[i], lens[i]);
-        for (int i = 0; rc == 0 && i < n; i++) free(vals[i]);
+        for (int i = 0; rc == 0 && i < n; i++)
+            print_value(vals[i], lens[i]);
+        for (int i = 0; rc == 0 && i < n; i++)
+            free(vals[i]);
         free(vals);
         free(lens);
         return rc;
@@ -181,8 +189,10 @@ static int run_op(store_client_t *c, bool is_legacy, const char *op, char **a, i
 }
 
 int store_client_cmd_main(int argc, char **argv) {
-    store_client_opts_t opts = {.host = "127.0.0.1", .port = DDP_DEFAULT_STORE_PORT,
-                                .connect_timeout_ms = 10000, .op_timeout_ms = 30000};
+    store_client_opts_t opts = {.host = "127.0.0.1",
+                                .port = DDP_DEFAULT_STORE_PORT,
+                                .connect_timeout_ms = 10000,
+                                .op_timeout_ms = 30000};
     char host[256], err[512];
     const char *secret_file = NULL;
     uint64_t v;
@@ -191,15 +201,21 @@ int store_client_cmd_main(int argc, char **argv) {
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "+:h", cli_options, NULL)) != -1) {
         switch (opt) {
-        case 'h': fputs(cli_usage, stdout); return 0;
+        case 'h':
+            fputs(cli_usage, stdout);
+            return 0;
         case 'e':
             if (endpoint_parse(optarg, DDP_DEFAULT_STORE_PORT, host, sizeof host, &opts.port, err,
                                sizeof err) < 0)
                 return usage_error(err, "");
             opts.host = host;
             break;
-        case 'l': opts.dialect = STORE_DIALECT_LEGACY; break;
-        case 's': secret_file = optarg; break;
+        case 'l':
+            opts.dialect = STORE_DIALECT_LEGACY;
+            break;
+        case 's':
+            secret_file = optarg;
+            break;
         case 't':
         case 'c':
             if (parse_u64(optarg, 1, 86400000, &v) < 0)
@@ -211,8 +227,10 @@ int store_client_cmd_main(int argc, char **argv) {
                 return usage_error("--max-value-bytes is a byte count >= 1, not ", optarg);
             opts.max_value_bytes = (size_t)v;
             break;
-        case ':': return usage_error("missing value for ", argv[optind - 1]);
-        default: return usage_error("unknown option ", argv[optind - 1]);
+        case ':':
+            return usage_error("missing value for ", argv[optind - 1]);
+        default:
+            return usage_error("unknown option ", argv[optind - 1]);
         }
     }
     if (optind >= argc) return usage_error("no operation given", "");
@@ -246,7 +264,8 @@ int store_client_cmd_main(int argc, char **argv) {
     rc = store_client_connect(&opts, &c);
     if (rc == 0) rc = run_op(c, opts.dialect == STORE_DIALECT_LEGACY, op, args, n_args);
     const char *msg = c ? store_client_error(c) : "";
-    if (rc < 0 && msg[0]) fprintf(stderr, "ddprun store-client: %s\n", msg);
+    if (rc < 0 && msg[0])
+        fprintf(stderr, "ddprun store-client: %s\n", msg);
     else if (rc == DDP_ETIMEOUT) /* some client paths (e.g. ADD) time out without a message */
         fprintf(stderr, "ddprun store-client: store %s:%u: %s timed out after %lld ms\n", opts.host,
                 opts.port, op, (long long)opts.op_timeout_ms);

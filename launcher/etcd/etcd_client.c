@@ -18,7 +18,7 @@
 #include "etcd/etcd_answer.h"
 #include "http.h"
 
-#define DEFAULT_PORT 2379
+#define DEFAULT_PORT   2379
 #define RETRY_PAUSE_MS 50
 
 struct etcd {
@@ -27,7 +27,7 @@ struct etcd {
     char *urls[ETCD_MAX_ENDPOINTS]; /* "http://h:p" */
     int n_urls, current;
     http_t *http;
-    char token[512];  /* auth: "" until authenticated */
+    char token[512]; /* auth: "" until authenticated */
     char *user, *password;
     atomic_bool is_interrupted;
     char error[1024];
@@ -60,8 +60,10 @@ static void add_prefix_end(cJSON *o, const char *prefix) {
     char *end = malloc(n + 1);
     if (!end) return;
     memcpy(end, prefix, n + 1);
-    while (n > 0 && (uint8_t)end[n - 1] == 0xff) n--;
-    if (n == 0) add_b64(o, "range_end", "\0", 1); /* every key */
+    while (n > 0 && (uint8_t)end[n - 1] == 0xff)
+        n--;
+    if (n == 0)
+        add_b64(o, "range_end", "\0", 1); /* every key */
     else {
         end[n - 1] = (char)((uint8_t)end[n - 1] + 1);
         add_b64(o, "range_end", end, n);
@@ -89,7 +91,8 @@ int etcd_create(const etcd_opts_t *opts, etcd_t **out) {
     if (!c->opts.op_timeout_ms) c->opts.op_timeout_ms = 30000;
     if (c->opts.try_timeout_ms <= 0 || c->opts.try_timeout_ms > c->opts.op_timeout_ms)
         c->opts.try_timeout_ms = c->opts.op_timeout_ms;
-    snprintf(c->endpoints_text, sizeof c->endpoints_text, "%s", opts->endpoints ? opts->endpoints : "");
+    snprintf(c->endpoints_text, sizeof c->endpoints_text, "%s",
+             opts->endpoints ? opts->endpoints : "");
     c->user = opts->user && *opts->user ? strdup(opts->user) : NULL;
     c->password = opts->password ? strdup(opts->password) : NULL;
     c->opts.user = c->user;
@@ -99,21 +102,24 @@ int etcd_create(const etcd_opts_t *opts, etcd_t **out) {
     snprintf(list, sizeof list, "%s", c->endpoints_text);
     char *save = NULL;
     for (char *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        while (*item == ' ') item++;
+        while (*item == ' ')
+            item++;
         if (!*item) continue;
         if (c->n_urls == ETCD_MAX_ENDPOINTS)
             return fail(c, -EINVAL, "etcd: more than %d endpoints in '%s'", ETCD_MAX_ENDPOINTS,
                         c->endpoints_text);
         const char *scheme = is_tls ? "https://" : "http://";
         const char *host = item;
-        if (strncmp(item, "http://", 7) == 0 || strncmp(item, "https://", 8) == 0) scheme = "", host = item;
+        if (strncmp(item, "http://", 7) == 0 || strncmp(item, "https://", 8) == 0)
+            scheme = "", host = item;
         const char *after_scheme = strstr(host, "://") ? strstr(host, "://") + 3 : host;
         bool has_port = after_scheme[0] == '[' ? strstr(after_scheme, "]:") != NULL
                                                : strchr(after_scheme, ':') != NULL;
         char url[600];
         int n = snprintf(url, sizeof url, "%s%s", scheme, host);
         if (!has_port) n = snprintf(url, sizeof url, "%s%s:%d", scheme, host, DEFAULT_PORT);
-        while (n > 0 && url[n - 1] == '/') url[--n] = '\0';
+        while (n > 0 && url[n - 1] == '/')
+            url[--n] = '\0';
         if (n <= 0 || (size_t)n >= sizeof url || strlen(after_scheme) == 0)
             return fail(c, -EINVAL, "etcd: bad endpoint '%s'", item);
         if (!(c->urls[c->n_urls++] = strdup(url))) return -ENOMEM;
@@ -131,7 +137,8 @@ int etcd_create(const etcd_opts_t *opts, etcd_t **out) {
 
 void etcd_destroy(etcd_t *c) {
     if (!c) return;
-    for (int i = 0; i < c->n_urls; i++) free(c->urls[i]);
+    for (int i = 0; i < c->n_urls; i++)
+        free(c->urls[i]);
     http_destroy(c->http);
     if (c->password) sodium_memzero(c->password, strlen(c->password));
     free(c->password);
@@ -144,8 +151,12 @@ void etcd_interrupt(etcd_t *c) {
     if (c->http) http_interrupt(c->http);
 }
 
-const char *etcd_error(const etcd_t *c) { return c->error; }
-const char *etcd_endpoints(const etcd_t *c) { return c->endpoints_text; }
+const char *etcd_error(const etcd_t *c) {
+    return c->error;
+}
+const char *etcd_endpoints(const etcd_t *c) {
+    return c->endpoints_text;
+}
 
 /* gRPC codes worth another member: CANCELLED, DEADLINE_EXCEEDED, ABORTED, INTERNAL, UNAVAILABLE
  * (no leader, leader changed, a member stopping). */
@@ -158,9 +169,9 @@ static bool is_token_error(const char *message) {
 }
 
 typedef struct {
-    int rc;          /* 0: answered; <0: transport (try the next member) */
+    int rc; /* 0: answered; <0: transport (try the next member) */
     long status;
-    cJSON *json;     /* the parsed body */
+    cJSON *json; /* the parsed body */
 } answer_t;
 
 static int authenticate(etcd_t *c, const char *url, int64_t timeout_ms);
@@ -171,8 +182,12 @@ static answer_t post_once(etcd_t *c, const char *url, const char *path, const ch
     char full[700], auth[600];
     snprintf(full, sizeof full, "%s%s", url, path);
     snprintf(auth, sizeof auth, "Authorization: %s", c->token);
-    http_request_t req = {.url = full, .body = body, .auth_header = c->token[0] ? auth : NULL,
-                          .timeout_ms = timeout_ms, .on_chunk = on_chunk, .arg = arg};
+    http_request_t req = {.url = full,
+                          .body = body,
+                          .auth_header = c->token[0] ? auth : NULL,
+                          .timeout_ms = timeout_ms,
+                          .on_chunk = on_chunk,
+                          .arg = arg};
     answer_t a = {0};
     char *text = NULL;
     a.rc = http_post(c->http, &req, &a.status, on_chunk ? NULL : &text);
@@ -284,7 +299,8 @@ int etcd_get(etcd_t *c, const char *key, etcd_value_t *out, int64_t *revision) {
     if (revision) *revision = etcd_answer_revision(answer);
     const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(answer, "kvs");
     const cJSON *kv = cJSON_IsArray(kvs) ? cJSON_GetArrayItem(kvs, 0) : NULL;
-    if (kv && !etcd_answer_kv(kv, out)) rc = fail(c, DDP_EPROTO, "etcd: key %s: bad value encoding", key);
+    if (kv && !etcd_answer_kv(kv, out))
+        rc = fail(c, DDP_EPROTO, "etcd: key %s: bad value encoding", key);
     cJSON_Delete(answer);
     return rc;
 }

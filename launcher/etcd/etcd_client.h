@@ -8,9 +8,10 @@
  * revision after the last event it delivered, and is made again every try_timeout_ms (on the
  * same member when that one had confirmed it, else on the next). A compare-and-swap whose member
  * failed after taking it may have committed: its retry then finds the revision moved and reports
- * is_put false (the caller reads again; an ADD may count twice, and rendezvous survives that). Auth: with a user, a token from /v3/auth/authenticate, fetched again when the member
- * says it expired. One client per thread; etcd_interrupt from any thread. Errors: 0 or a negative
- * code, etcd_error() says what and where (endpoint, key); the password is never in it. */
+ * is_put false (the caller reads again; an ADD may count twice, and rendezvous survives that).
+ * Auth: with a user, a token from /v3/auth/authenticate, fetched again when the member says it
+ * expired. One client per thread; etcd_interrupt from any thread. Errors: 0 or a negative code,
+ * etcd_error() says what and where (endpoint, key); the password is never in it. */
 #ifndef DDP_LAUNCHER_ETCD_CLIENT_H
 #define DDP_LAUNCHER_ETCD_CLIENT_H
 
@@ -23,8 +24,8 @@
 #define ETCD_MAX_ENDPOINTS 16
 
 typedef struct {
-    const char *endpoints;       /* "h1:2379,h2:2379" (http://, https:// optional; https when a
-                                    CA or certificate is given; port 2379 when none) */
+    const char *endpoints; /* "h1:2379,h2:2379" (http://, https:// optional; https when a
+                              CA or certificate is given; port 2379 when none) */
     const char *cacert, *cert, *key;
     const char *user, *password; /* password: the caller keeps it out of logs */
     int64_t connect_timeout_ms;  /* default 2000 */

@@ -51,7 +51,8 @@ static void lease_drop_key(rdzv_lease_t *l, int i) {
 
 void rdzv_lease_free(rdzv_lease_t *l) {
     if (!l) return;
-    while (l->n_keys > 0) lease_drop_key(l, 0);
+    while (l->n_keys > 0)
+        lease_drop_key(l, 0);
     pthread_mutex_destroy(&l->mu);
     free(l);
 }
@@ -64,7 +65,9 @@ typedef struct {
     char error[1024];
 } etcd_kv_t;
 
-static etcd_kv_t *self(rdzv_kv_t *kv) { return (etcd_kv_t *)kv; }
+static etcd_kv_t *self(rdzv_kv_t *kv) {
+    return (etcd_kv_t *)kv;
+}
 
 static int failed(etcd_kv_t *e, int rc) {
     snprintf(e->error, sizeof e->error, "%s", etcd_error(e->c));
@@ -94,8 +97,10 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
         int rc = etcd_get(e->c, key, &v, &revision);
         if (rc < 0) return failed(e, rc);
         if (v.is_found) {
-            if (value) *value = v;
-            else etcd_value_free(&v);
+            if (value)
+                *value = v;
+            else
+                etcd_value_free(&v);
             return 0;
         }
         uint64_t now = clock_now_ms();
@@ -119,7 +124,8 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
 static int kv_wait(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t timeout_ms) {
     etcd_kv_t *e = self(kv);
     uint64_t deadline = clock_now_ms() + (uint64_t)(timeout_ms < 0 ? e->op_timeout_ms : timeout_ms);
-    for (size_t i = 0; i < n; i++) TRY(wait_key(e, keys[i], deadline, NULL));
+    for (size_t i = 0; i < n; i++)
+        TRY(wait_key(e, keys[i], deadline, NULL));
     return 0;
 }
 
@@ -166,8 +172,8 @@ static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result
         char text[24];
         snprintf(text, sizeof text, "%" PRId64, now + delta);
         bool is_put;
-        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, text, strlen(text), 0,
-                         &is_put);
+        rc =
+            etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, text, strlen(text), 0, &is_put);
         etcd_value_free(&v);
         if (rc < 0) return failed(e, rc);
         if (is_put) {
@@ -196,15 +202,18 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
         if (rc < 0) return failed(e, rc);
-        if (!v.is_found && expected_len > 0) return copy_out(expected, expected_len, current, current_len);
-        bool is_match = !v.is_found || (v.len == expected_len && memcmp(v.value, expected, v.len) == 0);
+        if (!v.is_found && expected_len > 0)
+            return copy_out(expected, expected_len, current, current_len);
+        bool is_match =
+            !v.is_found || (v.len == expected_len && memcmp(v.value, expected, v.len) == 0);
         if (!is_match) {
             *current = v.value;
             *current_len = v.len;
             return 0;
         }
         bool is_put;
-        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, desired, desired_len, 0, &is_put);
+        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, desired, desired_len, 0,
+                         &is_put);
         etcd_value_free(&v);
         if (rc < 0) return failed(e, rc);
         if (is_put) return copy_out(desired, desired_len, current, current_len);
@@ -216,7 +225,8 @@ static char *common_prefix(const char *const *keys, size_t n) {
     size_t common = n ? strlen(keys[0]) : 0;
     for (size_t i = 1; i < n; i++) {
         size_t j = 0;
-        while (j < common && keys[i][j] == keys[0][j]) j++;
+        while (j < common && keys[i][j] == keys[0][j])
+            j++;
         common = j;
     }
     return n ? strndup(keys[0], common) : strdup("");
@@ -226,7 +236,8 @@ static char *common_prefix(const char *const *keys, size_t n) {
  * looking at each (a round of 1024 reads 1024 records 1024 times). -1: none. */
 static int find_key(const char *const *keys, size_t n, const char *key) {
     size_t len = strlen(key), d = len;
-    while (d > 0 && key[d - 1] >= '0' && key[d - 1] <= '9') d--;
+    while (d > 0 && key[d - 1] >= '0' && key[d - 1] <= '9')
+        d--;
     if (d < len && len - d < 9) {
         size_t i = (size_t)strtoul(key + d, NULL, 10);
         if (i < n && strcmp(keys[i], key) == 0) return (int)i;
@@ -247,8 +258,7 @@ typedef struct {
 static void pick(void *arg, const char *key, const uint8_t *v, size_t len) {
     picked_t *p = arg;
     int i = find_key(p->keys, p->n, key);
-    if (i >= 0 && !p->vals[i] && copy_out(v, len, &p->vals[i], &p->lens[i]) < 0)
-        p->is_short = true;
+    if (i >= 0 && !p->vals[i] && copy_out(v, len, &p->vals[i], &p->lens[i]) < 0) p->is_short = true;
 }
 
 /* One range over the keys' common prefix (a round's records: r<R>/node/), not one GET each: a
@@ -258,12 +268,15 @@ static int kv_multi_get(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_
     etcd_kv_t *e = self(kv);
     char *prefix = common_prefix(keys, n);
     if (!prefix) return -ENOMEM;
-    for (size_t i = 0; i < n; i++) vals[i] = NULL;
+    for (size_t i = 0; i < n; i++)
+        vals[i] = NULL;
     picked_t p = {.keys = keys, .n = n, .vals = vals, .lens = lens};
     int rc = etcd_get_prefix(e->c, prefix, pick, &p, NULL);
     free(prefix);
-    if (rc < 0) failed(e, rc);
-    else if (p.is_short) rc = -ENOMEM;
+    if (rc < 0)
+        failed(e, rc);
+    else if (p.is_short)
+        rc = -ENOMEM;
     for (size_t i = 0; rc == 0 && i < n; i++)
         if (!vals[i] && copy_out("", 0, &vals[i], &lens[i]) < 0) rc = -ENOMEM;
     if (rc < 0)
@@ -320,7 +333,8 @@ static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *cons
     bool *flags = calloc(3 * n + 1, sizeof *flags);
     char *prefix = NULL;
     if (all) {
-        for (size_t i = 0; i < n; i++) all[i] = keys[i], all[n + i] = alive[i];
+        for (size_t i = 0; i < n; i++)
+            all[i] = keys[i], all[n + i] = alive[i];
         prefix = common_prefix(all, 2 * n);
     }
     free(all);
@@ -329,8 +343,13 @@ static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *cons
         free(flags);
         return -ENOMEM;
     }
-    owed_t o = {.keys = keys, .alive = alive, .n = n, .has = flags, .is_alive = flags + n,
-                .was_alive = flags + 2 * n, .lost = -1};
+    owed_t o = {.keys = keys,
+                .alive = alive,
+                .n = n,
+                .has = flags,
+                .is_alive = flags + n,
+                .was_alive = flags + 2 * n,
+                .lost = -1};
     uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
     int64_t revision = 0;
     int rc = etcd_get_prefix(e->c, prefix, owed_seen, &o, &revision);
@@ -343,25 +362,29 @@ static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *cons
         if (o.lost >= 0) break;
         if (now >= deadline) {
             rc = DDP_ETIMEOUT;
-            snprintf(e->error, sizeof e->error, "etcd %s: keys under %s did not all appear in "
-                     "time", etcd_endpoints(e->c), prefix);
+            snprintf(e->error, sizeof e->error,
+                     "etcd %s: keys under %s did not all appear in "
+                     "time",
+                     etcd_endpoints(e->c), prefix);
             break;
         }
         uint64_t until = deadline;
         if (start + (uint64_t)grace_ms > now && start + (uint64_t)grace_ms < until)
             until = start + (uint64_t)grace_ms;
-        rc = etcd_watch(e->c, prefix, true, o.next_revision, (int64_t)(until - now), owed_event,
-                        &o);
-        if (rc == DDP_ETIMEOUT) rc = 0; /* a slice ended: check the grace, then again */
-        else if (rc < 0) failed(e, rc);
+        rc =
+            etcd_watch(e->c, prefix, true, o.next_revision, (int64_t)(until - now), owed_event, &o);
+        if (rc == DDP_ETIMEOUT)
+            rc = 0; /* a slice ended: check the grace, then again */
+        else if (rc < 0)
+            failed(e, rc);
     }
     free(prefix);
     bool is_lost = rc == 0 && o.lost >= 0;
     free(flags);
     if (is_lost) {
         *lost = o.lost;
-        snprintf(e->error, sizeof e->error, "%s lost its lease before it wrote %s",
-                 alive[o.lost], keys[o.lost]);
+        snprintf(e->error, sizeof e->error, "%s lost its lease before it wrote %s", alive[o.lost],
+                 keys[o.lost]);
         return DDP_ELOST;
     }
     return rc;
@@ -449,14 +472,18 @@ static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
     if ((rc = lease_renew(e, id, &fresh)) < 0) {
         char why[sizeof e->error];
         memcpy(why, e->error, sizeof why);
-        snprintf(e->error, sizeof e->error, "lease %" PRIx64 " expired and no new one could be "
-                 "had: %.900s", (uint64_t)id, why);
+        snprintf(e->error, sizeof e->error,
+                 "lease %" PRIx64 " expired and no new one could be "
+                 "had: %.900s",
+                 (uint64_t)id, why);
         return DDP_ELEASE;
     }
     *is_renewed = true;
-    snprintf(e->error, sizeof e->error, "etcd %s: lease %" PRIx64 " expired (the other nodes "
-             "consider this one lost and end its round): this agent's keys are under lease %"
-             PRIx64 " now", etcd_endpoints(e->c), (uint64_t)id, (uint64_t)fresh);
+    snprintf(e->error, sizeof e->error,
+             "etcd %s: lease %" PRIx64 " expired (the other nodes "
+             "consider this one lost and end its round): this agent's keys are under lease %" PRIx64
+             " now",
+             etcd_endpoints(e->c), (uint64_t)id, (uint64_t)fresh);
     return 0;
 }
 
@@ -497,7 +524,8 @@ static int kv_wait_gone(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_
     size_t common = strlen(keys[0]); /* one watch over the keys' common prefix */
     for (size_t i = 1; i < n; i++) {
         size_t j = 0;
-        while (j < common && keys[i][j] == keys[0][j]) j++;
+        while (j < common && keys[i][j] == keys[0][j])
+            j++;
         common = j;
     }
     char *prefix = strndup(keys[0], common);
@@ -573,20 +601,33 @@ static int kv_expire_prefix(rdzv_kv_t *kv, const char *prefix, int64_t ttl_s) {
     return rc < 0 && rc != -ENOMEM ? failed(e, rc) : rc;
 }
 
-static void kv_interrupt(rdzv_kv_t *kv) { etcd_interrupt(self(kv)->c); }
+static void kv_interrupt(rdzv_kv_t *kv) {
+    etcd_interrupt(self(kv)->c);
+}
 
-static const char *kv_error(const rdzv_kv_t *kv) { return ((const etcd_kv_t *)kv)->error; }
+static const char *kv_error(const rdzv_kv_t *kv) {
+    return ((const etcd_kv_t *)kv)->error;
+}
 
 static void kv_destroy(rdzv_kv_t *kv) {
     etcd_destroy(self(kv)->c);
     free(kv);
 }
 
-static const rdzv_kv_ops_t etcd_ops = {
-    .set = kv_set, .get = kv_get, .add = kv_add, .compare_set = kv_compare_set, .wait = kv_wait,
-    .multi_get = kv_multi_get, .set_ephemeral = kv_set_ephemeral, .keep_alive = kv_keep_alive, .wait_live = kv_wait_live,
-    .wait_gone = kv_wait_gone, .expire_prefix = kv_expire_prefix, .interrupt = kv_interrupt, .error = kv_error,
-    .destroy = kv_destroy};
+static const rdzv_kv_ops_t etcd_ops = {.set = kv_set,
+                                       .get = kv_get,
+                                       .add = kv_add,
+                                       .compare_set = kv_compare_set,
+                                       .wait = kv_wait,
+                                       .multi_get = kv_multi_get,
+                                       .set_ephemeral = kv_set_ephemeral,
+                                       .keep_alive = kv_keep_alive,
+                                       .wait_live = kv_wait_live,
+                                       .wait_gone = kv_wait_gone,
+                                       .expire_prefix = kv_expire_prefix,
+                                       .interrupt = kv_interrupt,
+                                       .error = kv_error,
+                                       .destroy = kv_destroy};
 
 int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,
                          int64_t op_timeout_ms, rdzv_kv_t **out) {
@@ -596,8 +637,11 @@ int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t co
     e->kv.ops = &etcd_ops;
     e->lease = lease;
     e->op_timeout_ms = op_timeout_ms;
-    etcd_opts_t eo = {.endpoints = o->rdzv_endpoints, .cacert = o->etcd_cacert,
-                      .cert = o->etcd_cert, .key = o->etcd_key, .user = o->etcd_user,
+    etcd_opts_t eo = {.endpoints = o->rdzv_endpoints,
+                      .cacert = o->etcd_cacert,
+                      .cert = o->etcd_cert,
+                      .key = o->etcd_key,
+                      .user = o->etcd_user,
                       .password = o->etcd_password,
                       .connect_timeout_ms = connect_timeout_ms < 2000 ? connect_timeout_ms : 2000,
                       .op_timeout_ms = op_timeout_ms,

@@ -21,8 +21,8 @@ int liveness_judge(liveness_t *l, const int64_t *marks, int self, uint64_t now_m
     for (int i = 0; i < l->n; i++) {
         if (i == self) continue;
         /* GONE never counts as a change: a member whose key vanished stays gone */
-        bool is_change = marks[i] == LIVENESS_ALIVE ||
-                         (marks[i] != l->seen[i] && marks[i] != LIVENESS_GONE);
+        bool is_change =
+            marks[i] == LIVENESS_ALIVE || (marks[i] != l->seen[i] && marks[i] != LIVENESS_GONE);
         if (is_change) l->changed_ms[i] = now_ms;
         l->seen[i] = marks[i];
         if (!is_change && now_ms - l->changed_ms[i] > l->limit_ms && stale < 0) stale = i;

@@ -25,7 +25,9 @@ rdzv_lease_t *rdzv_lease_new(int64_t ttl_s) {
     (void)ttl_s;
     return NULL;
 }
-void rdzv_lease_free(rdzv_lease_t *l) { (void)l; }
+void rdzv_lease_free(rdzv_lease_t *l) {
+    (void)l;
+}
 #endif
 
 int rdzv_kv_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,

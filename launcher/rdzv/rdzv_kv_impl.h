@@ -4,8 +4,8 @@
 
 #include "rdzv/rdzv_kv.h"
 
-int rdzv_kv_store_connect(const ddprun_opts_t *o, int64_t connect_timeout_ms,
-                          int64_t op_timeout_ms, rdzv_kv_t **out);
+int rdzv_kv_store_connect(const ddprun_opts_t *o, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                          rdzv_kv_t **out);
 int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,
                          int64_t op_timeout_ms, rdzv_kv_t **out);
 

@@ -12,7 +12,9 @@ typedef struct {
     store_client_t *c;
 } store_kv_t;
 
-static store_client_t *client(rdzv_kv_t *kv) { return ((store_kv_t *)kv)->c; }
+static store_client_t *client(rdzv_kv_t *kv) {
+    return ((store_kv_t *)kv)->c;
+}
 
 static int kv_set(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
     return store_client_set(client(kv), key, val, len);
@@ -42,7 +44,9 @@ static int kv_multi_get(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_
     return store_client_multi_get(client(kv), keys, n, vals, lens);
 }
 
-static void kv_interrupt(rdzv_kv_t *kv) { store_client_interrupt(client(kv)); }
+static void kv_interrupt(rdzv_kv_t *kv) {
+    store_client_interrupt(client(kv));
+}
 
 static const char *kv_error(const rdzv_kv_t *kv) {
     return store_client_error(((const store_kv_t *)kv)->c);
@@ -53,20 +57,30 @@ static void kv_destroy(rdzv_kv_t *kv) {
     free(kv);
 }
 
-static const rdzv_kv_ops_t store_ops = {
-    .set = kv_set, .get = kv_get, .add = kv_add, .compare_set = kv_compare_set, .wait = kv_wait,
-    .multi_get = kv_multi_get, .set_ephemeral = kv_set, .keep_alive = NULL, .wait_live = NULL, .wait_gone = NULL,
-    .interrupt = kv_interrupt, .error = kv_error, .destroy = kv_destroy};
+static const rdzv_kv_ops_t store_ops = {.set = kv_set,
+                                        .get = kv_get,
+                                        .add = kv_add,
+                                        .compare_set = kv_compare_set,
+                                        .wait = kv_wait,
+                                        .multi_get = kv_multi_get,
+                                        .set_ephemeral = kv_set,
+                                        .keep_alive = NULL,
+                                        .wait_live = NULL,
+                                        .wait_gone = NULL,
+                                        .interrupt = kv_interrupt,
+                                        .error = kv_error,
+                                        .destroy = kv_destroy};
 
 /* *out is published (atomically: another thread may read it to interrupt) once its client
  * exists, before the connect, so that an interrupt ends the connect's retries too. */
-int rdzv_kv_store_connect(const ddprun_opts_t *o, int64_t connect_timeout_ms,
-                          int64_t op_timeout_ms, rdzv_kv_t **out) {
+int rdzv_kv_store_connect(const ddprun_opts_t *o, int64_t connect_timeout_ms, int64_t op_timeout_ms,
+                          rdzv_kv_t **out) {
     __atomic_store_n(out, NULL, __ATOMIC_RELEASE);
     store_kv_t *s = calloc(1, sizeof *s);
     if (!s) return -ENOMEM;
     s->kv.ops = &store_ops;
-    store_client_opts_t co = {.host = o->rdzv_host, .port = o->rdzv_port,
+    store_client_opts_t co = {.host = o->rdzv_host,
+                              .port = o->rdzv_port,
                               .connect_timeout_ms = connect_timeout_ms,
                               .op_timeout_ms = op_timeout_ms,
                               .max_value_bytes = o->store_max_value_bytes};

@@ -85,8 +85,10 @@ void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len) {
         return;
     }
     char where[64] = "";
-    if (w->node >= 0 && w->rank >= 0) snprintf(where, sizeof where, " on node %d rank %d", w->node, w->rank);
-    else if (w->node >= 0) snprintf(where, sizeof where, " on node %d", w->node);
+    if (w->node >= 0 && w->rank >= 0)
+        snprintf(where, sizeof where, " on node %d rank %d", w->node, w->rank);
+    else if (w->node >= 0)
+        snprintf(where, sizeof where, " on node %d", w->node);
     snprintf(out, out_len, "exit %d%s, failure %d of the job%s", w->code, where, w->failures,
              w->is_permanent ? ", not retryable" : "");
 }

@@ -1,8 +1,8 @@
 /* rdzv_record: the rendezvous' records in the store, as JSON objects (cJSON): a node's record in a
  * round (r<R>/node/<i>) and why a round ended (r<R>/restart); and what a join hands back
- * (rdzv_result_t), which the agent's pure state machine keeps (agent_sm.h). Parsing is strict and bounded: a
- * record from the store is outside input (another agent, or anyone who can reach the store), so
- * a malformed one is refused, never trusted in part. Pure: no I/O; any thread. */
+ * (rdzv_result_t), which the agent's pure state machine keeps (agent_sm.h). Parsing is strict and
+ * bounded: a record from the store is outside input (another agent, or anyone who can reach the
+ * store), so a malformed one is refused, never trusted in part. Pure: no I/O; any thread. */
 #ifndef DDP_LAUNCHER_RDZV_RECORD_H
 #define DDP_LAUNCHER_RDZV_RECORD_H
 
@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #define RDZV_RECORD_MAX_BYTES 512
-#define RDZV_MAX_NODES 1024
+#define RDZV_MAX_NODES        1024
 
 /* A round as this agent joined it (rdzv_join, rendezvous.h). */
 typedef struct {
@@ -26,9 +26,9 @@ typedef struct {
 
 /* A node's record in a round. */
 typedef struct {
-    int nproc;      /* its workers, >= 1 */
-    int hint;       /* --node-rank, -1 when not given */
-    bool is_host;   /* it hosts the store */
+    int nproc;    /* its workers, >= 1 */
+    int hint;     /* --node-rank, -1 when not given */
+    bool is_host; /* it hosts the store */
 } rdzv_node_record_t;
 
 /* Why a round ended, as every agent reads it from the round's restart key. */

@@ -14,8 +14,10 @@
 #include "rdzv/liveness.h"
 
 static void key(const rdzv_t *r, char *out, size_t len, int round, const char *what) {
-    if (round < 0) snprintf(out, len, "%s/%s", r->prefix, what);
-    else snprintf(out, len, "%s/r%d/%s", r->prefix, round, what);
+    if (round < 0)
+        snprintf(out, len, "%s/%s", r->prefix, what);
+    else
+        snprintf(out, len, "%s/r%d/%s", r->prefix, round, what);
 }
 
 void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host) {
@@ -52,7 +54,7 @@ static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys
                      const int *join_index, int n, char *err, size_t err_len) {
     if (!c->ops->wait_live) return c->ops->wait(c, keys, (size_t)n, -1);
     const ddprun_opts_t *o = r->opts;
-    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    char(*names)[256] = calloc((size_t)n, sizeof *names);
     const char **alive = calloc((size_t)n, sizeof *alive);
     int rc = names && alive ? 0 : -ENOMEM, lost = -1;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -65,16 +67,18 @@ static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys
         rc = c->ops->wait_live(c, keys, alive, (size_t)n, (int64_t)(2000 * o->lease_ttl_s),
                                (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000), &lost);
     if (rc == DDP_ELOST)
-        snprintf(err, err_len, "round %d: the node that joined it as #%d lost its etcd lease "
-                 "before it wrote %s: ending the round", round, join_index[lost], keys[lost]);
+        snprintf(err, err_len,
+                 "round %d: the node that joined it as #%d lost its etcd lease "
+                 "before it wrote %s: ending the round",
+                 round, join_index[lost], keys[lost]);
     free(names);
     free(alive);
     return rc;
 }
 
 /* etcd: node 0 offers its store for the round's workers; the others read where it is. */
-static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, int host_join_index,
-                       char *err, size_t err_len) {
+static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, int host_join_index, char *err,
+                       size_t err_len) {
     char k[256], addr[300];
     key(r, k, sizeof k, out->round, "store");
     if (out->group_rank == 0) {
@@ -123,7 +127,8 @@ typedef struct {
 static int member_order(const void *a, const void *b) {
     const member_t *x = a, *y = b;
     if (x->is_host != y->is_host) return x->is_host ? -1 : 1;
-    int hx = x->hint < 0 ? RDZV_MAX_NODES * 8 : x->hint, hy = y->hint < 0 ? RDZV_MAX_NODES * 8 : y->hint;
+    int hx = x->hint < 0 ? RDZV_MAX_NODES * 8 : x->hint,
+        hy = y->hint < 0 ? RDZV_MAX_NODES * 8 : y->hint;
     if (hx != hy) return hx < hy ? -1 : 1;
     return x->join_index - y->join_index;
 }
@@ -134,7 +139,8 @@ static void sleep_ms(int64_t ms) {
 }
 
 static void free_records(uint8_t **vals, size_t *lens, int n) {
-    for (int i = 0; vals && i < n; i++) free(vals[i]);
+    for (int i = 0; vals && i < n; i++)
+        free(vals[i]);
     free(vals);
     free(lens);
 }
@@ -144,7 +150,7 @@ static void free_records(uint8_t **vals, size_t *lens, int n) {
  * then one MULTI_GET (etcd: one range). */
 static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***vals_out,
                         size_t **lens_out, char *err, size_t err_len) {
-    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    char(*names)[256] = calloc((size_t)n, sizeof *names);
     const char **keys = calloc((size_t)n, sizeof *keys);
     uint8_t **vals = calloc((size_t)n, sizeof *vals);
     size_t *lens = calloc((size_t)n, sizeof *lens);
@@ -155,7 +161,8 @@ static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***va
     }
     int *join_index = rc == 0 ? calloc((size_t)n, sizeof *join_index) : NULL;
     if (rc == 0 && !join_index) rc = -ENOMEM;
-    for (int i = 0; rc == 0 && i < n; i++) join_index[i] = i;
+    for (int i = 0; rc == 0 && i < n; i++)
+        join_index[i] = i;
     if (rc == 0) rc = wait_owed(r, c, round, keys, join_index, n, err, err_len);
     free(join_index);
     if (rc == 0) rc = c->ops->multi_get(c, keys, (size_t)n, vals, lens);
@@ -171,8 +178,7 @@ static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***va
     return 0;
 }
 
-int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
-              size_t err_len) {
+int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err, size_t err_len) {
     const ddprun_opts_t *o = r->opts;
     char k[256], record[RDZV_RECORD_MAX_BYTES];
     int64_t joined;
@@ -186,8 +192,8 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         key(r, alive, sizeof alive, round, what);
         if ((rc = c->ops->set_ephemeral(c, alive, "1", 1)) < 0) goto fail;
     }
-    rdzv_node_record_t mine = {.nproc = o->nproc_per_node, .hint = r->node_rank_hint,
-                               .is_host = r->is_store_host};
+    rdzv_node_record_t mine = {
+        .nproc = o->nproc_per_node, .hint = r->node_rank_hint, .is_host = r->is_store_host};
     if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
     char node_key[256];
     snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
@@ -212,9 +218,10 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     const char *keys[] = {closed_key};
     rc = c->ops->wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
     if (rc == DDP_ETIMEOUT) {
-        snprintf(err, err_len, "round %d did not gather --nnodes %u:%u within join_timeout=%gs "
-                 "(%lld joined)", round, o->min_nodes, o->max_nodes, o->join_timeout_s,
-                 (long long)joined);
+        snprintf(err, err_len,
+                 "round %d did not gather --nnodes %u:%u within join_timeout=%gs "
+                 "(%lld joined)",
+                 round, o->min_nodes, o->max_nodes, o->join_timeout_s, (long long)joined);
         return rc;
     }
     int64_t n_members;
@@ -249,7 +256,8 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         free(v);
         m[i].join_index = i;
         if (!is_ok) { /* never echoed: the bytes may be anything */
-            snprintf(err, err_len, "round %d: node record %d (%zu bytes) is malformed", round, i, vn);
+            snprintf(err, err_len, "round %d: node record %d (%zu bytes) is malformed", round, i,
+                     vn);
             free(m);
             free_records(vals, lens, (int)n_members);
             return DDP_EPROTO;
@@ -403,8 +411,10 @@ static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round,
     int rc = keys && vals && lens ? 0 : -ENOMEM;
     for (int i = 0; i < n && rc == 0; i++) {
         keys[i] = malloc(256);
-        if (!keys[i]) rc = -ENOMEM;
-        else snprintf(keys[i], 256, "%s/r%d/%s/%d", r->prefix, round->round, what, i);
+        if (!keys[i])
+            rc = -ENOMEM;
+        else
+            snprintf(keys[i], 256, "%s/r%d/%s/%d", r->prefix, round->round, what, i);
     }
     if (rc == 0) rc = c->ops->multi_get(c, (const char *const *)keys, (size_t)n, vals, lens);
     for (int i = 0; i < n; i++) {
@@ -413,8 +423,10 @@ static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round,
             size_t m = lens[i] < sizeof text - 1 ? lens[i] : sizeof text - 1;
             memcpy(text, vals[i], m);
             text[m] = '\0';
-            if (is_presence) marks[i] = m ? LIVENESS_ALIVE : LIVENESS_GONE;
-            else marks[i] = m ? strtoll(text, NULL, 10) : 0;
+            if (is_presence)
+                marks[i] = m ? LIVENESS_ALIVE : LIVENESS_GONE;
+            else
+                marks[i] = m ? strtoll(text, NULL, 10) : 0;
             free(vals[i]);
         }
         if (keys) free(keys[i]);
@@ -431,7 +443,8 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
     int64_t mine;
     TRY(c->ops->add(c, k, 1, &mine));
     int n = round->group_world_size;
-    for (int i = 0; i < n; i++) counters[i] = LIVENESS_ALIVE;
+    for (int i = 0; i < n; i++)
+        counters[i] = LIVENESS_ALIVE;
     if (n < 2) return 0;
     /* Only the next member's counter: in a ring where some member lives and some died, some
      * living member's next one is dead, so this finds any loss, at 2 operations per member and
@@ -461,7 +474,7 @@ int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, i
                           int *join_index) {
     int n = round->group_world_size;
     if (!c->ops->wait_gone || n < 2) return -ENOTSUP;
-    char (*names)[256] = calloc((size_t)n, sizeof *names);
+    char(*names)[256] = calloc((size_t)n, sizeof *names);
     const char **keys = calloc((size_t)n, sizeof *keys);
     int *index_of = calloc((size_t)n, sizeof *index_of);
     int rc = names && keys && index_of ? 0 : -ENOMEM, m = 0;

@@ -39,8 +39,7 @@ int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). DDP_ELOST (etcd): a
  * member lost its lease before it wrote its record (or node 0 its store's address), err says
  * which: the round can never start; ask for the next (rdzv_request_restart) and join that. */
-int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
-              size_t err_len);
+int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err, size_t err_len);
 /* Ask every agent to end round `round`. The first report wins; later ones are ignored. The winner
  * of a failure report also advances the job-wide failure count. */
 int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *why);

@@ -88,7 +88,8 @@ void kv_table_destroy(kv_table_t *t) {
         kv_entry_t *e = t->slots[i];
         if (!e) continue;
         /* A waiter may span several entries: unlink from all before freeing any waiter. */
-        for (wait_link_t *l = e->wait_head; l; l = l->next) l->entry = NULL;
+        for (wait_link_t *l = e->wait_head; l; l = l->next)
+            l->entry = NULL;
     }
     for (size_t i = 0; i < t->cap; i++) {
         kv_entry_t *e = t->slots[i];
@@ -129,7 +130,8 @@ static int grow(kv_table_t *t) {
         kv_entry_t *e = t->slots[i];
         if (!e) continue;
         size_t j = e->hash & (new_cap - 1);
-        while (slots[j]) j = (j + 1) & (new_cap - 1);
+        while (slots[j])
+            j = (j + 1) & (new_cap - 1);
         slots[j] = e;
     }
     free(t->slots);
@@ -201,10 +203,14 @@ static void fire(kv_waiter_t *w) {
 }
 
 static void unlink_wait(kv_entry_t *e, wait_link_t *l) {
-    if (l->prev) l->prev->next = l->next;
-    else e->wait_head = l->next;
-    if (l->next) l->next->prev = l->prev;
-    else e->wait_tail = l->prev;
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        e->wait_head = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    else
+        e->wait_tail = l->prev;
     l->entry = NULL;
     l->prev = l->next = NULL;
 }
@@ -245,8 +251,10 @@ static int store_value(kv_table_t *t, kv_entry_t *e, const void *val, size_t len
         e->val_cap = len;
     }
     if (len) memcpy(e->val, val, len);
-    if (e->is_set) t->bytes -= e->val_len;
-    else t->n_set++;
+    if (e->is_set)
+        t->bytes -= e->val_len;
+    else
+        t->n_set++;
     t->bytes += len;
     e->val_len = len;
     e->is_set = true;
@@ -315,7 +323,8 @@ int kv_table_compare_set(kv_table_t *t, const void *key, size_t key_len, const v
 /* std::stoll's reading: leading space, sign, decimal digits; trailing bytes ignored. */
 static int parse_int64(const uint8_t *p, size_t n, int64_t *out) {
     size_t i = 0;
-    while (i < n && (p[i] == ' ' || (p[i] >= '\t' && p[i] <= '\r'))) i++;
+    while (i < n && (p[i] == ' ' || (p[i] >= '\t' && p[i] <= '\r')))
+        i++;
     bool is_neg = false;
     if (i < n && (p[i] == '+' || p[i] == '-')) is_neg = p[i++] == '-';
     if (i >= n || p[i] < '0' || p[i] > '9') return -EINVAL;
@@ -407,8 +416,10 @@ int kv_table_queue_push(kv_table_t *t, const void *key, size_t key_len, const vo
     item->next = NULL;
     item->len = val_len;
     if (val_len) memcpy(item->data, val, val_len);
-    if (e->q_tail) e->q_tail->next = item;
-    else e->q_head = item;
+    if (e->q_tail)
+        e->q_tail->next = item;
+    else
+        e->q_head = item;
     e->q_tail = item;
     e->q_len++;
     t->bytes += cost;
@@ -507,8 +518,10 @@ static void link_waiter(kv_waiter_t *w, kv_entry_t *e) {
     l->waiter = w;
     l->next = NULL;
     l->prev = e->wait_tail;
-    if (e->wait_tail) e->wait_tail->next = l;
-    else e->wait_head = l;
+    if (e->wait_tail)
+        e->wait_tail->next = l;
+    else
+        e->wait_head = l;
     e->wait_tail = l;
     w->remaining++;
 }

@@ -41,9 +41,22 @@ static const char store_usage[] =
     "  -h, --help                this text\n";
 
 enum {
-    OPT_HOST = 256, OPT_PORT, OPT_PORT_FILE, OPT_SECRET_FILE, OPT_LOG_LEVEL,
-    OPT_MAX_KEY, OPT_MAX_VALUE, OPT_MAX_KEYS_OP, OPT_MAX_FRAME, OPT_MAX_OUTPUT, OPT_MAX_TOTAL,
-    OPT_MAX_STORE, OPT_MAX_CONNS, OPT_MAX_CONNS_PEER, OPT_FRAME_TIMEOUT, OPT_VALIDATE_TIMEOUT,
+    OPT_HOST = 256,
+    OPT_PORT,
+    OPT_PORT_FILE,
+    OPT_SECRET_FILE,
+    OPT_LOG_LEVEL,
+    OPT_MAX_KEY,
+    OPT_MAX_VALUE,
+    OPT_MAX_KEYS_OP,
+    OPT_MAX_FRAME,
+    OPT_MAX_OUTPUT,
+    OPT_MAX_TOTAL,
+    OPT_MAX_STORE,
+    OPT_MAX_CONNS,
+    OPT_MAX_CONNS_PEER,
+    OPT_FRAME_TIMEOUT,
+    OPT_VALIDATE_TIMEOUT,
 };
 
 static const struct option store_options[] = {
@@ -89,8 +102,10 @@ static int set_limit(const char *name, const char *text, uint64_t min, uint64_t 
                 text, (unsigned long long)min, (unsigned long long)max);
         return 2;
     }
-    if (field_size == sizeof(uint64_t)) *(uint64_t *)field = v;
-    else *(uint32_t *)field = (uint32_t)v;
+    if (field_size == sizeof(uint64_t))
+        *(uint64_t *)field = v;
+    else
+        *(uint32_t *)field = (uint32_t)v;
     return 0;
 }
 
@@ -150,34 +165,71 @@ int store_cmd_main(int argc, char **argv) {
     while ((opt = getopt_long(argc, argv, ":h", store_options, NULL)) != -1) {
         const char *name = optind > 0 && optind <= argc ? argv[optind - 1] : "";
         switch (opt) {
-        case 'h': fputs(store_usage, stdout); return 0;
-        case OPT_HOST: snprintf(host, sizeof host, "%s", optarg); break;
+        case 'h':
+            fputs(store_usage, stdout);
+            return 0;
+        case OPT_HOST:
+            snprintf(host, sizeof host, "%s", optarg);
+            break;
         case OPT_PORT:
             if (parse_u64(optarg, 0, 65535, &port) < 0)
                 return usage_error("--port: '%s' is not a port number (0-65535)", optarg);
             break;
-        case OPT_PORT_FILE: port_file = optarg; break;
-        case OPT_SECRET_FILE: secret_file = optarg; break;
+        case OPT_PORT_FILE:
+            port_file = optarg;
+            break;
+        case OPT_SECRET_FILE:
+            secret_file = optarg;
+            break;
         case OPT_LOG_LEVEL: {
             int level = log_level_parse(optarg);
-            if (level < 0) return usage_error("--log-level: '%s' is not one of debug, info, warn, error",
-                                              optarg);
+            if (level < 0)
+                return usage_error("--log-level: '%s' is not one of debug, info, warn, error",
+                                   optarg);
             log_init("ddprun", (log_level_t)level);
             break;
         }
-        case OPT_MAX_KEY: rc = set_limit("max-key-bytes", optarg, 1, 1u << 24, &lim->max_key_bytes, 8); break;
-        case OPT_MAX_VALUE: rc = set_limit("max-value-bytes", optarg, 1, 1u << 30, &lim->max_value_bytes, 8); break;
-        case OPT_MAX_KEYS_OP: rc = set_limit("max-keys-per-op", optarg, 1, 1u << 24, &lim->max_keys_per_op, 8); break;
-        case OPT_MAX_FRAME: rc = set_limit("max-frame-bytes", optarg, 64, 0x7fffffffu /* frame lengths are int */, &lim->max_frame_bytes, 8); break;
-        case OPT_MAX_OUTPUT: rc = set_limit("max-output-bytes", optarg, 64, 0x7fffffffu, &lim->max_output_bytes, 8); break;
-        case OPT_MAX_TOTAL: rc = set_limit("max-total-buffer-bytes", optarg, 4096, 1ull << 40, &lim->max_total_buffer_bytes, 8); break;
-        case OPT_MAX_STORE: rc = set_limit("max-store-bytes", optarg, 4096, 1ull << 42, &lim->max_store_bytes, 8); break;
-        case OPT_MAX_CONNS: rc = set_limit("max-connections", optarg, 1, 1u << 24, &lim->max_connections, 4); break;
-        case OPT_MAX_CONNS_PEER: rc = set_limit("max-connections-per-peer", optarg, 1, 1u << 24, &lim->max_connections_per_peer, 4); break;
-        case OPT_FRAME_TIMEOUT: rc = set_limit("frame-timeout-ms", optarg, 1, 86400000, &lim->frame_timeout_ms, 4); break;
-        case OPT_VALIDATE_TIMEOUT: rc = set_limit("validate-timeout-ms", optarg, 1, 86400000, &lim->validate_timeout_ms, 4); break;
-        case ':': return usage_error("option %s needs a value", name);
-        default: return usage_error("unknown option %s", name);
+        case OPT_MAX_KEY:
+            rc = set_limit("max-key-bytes", optarg, 1, 1u << 24, &lim->max_key_bytes, 8);
+            break;
+        case OPT_MAX_VALUE:
+            rc = set_limit("max-value-bytes", optarg, 1, 1u << 30, &lim->max_value_bytes, 8);
+            break;
+        case OPT_MAX_KEYS_OP:
+            rc = set_limit("max-keys-per-op", optarg, 1, 1u << 24, &lim->max_keys_per_op, 8);
+            break;
+        case OPT_MAX_FRAME:
+            rc = set_limit("max-frame-bytes", optarg, 64, 0x7fffffffu /* frame lengths are int */,
+                           &lim->max_frame_bytes, 8);
+            break;
+        case OPT_MAX_OUTPUT:
+            rc = set_limit("max-output-bytes", optarg, 64, 0x7fffffffu, &lim->max_output_bytes, 8);
+            break;
+        case OPT_MAX_TOTAL:
+            rc = set_limit("max-total-buffer-bytes", optarg, 4096, 1ull << 40,
+                           &lim->max_total_buffer_bytes, 8);
+            break;
+        case OPT_MAX_STORE:
+            rc = set_limit("max-store-bytes", optarg, 4096, 1ull << 42, &lim->max_store_bytes, 8);
+            break;
+        case OPT_MAX_CONNS:
+            rc = set_limit("max-connections", optarg, 1, 1u << 24, &lim->max_connections, 4);
+            break;
+        case OPT_MAX_CONNS_PEER:
+            rc = set_limit("max-connections-per-peer", optarg, 1, 1u << 24,
+                           &lim->max_connections_per_peer, 4);
+            break;
+        case OPT_FRAME_TIMEOUT:
+            rc = set_limit("frame-timeout-ms", optarg, 1, 86400000, &lim->frame_timeout_ms, 4);
+            break;
+        case OPT_VALIDATE_TIMEOUT:
+            rc =
+                set_limit("validate-timeout-ms", optarg, 1, 86400000, &lim->validate_timeout_ms, 4);
+            break;
+        case ':':
+            return usage_error("option %s needs a value", name);
+        default:
+            return usage_error("unknown option %s", name);
         }
         if (rc) return rc;
     }

@@ -12,7 +12,7 @@
 /* ---- building the result ------------------------------------------------------------------ */
 
 __attribute__((format(printf, 2, 3))) static void drop(store_ops_result_t *r, const char *fmt,
-                                                      ...) {
+                                                       ...) {
     if (r->drop[0]) return; /* the first reason is the one logged */
     va_list ap;
     va_start(ap, fmt);
@@ -60,7 +60,8 @@ static void drop_on_write_error(store_ops_t *ops, const store_request_t *req, in
     if (rc == -ENOSPC)
         drop(r, "%s '%s' refused: the store holds %zu bytes, limit %zu", store_op_name(req->op),
              key, kv_table_bytes(ops->table), ops->limits->max_store_bytes);
-    else drop(r, "%s '%s' failed: %s", store_op_name(req->op), key, strerror(-rc));
+    else
+        drop(r, "%s '%s' failed: %s", store_op_name(req->op), key, strerror(-rc));
 }
 
 /* ---- waiting ------------------------------------------------------------------------------ */
@@ -71,8 +72,10 @@ static void on_wait_done(void *owner) {
     store_ops_t *ops = s->ops;
     s->waiter = NULL;
     s->next_woken = NULL;
-    if (ops->woken_tail) ops->woken_tail->next_woken = s;
-    else ops->woken_head = s;
+    if (ops->woken_tail)
+        ops->woken_tail->next_woken = s;
+    else
+        ops->woken_head = s;
     ops->woken_tail = s;
 }
 
@@ -107,8 +110,10 @@ static void op_wait(store_ops_t *ops, store_session_t *s, const store_request_t 
              rc == -ENOSPC ? "the store is full" : strerror(-rc));
         return;
     }
-    if (kv_table_wait_commit(t, w) == 1) reply_u8(r, STORE_WAIT_STOP_WAITING);
-    else s->waiter = w;
+    if (kv_table_wait_commit(t, w) == 1)
+        reply_u8(r, STORE_WAIT_STOP_WAITING);
+    else
+        s->waiter = w;
 }
 
 static void op_barrier(store_ops_t *ops, store_session_t *s, const store_request_t *req,
@@ -118,13 +123,16 @@ static void op_barrier(store_ops_t *ops, store_session_t *s, const store_request
         return;
     }
     kv_waiter_t *w = NULL;
-    int rc = kv_table_barrier(ops->table, req->key.ptr, req->key.len, req->add_delta,
-                              on_wait_done, s, &w);
-    if (rc == 1) reply_u8(r, STORE_WAIT_STOP_WAITING);
-    else if (rc == 0) s->waiter = w;
+    int rc = kv_table_barrier(ops->table, req->key.ptr, req->key.len, req->add_delta, on_wait_done,
+                              s, &w);
+    if (rc == 1)
+        reply_u8(r, STORE_WAIT_STOP_WAITING);
+    else if (rc == 0)
+        s->waiter = w;
     else if (rc == -EINVAL || rc == -ERANGE)
         drop(r, "BARRIER on a key whose value is not a 64-bit integer");
-    else drop_on_write_error(ops, req, rc, r);
+    else
+        drop_on_write_error(ops, req, rc, r);
 }
 
 /* ---- replies built from many keys --------------------------------------------------------- */
@@ -181,7 +189,8 @@ static void op_list_keys(store_ops_t *ops, store_ops_result_t *r) {
     store_writer_t w;
     store_writer_init(&w, buf, total);
     store_put_i64(&w, count);
-    for (cursor = 0; kv_table_next_key(t, &cursor, &key, &n);) store_put_bytes(&w, key, n);
+    for (cursor = 0; kv_table_next_key(t, &cursor, &key, &n);)
+        store_put_bytes(&w, key, n);
     r->owned = buf;
     r->body = buf;
     r->body_len = w.len;
@@ -258,8 +267,10 @@ static void handle(store_ops_t *ops, store_session_t *s, const store_request_t *
 
     if (!s->is_authed && req->op != STORE_OP_VALIDATE && req->op != STORE_OP_AUTH_HELLO &&
         req->op != STORE_OP_AUTH_PROOF) {
-        drop(r, "%s before authentication refused: this store requires the shared secret "
-                "(ddprun's --secret-file / DDPRUN_STORE_SECRET)", store_op_name(req->op));
+        drop(r,
+             "%s before authentication refused: this store requires the shared secret "
+             "(ddprun's --secret-file / DDPRUN_STORE_SECRET)",
+             store_op_name(req->op));
         return;
     }
     switch (req->op) {
@@ -267,8 +278,12 @@ static void handle(store_ops_t *ops, store_session_t *s, const store_request_t *
         if (s->is_validated) drop(r, "VALIDATE sent twice");
         s->is_validated = true;
         return;
-    case STORE_OP_AUTH_HELLO: op_auth_hello(ops, s, req, r); return;
-    case STORE_OP_AUTH_PROOF: op_auth_proof(ops, s, req, r); return;
+    case STORE_OP_AUTH_HELLO:
+        op_auth_hello(ops, s, req, r);
+        return;
+    case STORE_OP_AUTH_PROOF:
+        op_auth_proof(ops, s, req, r);
+        return;
     case STORE_OP_PING: {
         store_writer_t w;
         store_writer_init(&w, r->head, sizeof r->head);
@@ -276,7 +291,9 @@ static void handle(store_ops_t *ops, store_session_t *s, const store_request_t *
         r->head_len = w.len;
         return;
     }
-    case STORE_OP_SET: rc = kv_table_set(t, k->ptr, k->len, req->value.ptr, req->value.len); break;
+    case STORE_OP_SET:
+        rc = kv_table_set(t, k->ptr, k->len, req->value.ptr, req->value.len);
+        break;
     case STORE_OP_COMPARE_SET:
         rc = kv_table_compare_set(t, k->ptr, k->len, req->value.ptr, req->value.len,
                                   req->value2.ptr, req->value2.len, &v, &n);
@@ -307,9 +324,15 @@ static void handle(store_ops_t *ops, store_session_t *s, const store_request_t *
         reply_u8(r, is_ready ? STORE_CHECK_READY : STORE_CHECK_NOT_READY);
         return;
     }
-    case STORE_OP_WAIT: op_wait(ops, s, req, r); return;
-    case STORE_OP_GETNUMKEYS: reply_i64(r, kv_table_num_keys(t)); return;
-    case STORE_OP_DELETE_KEY: reply_i64(r, kv_table_delete(t, k->ptr, k->len)); return;
+    case STORE_OP_WAIT:
+        op_wait(ops, s, req, r);
+        return;
+    case STORE_OP_GETNUMKEYS:
+        reply_i64(r, kv_table_num_keys(t));
+        return;
+    case STORE_OP_DELETE_KEY:
+        reply_i64(r, kv_table_delete(t, k->ptr, k->len));
+        return;
     case STORE_OP_APPEND:
         kv_table_get(t, k->ptr, k->len, &n);
         if (n + req->value.len > ops->limits->max_value_bytes) {
@@ -319,7 +342,9 @@ static void handle(store_ops_t *ops, store_session_t *s, const store_request_t *
         }
         rc = kv_table_append(t, k->ptr, k->len, req->value.ptr, req->value.len);
         break;
-    case STORE_OP_MULTI_GET: op_multi_get(ops, req, r); return;
+    case STORE_OP_MULTI_GET:
+        op_multi_get(ops, req, r);
+        return;
     case STORE_OP_MULTI_SET: {
         size_t cursor = 0;
         store_bytes_t key, val;
@@ -334,14 +359,24 @@ static void handle(store_ops_t *ops, store_session_t *s, const store_request_t *
     case STORE_OP_QUEUE_PUSH:
         rc = kv_table_queue_push(t, k->ptr, k->len, req->value.ptr, req->value.len);
         break;
-    case STORE_OP_QUEUE_POP: op_queue_pop(ops, req, r); return;
-    case STORE_OP_QUEUE_LEN: reply_i64(r, kv_table_queue_len(t, k->ptr, k->len)); return;
-    case STORE_OP_LIST_KEYS: op_list_keys(ops, r); return;
-    case STORE_OP_BARRIER: op_barrier(ops, s, req, r); return;
+    case STORE_OP_QUEUE_POP:
+        op_queue_pop(ops, req, r);
+        return;
+    case STORE_OP_QUEUE_LEN:
+        reply_i64(r, kv_table_queue_len(t, k->ptr, k->len));
+        return;
+    case STORE_OP_LIST_KEYS:
+        op_list_keys(ops, r);
+        return;
+    case STORE_OP_BARRIER:
+        op_barrier(ops, s, req, r);
+        return;
     case STORE_OP_WATCH_KEY:
         drop(r, "WATCH_KEY (torch's legacy watch_key callback API) is not supported");
         return;
-    default: drop(r, "unhandled operation %d", (int)req->op); return;
+    default:
+        drop(r, "unhandled operation %d", (int)req->op);
+        return;
     }
     if (rc < 0) drop_on_write_error(ops, req, rc, r);
 }

@@ -51,7 +51,7 @@ typedef struct {
     size_t head_len;
     const uint8_t *body; /* borrowed from the table until its next call, or owned */
     size_t body_len;
-    uint8_t *owned;      /* malloc'd reply memory: store_ops_result_free */
+    uint8_t *owned;                  /* malloc'd reply memory: store_ops_result_free */
     char drop[STORE_OPS_DROP_BYTES]; /* non-empty: why the peer is disconnected */
 } store_ops_result_t;
 

@@ -43,15 +43,15 @@ typedef struct store_conn {
     store_server_t *srv;
     struct store_conn *prev, *next;
     store_peer_t *peer;
-    char peer_name[64]; /* "addr:port" for log lines */
+    char peer_name[64];      /* "addr:port" for log lines */
     store_session_t session; /* the protocol state: store_ops.c's */
     bool is_closing;
     uint8_t *in;
     size_t in_len, in_cap, in_need;
     uint64_t accepted_ms;
-    uint64_t first_byte_ms; /* 0 until the peer sends something */
+    uint64_t first_byte_ms;    /* 0 until the peer sends something */
     uint64_t frame_started_ms; /* 0 when no partial frame is buffered */
-    size_t out_queued;  /* reply bytes handed to libuv, not yet written */
+    size_t out_queued;         /* reply bytes handed to libuv, not yet written */
 } store_conn_t;
 
 struct store_server {
@@ -65,7 +65,7 @@ struct store_server {
     store_conn_t *conns;
     store_peer_t *peers[STORE_PEER_BUCKETS];
     unsigned n_conns;
-    unsigned fd_budget;      /* connections that fit in RLIMIT_NOFILE, leaving a reserve */
+    unsigned fd_budget; /* connections that fit in RLIMIT_NOFILE, leaving a reserve */
     unsigned n_open_handles;
     uint16_t port;
     size_t buffered_bytes;
@@ -99,7 +99,8 @@ static void peer_key(const struct sockaddr_storage *ss, uint8_t out[16]) {
 
 static store_peer_t *peer_acquire(store_server_t *s, const uint8_t addr[16]) {
     unsigned h = 2166136261u;
-    for (int i = 0; i < 16; i++) h = (h ^ addr[i]) * 16777619u;
+    for (int i = 0; i < 16; i++)
+        h = (h ^ addr[i]) * 16777619u;
     store_peer_t **bucket = &s->peers[h % STORE_PEER_BUCKETS];
     for (store_peer_t *p = *bucket; p; p = p->next)
         if (memcmp(p->addr, addr, 16) == 0) return p;
@@ -114,7 +115,8 @@ static store_peer_t *peer_acquire(store_server_t *s, const uint8_t addr[16]) {
 static void peer_release(store_server_t *s, store_peer_t *peer) {
     if (--peer->n_conns > 0) return;
     unsigned h = 2166136261u;
-    for (int i = 0; i < 16; i++) h = (h ^ peer->addr[i]) * 16777619u;
+    for (int i = 0; i < 16; i++)
+        h = (h ^ peer->addr[i]) * 16777619u;
     for (store_peer_t **pp = &s->peers[h % STORE_PEER_BUCKETS]; *pp; pp = &(*pp)->next) {
         if (*pp == peer) {
             *pp = peer->next;
@@ -147,7 +149,8 @@ static bool drop_log_allowed(store_server_t *s) {
     uint64_t now = clock_now_ms();
     if (now - s->drop_log_window_ms >= 1000) {
         if (s->drop_log_suppressed)
-            LOG_WARN("store: %u more dropped-connection messages suppressed", s->drop_log_suppressed);
+            LOG_WARN("store: %u more dropped-connection messages suppressed",
+                     s->drop_log_suppressed);
         s->drop_log_window_ms = now;
         s->drop_log_count = 0;
         s->drop_log_suppressed = 0;
@@ -161,8 +164,7 @@ static bool drop_log_allowed(store_server_t *s) {
 }
 
 /* Log why and close: the only way a peer's misbehaviour ends. Rate-limited log lines. */
-__attribute__((format(printf, 2, 3))) static void conn_drop(store_conn_t *c,
-                                                           const char *fmt, ...) {
+__attribute__((format(printf, 2, 3))) static void conn_drop(store_conn_t *c, const char *fmt, ...) {
     if (c->is_closing) return;
     store_server_t *s = c->srv;
     s->n_dropped++;
@@ -206,7 +208,8 @@ static void conn_send(store_conn_t *c, const void *head, size_t head_len, const 
                         uv_buf_init((char *)(uintptr_t)body, (unsigned)body_len)};
     size_t total = head_len + body_len, done = 0;
     int n = uv_try_write((uv_stream_t *)&c->tcp, bufs, body_len ? 2 : 1);
-    if (n > 0) done = (size_t)n;
+    if (n > 0)
+        done = (size_t)n;
     else if (n < 0 && n != UV_EAGAIN) {
         LOG_DEBUG("store: write to %s failed: %s", c->peer_name, uv_strerror(n));
         conn_close(c);
@@ -217,12 +220,12 @@ static void conn_send(store_conn_t *c, const void *head, size_t head_len, const 
     store_limits_t *lim = &c->srv->limits;
     if (c->out_queued + rest > lim->max_output_bytes) {
         conn_drop(c, "%zu reply bytes unread, above the output limit of %zu bytes",
-                        c->out_queued + rest, lim->max_output_bytes);
+                  c->out_queued + rest, lim->max_output_bytes);
         return;
     }
     if (c->srv->buffered_bytes + rest > lim->max_total_buffer_bytes) {
         conn_drop(c, "all connections together buffer more than %zu bytes",
-                        lim->max_total_buffer_bytes);
+                  lim->max_total_buffer_bytes);
         return;
     }
     write_req_t *w = malloc(sizeof *w + rest);
@@ -291,8 +294,10 @@ static void conn_close(store_conn_t *c) {
     store_server_t *s = c->srv;
     c->is_closing = true;
     store_ops_forget_waiter(&c->session);
-    if (c->prev) c->prev->next = c->next;
-    else s->conns = c->next;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     s->n_conns--;
     if (c->peer) peer_release(s, c->peer);
@@ -322,7 +327,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
         c->in_cap = want;
         s->buffered_bytes += grow;
     }
-    if (c->in_cap > c->in_len) *buf = uv_buf_init((char *)c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
+    if (c->in_cap > c->in_len)
+        *buf = uv_buf_init((char *)c->in + c->in_len, (unsigned)(c->in_cap - c->in_len));
 }
 
 static store_conn_t *conn_of(store_session_t *session) {
@@ -336,8 +342,10 @@ static void apply_result(store_conn_t *c, store_ops_result_t *r) {
         uint8_t stop = STORE_WAIT_STOP_WAITING;
         conn_send(conn_of(w), &stop, 1, NULL, 0);
     }
-    if (r->head_len) conn_send(c, r->head, r->head_len, r->body, r->body_len);
-    else if (r->body_len) conn_send(c, r->body, r->body_len, NULL, 0);
+    if (r->head_len)
+        conn_send(c, r->head, r->head_len, r->body, r->body_len);
+    else if (r->body_len)
+        conn_send(c, r->body, r->body_len, NULL, 0);
     if (r->drop[0]) conn_drop(c, "%s", r->drop);
     store_ops_result_free(r);
 }
@@ -349,7 +357,7 @@ static bool detect_dialect(store_conn_t *c) {
     if (c->session.dialect == STORE_DIALECT_LEGACY) {
         if (c->srv->secret.is_set) {
             conn_drop(c, "legacy-numbering client (torch <= 2.1) refused: this store "
-                               "requires ddprun's shared-secret authentication");
+                         "requires ddprun's shared-secret authentication");
             return false;
         }
         c->session.is_validated = true;
@@ -375,10 +383,8 @@ static void process_input(store_conn_t *c) {
         }
         if (rc < 0) {
             conn_drop(c, "%s (limits: key %zu B, value %zu B, %llu keys/op, frame %zu B)",
-                            store_proto_strerror(rc), s->limits.max_key_bytes,
-                            s->limits.max_value_bytes,
-                            (unsigned long long)s->limits.max_keys_per_op,
-                            s->limits.max_frame_bytes);
+                      store_proto_strerror(rc), s->limits.max_key_bytes, s->limits.max_value_bytes,
+                      (unsigned long long)s->limits.max_keys_per_op, s->limits.max_frame_bytes);
             return;
         }
         if (!c->session.is_validated && req.op != STORE_OP_VALIDATE) {
@@ -409,7 +415,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     if (c->is_closing) return;
     if (nread == UV_ENOBUFS) {
         conn_drop(c, "all connections together buffer more than %zu bytes",
-                        c->srv->limits.max_total_buffer_bytes);
+                  c->srv->limits.max_total_buffer_bytes);
         return;
     }
     if (nread < 0) {
@@ -427,7 +433,8 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 static void refuse(store_server_t *s, uv_tcp_t *tcp, const char *peer, const char *why,
                    unsigned limit) {
     s->n_dropped++;
-    if (drop_log_allowed(s)) LOG_WARN("store: refusing connection from %s: %s (%u)", peer, why, limit);
+    if (drop_log_allowed(s))
+        LOG_WARN("store: refusing connection from %s: %s (%u)", peer, why, limit);
     uv_close((uv_handle_t *)tcp, free_handle);
 }
 
@@ -438,7 +445,8 @@ static void on_connection(uv_stream_t *server, int status) {
         s->n_dropped++;
         if (drop_log_allowed(s))
             LOG_WARN("store: out of file descriptors (%s) with %u clients connected: a new "
-                     "connection was dropped; raise `ulimit -n`", uv_strerror(status), s->n_conns);
+                     "connection was dropped; raise `ulimit -n`",
+                     uv_strerror(status), s->n_conns);
         return;
     }
     if (status < 0) {
@@ -514,14 +522,16 @@ static void on_sweep(uv_timer_t *t) {
     for (store_conn_t *c = s->conns, *next; c; c = next) {
         next = c->next;
         if (c->frame_started_ms && now - c->frame_started_ms > lim->frame_timeout_ms) {
-            conn_drop(c, "partial frame (%zu of %zu bytes) held longer than %u ms",
-                            c->in_len, c->in_need, lim->frame_timeout_ms);
+            conn_drop(c, "partial frame (%zu of %zu bytes) held longer than %u ms", c->in_len,
+                      c->in_need, lim->frame_timeout_ms);
         } else if (c->first_byte_ms && !c->session.is_validated &&
                    now - c->first_byte_ms > lim->validate_timeout_ms) {
             conn_drop(c, "not validated within %u ms", lim->validate_timeout_ms);
         } else if (!c->session.is_authed && now - c->accepted_ms > lim->validate_timeout_ms) {
-            conn_drop(c, "not authenticated within %u ms (this store requires the "
-                               "shared secret)", lim->validate_timeout_ms);
+            conn_drop(c,
+                      "not authenticated within %u ms (this store requires the "
+                      "shared secret)",
+                      lim->validate_timeout_ms);
         }
     }
 }
@@ -530,7 +540,8 @@ static void on_sweep(uv_timer_t *t) {
 
 static int resolve_bind(const char *host, uint16_t port, struct sockaddr_storage *out, char *err,
                         size_t err_len) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char port_text[8];
@@ -588,7 +599,8 @@ int store_server_start(uv_loop_t *loop, const store_server_opts_t *opts, store_s
     if (rc < 0) {
         snprintf(err, err_len, "cannot listen on %s port %u: %s%s", opts->host ? opts->host : "*",
                  opts->port, uv_strerror(rc),
-                 rc == UV_EADDRINUSE ? " (another process holds this port; pick another or 0)" : "");
+                 rc == UV_EADDRINUSE ? " (another process holds this port; pick another or 0)"
+                                     : "");
         /* The listener is freed with the server once the loop has closed it. */
         s->is_stopping = true;
         uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
@@ -628,7 +640,8 @@ void store_server_stop(store_server_t *s, void (*done_cb)(void *arg), void *arg)
     s->is_stopping = true;
     s->done_cb = done_cb;
     s->done_arg = arg;
-    while (s->conns) conn_close(s->conns);
+    while (s->conns)
+        conn_close(s->conns);
     uv_close((uv_handle_t *)&s->sweep_timer, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->listener, on_server_handle_closed);
 }

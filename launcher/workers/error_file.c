@@ -33,7 +33,8 @@ int error_file_read(const char *path, error_file_t *out) {
     FILE *f = fopen(path, "rb");
     if (!f) return errno == ENOENT ? -ENOENT : -EINVAL;
     struct stat st;
-    if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > ERROR_FILE_MAX_BYTES) {
+    if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode) ||
+        (size_t)st.st_size > ERROR_FILE_MAX_BYTES) {
         fclose(f);
         return -EINVAL;
     }
@@ -44,17 +45,22 @@ int error_file_read(const char *path, error_file_t *out) {
     cJSON *root = cJSON_ParseWithLength(text, n);
     free(text);
     const cJSON *msg = cJSON_GetObjectItemCaseSensitive(root, "message");
-    const cJSON *inner = cJSON_IsObject(msg) ? cJSON_GetObjectItemCaseSensitive(msg, "message") : msg;
+    const cJSON *inner =
+        cJSON_IsObject(msg) ? cJSON_GetObjectItemCaseSensitive(msg, "message") : msg;
     int rc = -EINVAL;
     if (cJSON_IsString(inner)) {
         copy_printable(out->message, sizeof out->message, inner->valuestring);
-        const cJSON *extra = cJSON_IsObject(msg) ? cJSON_GetObjectItemCaseSensitive(msg, "extraInfo") : NULL;
+        const cJSON *extra =
+            cJSON_IsObject(msg) ? cJSON_GetObjectItemCaseSensitive(msg, "extraInfo") : NULL;
         const cJSON *stack = cJSON_GetObjectItemCaseSensitive(extra, "py_callstack");
         if (cJSON_IsString(stack))
-            copy_printable(out->traceback, sizeof out->traceback, last_lines(stack->valuestring, 40));
+            copy_printable(out->traceback, sizeof out->traceback,
+                           last_lines(stack->valuestring, 40));
         const cJSON *ts = cJSON_GetObjectItemCaseSensitive(extra, "timestamp");
-        if (cJSON_IsString(ts)) out->timestamp = strtoll(ts->valuestring, NULL, 10);
-        else if (cJSON_IsNumber(ts)) out->timestamp = (long long)ts->valuedouble;
+        if (cJSON_IsString(ts))
+            out->timestamp = strtoll(ts->valuestring, NULL, 10);
+        else if (cJSON_IsNumber(ts))
+            out->timestamp = (long long)ts->valuedouble;
         rc = 0;
     }
     cJSON_Delete(root);

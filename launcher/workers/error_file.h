@@ -12,9 +12,9 @@
 #define ERROR_FILE_MAX_BYTES ((size_t)1 << 20)
 
 typedef struct {
-    char message[1024];    /* "RuntimeError: boom" */
-    char traceback[8192];  /* the last lines of the Python call stack, or "" */
-    long long timestamp;   /* unix seconds, 0 when absent */
+    char message[1024];   /* "RuntimeError: boom" */
+    char traceback[8192]; /* the last lines of the Python call stack, or "" */
+    long long timestamp;  /* unix seconds, 0 when absent */
 } error_file_t;
 
 /* Returns 0; -ENOENT when there is no file; -EINVAL when it is not such a file (too large, not

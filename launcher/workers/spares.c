@@ -33,7 +33,7 @@ struct spare {
     uv_process_t proc;
     spares_t *set;
     int local_rank;
-    int sock; /* the agent's end of the handoff socket; -1 once handed off or retired */
+    int sock;      /* the agent's end of the handoff socket; -1 once handed off or retired */
     bool is_ready; /* it said so (DDP_SPARE_READY): initialized, waiting for a round */
     bool is_taken, is_retired;
     spare_exit_cb on_exit;
@@ -55,7 +55,8 @@ struct spares {
     int unused_deaths;  /* in a row */
     int seq;
     bool is_off, is_destroyed;
-    spare_t *waiting[]; /* per local rank: the spare not yet taken (maybe still starting), or NULL */
+    spare_t
+        *waiting[]; /* per local rank: the spare not yet taken (maybe still starting), or NULL */
 };
 
 static void handle_closed(spares_t *s) {
@@ -115,8 +116,12 @@ static int spawn_spare(spares_t *s, int local_rank) {
             {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
             {.flags = UV_INHERIT_FD, .data.fd = sv[1]},
         };
-        uv_process_options_t po = {.exit_cb = on_spare_exit, .file = s->shim_exe, .args = argv,
-                                   .env = env.vars, .stdio = stdio, .stdio_count = 5,
+        uv_process_options_t po = {.exit_cb = on_spare_exit,
+                                   .file = s->shim_exe,
+                                   .args = argv,
+                                   .env = env.vars,
+                                   .stdio = stdio,
+                                   .stdio_count = 5,
                                    .flags = UV_PROCESS_DETACHED};
         sp->proc.data = sp;
         is_spawn_tried = true;
@@ -130,14 +135,14 @@ static int spawn_spare(spares_t *s, int local_rank) {
     if (sv[1] >= 0) close(sv[1]);
     if (rc < 0) {
         if (sv[0] >= 0) close(sv[0]);
-        LOG_WARN("cannot start a warm spare for local rank %d: %s", local_rank,
-                 uv_strerror(rc));
+        LOG_WARN("cannot start a warm spare for local rank %d: %s", local_rank, uv_strerror(rc));
         if (!is_spawn_tried) free(sp); /* else on_spare_closed frees it */
         return rc;
     }
     sp->sock = sv[0];
     s->waiting[local_rank] = sp;
-    LOG_DEBUG("warm spare for local rank %d: pid %d, output in %s", local_rank, sp->proc.pid, log_path);
+    LOG_DEBUG("warm spare for local rank %d: pid %d, output in %s", local_rank, sp->proc.pid,
+              log_path);
     return 0;
 }
 
@@ -175,16 +180,20 @@ static void on_spare_exit(uv_process_t *proc, int64_t exit_status, int term_sign
         forget(sp);
         if (!sp->is_retired && !s->is_destroyed) {
             char how[64];
-            if (term_signal) snprintf(how, sizeof how, "was killed by signal %d", term_signal);
-            else snprintf(how, sizeof how, "exited with %d", (int)exit_status);
+            if (term_signal)
+                snprintf(how, sizeof how, "was killed by signal %d", term_signal);
+            else
+                snprintf(how, sizeof how, "exited with %d", (int)exit_status);
             int pid = worker_env_program_pid(sp->pid_path);
             LOG_WARN("the warm spare for local rank %d (pid %d) %s before a round took it; its "
-                     "output: %s/output.log", sp->local_rank, pid ? pid : proc->pid, how, sp->dir);
+                     "output: %s/output.log",
+                     sp->local_rank, pid ? pid : proc->pid, how, sp->dir);
             if (!term_signal && ddp_exit_is_permanent((int)exit_status))
                 turn_off(s, "a spare failed in a way a restart cannot mend");
             else if (++s->unused_deaths >= MAX_UNUSED_DEATHS)
                 turn_off(s, "spares keep dying before any round takes them");
-            else uv_timer_start(&s->refill, on_refill, REFILL_DELAY_MS, 0);
+            else
+                uv_timer_start(&s->refill, on_refill, REFILL_DELAY_MS, 0);
         }
     }
     uv_close((uv_handle_t *)proc, on_spare_closed);
@@ -220,7 +229,8 @@ int spares_create(uv_loop_t *loop, const ddprun_opts_t *opts, const char *shim_e
 /* Header and environment in one buffer; the descriptors ride on its first byte. */
 static int send_handoff(int sock, char *const *env, int out_fd, int err_fd) {
     size_t env_bytes = 0;
-    for (char *const *v = env; *v; v++) env_bytes += strlen(*v) + 1;
+    for (char *const *v = env; *v; v++)
+        env_bytes += strlen(*v) + 1;
     if (env_bytes > DDP_SPARE_ENV_MAX_BYTES) return -E2BIG;
     size_t total = DDP_SPARE_HEADER_BYTES + env_bytes;
     uint8_t *msg = malloc(total);
@@ -259,8 +269,10 @@ static int send_handoff(int sock, char *const *env, int out_fd, int err_fd) {
         }
         if (n < 0 && errno == EINTR) continue;
         uint64_t now = clock_now_ms();
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) rc = -errno;
-        else if (now >= deadline) rc = -ETIMEDOUT;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            rc = -errno;
+        else if (now >= deadline)
+            rc = -ETIMEDOUT;
         if (rc < 0) break;
         struct pollfd p = {.fd = sock, .events = POLLOUT};
         poll(&p, 1, (int)(deadline - now));
@@ -276,7 +288,7 @@ int spares_take(spares_t *s, int local_rank, char *const *env, int out_fd, int e
     if (!sp->is_ready) {
         char said;
         ssize_t n = recv(sp->sock, &said, 1, MSG_DONTWAIT);
-        if (n < 0) return -1; /* still starting: it stays for a later round */
+        if (n < 0) return -1;                    /* still starting: it stays for a later round */
         if (n == 0 || said != DDP_SPARE_READY) { /* ending, or not speaking the handoff */
             retire(sp);
             uv_timer_start(&s->refill, on_refill, REFILL_DELAY_MS, 0);
@@ -287,7 +299,8 @@ int spares_take(spares_t *s, int local_rank, char *const *env, int out_fd, int e
     int rc = send_handoff(sp->sock, env, out_fd, err_fd);
     if (rc < 0) {
         LOG_WARN("the warm spare for local rank %d (pid %d) could not be handed its round (%s): "
-                 "starting a fresh worker", local_rank, sp->proc.pid, strerror(-rc));
+                 "starting a fresh worker",
+                 local_rank, sp->proc.pid, strerror(-rc));
         retire(sp);
     } else {
         close(sp->sock);

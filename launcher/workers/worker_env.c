@@ -46,7 +46,8 @@ int worker_env_set(worker_env_t *e, const char *key, const char *fmt, ...) {
 }
 
 void worker_env_free(worker_env_t *e) {
-    for (size_t i = 0; i < e->n; i++) free(e->vars[i]);
+    for (size_t i = 0; i < e->n; i++)
+        free(e->vars[i]);
     free(e->vars);
     *e = (worker_env_t){0};
 }
@@ -131,6 +132,7 @@ char **worker_env_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_t
         argv[n++] = "-u";
         if (o->is_module) argv[n++] = "-m";
     }
-    for (int i = 0; i < o->program_argc; i++) argv[n++] = o->program_argv[i];
+    for (int i = 0; i < o->program_argc; i++)
+        argv[n++] = o->program_argv[i];
     return argv;
 }

@@ -16,19 +16,19 @@ typedef struct spares spares_t;
 
 typedef struct {
     const ddprun_opts_t *opts;
-    const char *shim_exe;  /* the shim to start workers under (ddprun-shim, or ddprun) */
+    const char *shim_exe; /* the shim to start workers under (ddprun-shim, or ddprun) */
     const char *run_id;
-    int attempt;           /* the round: DDPRUN_ATTEMPT, the log directory */
-    int restart_count;     /* TORCHELASTIC_RESTART_COUNT: restarts used (membership changes
-                              are not restarts, as in torchrun) */
+    int attempt;       /* the round: DDPRUN_ATTEMPT, the log directory */
+    int restart_count; /* TORCHELASTIC_RESTART_COUNT: restarts used (membership changes
+                          are not restarts, as in torchrun) */
     int group_rank, group_world_size;
-    int rank_offset;       /* global rank of local rank 0 */
+    int rank_offset; /* global rank of local rank 0 */
     int world_size;
     const char *master_addr; /* the agent's store, for MASTER_ADDR/MASTER_PORT */
     uint16_t master_port;
     const char *attempt_dir; /* logs and error files of this attempt (always set) */
-    spares_t *spares;      /* warm spares to take the workers' places, or NULL */
-    const char *memory_dir; /* the agent's memory snapshot directory ("" or NULL: none) */
+    spares_t *spares;        /* warm spares to take the workers' places, or NULL */
+    const char *memory_dir;  /* the agent's memory snapshot directory ("" or NULL: none) */
 } workers_spec_t;
 
 /* A NULL-terminated KEY=VALUE array (execve's envp); a later set of a key replaces it. */
@@ -46,8 +46,9 @@ void worker_env_free(worker_env_t *e);
 int worker_env_base(worker_env_t *e);
 /* worker_env_base plus torchrun's variables and DDPRUN_* for local_rank of the round. */
 int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e);
-/* argv of the shim: SHIM __shim AGENT_PID (SHIM: ddprun-shim, or ddprun itself) -- [python3 -u [-m]] PROGRAM ARGS (NULL-terminated,
- * pointing into opts and pid_text; free() the array alone), or NULL when out of memory. */
+/* argv of the shim: SHIM __shim AGENT_PID (SHIM: ddprun-shim, or ddprun itself) -- [python3 -u
+ * [-m]] PROGRAM ARGS (NULL-terminated, pointing into opts and pid_text; free() the array alone), or
+ * NULL when out of memory. */
 char **worker_env_argv(const ddprun_opts_t *o, const char *shim_exe, char *pid_text);
 /* The program's pid that the shim wrote at path (DDPRUN_PID_FILE), or 0 when there is none yet. */
 int worker_env_program_pid(const char *path);

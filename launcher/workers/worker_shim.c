@@ -49,7 +49,7 @@ int worker_shim_main(int argc, char **argv) {
     }
     pid_t agent = (pid_t)atol(argv[2]);
     if (getppid() != agent) return DDP_EXIT_EXEC_FAILED; /* the agent died before we started */
-    prctl(PR_SET_CHILD_SUBREAPER, 1);                     /* orphaned grandchildren stay ours */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);                    /* orphaned grandchildren stay ours */
     pid_t child = fork();
     if (child < 0) {
         fprintf(stderr, "ddprun: cannot fork the worker: %s\n", strerror(errno));
@@ -67,10 +67,12 @@ int worker_shim_main(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = forward};
     sigemptyset(&sa.sa_mask);
     int handled[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-    for (size_t i = 0; i < sizeof handled / sizeof handled[0]; i++) sigaction(handled[i], &sa, NULL);
+    for (size_t i = 0; i < sizeof handled / sizeof handled[0]; i++)
+        sigaction(handled[i], &sa, NULL);
     int pidfd = (int)syscall(SYS_pidfd_open, child, 0);
     for (;;) {
-        struct pollfd fds[2] = {{.fd = LIFELINE_FD, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+        struct pollfd fds[2] = {{.fd = LIFELINE_FD, .events = POLLIN},
+                                {.fd = pidfd, .events = POLLIN}};
         int n = poll(fds, pidfd >= 0 ? 2 : 1, pidfd >= 0 ? -1 : 100);
         if (n > 0 && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
             kill(0, SIGKILL); /* the agent is gone: take the whole group down, ourselves too */

@@ -15,8 +15,8 @@
 #include "log.h"
 #include "workers/spares.h"
 
-#define LINE_MAX_BYTES 65536
-#define TAIL_BYTES     2048
+#define LINE_MAX_BYTES        65536
+#define TAIL_BYTES            2048
 #define GIVE_UP_AFTER_KILL_MS 5000
 /* Output still open this long after its worker exited belongs to something the worker left behind
  * outside its process group (a daemon holding stdout): stop waiting for it. */
@@ -27,9 +27,9 @@ typedef struct worker worker_t;
 typedef struct {
     uv_pipe_t pipe;
     worker_t *owner;
-    int fd_index;     /* 1 stdout, 2 stderr */
-    int log_fd;       /* -1 without --log-dir */
-    bool is_console;  /* shown on our console */
+    int fd_index;    /* 1 stdout, 2 stderr */
+    int log_fd;      /* -1 without --log-dir */
+    bool is_console; /* shown on our console */
     bool is_open;
     char line[LINE_MAX_BYTES];
     size_t line_len;
@@ -62,7 +62,7 @@ struct workers {
     workers_done_cb on_done;
     void *arg;
     int n;
-    int n_active; /* workers whose process or pipes are still open */
+    int n_active;       /* workers whose process or pipes are still open */
     int n_open_handles; /* of all workers; the set is freed only once this is 0 */
     bool is_destroyed;
     int n_open_timers;
@@ -198,7 +198,8 @@ static void on_drain_timer(uv_timer_t *t) {
         worker_t *w = &s->w[i];
         if (!w->result.has_exited || (!w->out.is_open && !w->err.is_open)) continue;
         LOG_WARN("output of rank %d is still open %d ms after it exited (a process it left "
-                 "behind?): no longer waiting for it", w->result.rank, DRAIN_AFTER_EXIT_MS);
+                 "behind?): no longer waiting for it",
+                 w->result.rank, DRAIN_AFTER_EXIT_MS);
         close_stream(&w->out);
         close_stream(&w->err);
     }
@@ -289,8 +290,12 @@ static int spawn_fresh(workers_t *s, worker_t *w, char **env) {
         {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err.pipe},
         {.flags = UV_INHERIT_FD, .data.fd = s->lifeline[0]},
     };
-    uv_process_options_t po = {.exit_cb = on_process_exit, .file = sp->shim_exe, .args = argv,
-                               .env = env, .stdio = stdio, .stdio_count = 4,
+    uv_process_options_t po = {.exit_cb = on_process_exit,
+                               .file = sp->shim_exe,
+                               .args = argv,
+                               .env = env,
+                               .stdio = stdio,
+                               .stdio_count = 4,
                                .flags = UV_PROCESS_DETACHED};
     w->proc.data = w;
     int rc = uv_spawn(s->loop, &w->proc, &po);
@@ -410,8 +415,7 @@ static void on_hang_timer(uv_timer_t *t) {
 }
 
 int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb on_exit_cb,
-                  workers_done_cb on_done, void *arg, workers_t **out, char *err,
-                  size_t err_len) {
+                  workers_done_cb on_done, void *arg, workers_t **out, char *err, size_t err_len) {
     int n = spec->opts->nproc_per_node;
     workers_t *s = calloc(1, sizeof *s + (size_t)n * sizeof(worker_t));
     if (!s) return -ENOMEM;
@@ -465,7 +469,8 @@ static void on_give_up(uv_timer_t *t) {
         worker_t *w = &s->w[i];
         if (w->group_pid > 0 && !w->result.has_exited)
             LOG_ERROR("worker rank %d (pid %d) survives SIGKILL (uninterruptible sleep?); giving "
-                      "up on it", w->result.rank, w->result.pid);
+                      "up on it",
+                      w->result.rank, w->result.pid);
         close_stream(&w->out);
         close_stream(&w->err);
     }

@@ -18,7 +18,7 @@ typedef struct workers workers_t;
 typedef struct {
     int local_rank, rank;
     int pid;
-    int exit_status;  /* valid when term_signal == 0 */
+    int exit_status; /* valid when term_signal == 0 */
     int term_signal;
     bool has_exited;
 } worker_result_t;

@@ -1,10 +1,10 @@
-/* bench_allreduce_rank: one rank of ddpworker's ring all-reduce, timed; bench_allreduce.py starts W of
- * them against one store and compares with gloo.
- *   bench_allreduce_rank RANK WORLD [STORE_HOST:]STORE_PORT KEY_PREFIX SIZES_MB ITERS
- *   bench_allreduce_rank      (from $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT, as torchrun sets them;
- *                         prefix /bench_allreduce_rank/, sizes 1,4,16,64 MB, 10 iterations)
- * Rank 0 prints one JSON line per size: {"mb": M, "ms": median milliseconds per all-reduce}. After
- * the timed rounds every rank checks one all-reduce of known values, so a wrong sum fails it. */
+/* bench_allreduce_rank: one rank of ddpworker's ring all-reduce, timed; bench_allreduce.py starts W
+ * of them against one store and compares with gloo. bench_allreduce_rank RANK WORLD
+ * [STORE_HOST:]STORE_PORT KEY_PREFIX SIZES_MB ITERS bench_allreduce_rank      (from $RANK
+ * $WORLD_SIZE $MASTER_ADDR $MASTER_PORT, as torchrun sets them; prefix /bench_allreduce_rank/,
+ * sizes 1,4,16,64 MB, 10 iterations) Rank 0 prints one JSON line per size: {"mb": M, "ms": median
+ * milliseconds per all-reduce}. After the timed rounds every rank checks one all-reduce of known
+ * values, so a wrong sum fails it. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +31,10 @@ static const char *env_or(const char *name, const char *fallback) {
 
 int main(int argc, char **argv) {
     if (argc != 7 && argc != 1) {
-        fprintf(stderr, "usage: bench_allreduce_rank RANK WORLD [STORE_HOST:]STORE_PORT KEY_PREFIX "
-                        "SIZES_MB ITERS\n       bench_allreduce_rank   (RANK, WORLD_SIZE, MASTER_ADDR, "
-                        "MASTER_PORT from the environment)\n");
+        fprintf(stderr,
+                "usage: bench_allreduce_rank RANK WORLD [STORE_HOST:]STORE_PORT KEY_PREFIX "
+                "SIZES_MB ITERS\n       bench_allreduce_rank   (RANK, WORLD_SIZE, MASTER_ADDR, "
+                "MASTER_PORT from the environment)\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -106,8 +107,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < n; i++) {
             float want = (float)(world * (world - 1) / 2 + world * (int)(i % 5));
             if (data[i] != want) {
-                fprintf(stderr, "bench_allreduce_rank: rank %d, %g MB: [%zu] = %g, want %g\n", rank, mb,
-                        i, data[i], want);
+                fprintf(stderr, "bench_allreduce_rank: rank %d, %g MB: [%zu] = %g, want %g\n", rank,
+                        mb, i, data[i], want);
                 return 1;
             }
         }

@@ -1,8 +1,8 @@
-/* bench_rdzv_agents: the rendezvous protocol at scale without the processes: N agents' joins as N threads
- * of this one process, each with its own client (a TCP store connection, or an etcd client), doing
- * what an agent's join does (launcher/rendezvous.c: the round, ADD, records, close, read the
- * records; on etcd also the lease, the alive key and node 0's store address). Then one "agent"
- * asks for a restart and every one waits for it and joins the next round, as agents do once
+/* bench_rdzv_agents: the rendezvous protocol at scale without the processes: N agents' joins as N
+ * threads of this one process, each with its own client (a TCP store connection, or an etcd
+ * client), doing what an agent's join does (launcher/rendezvous.c: the round, ADD, records, close,
+ * read the records; on etcd also the lease, the alive key and node 0's store address). Then one
+ * "agent" asks for a restart and every one waits for it and joins the next round, as agents do once
  * their workers are stopped. No workers, no heartbeats, no process starts: what is left is the
  * protocol's own cost, which bench_scale.py's 1024 real agents on a 2-core machine cannot show
  * (there, starting 2048 processes is most of the time). bench_scale.py --protocol drives it.
@@ -66,17 +66,20 @@ static void *sim_agent_main(void *arg) {
     if (lease) rdzv_set_own_store(&r, "127.0.0.1", (uint16_t)(20000 + a->index)); /* as on etcd */
     a->rc = rdzv_kv_connect(&opts, lease, 60000, 600000, &kv);
     if (a->rc < 0)
-        snprintf(a->err, sizeof a->err, "connect: %s", kv ? kv->ops->error(kv) : ddp_strerror(a->rc));
+        snprintf(a->err, sizeof a->err, "connect: %s",
+                 kv ? kv->ops->error(kv) : ddp_strerror(a->rc));
     pthread_barrier_wait(&start_line);
     rdzv_result_t out;
     if (a->rc == 0) a->rc = join_round(&r, kv, a, 0, &out);
     a->joined_ns = now_ns();
     pthread_mutex_lock(&mu);
-    if (atomic_fetch_add(&n_joined, 1) + 1 == (int)opts.min_nodes) pthread_cond_broadcast(&all_joined);
+    if (atomic_fetch_add(&n_joined, 1) + 1 == (int)opts.min_nodes)
+        pthread_cond_broadcast(&all_joined);
     pthread_mutex_unlock(&mu);
     if (a->rc == 0 && a->index == 0) { /* a worker failed here: every agent must follow */
         pthread_mutex_lock(&mu);
-        while (atomic_load(&n_joined) < (int)opts.min_nodes) pthread_cond_wait(&all_joined, &mu);
+        while (atomic_load(&n_joined) < (int)opts.min_nodes)
+            pthread_cond_wait(&all_joined, &mu);
         pthread_mutex_unlock(&mu);
         t_restart_ns = now_ns();
         rdzv_why_t why = {.code = 1, .node = out.group_rank, .rank = out.rank_offset};
@@ -86,7 +89,8 @@ static void *sim_agent_main(void *arg) {
     if (a->rc == 0) a->rc = rdzv_wait_restart(&r, kv, out.round, why, sizeof why);
     if (a->rc == 0) a->rc = join_round(&r, kv, a, out.round + 1, &out);
     a->rejoined_ns = now_ns();
-    if (a->rc < 0 && !a->err[0]) snprintf(a->err, sizeof a->err, "%s", kv ? kv->ops->error(kv) : "");
+    if (a->rc < 0 && !a->err[0])
+        snprintf(a->err, sizeof a->err, "%s", kv ? kv->ops->error(kv) : "");
     rdzv_kv_destroy(kv);
     rdzv_lease_free(lease);
     return NULL;

@@ -1,6 +1,6 @@
-/* bench_store_load: closed-loop load on a TCPStore-protocol server, one connection and one thread per
- * simulated client. Prints one JSON line: ops/s, latency percentiles, the load generator's own CPU
- * per op. bench_store.py drives ddprun's store and PyTorch's with it, sending the same bytes.
+/* bench_store_load: closed-loop load on a TCPStore-protocol server, one connection and one thread
+ * per simulated client. Prints one JSON line: ops/s, latency percentiles, the load generator's own
+ * CPU per op. bench_store.py drives ddprun's store and PyTorch's with it, sending the same bytes.
  *
  *   bench_store_load --endpoint H:P [--legacy] --op set|get|add|wait [--clients N]
  *               [--seconds S | --ops-per-client K] [--depth D] [--raw]
@@ -46,7 +46,8 @@ typedef struct {
 static unsigned hist_bucket(uint64_t us) {
     if (us < HIST_LINEAR) return (unsigned)us;
     unsigned e = 63u - (unsigned)__builtin_clzll(us); /* >= 11 */
-    unsigned b = HIST_LINEAR + (e - 11u) * HIST_SUB + (unsigned)((us >> (e - 10u)) & (HIST_SUB - 1));
+    unsigned b =
+        HIST_LINEAR + (e - 11u) * HIST_SUB + (unsigned)((us >> (e - 10u)) & (HIST_SUB - 1));
     return b < HIST_BUCKETS ? b : HIST_BUCKETS - 1;
 }
 
@@ -93,9 +94,9 @@ typedef struct {
     store_client_opts_t opts;
     bench_op_t op;
     int clients;
-    int depth;       /* ops in flight per connection (raw mode) */
-    bool is_raw;     /* plain socket instead of store_client */
-    double seconds;  /* run length, unless ops_per_client > 0 */
+    int depth;      /* ops in flight per connection (raw mode) */
+    bool is_raw;    /* plain socket instead of store_client */
+    double seconds; /* run length, unless ops_per_client > 0 */
     uint64_t ops_per_client;
     char prefix[64]; /* unique per run: keys of an earlier run on the same server are not reused */
     atomic_int failed;
@@ -202,8 +203,8 @@ static void put_op(const bench_t *b, store_writer_t *w, const char *key) {
         store_put_bytes(w, key, klen);
         store_put_bytes(w, value32, 32);
     }
-    store_put_u8(w, (uint8_t)store_proto_wire_opcode(d, b->op == OP_SET ? STORE_OP_CHECK
-                                                                          : STORE_OP_WAIT));
+    store_put_u8(
+        w, (uint8_t)store_proto_wire_opcode(d, b->op == OP_SET ? STORE_OP_CHECK : STORE_OP_WAIT));
     store_put_u64(w, 1);
     store_put_bytes(w, key, klen);
     if (b->op == OP_GET) {
@@ -268,7 +269,8 @@ static void *raw_worker(void *arg) {
     static _Thread_local uint8_t out[1 << 16], in[1 << 16];
     store_writer_t req;
     store_writer_init(&req, out, sizeof out);
-    for (int i = 0; i < b->depth; i++) put_op(b, &req, key);
+    for (int i = 0; i < b->depth; i++)
+        put_op(b, &req, key);
     pthread_barrier_wait(&b->round_start);
     while (fd >= 0 && !is_done(b, w)) {
         uint64_t t0 = now_ns();
@@ -339,7 +341,8 @@ static double run_wait_rounds(bench_t *b) {
     double busy = 0;
     uint64_t end = now_ns() + (uint64_t)(b->seconds * 1e9);
     /* Let every WAIT reach the server before the SET; with many threads on few cores they need
-     * longer to be scheduled. A late WAIT only makes its own wake-up look faster, on both servers. */
+     * longer to be scheduled. A late WAIT only makes its own wake-up look faster, on both servers.
+     */
     useconds_t settle_us = 1000u + 25u * (useconds_t)b->clients;
     for (uint64_t r = 0; setter && !atomic_load(&b->failed); r++) {
         if (b->ops_per_client ? r >= b->ops_per_client : now_ns() >= end) break;
@@ -350,7 +353,8 @@ static double run_wait_rounds(bench_t *b) {
         snprintf(key, sizeof key, "%s/wait/%d", b->prefix, round);
         atomic_store(&b->set_ns, now_ns());
         atomic_store(&b->set_round, round);
-        if (store_client_set(setter, key, "1", 1) < 0) bench_fail(b, "SET", store_client_error(setter));
+        if (store_client_set(setter, key, "1", 1) < 0)
+            bench_fail(b, "SET", store_client_error(setter));
         pthread_barrier_wait(&b->round_end);
         busy += (double)(now_ns() - atomic_load(&b->set_ns)) / 1e9;
         atomic_store(&b->round, round + 1);
@@ -370,8 +374,8 @@ static int usage(void) {
 int main(int argc, char **argv) {
     static bench_t b;
     char host[256] = "127.0.0.1", err[256];
-    b.opts = (store_client_opts_t){.host = host, .port = 29400, .connect_timeout_ms = 10000,
-                                   .op_timeout_ms = 60000};
+    b.opts = (store_client_opts_t){
+        .host = host, .port = 29400, .connect_timeout_ms = 10000, .op_timeout_ms = 60000};
     b.op = OP_SET;
     b.clients = 1;
     b.depth = 1;
@@ -396,7 +400,8 @@ int main(int argc, char **argv) {
             }
         } else if (strcmp(a, "--op") == 0) {
             int k = 0;
-            while (k < 4 && strcmp(v, op_names[k]) != 0) k++;
+            while (k < 4 && strcmp(v, op_names[k]) != 0)
+                k++;
             if (k == 4) return usage();
             b.op = (bench_op_t)k;
         } else if (strcmp(a, "--depth") == 0 && parse_u64(v, 1, 256, &v64) == 0) {
@@ -451,16 +456,19 @@ int main(int argc, char **argv) {
             usleep((useconds_t)(b.seconds * 1e6));
             atomic_store(&b.stop, 1);
         }
-        for (int i = 0; i < b.clients; i++) pthread_join(w[i].thread, NULL);
+        for (int i = 0; i < b.clients; i++)
+            pthread_join(w[i].thread, NULL);
         elapsed = (double)(now_ns() - t0) / 1e9;
     }
     if (b.op == OP_WAIT)
-        for (int i = 0; i < b.clients; i++) pthread_join(w[i].thread, NULL);
+        for (int i = 0; i < b.clients; i++)
+            pthread_join(w[i].thread, NULL);
     double cpu = cpu_seconds() - cpu0;
     static hist_t all;
     uint64_t ops = 0;
     for (int i = 0; i < b.clients; i++) {
-        for (unsigned k = 0; k < HIST_BUCKETS; k++) all.counts[k] += w[i].hist.counts[k];
+        for (unsigned k = 0; k < HIST_BUCKETS; k++)
+            all.counts[k] += w[i].hist.counts[k];
         all.n += w[i].hist.n;
         ops += w[i].ops;
     }
@@ -473,8 +481,8 @@ int main(int argc, char **argv) {
     printf("{\"op\": \"%s\", \"clients\": %d, \"depth\": %d, \"mode\": \"%s\", \"ops\": %llu, "
            "\"seconds\": %.3f, \"ops_per_s\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
            "\"p999_us\": %.1f, \"client_cpu_us_per_op\": %.2f}\n",
-           op_names[b.op], b.clients, b.depth, b.is_raw ? "raw" : "client",
-           (unsigned long long)ops, elapsed, (double)ops / elapsed, hist_percentile(&all, 0.50),
-           hist_percentile(&all, 0.99), hist_percentile(&all, 0.999), cpu * 1e6 / (double)ops);
+           op_names[b.op], b.clients, b.depth, b.is_raw ? "raw" : "client", (unsigned long long)ops,
+           elapsed, (double)ops / elapsed, hist_percentile(&all, 0.50), hist_percentile(&all, 0.99),
+           hist_percentile(&all, 0.999), cpu * 1e6 / (double)ops);
     return 0;
 }

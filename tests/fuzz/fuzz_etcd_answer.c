@@ -1,7 +1,7 @@
-/* libFuzzer harness over the decoding of etcd's answers (launcher/etcd/etcd_answer): what any member
- * of the cluster, or whatever answers on its address, sends back. The first byte picks the path:
- * a range answer (each key-value, the header's revision) or a watch stream fed in pieces whose
- * size the second byte sets. Checks that decoding never crashes or reads past the input, that
+/* libFuzzer harness over the decoding of etcd's answers (launcher/etcd/etcd_answer): what any
+ * member of the cluster, or whatever answers on its address, sends back. The first byte picks the
+ * path: a range answer (each key-value, the header's revision) or a watch stream fed in pieces
+ * whose size the second byte sets. Checks that decoding never crashes or reads past the input, that
  * every key and value handed on is NUL-terminated at its length, that a watch never goes back in
  * revision, and that nothing is delivered after the callback ended the watch or it went bad. */
 #include <assert.h>

@@ -1,7 +1,8 @@
 /* libFuzzer harness over the worker's parsers of files that come from outside: train.conf
- * (with overrides), IDX datasets, CIFAR binary batches and snapshots. The input goes to a memfd (CIFAR: a
- * file in a scratch directory, the loader takes a directory) so the parsers' real file paths are
- * exercised. The first byte picks the parser: odd train.conf, 2 CIFAR-10, 4 a snapshot, other even IDX. */
+ * (with overrides), IDX datasets, CIFAR binary batches and snapshots. The input goes to a memfd
+ * (CIFAR: a file in a scratch directory, the loader takes a directory) so the parsers' real file
+ * paths are exercised. The first byte picks the parser: odd train.conf, 2 CIFAR-10, 4 a snapshot,
+ * other even IDX. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
@@ -47,7 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snapshot_data_t d;
         if (snapshot_read(path, &d, err, sizeof err) == 0) {
             if (!d.params || !d.momentum || !d.buffers) __builtin_trap();
-            if ((d.header.optimizer != SNAPSHOT_OPTIM_SGD) != (d.second_moment != NULL)) __builtin_trap();
+            if ((d.header.optimizer != SNAPSHOT_OPTIM_SGD) != (d.second_moment != NULL))
+                __builtin_trap();
             (void)snapshot_state_hash(&d);
             snapshot_data_free(&d);
         }

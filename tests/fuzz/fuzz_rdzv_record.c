@@ -1,7 +1,7 @@
-/* libFuzzer harness over the rendezvous' record parsers (launcher/rdzv/rdzv_record): the bytes another
- * agent, or anyone who reaches the store, may leave under r<R>/node/<i> and r<R>/restart. Checks
- * that parsing never crashes or reads past the input, and that whatever parses also formats and
- * parses back to the same values. The first byte picks the parser. */
+/* libFuzzer harness over the rendezvous' record parsers (launcher/rdzv/rdzv_record): the bytes
+ * another agent, or anyone who reaches the store, may leave under r<R>/node/<i> and r<R>/restart.
+ * Checks that parsing never crashes or reads past the input, and that whatever parses also formats
+ * and parses back to the same values. The first byte picks the parser. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>

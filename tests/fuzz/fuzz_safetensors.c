@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int i = 0; i < ix.n; i++) {
                 const safetensors_entry_t *e = &ix.entries[i];
                 void *buf = malloc((size_t)(e->end - e->begin) + 1);
-                if (buf && safetensors_read(fd, &ix, e, buf, err, sizeof err) < 0) abort(); /* validated */
+                if (buf && safetensors_read(fd, &ix, e, buf, err, sizeof err) < 0)
+                    abort(); /* validated */
                 free(buf);
             }
             close(fd);

@@ -51,7 +51,9 @@ static void encode_request(store_dialect_t d, const store_request_t *q, store_wr
     store_put_u8(w, (uint8_t)wire);
     switch (q->op) {
     case STORE_OP_VALIDATE:
-    case STORE_OP_PING: store_put_u32(w, q->u32); break;
+    case STORE_OP_PING:
+        store_put_u32(w, q->u32);
+        break;
     case STORE_OP_SET:
     case STORE_OP_APPEND:
     case STORE_OP_QUEUE_PUSH:
@@ -67,7 +69,9 @@ static void encode_request(store_dialect_t d, const store_request_t *q, store_wr
     case STORE_OP_DELETE_KEY:
     case STORE_OP_QUEUE_POP:
     case STORE_OP_QUEUE_LEN:
-    case STORE_OP_WATCH_KEY: store_put_bytes(w, q->key.ptr, q->key.len); break;
+    case STORE_OP_WATCH_KEY:
+        store_put_bytes(w, q->key.ptr, q->key.len);
+        break;
     case STORE_OP_ADD:
     case STORE_OP_BARRIER:
         store_put_bytes(w, q->key.ptr, q->key.len);
@@ -88,12 +92,16 @@ static void encode_request(store_dialect_t d, const store_request_t *q, store_wr
     }
     case STORE_OP_GETNUMKEYS:
     case STORE_OP_CANCEL_WAIT:
-    case STORE_OP_LIST_KEYS: break;
-    case STORE_OP_AUTH_HELLO: store_put_u8(w, (uint8_t)q->u32); break;
+    case STORE_OP_LIST_KEYS:
+        break;
+    case STORE_OP_AUTH_HELLO:
+        store_put_u8(w, (uint8_t)q->u32);
+        break;
     case STORE_OP_AUTH_PROOF:
         store_put_raw(w, q->auth, STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES);
         break;
-    default: CHECK(0);
+    default:
+        CHECK(0);
     }
 }
 
@@ -109,7 +117,8 @@ static void check_request(store_dialect_t d, const store_limits_t *lim, const ui
     CHECK(q->n_items <= lim->max_keys_per_op && inside(frame, flen, q->items));
     if (q->op == STORE_OP_VALIDATE) CHECK(q->u32 == STORE_PROTO_MAGIC && d != STORE_DIALECT_LEGACY);
     if (q->op == STORE_OP_AUTH_PROOF)
-        CHECK(q->auth >= frame && q->auth + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES <= frame + flen);
+        CHECK(q->auth >= frame &&
+              q->auth + STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES <= frame + flen);
     (void)store_proto_reply_kind(q->op);
 
     size_t cursor = 0, prev = 0;

@@ -52,9 +52,9 @@ static void teardown(void) {
 
 TestSuite(backend_cuda, .init = setup, .fini = teardown, .timeout = 120);
 
-#define SKIP_WITHOUT_GPU() \
-    do { \
-        if (!gpu) cr_skip_test("no GPU visible"); \
+#define SKIP_WITHOUT_GPU()                                                                         \
+    do {                                                                                           \
+        if (!gpu) cr_skip_test("no GPU visible");                                                  \
     } while (0)
 
 static uint64_t seed = 99;
@@ -84,8 +84,8 @@ static float *down(backend_t *b, const float *dev, size_t n) {
  * of its outputs reflects; elementwise ops get a tiny one. A NaN or an infinity where the CPU's
  * value is finite fails (tensor_close.h). Each comparison logs how much of its tolerance it used,
  * so a GPU run's log shows the margins. */
-static void expect_tensor_close(const float *want, const float *got, size_t n, double rtol, double atol_rms,
-                                const char *what) {
+static void expect_tensor_close(const float *want, const float *got, size_t n, double rtol,
+                                double atol_rms, const char *what) {
     double sum2 = 0;
     size_t n_finite = 0;
     for (size_t i = 0; i < n; i++)
@@ -104,8 +104,10 @@ static void expect_tensor_close(const float *want, const float *got, size_t n, d
 }
 
 /* Against the tensor's largest value (one absolute tolerance rtol * max|cpu| for every element),
- * still NaN- and inf-proof. The tests here use expect_tensor_close; this stays for coarse checks. */
-static inline void expect_close(const float *want, const float *got, size_t n, double rtol, const char *what) {
+ * still NaN- and inf-proof. The tests here use expect_tensor_close; this stays for coarse checks.
+ */
+static inline void expect_close(const float *want, const float *got, size_t n, double rtol,
+                                const char *what) {
     double scale = 0;
     for (size_t i = 0; i < n; i++)
         if (isfinite(want[i])) scale = fmax(scale, fabs(want[i]));
@@ -122,18 +124,28 @@ static inline void expect_close(const float *want, const float *got, size_t n, d
  *   formula on both sides (FMA contraction, the order of a handful of additions): a few ulps.
  * TOL_FP32_REDUCE: sums over up to a few thousand terms in fp32 in another order.
  * TOL_CONV: cuDNN's timed search may pick Winograd or FFT algorithms, which round more. */
-#define TOL_EXACTISH 1e-6, 1e-6
+#define TOL_EXACTISH    1e-6, 1e-6
 #define TOL_ELEMENTWISE 1e-5, 1e-6
 #define TOL_FP32_REDUCE 1e-5, 1e-5
-#define TOL_CONV 1e-4, 1e-4
+#define TOL_CONV        1e-4, 1e-4
 
 /* conv forward and backward (dx and dw accumulate onto a non-zero start) on g against the cpu,
  * within (rtol, atol_rms) */
-static void conv_case_on(backend_t *g, double rtol, double atol_rms, int n, int h, int w, int c, int k, int size,
-                         int stride, int pad) {
-    conv_shape_t s = {.n = n, .h = h, .w = w, .c = c, .k = k, .r = size, .s = size, .stride = stride,
-                      .pad = pad, .oh = (h + 2 * pad - size) / stride + 1, .ow = (w + 2 * pad - size) / stride + 1};
-    size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c, ny = (size_t)n * s.oh * s.ow * k;
+static void conv_case_on(backend_t *g, double rtol, double atol_rms, int n, int h, int w, int c,
+                         int k, int size, int stride, int pad) {
+    conv_shape_t s = {.n = n,
+                      .h = h,
+                      .w = w,
+                      .c = c,
+                      .k = k,
+                      .r = size,
+                      .s = size,
+                      .stride = stride,
+                      .pad = pad,
+                      .oh = (h + 2 * pad - size) / stride + 1,
+                      .ow = (w + 2 * pad - size) / stride + 1};
+    size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c,
+           ny = (size_t)n * s.oh * s.ow * k;
     float *x = random_host(nx, 1), *wt = random_host(nw, 0.5f), *dy = random_host(ny, 1);
     float *dx0 = random_host(nx, 1), *dw0 = random_host(nw, 1);
     float *out[2][3];
@@ -168,14 +180,17 @@ Test(backend_cuda, conv2d_matches_cpu) {
 /* linear forward and backward (dx, dw, db accumulate onto a non-zero start) on g against the cpu */
 static void linear_case_on(backend_t *g, double rtol, double atol_rms, int rows, int in, int outs) {
     size_t nx = (size_t)rows * in, nw = (size_t)outs * in, ny = (size_t)rows * outs;
-    float *x = random_host(nx, 1), *wt = random_host(nw, 0.5f), *bias = random_host((size_t)outs, 1);
+    float *x = random_host(nx, 1), *wt = random_host(nw, 0.5f),
+          *bias = random_host((size_t)outs, 1);
     float *dy = random_host(ny, 1), *dx0 = random_host(nx, 1), *dw0 = random_host(nw, 1);
     float *out[2][4];
     backend_t *bs[2] = {cpu, g};
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        float *x_ = up(b, x, nx), *w_ = up(b, wt, nw), *b_ = up(b, bias, (size_t)outs), *y_ = up(b, dy, ny);
-        float *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx), *dw_ = up(b, dw0, nw), *db_ = up(b, bias, (size_t)outs);
+        float *x_ = up(b, x, nx), *w_ = up(b, wt, nw), *b_ = up(b, bias, (size_t)outs),
+              *y_ = up(b, dy, ny);
+        float *dy_ = up(b, dy, ny), *dx_ = up(b, dx0, nx), *dw_ = up(b, dw0, nw),
+              *db_ = up(b, bias, (size_t)outs);
         b->ops->linear_forward(b, rows, in, outs, TD(b, x_), w_, b_, TD(b, y_));
         b->ops->linear_backward(b, rows, in, outs, TD(b, x_), w_, TD(b, dy_), TD(b, dx_), dw_, db_);
         out[i][0] = down(b, y_, ny);
@@ -186,7 +201,8 @@ static void linear_case_on(backend_t *g, double rtol, double atol_rms, int rows,
     expect_tensor_close(out[0][0], out[1][0], ny, rtol, atol_rms, "linear forward");
     expect_tensor_close(out[0][1], out[1][1], nx, rtol, atol_rms, "linear dx");
     expect_tensor_close(out[0][2], out[1][2], nw, rtol, atol_rms, "linear dw");
-    expect_tensor_close(out[0][3], out[1][3], (size_t)outs, TOL_FP32_REDUCE, "linear dbias"); /* no GEMM */
+    expect_tensor_close(out[0][3], out[1][3], (size_t)outs, TOL_FP32_REDUCE,
+                        "linear dbias"); /* no GEMM */
 }
 
 /* TF32: fp32 storage, convolutions and GEMMs on tensor cores with inputs rounded (or truncated) to
@@ -223,29 +239,38 @@ Test(backend_cuda, batchnorm_matches_cpu) {
     float *x = random_host(nx, 3), *g = random_host((size_t)c, 1), *be = random_host((size_t)c, 1);
     float *dy = random_host(nx, 1), *dx0 = random_host(nx, 1);
     float *run = random_host(2 * (size_t)c, 1);
-    for (int j = 0; j < c; j++) run[c + j] = fabsf(run[c + j]) + 0.5f;
+    for (int j = 0; j < c; j++)
+        run[c + j] = fabsf(run[c + j]) + 0.5f;
     float *out[2][6];
     backend_t *bs[2] = {cpu, gpu};
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
-        float *x_ = up(b, x, nx), *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c), *y_ = up(b, x, nx);
-        float *save = up(b, run, 2 * (size_t)c), *run_ = up(b, run, 2 * (size_t)c), *dy_ = up(b, dy, nx);
+        float *x_ = up(b, x, nx), *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c),
+              *y_ = up(b, x, nx);
+        float *save = up(b, run, 2 * (size_t)c), *run_ = up(b, run, 2 * (size_t)c),
+              *dy_ = up(b, dy, nx);
         float *dx_ = up(b, dx0, nx), *dg = up(b, g, (size_t)c), *db = up(b, be, (size_t)c);
-        b->ops->batchnorm_forward_train(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), save, save + c, run_, run_ + c, 0.1f, 1e-5f);
+        b->ops->batchnorm_forward_train(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), save, save + c,
+                                        run_, run_ + c, 0.1f, 1e-5f);
         out[i][0] = down(b, y_, nx);
         out[i][1] = down(b, run_, 2 * (size_t)c);
-        b->ops->batchnorm_backward(b, rows, c, TD(b, x_), g_, save, save + c, TD(b, dy_), TD(b, dx_), dg, db);
+        b->ops->batchnorm_backward(b, rows, c, TD(b, x_), g_, save, save + c, TD(b, dy_),
+                                   TD(b, dx_), dg, db);
         out[i][2] = down(b, dx_, nx);
         out[i][3] = down(b, dg, (size_t)c);
         out[i][4] = down(b, db, (size_t)c);
-        b->ops->batchnorm_forward_eval(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), run_, run_ + c, 1e-5f);
+        b->ops->batchnorm_forward_eval(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), run_, run_ + c,
+                                       1e-5f);
         out[i][5] = down(b, y_, nx);
     }
-    const char *what[6] = {"bn train forward", "running stats", "bn dx", "bn dgamma", "bn dbeta", "bn eval"};
+    const char *what[6] = {"bn train forward", "running stats", "bn dx",
+                           "bn dgamma",        "bn dbeta",      "bn eval"};
     size_t sizes[6] = {nx, 2 * (size_t)c, nx, (size_t)c, (size_t)c, nx};
     /* the forward and the statistics are elementwise after the per-channel sums */
-    double rtol[6] = {1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5}, atol[6] = {1e-5, 1e-6, 1e-5, 1e-5, 1e-5, 1e-6};
-    for (int k = 0; k < 6; k++) expect_tensor_close(out[0][k], out[1][k], sizes[k], rtol[k], atol[k], what[k]);
+    double rtol[6] = {1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5},
+           atol[6] = {1e-5, 1e-6, 1e-5, 1e-5, 1e-5, 1e-6};
+    for (int k = 0; k < 6; k++)
+        expect_tensor_close(out[0][k], out[1][k], sizes[k], rtol[k], atol[k], what[k]);
 }
 
 Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
@@ -253,7 +278,8 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
     pool_shape_t ps = {.n = 3, .h = 8, .w = 6, .c = 5, .size = 2, .stride = 2, .oh = 4, .ow = 3};
     size_t nx = 3 * 8 * 6 * 5, ny = 3 * 4 * 3 * 5, nl = 6 * 20, nw = 7 * 20, no = 6 * 7;
     float *x = random_host(nx, 1), *dy = random_host(ny, 1), *dx0 = random_host(nx, 1);
-    float *lx = random_host(nl, 1), *lw = random_host(nw, 1), *lb = random_host(7, 1), *ldy = random_host(no, 1);
+    float *lx = random_host(nl, 1), *lw = random_host(nw, 1), *lb = random_host(7, 1),
+          *ldy = random_host(no, 1);
     float *p = random_host(1000, 1), *gr = random_host(1000, 1), *m = random_host(1000, 1);
     int32_t labels[6] = {0, 6, 3, 2, 5, 1};
     float *out[2][9];
@@ -271,7 +297,8 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
         b->ops->avgpool_global_backward(b, 3, 48, 5, TD(b, gap), TD(b, dx_));
         out[i][2] = down(b, dx_, nx);
         float *lx_ = up(b, lx, nl), *lw_ = up(b, lw, nw), *lb_ = up(b, lb, 7), *ly = up(b, ldy, no);
-        float *ldy_ = up(b, ldy, no), *ldx = up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
+        float *ldy_ = up(b, ldy, no), *ldx = up(b, lx, nl), *ldw = up(b, lw, nw),
+              *ldb = up(b, lb, 7);
         b->ops->linear_forward(b, 6, 20, 7, TD(b, lx_), lw_, lb_, TD(b, ly));
         out[i][3] = down(b, ly, no);
         b->ops->linear_backward(b, 6, 20, 7, TD(b, lx_), lw_, TD(b, ldy_), TD(b, ldx), ldw, ldb);
@@ -287,14 +314,16 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
         b->ops->sgd_step(b, p_, g_, m_, 1000, 0.1f, 0.9f, 5e-4f, true, 0.5f, NULL);
         out[i][8] = down(b, p_, 1000);
     }
-    const char *what[9] = {"maxpool", "maxpool backward", "avgpool backward", "linear", "linear dx",
-                           "linear dw", "softmax-xent gradient", "softmax-xent loss", "sgd"};
+    const char *what[9] = {
+        "maxpool",   "maxpool backward",      "avgpool backward",  "linear", "linear dx",
+        "linear dw", "softmax-xent gradient", "softmax-xent loss", "sgd"};
     size_t sizes[9] = {ny, nx, nx, no, nl, nw, no, 1, 1000};
     /* pooling and SGD per element (SGD's weight decay alone moves an element by lr * wd * p =
      * 5e-5 of it); linear and softmax-xent are sums */
     double rtol[9] = {0, 1e-6, 1e-6, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-6};
     double atol[9] = {0, 1e-6, 1e-6, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-6};
-    for (int k = 0; k < 9; k++) expect_tensor_close(out[0][k], out[1][k], sizes[k], rtol[k], atol[k], what[k]);
+    for (int k = 0; k < 9; k++)
+        expect_tensor_close(out[0][k], out[1][k], sizes[k], rtol[k], atol[k], what[k]);
 }
 
 /* The ops ResNet's ImageNet stem and VGG add: max-pool with padding, adaptive average pooling
@@ -302,16 +331,19 @@ Test(backend_cuda, pooling_linear_loss_and_sgd_match_cpu) {
  * (its gradient over many rows: the chunked reduction). */
 Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
     SKIP_WITHOUT_GPU();
-    pool_shape_t mp = {.n = 3, .h = 9, .w = 8, .c = 5, .size = 3, .stride = 2, .pad = 1, .oh = 5, .ow = 4};
+    pool_shape_t mp = {
+        .n = 3, .h = 9, .w = 8, .c = 5, .size = 3, .stride = 2, .pad = 1, .oh = 5, .ow = 4};
     pool_shape_t big = {.n = 2, .h = 15, .w = 11, .c = 6, .oh = 7, .ow = 7};
     pool_shape_t small = {.n = 2, .h = 3, .w = 2, .c = 6, .oh = 7, .ow = 7};
-    size_t nx = 3 * 9 * 8 * 5, ny = 3 * 5 * 4 * 5, na = 2 * 15 * 11 * 6, ns = 2 * 3 * 2 * 6, no = 2 * 7 * 7 * 6;
+    size_t nx = 3 * 9 * 8 * 5, ny = 3 * 5 * 4 * 5, na = 2 * 15 * 11 * 6, ns = 2 * 3 * 2 * 6,
+           no = 2 * 7 * 7 * 6;
     size_t nd = 100003, rows = 5000;
     int bc = 40;
     float *x = random_host(nx, 1), *dy = random_host(ny, 1), *dx0 = random_host(nx, 1);
     float *xa = random_host(na, 1), *xs = random_host(ns, 1), *dya = random_host(no, 1);
     float *xd = random_host(nd, 1), *dyd = random_host(nd, 1);
-    float *bias = random_host((size_t)bc, 1), *yb = random_host(rows * bc, 1), *db0 = random_host((size_t)bc, 1);
+    float *bias = random_host((size_t)bc, 1), *yb = random_host(rows * bc, 1),
+          *db0 = random_host((size_t)bc, 1);
     enum { K = 9 };
     float *out[2][K];
     backend_t *bs[2] = {cpu, gpu};
@@ -323,7 +355,8 @@ Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
         b->ops->maxpool_backward(b, &mp, am, TD(b, dy_), TD(b, dx_));
         out[i][0] = down(b, y_, ny);
         out[i][1] = down(b, dx_, nx);
-        float *xa_ = up(b, xa, na), *ya = up(b, dya, no), *dya_ = up(b, dya, no), *dxa = up(b, xa, na);
+        float *xa_ = up(b, xa, na), *ya = up(b, dya, no), *dya_ = up(b, dya, no),
+              *dxa = up(b, xa, na);
         b->ops->avgpool_adaptive_forward(b, &big, TD(b, xa_), TD(b, ya));
         b->ops->avgpool_adaptive_backward(b, &big, TD(b, dya_), TD(b, dxa));
         out[i][2] = down(b, ya, no);
@@ -333,25 +366,31 @@ Test(backend_cuda, padded_maxpool_adaptive_pool_dropout_and_bias_match_cpu) {
         b->ops->avgpool_adaptive_backward(b, &small, TD(b, dya_), TD(b, dxs));
         out[i][4] = down(b, ya, no);
         out[i][5] = down(b, dxs, ns);
-        float *xd_ = up(b, xd, nd), *yd = up(b, xd, nd), *dyd_ = up(b, dyd, nd), *dxd = up(b, dyd, nd);
+        float *xd_ = up(b, xd, nd), *yd = up(b, xd, nd), *dyd_ = up(b, dyd, nd),
+              *dxd = up(b, dyd, nd);
         b->ops->dropout_forward(b, TD(b, xd_), TD(b, yd), nd, 0.5f, 0xfeedull);
         b->ops->dropout_backward(b, TD(b, dyd_), TD(b, dxd), nd, 0.5f, 0xfeedull);
         out[i][6] = down(b, yd, nd);
         out[i][7] = down(b, dxd, nd);
-        float *yb_ = up(b, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc), *db = up(b, db0, (size_t)bc);
+        float *yb_ = up(b, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc),
+              *db = up(b, db0, (size_t)bc);
         b->ops->bias_add(b, rows, bc, bias_, TD(b, yb_));
         b->ops->bias_backward(b, rows, bc, TD(b, yb_), db);
         out[i][8] = down(b, db, (size_t)bc);
     }
-    const char *what[K] = {"padded maxpool", "padded maxpool backward", "adaptive pool 15x11 -> 7x7",
-                           "its backward", "adaptive pool 3x2 -> 7x7", "its backward", "dropout",
-                           "dropout backward", "bias add, then its gradient"};
+    const char *what[K] = {
+        "padded maxpool", "padded maxpool backward",  "adaptive pool 15x11 -> 7x7",
+        "its backward",   "adaptive pool 3x2 -> 7x7", "its backward",
+        "dropout",        "dropout backward",         "bias add, then its gradient"};
     size_t sizes[K] = {ny, nx, no, na, no, ns, nd, nd, (size_t)bc};
     /* the bias gradient sums 5000 rows; the rest is selection and a few additions per element */
     for (int k = 0; k < K; k++)
-        if (k == 8) expect_tensor_close(out[0][k], out[1][k], sizes[k], TOL_FP32_REDUCE, what[k]);
-        else expect_tensor_close(out[0][k], out[1][k], sizes[k], TOL_EXACTISH, what[k]);
-    cr_assert(memcmp(out[0][6], out[1][6], nd * sizeof(float)) == 0, "dropout: the same mask, the same bits");
+        if (k == 8)
+            expect_tensor_close(out[0][k], out[1][k], sizes[k], TOL_FP32_REDUCE, what[k]);
+        else
+            expect_tensor_close(out[0][k], out[1][k], sizes[k], TOL_EXACTISH, what[k]);
+    cr_assert(memcmp(out[0][6], out[1][6], nd * sizeof(float)) == 0,
+              "dropout: the same mask, the same bits");
 }
 
 /* A device copy of a loss scaler starting at scale. */
@@ -362,15 +401,17 @@ static loss_scale_t *device_loss_scale(backend_t *b, float scale) {
 }
 
 /* The whole-step tests' network and batch: ResNet-18 width 8 on 16x16x3, 10 classes, 8 samples. */
-#define STEP_N 8
+#define STEP_N     8
 #define STEP_INPUT ((size_t)STEP_N * 16 * 16 * 3)
 
 /* m on backend b: built, initialized from seed 5, one forward (logits read back into *logits
  * when not NULL), loss (with ls, scaled) and backward of x and labels. Returns the summed loss. */
-static float resnet18_forward_backward(backend_t *b, model_t *m, const float *x, const int32_t *labels,
-                                       const loss_scale_t *ls, float **logits) {
+static float resnet18_forward_backward(backend_t *b, model_t *m, const float *x,
+                                       const int32_t *labels, const loss_scale_t *ls,
+                                       float **logits) {
     char err[256];
-    cr_assert_eq(model_init(m, b, "resnet18", 8, 16, 16, 3, 10, STEP_N, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init(m, b, "resnet18", 8, 16, 16, 3, 10, STEP_N, err, sizeof err), 0, "%s",
+                 err);
     cr_assert_eq(model_init_params(m, 5), 0);
     b->mem->to_device(b, model_input(m), x, STEP_INPUT * sizeof(float));
     b->mem->to_device(b, m->labels, labels, STEP_N * sizeof(int32_t));
@@ -392,11 +433,14 @@ Test(backend_cuda, one_resnet18_training_step_matches_cpu) {
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         loss[i] = resnet18_forward_backward(b, &m[i], x, labels, NULL, NULL);
-        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f, NULL);
+        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.1f, 0.9f,
+                         5e-4f, true, 1.0f, NULL);
         params[i] = down(b, m[i].params, m[i].n_params);
     }
-    cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "loss: cpu %g cuda %g", loss[0], loss[1]);
-    expect_tensor_close(params[0], params[1], m[0].n_params, 1e-3, 1e-3, "parameters after one step");
+    cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "loss: cpu %g cuda %g", loss[0],
+                       loss[1]);
+    expect_tensor_close(params[0], params[1], m[0].n_params, 1e-3, 1e-3,
+                        "parameters after one step");
     model_free(&m[0]);
     model_free(&m[1]);
 }
@@ -418,7 +462,8 @@ static void one_step_case(const char *name, model_stem_t stem, int side) {
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         char err[256];
-        cr_assert_eq(model_init_opts(&m[i], b, &o, side, side, 3, 10, N, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_opts(&m[i], b, &o, side, side, 3, 10, N, err, sizeof err), 0, "%s",
+                     err);
         cr_assert_eq(model_init_params(&m[i], 5), 0);
         b->mem->to_device(b, model_input(&m[i]), x, n_in * sizeof(float));
         b->mem->to_device(b, m[i].labels, labels, sizeof labels);
@@ -428,12 +473,13 @@ static void one_step_case(const char *name, model_stem_t stem, int side) {
         model_loss(&m[i], N, 0.0f, 1.0f, NULL);
         loss[i] = (float)model_take_loss(&m[i]);
         model_backward(&m[i], N, NULL, NULL);
-        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.05f, 0.9f, 5e-4f, false, 1.0f,
-                         NULL);
+        b->ops->sgd_step(b, m[i].params, m[i].grads, m[i].momentum, m[i].n_params, 0.05f, 0.9f,
+                         5e-4f, false, 1.0f, NULL);
         params[i] = down(b, m[i].params, m[i].n_params);
     }
     expect_tensor_close(logits[0], logits[1], (size_t)N * 10, 1e-3, 1e-3, name);
-    cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "%s loss: cpu %g cuda %g", name, loss[0], loss[1]);
+    cr_assert_float_eq(loss[0], loss[1], 1e-3 * fabsf(loss[0]), "%s loss: cpu %g cuda %g", name,
+                       loss[0], loss[1]);
     expect_tensor_close(params[0], params[1], m[0].n_params, 1e-3, 1e-3, name);
     model_free(&m[0]);
     model_free(&m[1]);
@@ -464,18 +510,20 @@ static void resnet18_step_low(unsigned flag, const char *name, double bound, dou
         loss[i] = resnet18_forward_backward(b, &m[i], x, labels, i ? ls : NULL, &logits[i]);
         grads[i] = down(b, m[i].grads, m[i].n_params);
     }
-    for (size_t j = 0; j < m[1].n_params; j++) grads[1][j] /= loss_scale;
-    cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda %s %g", loss[0], name, loss[1]);
+    for (size_t j = 0; j < m[1].n_params; j++)
+        grads[1][j] /= loss_scale;
+    cr_assert_float_eq(loss[0], loss[1], 3e-2 * fabsf(loss[0]), "loss: cpu %g cuda %s %g", loss[0],
+                       name, loss[1]);
     expect_tensor_close(logits[0], logits[1], (size_t)STEP_N * 10, 5e-2, 5e-2, "narrow logits");
-    /* Gradients by relative norm error, overall. Narrow storage alone moves this network's gradients
-     * a lot at initialisation: PyTorch, with every activation and activation gradient rounded to
-     * bf16 and fp32 math (what this backend does), differs from fp32 by 0.27-0.32 in relative norm
-     * on this network at batch 8 to 64, and by 0.08-0.12 with fp16 at a scale of 1024
+    /* Gradients by relative norm error, overall. Narrow storage alone moves this network's
+     * gradients a lot at initialisation: PyTorch, with every activation and activation gradient
+     * rounded to bf16 and fp32 math (what this backend does), differs from fp32 by 0.27-0.32 in
+     * relative norm on this network at batch 8 to 64, and by 0.08-0.12 with fp16 at a scale of 1024
      * (tests/interop/low_storage_emulation.py); batch norm's backward cancels most of each
      * gradient, so its rounding error stays. The bound catches a wrong or missing term (errors near
-     * 1); the op tests below catch the rest. Layer by layer the same emulation gives at most 0.56 (bf16)
- * and 0.25 (fp16) over those batches and seeds: layer_bound catches one layer's wrong or missing
- * term, which the overall figure dilutes. */
+     * 1); the op tests below catch the rest. Layer by layer the same emulation gives at most 0.56
+     * (bf16) and 0.25 (fp16) over those batches and seeds: layer_bound catches one layer's wrong or
+     * missing term, which the overall figure dilutes. */
     double diff2 = 0, ref2 = 0, worst = 0;
     int worst_layer = -1;
     for (int l = 0; l < m[0].n_layers; l++) {
@@ -494,12 +542,15 @@ static void resnet18_step_low(unsigned flag, const char *name, double bound, dou
         }
     }
     double overall = sqrt(diff2 / ref2);
-    fprintf(stderr, "%s gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f\n", name, overall,
-                worst_layer, worst_layer >= 0 ? (int)m[0].layers[worst_layer].kind : -1, worst);
-    cr_assert(overall <= bound, "%s parameter gradients: relative error %g overall (worst layer %d: %g)", name,
+    fprintf(stderr, "%s gradients: relative error %.4f overall, worst layer %d (kind %d) %.4f\n",
+            name, overall, worst_layer, worst_layer >= 0 ? (int)m[0].layers[worst_layer].kind : -1,
+            worst);
+    cr_assert(overall <= bound,
+              "%s parameter gradients: relative error %g overall (worst layer %d: %g)", name,
               overall, worst_layer, worst);
     cr_assert(worst_layer >= 0, "%s: no layer with a non-zero reference gradient", name);
-    cr_assert(worst <= layer_bound, "%s parameter gradients: layer %d (kind %d) has relative error %g > %g", name,
+    cr_assert(worst <= layer_bound,
+              "%s parameter gradients: layer %d (kind %d) has relative error %g > %g", name,
               worst_layer, (int)m[0].layers[worst_layer].kind, worst, layer_bound);
     model_free(&m[0]);
     model_free(&m[1]);
@@ -533,7 +584,9 @@ static float round_low(float v) {
 
 /* The narrow type's unit roundoff (half an ulp at 1): rounding once moves a value by at most
  * this much of itself. */
-static double low_eps(void) { return low_flag == BACKEND_CUDA_FP16 ? 0x1p-11 : 0x1p-8; }
+static double low_eps(void) {
+    return low_flag == BACKEND_CUDA_FP16 ? 0x1p-11 : 0x1p-8;
+}
 
 /* A narrow output against the fp32 reference: one rounding of a value whose fp32 computation may
  * differ in the last bits (so it may round the other way: 2 units), plus the accumulation order
@@ -543,7 +596,8 @@ static void expect_low_close(const float *want, const float *got, size_t n, cons
 }
 
 static float *rounded(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = round_low(p[i]);
+    for (size_t i = 0; i < n; i++)
+        p[i] = round_low(p[i]);
     return p;
 }
 
@@ -563,8 +617,10 @@ static low_t low_make(void) {
     l.b = backend_cuda_create(0, low_flag, NULL, err, sizeof err);
     cr_assert_not_null(l.b, "%s", err);
     size_t n = (size_t)1 << 20;
-    for (int i = 0; i < 3; i++) l.arena[i] = l.b->mem->alloc(l.b, n * sizeof(float));
-    cr_assert_eq(l.b->mem->mark_arenas(l.b, l.arena[PARAMS], n, l.arena[ACTS], l.arena[DACTS], n), 0);
+    for (int i = 0; i < 3; i++)
+        l.arena[i] = l.b->mem->alloc(l.b, n * sizeof(float));
+    cr_assert_eq(l.b->mem->mark_arenas(l.b, l.arena[PARAMS], n, l.arena[ACTS], l.arena[DACTS], n),
+                 0);
     narrow_arenas(l.b, l.arena[ACTS], l.arena[DACTS], n);
     return l;
 }
@@ -577,13 +633,25 @@ static float *low_put(low_t *l, int which, const float *host, size_t n) {
 }
 
 static void conv_case_low(int n, int h, int w, int c, int k, int size, int stride, int pad) {
-    conv_shape_t s = {.n = n, .h = h, .w = w, .c = c, .k = k, .r = size, .s = size, .stride = stride,
-                      .pad = pad, .oh = (h + 2 * pad - size) / stride + 1, .ow = (w + 2 * pad - size) / stride + 1};
-    size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c, ny = (size_t)n * s.oh * s.ow * k;
+    conv_shape_t s = {.n = n,
+                      .h = h,
+                      .w = w,
+                      .c = c,
+                      .k = k,
+                      .r = size,
+                      .s = size,
+                      .stride = stride,
+                      .pad = pad,
+                      .oh = (h + 2 * pad - size) / stride + 1,
+                      .ow = (w + 2 * pad - size) / stride + 1};
+    size_t nx = (size_t)n * h * w * c, nw = (size_t)k * size * size * c,
+           ny = (size_t)n * s.oh * s.ow * k;
     float *x = rounded(random_host(nx, 1), nx), *wt = rounded(random_host(nw, 0.5f), nw);
-    float *dy = rounded(random_host(ny, 1), ny), *dx0 = rounded(random_host(nx, 1), nx), *dw0 = random_host(nw, 1);
+    float *dy = rounded(random_host(ny, 1), ny), *dx0 = rounded(random_host(nx, 1), nx),
+          *dw0 = random_host(nw, 1);
     float *want[3], *got[3];
-    float *x_ = up(cpu, x, nx), *w_ = up(cpu, wt, nw), *y_ = up(cpu, dy, ny), *dy_ = up(cpu, dy, ny);
+    float *x_ = up(cpu, x, nx), *w_ = up(cpu, wt, nw), *y_ = up(cpu, dy, ny),
+          *dy_ = up(cpu, dy, ny);
     float *gx = up(cpu, dx0, nx), *gw = up(cpu, dw0, nw);
     cpu->ops->conv2d_forward(cpu, &s, TD(cpu, x_), w_, TD(cpu, y_));
     cpu->ops->conv2d_backward(cpu, &s, TD(cpu, x_), w_, TD(cpu, dy_), TD(cpu, gx), gw);
@@ -592,8 +660,10 @@ static void conv_case_low(int n, int h, int w, int c, int k, int size, int strid
     want[2] = down(cpu, gw, nw);
     low_t l = low_make();
     backend_t *b = l.b;
-    float *lx = low_put(&l, ACTS, x, nx), *lw = low_put(&l, PARAMS, wt, nw), *ly = low_put(&l, ACTS, dy, ny);
-    float *ldy = low_put(&l, DACTS, dy, ny), *ldx = low_put(&l, DACTS, dx0, nx), *ldw = up(b, dw0, nw);
+    float *lx = low_put(&l, ACTS, x, nx), *lw = low_put(&l, PARAMS, wt, nw),
+          *ly = low_put(&l, ACTS, dy, ny);
+    float *ldy = low_put(&l, DACTS, dy, ny), *ldx = low_put(&l, DACTS, dx0, nx),
+          *ldw = up(b, dw0, nw);
     b->mem->prepare_forward(b);
     b->ops->conv2d_forward(b, &s, TD(b, lx), lw, TD(b, ly));
     b->ops->conv2d_backward(b, &s, TD(b, lx), lw, TD(b, ldy), TD(b, ldx), ldw);
@@ -628,12 +698,15 @@ static void batchnorm_and_linear_low(unsigned flag) {
     size_t rows = 300;
     int c = 24;
     size_t nx = rows * (size_t)c;
-    float *x = rounded(random_host(nx, 3), nx), *g = random_host((size_t)c, 1), *be = random_host((size_t)c, 1);
+    float *x = rounded(random_host(nx, 3), nx), *g = random_host((size_t)c, 1),
+          *be = random_host((size_t)c, 1);
     float *dy = rounded(random_host(nx, 1), nx), *dx0 = rounded(random_host(nx, 1), nx);
     float *run = random_host(2 * (size_t)c, 1);
-    for (int j = 0; j < c; j++) run[c + j] = fabsf(run[c + j]) + 0.5f;
+    for (int j = 0; j < c; j++)
+        run[c + j] = fabsf(run[c + j]) + 0.5f;
     size_t nl = 6 * 24, nw = 7 * 24, no = 6 * 7;
-    float *lx = rounded(random_host(nl, 1), nl), *lw = rounded(random_host(nw, 1), nw), *lb = random_host(7, 1);
+    float *lx = rounded(random_host(nl, 1), nl), *lw = rounded(random_host(nw, 1), nw),
+          *lb = random_host(7, 1);
     float *ldy = rounded(random_host(no, 1), no);
     float *out[2][9];
     low_t l = low_make();
@@ -641,23 +714,30 @@ static void batchnorm_and_linear_low(unsigned flag) {
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         bool low = i == 1;
-        float *x_ = low ? low_put(&l, ACTS, x, nx) : up(b, x, nx), *y_ = low ? low_put(&l, ACTS, x, nx) : up(b, x, nx);
+        float *x_ = low ? low_put(&l, ACTS, x, nx) : up(b, x, nx),
+              *y_ = low ? low_put(&l, ACTS, x, nx) : up(b, x, nx);
         float *dy_ = low ? low_put(&l, DACTS, dy, nx) : up(b, dy, nx);
         float *dx_ = low ? low_put(&l, DACTS, dx0, nx) : up(b, dx0, nx);
-        float *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c), *save = up(b, run, 2 * (size_t)c);
-        float *run_ = up(b, run, 2 * (size_t)c), *dg = up(b, g, (size_t)c), *db = up(b, be, (size_t)c);
-        b->ops->batchnorm_forward_train(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), save, save + c, run_, run_ + c, 0.1f, 1e-5f);
+        float *g_ = up(b, g, (size_t)c), *b_ = up(b, be, (size_t)c),
+              *save = up(b, run, 2 * (size_t)c);
+        float *run_ = up(b, run, 2 * (size_t)c), *dg = up(b, g, (size_t)c),
+              *db = up(b, be, (size_t)c);
+        b->ops->batchnorm_forward_train(b, rows, c, TD(b, x_), g_, b_, TD(b, y_), save, save + c,
+                                        run_, run_ + c, 0.1f, 1e-5f);
         out[i][0] = down(b, y_, nx);
         out[i][1] = down(b, run_, 2 * (size_t)c);
-        b->ops->batchnorm_backward(b, rows, c, TD(b, x_), g_, save, save + c, TD(b, dy_), TD(b, dx_), dg, db);
+        b->ops->batchnorm_backward(b, rows, c, TD(b, x_), g_, save, save + c, TD(b, dy_),
+                                   TD(b, dx_), dg, db);
         out[i][2] = down(b, dx_, nx);
         out[i][3] = down(b, dg, (size_t)c);
         out[i][4] = down(b, db, (size_t)c);
         /* linear: x and y activations, the weight in the parameter arena, bias and grads fp32 */
-        float *lx_ = low ? low_put(&l, ACTS, lx, nl) : up(b, lx, nl), *ly = low ? low_put(&l, ACTS, ldy, no) : up(b, ldy, no);
+        float *lx_ = low ? low_put(&l, ACTS, lx, nl) : up(b, lx, nl),
+              *ly = low ? low_put(&l, ACTS, ldy, no) : up(b, ldy, no);
         float *lw_ = low ? low_put(&l, PARAMS, lw, nw) : up(b, lw, nw), *lb_ = up(b, lb, 7);
         float *ldy_ = low ? low_put(&l, DACTS, ldy, no) : up(b, ldy, no);
-        float *ldx = low ? low_put(&l, DACTS, lx, nl) : up(b, lx, nl), *ldw = up(b, lw, nw), *ldb = up(b, lb, 7);
+        float *ldx = low ? low_put(&l, DACTS, lx, nl) : up(b, lx, nl), *ldw = up(b, lw, nw),
+              *ldb = up(b, lb, 7);
         if (low) b->mem->prepare_forward(b);
         b->ops->linear_forward(b, 6, 24, 7, TD(b, lx_), lw_, lb_, TD(b, ly));
         out[i][5] = down(b, ly, no);
@@ -666,17 +746,19 @@ static void batchnorm_and_linear_low(unsigned flag) {
         out[i][7] = down(b, ldw, nw);
         out[i][8] = down(b, ldb, 7);
     }
-    const char *what[9] = {"narrow bn forward", "narrow bn running stats", "narrow bn dx", "narrow bn dgamma",
-                           "narrow bn dbeta", "narrow linear", "narrow linear dx", "narrow linear dw",
-                           "narrow linear dbias"};
+    const char *what[9] = {"narrow bn forward", "narrow bn running stats", "narrow bn dx",
+                           "narrow bn dgamma",  "narrow bn dbeta",         "narrow linear",
+                           "narrow linear dx",  "narrow linear dw",        "narrow linear dbias"};
     size_t sizes[9] = {nx, 2 * (size_t)c, nx, (size_t)c, (size_t)c, no, nl, nw, 7};
     /* narrow outputs: bn forward, bn dx, linear, linear dx; the rest are fp32 sums of narrow
      * inputs (the statistics elementwise after them) */
     bool is_low_out[9] = {true, false, true, false, false, true, true, false, false};
     double tol[9] = {0, 1e-4, 0, 1e-3, 1e-3, 0, 0, 1e-3, 1e-3};
     for (int k = 0; k < 9; k++)
-        if (is_low_out[k]) expect_low_close(out[0][k], out[1][k], sizes[k], what[k]);
-        else expect_tensor_close(out[0][k], out[1][k], sizes[k], tol[k], tol[k], what[k]);
+        if (is_low_out[k])
+            expect_low_close(out[0][k], out[1][k], sizes[k], what[k]);
+        else
+            expect_tensor_close(out[0][k], out[1][k], sizes[k], tol[k], tol[k], what[k]);
     l.b->mem->destroy(l.b);
 }
 
@@ -694,9 +776,11 @@ Test(backend_cuda, batchnorm_and_linear_in_fp16_match_cpu) {
  * inputs rounded to the narrow type so that only the outputs' rounding differs. */
 static void pool_dropout_bias_low(unsigned flag) {
     low_flag = flag;
-    pool_shape_t mp = {.n = 2, .h = 9, .w = 8, .c = 8, .size = 3, .stride = 2, .pad = 1, .oh = 5, .ow = 4};
+    pool_shape_t mp = {
+        .n = 2, .h = 9, .w = 8, .c = 8, .size = 3, .stride = 2, .pad = 1, .oh = 5, .ow = 4};
     pool_shape_t ap = {.n = 2, .h = 3, .w = 5, .c = 8, .oh = 7, .ow = 7};
-    size_t nx = 2 * 9 * 8 * 8, ny = 2 * 5 * 4 * 8, na = 2 * 3 * 5 * 8, no = 2 * 7 * 7 * 8, rows = 300;
+    size_t nx = 2 * 9 * 8 * 8, ny = 2 * 5 * 4 * 8, na = 2 * 3 * 5 * 8, no = 2 * 7 * 7 * 8,
+           rows = 300;
     int bc = 16;
     float *x = rounded(random_host(nx, 1), nx), *dy = rounded(random_host(ny, 1), ny);
     float *xa = rounded(random_host(na, 1), na), *dya = rounded(random_host(no, 1), no);
@@ -709,7 +793,8 @@ static void pool_dropout_bias_low(unsigned flag) {
         backend_t *b = bs[i];
         bool low = i == 1;
 #define PUT(which, host, n) (low ? low_put(&l, which, host, n) : up(b, host, n))
-        float *x_ = PUT(ACTS, x, nx), *y_ = PUT(ACTS, dy, ny), *dy_ = PUT(DACTS, dy, ny), *dx_ = PUT(DACTS, x, nx);
+        float *x_ = PUT(ACTS, x, nx), *y_ = PUT(ACTS, dy, ny), *dy_ = PUT(DACTS, dy, ny),
+              *dx_ = PUT(DACTS, x, nx);
         int32_t *am = b->mem->alloc(b, ny * sizeof(int32_t));
         b->ops->maxpool_forward(b, &mp, TD(b, x_), TD(b, y_), am);
         b->ops->maxpool_backward(b, &mp, am, TD(b, dy_), TD(b, dx_));
@@ -726,19 +811,24 @@ static void pool_dropout_bias_low(unsigned flag) {
         b->ops->dropout_backward(b, TD(b, dya_), TD(b, dxd), no, 0.5f, 77);
         out[i][4] = down(b, yd, no);
         out[i][5] = down(b, dxd, no);
-        float *yb_ = PUT(ACTS, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc), *db = up(b, bias, (size_t)bc);
+        float *yb_ = PUT(ACTS, yb, rows * bc), *bias_ = up(b, bias, (size_t)bc),
+              *db = up(b, bias, (size_t)bc);
         b->ops->bias_add(b, rows, bc, bias_, TD(b, yb_));
         out[i][6] = down(b, yb_, rows * bc);
         b->ops->bias_backward(b, rows, bc, TD(b, PUT(DACTS, yb, rows * bc)), db);
         out[i][7] = down(b, db, (size_t)bc);
 #undef PUT
     }
-    const char *what[K] = {"narrow padded maxpool", "its backward", "narrow adaptive pool", "its backward",
-                           "narrow dropout", "its backward", "narrow bias add", "narrow bias gradient"};
+    const char *what[K] = {"narrow padded maxpool", "its backward",        "narrow adaptive pool",
+                           "its backward",          "narrow dropout",      "its backward",
+                           "narrow bias add",       "narrow bias gradient"};
     size_t sizes[K] = {ny, nx, no, na, no, no, rows * bc, (size_t)bc};
     for (int k = 0; k < K; k++)
-        if (k == K - 1) expect_tensor_close(out[0][k], out[1][k], sizes[k], TOL_FP32_REDUCE, what[k]); /* fp32 */
-        else expect_low_close(out[0][k], out[1][k], sizes[k], what[k]);
+        if (k == K - 1)
+            expect_tensor_close(out[0][k], out[1][k], sizes[k], TOL_FP32_REDUCE,
+                                what[k]); /* fp32 */
+        else
+            expect_low_close(out[0][k], out[1][k], sizes[k], what[k]);
     l.b->mem->destroy(l.b);
 }
 
@@ -783,17 +873,20 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
     for (int k = 0; k < 4; k++)
         cr_assert(memcmp(&got[0][k], &got[1][k], sizeof got[0][k]) == 0,
                   "state %d: cpu scale %g flag %u good %u skipped %u, cuda %g %u %u %u", k,
-                  got[0][k].scale, got[0][k].found_inf, got[0][k].good_steps, got[0][k].skipped_steps,
-                  got[1][k].scale, got[1][k].found_inf, got[1][k].good_steps, got[1][k].skipped_steps);
+                  got[0][k].scale, got[0][k].found_inf, got[0][k].good_steps,
+                  got[0][k].skipped_steps, got[1][k].scale, got[1][k].found_inf,
+                  got[1][k].good_steps, got[1][k].skipped_steps);
     cr_assert_eq(got[1][2].found_inf, 1);
     cr_assert_eq(got[1][3].scale, 1024.0f);
-    expect_tensor_close(out[0][0], out[1][0], n, TOL_ELEMENTWISE, "unscaled sgd (then a skipped one)");
+    expect_tensor_close(out[0][0], out[1][0], n, TOL_ELEMENTWISE,
+                        "unscaled sgd (then a skipped one)");
     expect_tensor_close(out[0][1], out[1][1], n, TOL_ELEMENTWISE, "momentum");
     /* the logits' gradient of a mean over 4096 samples is ~1e-5: here it comes out scaled */
     int rows = 4096, k = 10;
     float *logits = random_host((size_t)rows * k, 2);
     int32_t *labels = malloc(rows * sizeof *labels);
-    for (int r = 0; r < rows; r++) labels[r] = r % k;
+    for (int r = 0; r < rows; r++)
+        labels[r] = r % k;
     float *dl[2];
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
@@ -805,7 +898,8 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
         b->ops->softmax_xent(b, rows, k, TD(b, z), lab, 0.0f, 1.0f, ls, TD(b, d), loss);
         dl[i] = down(b, d, (size_t)rows * k);
     }
-    expect_tensor_close(dl[0], dl[1], (size_t)rows * k, TOL_FP32_REDUCE, "scaled softmax-xent gradient");
+    expect_tensor_close(dl[0], dl[1], (size_t)rows * k, TOL_FP32_REDUCE,
+                        "scaled softmax-xent gradient");
     cr_assert_gt(fabsf(dl[1][0]), 1.0f, "the scale was applied");
 }
 
@@ -815,17 +909,22 @@ Test(backend_cuda, loss_scaling_ops_match_cpu) {
 static void adam_case(bool is_decoupled) {
     size_t n = 300001; /* several blocks, and a tail */
     float *grads[4], *p = random_host(n, 1), *zeros = calloc(n, sizeof *zeros);
-    for (int s = 0; s < 4; s++) grads[s] = random_host(n, 1024.0f);
+    for (int s = 0; s < 4; s++)
+        grads[s] = random_host(n, 1024.0f);
     grads[3][n - 7] = NAN;
     backend_t *bs[2] = {cpu, gpu};
     adam_count_t count[2];
     float *out[2][3];
-    adam_hparams_t h = {.beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.05,
+    adam_hparams_t h = {.beta1 = 0.8,
+                        .beta2 = 0.99,
+                        .eps = 1e-6,
+                        .weight_decay = 0.05,
                         .is_decoupled = is_decoupled};
     for (int i = 0; i < 2; i++) {
         backend_t *b = bs[i];
         loss_scale_t *ls = device_loss_scale(b, 1024.0f);
-        float *p_ = up(b, p, n), *m_ = up(b, zeros, n), *v_ = up(b, zeros, n), *g_ = up(b, zeros, n);
+        float *p_ = up(b, p, n), *m_ = up(b, zeros, n), *v_ = up(b, zeros, n),
+              *g_ = up(b, zeros, n);
         adam_count_t *c = b->mem->alloc(b, sizeof *c);
         for (int s = 0; s < 4; s++) {
             h.lr = 1e-3 * (s + 1);
@@ -868,8 +967,10 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
     size_t per = (size_t)h * w * c;
     uint8_t *images = malloc(per * samples);
     int32_t labels[100];
-    for (size_t i = 0; i < per * samples; i++) images[i] = (uint8_t)(rng_next(&seed) >> 56);
-    for (int i = 0; i < samples; i++) labels[i] = 999 - i; /* int32: beyond a byte's classes */
+    for (size_t i = 0; i < per * samples; i++)
+        images[i] = (uint8_t)(rng_next(&seed) >> 56);
+    for (int i = 0; i < samples; i++)
+        labels[i] = 999 - i; /* int32: beyond a byte's classes */
     augment_t a = {.is_random = true, .padding = 4, .seed = 9};
     for (int k = 0; k < c; k++) {
         a.mean[k] = 0.4914f - 0.01f * (float)k;
@@ -883,7 +984,8 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
     augment_norm_t norm = augment_norm(&a, c);
     float *want = malloc(per * n * sizeof *want), *got = malloc(per * n * sizeof *got);
     int32_t want_labels[64], got_labels[64];
-    cpu->ops->augment_batch(cpu, images, labels, h, w, c, jobs, n, norm, TD(cpu, want), want_labels);
+    cpu->ops->augment_batch(cpu, images, labels, h, w, c, jobs, n, norm, TD(cpu, want),
+                            want_labels);
     unsigned flags[3] = {0, BACKEND_CUDA_BF16, BACKEND_CUDA_FP16};
     for (int f = 0; f < 3; f++) {
         low_t l = {0};
@@ -901,15 +1003,17 @@ Test(backend_cuda, augment_batch_matches_cpu_bit_for_bit) {
         b->mem->to_device(b, d_labels, labels, sizeof labels);
         b->mem->to_device(b, d_jobs, jobs, sizeof jobs);
         float *out = flags[f] ? l.arena[ACTS] : b->mem->alloc(b, per * n * sizeof(float));
-        b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, TD(b, out), d_out_labels);
+        b->ops->augment_batch(b, d_images, d_labels, h, w, c, d_jobs, n, norm, TD(b, out),
+                              d_out_labels);
         b->mem->to_host(b, got, out, per * n * sizeof(float));
         b->mem->to_host(b, got_labels, d_out_labels, sizeof got_labels);
         for (size_t i = 0; i < per * n; i++) {
             float expect = flags[f] ? round_low(want[i]) : want[i];
-            cr_assert(memcmp(&got[i], &expect, sizeof expect) == 0, "flags %u value %zu: cpu %.9g cuda %.9g",
-                      flags[f], i, expect, got[i]);
+            cr_assert(memcmp(&got[i], &expect, sizeof expect) == 0,
+                      "flags %u value %zu: cpu %.9g cuda %.9g", flags[f], i, expect, got[i]);
         }
-        cr_assert(memcmp(got_labels, want_labels, sizeof got_labels) == 0, "labels, flags %u", flags[f]);
+        cr_assert(memcmp(got_labels, want_labels, sizeof got_labels) == 0, "labels, flags %u",
+                  flags[f]);
         if (flags[f]) b->mem->destroy(b);
     }
     free(images);

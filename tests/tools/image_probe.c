@@ -43,7 +43,8 @@ static int scan(const char *root) {
     imagefolder_t f;
     char err[1024];
     if (imagefolder_scan(root, &f, err, sizeof err) < 0) return fprintf(stderr, "%s\n", err), 1;
-    for (int i = 0; i < f.n_classes; i++) printf("class %s\n", f.classes[i]);
+    for (int i = 0; i < f.n_classes; i++)
+        printf("class %s\n", f.classes[i]);
     const imagefolder_split_t *splits[] = {&f.train, &f.val, &f.test};
     const char *names[] = {"train", "val", "test"};
     for (int s = 0; s < 3; s++)

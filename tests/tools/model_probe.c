@@ -2,8 +2,8 @@
  * a test can replay the same thing in PyTorch (tests/interop/test_torch_reference.py).
  *   model_probe NAME WIDTH H W C CLASSES BATCH SEED SMOOTHING OUTDIR [OPTION=VALUE ...]
  * options: stem=auto|imagenet|cifar, fc_width=N, dropout=P, zero_init_residual=0|1 (model.h).
- * OUTDIR gets params.f32 (initial), input.f32 (N,H,W,C), labels.i32, logits.f32, loss.txt (mean loss
- * of the first forward), grads.f32 (its gradients), buffers.f32 (BN running stats after it),
+ * OUTDIR gets params.f32 (initial), input.f32 (N,H,W,C), labels.i32, logits.f32, loss.txt (mean
+ * loss of the first forward), grads.f32 (its gradients), buffers.f32 (BN running stats after it),
  * params2.f32 (after two steps of SGD lr 0.1, momentum 0.9, nesterov, weight decay 5e-4), and
  * mask<step>_<k>.f32 (1 kept, 0 dropped) for the k-th dropout layer in step 0 and 1. */
 #include <stdio.h>
@@ -34,7 +34,8 @@ static void write_masks(const model_t *m, const char *dir, int n, int step) {
         float *mask = malloc(count * sizeof *mask);
         uint64_t key = model_dropout_key(m, l);
         uint32_t threshold = dropout_threshold(ly->dropout_p);
-        for (size_t i = 0; i < count; i++) mask[i] = dropout_keeps(key, i, threshold) ? 1.0f : 0.0f;
+        for (size_t i = 0; i < count; i++)
+            mask[i] = dropout_keeps(key, i, threshold) ? 1.0f : 0.0f;
         char name[64];
         snprintf(name, sizeof name, "mask%d_%d.f32", step, k++);
         write_file(dir, name, mask, count * sizeof *mask);
@@ -58,11 +59,15 @@ int main(int argc, char **argv) {
         const char *eq = strchr(argv[i], '=');
         const char *v = eq ? eq + 1 : "";
         if (!strncmp(argv[i], "stem=", 5))
-            opts.stem = !strcmp(v, "imagenet") ? MODEL_STEM_IMAGENET : !strcmp(v, "cifar") ? MODEL_STEM_CIFAR
-                                                                                           : MODEL_STEM_AUTO;
-        else if (!strncmp(argv[i], "fc_width=", 9)) opts.fc_width = atoi(v);
-        else if (!strncmp(argv[i], "dropout=", 8)) opts.dropout = strtof(v, NULL);
-        else if (!strncmp(argv[i], "zero_init_residual=", 19)) opts.is_zero_init_residual = atoi(v) != 0;
+            opts.stem = !strcmp(v, "imagenet") ? MODEL_STEM_IMAGENET
+                        : !strcmp(v, "cifar")  ? MODEL_STEM_CIFAR
+                                               : MODEL_STEM_AUTO;
+        else if (!strncmp(argv[i], "fc_width=", 9))
+            opts.fc_width = atoi(v);
+        else if (!strncmp(argv[i], "dropout=", 8))
+            opts.dropout = strtof(v, NULL);
+        else if (!strncmp(argv[i], "zero_init_residual=", 19))
+            opts.is_zero_init_residual = atoi(v) != 0;
         else {
             fprintf(stderr, "model_probe: unknown option %s\n", argv[i]);
             return 2;
@@ -82,7 +87,8 @@ int main(int argc, char **argv) {
     size_t n_in = (size_t)n * h * w * c;
     for (size_t i = 0; i < n_in; i++)
         x[i] = (float)((double)(rng_next(&state) >> 11) / 9007199254740992.0 * 4 - 2);
-    for (int i = 0; i < n; i++) m.labels[i] = (int32_t)(rng_next(&state) % (uint64_t)classes);
+    for (int i = 0; i < n; i++)
+        m.labels[i] = (int32_t)(rng_next(&state) % (uint64_t)classes);
     write_file(dir, "input.f32", x, n_in * sizeof(float));
     write_file(dir, "labels.i32", m.labels, (size_t)n * sizeof(int32_t));
     for (int step = 0; step < 2; step++) {
@@ -100,7 +106,8 @@ int main(int argc, char **argv) {
             int len = snprintf(text, sizeof text, "%.9g\n", loss);
             write_file(dir, "loss.txt", text, (size_t)len);
         }
-        b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.1f, 0.9f, 5e-4f, true, 1.0f, NULL);
+        b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.1f, 0.9f, 5e-4f, true,
+                         1.0f, NULL);
     }
     write_file(dir, "params2.f32", m.params, m.n_params * sizeof(float));
     model_free(&m);

@@ -52,10 +52,13 @@ static void save(const char *name, const float *p, size_t n) {
     }
 }
 
-static float *zeros(size_t n) { return own(calloc(n ? n : 1, sizeof(float))); }
+static float *zeros(size_t n) {
+    return own(calloc(n ? n : 1, sizeof(float)));
+}
 
 static int usage(void) {
-    fprintf(stderr, "usage: op_probe conv|maxpool|adaptive|dropout|linear|bnact ARGS... DIR (see the source)\n");
+    fprintf(stderr, "usage: op_probe conv|maxpool|adaptive|dropout|linear|bnact ARGS... DIR (see "
+                    "the source)\n");
     return 2;
 }
 
@@ -64,13 +67,21 @@ int main(int argc, char **argv) {
     const char *op = argv[1];
     dir = argv[argc - 1];
     int a[8] = {0};
-    for (int i = 2; i < argc - 1 && i - 2 < 8; i++) a[i - 2] = atoi(argv[i]);
+    for (int i = 2; i < argc - 1 && i - 2 < 8; i++)
+        a[i - 2] = atoi(argv[i]);
     backend_t *b = backend_cpu_create(1);
     if (!b || b->mem->reserve_workspace(b, 64 << 20) < 0) return 1;
     const backend_i *o = b->ops;
     if (!strcmp(op, "conv") && argc == 11) {
-        conv_shape_t s = {.n = a[0], .h = a[1], .w = a[2], .c = a[3], .k = a[4], .r = a[5], .s = a[5],
-                          .stride = a[6], .pad = a[7]};
+        conv_shape_t s = {.n = a[0],
+                          .h = a[1],
+                          .w = a[2],
+                          .c = a[3],
+                          .k = a[4],
+                          .r = a[5],
+                          .s = a[5],
+                          .stride = a[6],
+                          .pad = a[7]};
         s.oh = (s.h + 2 * s.pad - s.r) / s.stride + 1;
         s.ow = (s.w + 2 * s.pad - s.s) / s.stride + 1;
         size_t nx = (size_t)s.n * s.h * s.w * s.c, nw = (size_t)s.k * s.r * s.s * s.c;
@@ -119,7 +130,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(op, "linear") && argc == 6) {
         int n = a[0], in = a[1], out = a[2];
         size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
-        float *x = load("x", nx), *w = load("w", nw), *bias = load("b", (size_t)out), *dy = load("dy", ny);
+        float *x = load("x", nx), *w = load("w", nw), *bias = load("b", (size_t)out),
+              *dy = load("dy", ny);
         float *y = zeros(ny), *dx = zeros(nx), *dw = zeros(nw), *db = zeros((size_t)out);
         o->linear_forward(b, n, in, out, T(x), w, bias, T(y));
         o->linear_backward(b, n, in, out, T(x), w, T(dy), T(dx), dw, db);
@@ -137,11 +149,12 @@ int main(int argc, char **argv) {
         float *res = has_res ? load("res", n) : NULL, *dy = load("dy", n);
         float *y = zeros(n), *dx = zeros(n), *dres = zeros(n), *dgamma = zeros((size_t)c);
         float *dbeta = zeros((size_t)c), *save_ = zeros(2 * (size_t)c), *run = zeros(2 * (size_t)c);
-        for (int j = 0; j < c; j++) run[c + j] = 1.0f;
-        o->bn_act_forward_train(b, rows, c, T(x), gamma, beta, T(res), flags, T(y), save_, save_ + c, run, run + c,
-                                0.1f, 1e-5f);
-        o->bn_act_backward(b, rows, c, T(x), gamma, save_, save_ + c, T(y), T(dy), flags, T(dx), T(has_res ? dres : NULL),
-                           dgamma, dbeta);
+        for (int j = 0; j < c; j++)
+            run[c + j] = 1.0f;
+        o->bn_act_forward_train(b, rows, c, T(x), gamma, beta, T(res), flags, T(y), save_,
+                                save_ + c, run, run + c, 0.1f, 1e-5f);
+        o->bn_act_backward(b, rows, c, T(x), gamma, save_, save_ + c, T(y), T(dy), flags, T(dx),
+                           T(has_res ? dres : NULL), dgamma, dbeta);
         save("y", y, n);
         save("dx", dx, n);
         if (has_res) save("dres", dres, n);
@@ -152,6 +165,7 @@ int main(int argc, char **argv) {
         return usage();
     }
     b->mem->destroy(b);
-    for (int i = 0; i < n_owned; i++) free(owned[i]);
+    for (int i = 0; i < n_owned; i++)
+        free(owned[i]);
     return 0;
 }

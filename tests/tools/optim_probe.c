@@ -1,10 +1,10 @@
-/* optim_probe: a few steps of one optimizer (worker/optim/optimizer.c on the CPU backend) on one model
- * and batch, every gradient and every step's parameters written out, so that a test can replay
- * the same steps with torch.optim (tests/interop/test_torch_adam.py).
- *   optim_probe OPTIM NAME WIDTH H W C CLASSES BATCH SEED STEPS LR BETAS EPS WEIGHT_DECAY OUTDIR
- * OPTIM and BETAS ("b1,b2") as train.conf spells them. OUTDIR gets params0.f32 (initial),
- * input.f32 (N,H,W,C), labels.i32, and for k = 1..STEPS grads<k>.f32 (the gradient step k used)
- * and params<k>.f32 (the parameters after it). */
+/* optim_probe: a few steps of one optimizer (worker/optim/optimizer.c on the CPU backend) on one
+ * model and batch, every gradient and every step's parameters written out, so that a test can
+ * replay the same steps with torch.optim (tests/interop/test_torch_adam.py). optim_probe OPTIM NAME
+ * WIDTH H W C CLASSES BATCH SEED STEPS LR BETAS EPS WEIGHT_DECAY OUTDIR OPTIM and BETAS ("b1,b2")
+ * as train.conf spells them. OUTDIR gets params0.f32 (initial), input.f32 (N,H,W,C), labels.i32,
+ * and for k = 1..STEPS grads<k>.f32 (the gradient step k used) and params<k>.f32 (the parameters
+ * after it). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,7 +62,8 @@ int main(int argc, char **argv) {
     size_t n_in = (size_t)n * h * w * c;
     for (size_t i = 0; i < n_in; i++)
         x[i] = (float)((double)(rng_next(&state) >> 11) / 9007199254740992.0 * 4 - 2);
-    for (int i = 0; i < n; i++) m.labels[i] = (int32_t)(rng_next(&state) % (uint64_t)classes);
+    for (int i = 0; i < n; i++)
+        m.labels[i] = (int32_t)(rng_next(&state) % (uint64_t)classes);
     write_file(dir, "input.f32", x, n_in * sizeof(float));
     write_file(dir, "labels.i32", m.labels, (size_t)n * sizeof(int32_t));
     for (int step = 1; step <= steps; step++) {

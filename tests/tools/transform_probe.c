@@ -39,11 +39,16 @@ int main(int argc, char **argv) {
         return 0;
     } else if (strcmp(kind, "resize") == 0 || strcmp(kind, "center") == 0) {
         size = atoi(argv[6]);
-        p = image_plan(kind[0] == 'r' ? IMAGE_RESIZE : IMAGE_RESIZE_CENTER_CROP, w, h, size, 0, 0, 0);
+        p = image_plan(kind[0] == 'r' ? IMAGE_RESIZE : IMAGE_RESIZE_CENTER_CROP, w, h, size, 0, 0,
+                       0);
     } else {
         size = atoi(argv[10]);
-        p = (image_plan_t){.x = atof(argv[6]), .y = atof(argv[7]), .w = atof(argv[8]),
-                           .h = atof(argv[9]), .out_w = size, .out_h = size,
+        p = (image_plan_t){.x = atof(argv[6]),
+                           .y = atof(argv[7]),
+                           .w = atof(argv[8]),
+                           .h = atof(argv[9]),
+                           .out_w = size,
+                           .out_h = size,
                            .is_flipped = atoi(argv[11]) != 0};
     }
     uint8_t *out = malloc((size_t)size * size * 3);

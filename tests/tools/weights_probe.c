@@ -30,7 +30,9 @@ static float *read_floats(const char *path, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc < 10) {
-        fprintf(stderr, "usage: weights_probe NAME WIDTH H W C CLASSES N INPUT OUTPUT [OPTION=VALUE ...]\n");
+        fprintf(
+            stderr,
+            "usage: weights_probe NAME WIDTH H W C CLASSES N INPUT OUTPUT [OPTION=VALUE ...]\n");
         return 2;
     }
     int width = atoi(argv[2]), h = atoi(argv[3]), w = atoi(argv[4]), c = atoi(argv[5]);
@@ -45,18 +47,28 @@ int main(int argc, char **argv) {
         const char *v = eq ? eq + 1 : "";
         size_t k = eq ? (size_t)(eq - argv[i]) : strlen(argv[i]);
 #define IS(key) (k == strlen(key) && strncmp(argv[i], key, k) == 0)
-        if (IS("load")) load = v;
-        else if (IS("save")) save = v;
-        else if (IS("skip")) is_skip = atoi(v) != 0;
-        else if (IS("skip_list")) skip_list = v;
-        else if (IS("train")) train = atoi(v);
-        else if (IS("steps")) steps = atoll(v);
+        if (IS("load"))
+            load = v;
+        else if (IS("save"))
+            save = v;
+        else if (IS("skip"))
+            is_skip = atoi(v) != 0;
+        else if (IS("skip_list"))
+            skip_list = v;
+        else if (IS("train"))
+            train = atoi(v);
+        else if (IS("steps"))
+            steps = atoll(v);
         else if (IS("stem"))
-            opts.stem = !strcmp(v, "imagenet") ? MODEL_STEM_IMAGENET : !strcmp(v, "cifar") ? MODEL_STEM_CIFAR
-                                                                                           : MODEL_STEM_AUTO;
-        else if (IS("fc_width")) opts.fc_width = atoi(v);
-        else if (IS("dropout")) opts.dropout = strtof(v, NULL);
-        else if (IS("zero_init_residual")) opts.is_zero_init_residual = atoi(v) != 0;
+            opts.stem = !strcmp(v, "imagenet") ? MODEL_STEM_IMAGENET
+                        : !strcmp(v, "cifar")  ? MODEL_STEM_CIFAR
+                                               : MODEL_STEM_AUTO;
+        else if (IS("fc_width"))
+            opts.fc_width = atoi(v);
+        else if (IS("dropout"))
+            opts.dropout = strtof(v, NULL);
+        else if (IS("zero_init_residual"))
+            opts.is_zero_init_residual = atoi(v) != 0;
         else {
             fprintf(stderr, "weights_probe: unknown option %s\n", argv[i]);
             return 2;
@@ -82,12 +94,14 @@ int main(int argc, char **argv) {
     }
     for (int s = 0; rc == 0 && s < train; s++) {
         memcpy(model_input(&m), x, n_in * sizeof *x);
-        for (int i = 0; i < n; i++) m.labels[i] = i % classes;
+        for (int i = 0; i < n; i++)
+            m.labels[i] = i % classes;
         model_set_step(&m, 1, s, 0);
         model_forward(&m, n, true);
         model_loss(&m, n, 0.0f, 1.0f, NULL);
         model_backward(&m, n, NULL, NULL);
-        b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.05f, 0.9f, 0.0f, false, 1.0f, NULL);
+        b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.05f, 0.9f, 0.0f, false,
+                         1.0f, NULL);
     }
     if (rc == 0) {
         memcpy(model_input(&m), x, n_in * sizeof *x);
@@ -99,7 +113,8 @@ int main(int argc, char **argv) {
             rc = 1;
         }
     }
-    if (rc == 0 && save && weights_save(&m, save, steps >= 0 ? steps : train, err, sizeof err) < 0) {
+    if (rc == 0 && save &&
+        weights_save(&m, save, steps >= 0 ? steps : train, err, sizeof err) < 0) {
         fprintf(stderr, "weights_probe: %s\n", err);
         rc = 3;
     }

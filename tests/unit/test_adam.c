@@ -1,5 +1,5 @@
-/* adam (worker/nn/adam.h) through the cpu backend's adam_step, against a textbook Adam/AdamW written
- * out in double (m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t), p -= lr m_hat /
+/* adam (worker/nn/adam.h) through the cpu backend's adam_step, against a textbook Adam/AdamW
+ * written out in double (m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t), p -= lr m_hat /
  * (sqrt(v_hat) + eps)) over several steps with weight decay both ways, plus what the reference
  * cannot show: the first step is lr * sign(g), a power-of-two loss scale and grad_scale unscale
  * exactly, a skipped step (found_inf) changes nothing, the count included, and the OpenMP pass
@@ -28,8 +28,10 @@ static void reference_step(reference_t *r, const float *grads, double grad_scale
                            const adam_hparams_t *h, int t) {
     for (int i = 0; i < N; i++) {
         double g = grads[i] * grad_scale;
-        if (h->is_decoupled) r->p[i] *= 1 - h->lr * h->weight_decay;
-        else g += h->weight_decay * r->p[i];
+        if (h->is_decoupled)
+            r->p[i] *= 1 - h->lr * h->weight_decay;
+        else
+            g += h->weight_decay * r->p[i];
         r->m[i] = h->beta1 * r->m[i] + (1 - h->beta1) * g;
         r->v[i] = h->beta2 * r->v[i] + (1 - h->beta2) * g * g;
         double m_hat = r->m[i] / (1 - pow(h->beta1, t)), v_hat = r->v[i] / (1 - pow(h->beta2, t));
@@ -49,11 +51,15 @@ static void against_reference(bool is_decoupled, double weight_decay) {
         r.m[i] = r.v[i] = m[i] = v[i] = 0;
     }
     adam_count_t count = {0};
-    adam_hparams_t h = {.beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = weight_decay,
+    adam_hparams_t h = {.beta1 = 0.8,
+                        .beta2 = 0.99,
+                        .eps = 1e-6,
+                        .weight_decay = weight_decay,
                         .is_decoupled = is_decoupled};
     for (int t = 1; t <= 5; t++) {
         h.lr = 0.01 / t;
-        for (int i = 0; i < N; i++) g[i] = uniform(2.0f) * (i % 7 == 0 ? 1e-3f : 1.0f);
+        for (int i = 0; i < N; i++)
+            g[i] = uniform(2.0f) * (i % 7 == 0 ? 1e-3f : 1.0f);
         b->ops->adam_step(b, p, g, m, v, N, &h, 0.5f, NULL, &count);
         reference_step(&r, g, 0.5, &h, t);
         cr_assert_eq(count.step, (uint64_t)t);
@@ -61,17 +67,22 @@ static void against_reference(bool is_decoupled, double weight_decay) {
     for (int i = 0; i < N; i++) {
         cr_assert(fabs(p[i] - r.p[i]) <= 2e-6 * fmax(1, fabs(r.p[i])), "param %d: %.9g, want %.9g",
                   i, p[i], r.p[i]);
-        cr_assert(fabs(m[i] - r.m[i]) <= 1e-6, "m %d: %.9g, want %.9g",
-                  i, m[i], r.m[i]);
+        cr_assert(fabs(m[i] - r.m[i]) <= 1e-6, "m %d: %.9g, want %.9g", i, m[i], r.m[i]);
         cr_assert(fabs(v[i] - r.v[i]) <= 1e-6 * fmax(1e-6, fabs(r.v[i])), "v %d: %.9g, want %.9g",
                   i, v[i], r.v[i]);
     }
     b->mem->destroy(b);
 }
 
-Test(adam, adam_with_l2_weight_decay_matches_the_reference) { against_reference(false, 0.05); }
-Test(adam, adamw_with_decoupled_weight_decay_matches_the_reference) { against_reference(true, 0.05); }
-Test(adam, adam_without_weight_decay_matches_the_reference) { against_reference(false, 0.0); }
+Test(adam, adam_with_l2_weight_decay_matches_the_reference) {
+    against_reference(false, 0.05);
+}
+Test(adam, adamw_with_decoupled_weight_decay_matches_the_reference) {
+    against_reference(true, 0.05);
+}
+Test(adam, adam_without_weight_decay_matches_the_reference) {
+    against_reference(false, 0.0);
+}
 
 /* The two weight decays are different things: same gradients, different parameters. */
 Test(adam, l2_and_decoupled_weight_decay_differ) {
@@ -80,12 +91,17 @@ Test(adam, l2_and_decoupled_weight_decay_differ) {
     float g[2] = {0.5f, 0.25f};
     for (int k = 0; k < 2; k++) {
         adam_count_t c = {0};
-        adam_hparams_t h = {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                            .weight_decay = 0.5, .is_decoupled = k == 1};
-        for (int t = 0; t < 3; t++) b->ops->adam_step(b, p[k], g, m[k], v[k], 2, &h, 1.0f, NULL, &c);
+        adam_hparams_t h = {.lr = 0.1,
+                            .beta1 = 0.9,
+                            .beta2 = 0.999,
+                            .eps = 1e-8,
+                            .weight_decay = 0.5,
+                            .is_decoupled = k == 1};
+        for (int t = 0; t < 3; t++)
+            b->ops->adam_step(b, p[k], g, m[k], v[k], 2, &h, 1.0f, NULL, &c);
     }
-    cr_assert(p[0][1] != p[1][1] && p[0][0] != p[1][0], "adam %g %g, adamw %g %g", p[0][0],
-              p[0][1], p[1][0], p[1][1]);
+    cr_assert(p[0][1] != p[1][1] && p[0][0] != p[1][0], "adam %g %g, adamw %g %g", p[0][0], p[0][1],
+              p[1][0], p[1][1]);
     b->mem->destroy(b);
 }
 
@@ -113,12 +129,17 @@ Test(adam, a_power_of_two_loss_scale_unscales_exactly_and_a_skipped_step_changes
         g[i] = uniform(1.0f);
         scaled[i] = g[i] * 4096.0f;
     }
-    adam_hparams_t h = {.lr = 0.003, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                        .weight_decay = 0.01, .is_decoupled = true};
+    adam_hparams_t h = {.lr = 0.003,
+                        .beta1 = 0.9,
+                        .beta2 = 0.999,
+                        .eps = 1e-8,
+                        .weight_decay = 0.01,
+                        .is_decoupled = true};
     adam_count_t c = {.step = 9}, rc = {.step = 9};
     loss_scale_t ls = {.scale = 4096.0f};
     /* DDP over 4 ranks: the summed gradient of 4 * g, averaged by grad_scale 1/4 */
-    for (int i = 0; i < N; i++) scaled[i] *= 4.0f;
+    for (int i = 0; i < N; i++)
+        scaled[i] *= 4.0f;
     b->ops->adam_step(b, rp, g, rm, rv, N, &h, 1.0f, NULL, &rc);
     b->ops->adam_step(b, p, scaled, m, v, N, &h, 0.25f, &ls, &c);
     cr_assert(!memcmp(p, rp, sizeof p) && !memcmp(m, rm, sizeof m) && !memcmp(v, rv, sizeof v),
@@ -145,13 +166,15 @@ Test(adam, the_parallel_pass_gives_the_element_wise_bits) {
         q[i] = p[i] = uniform(1.0f);
         g[i] = uniform(1.0f);
     }
-    adam_hparams_t h = {.lr = 0.001, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
+    adam_hparams_t h = {
+        .lr = 0.001, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-4};
     adam_count_t c = {0}, rc = {0};
     for (int t = 0; t < 2; t++) {
         b->ops->adam_step(b, p, g, m, v, n, &h, 1.0f, NULL, &c);
         adam_count_next(&rc, &h, NULL);
         adam_scalars_t s = adam_scalars(&h);
-        for (size_t i = 0; i < n; i++) adam_update(&q[i], &qm[i], &qv[i], g[i], &rc, &s);
+        for (size_t i = 0; i < n; i++)
+            adam_update(&q[i], &qm[i], &qv[i], g[i], &rc, &s);
     }
     cr_assert(!memcmp(p, q, n * sizeof *p) && !memcmp(m, qm, n * sizeof *m) &&
               !memcmp(v, qv, n * sizeof *v));

@@ -1,5 +1,5 @@
-/* Unit tests of launcher/agent/agent_sm: the agent's rounds driven by events alone, no processes, no
- * store. One node and several: success, restarts within the budget and past it, permanent exit
+/* Unit tests of launcher/agent/agent_sm: the agent's rounds driven by events alone, no processes,
+ * no store. One node and several: success, restarts within the budget and past it, permanent exit
  * codes, membership changes, a lost node's refund, heartbeats, signals while joining, running,
  * reporting and in the exit barrier, start failures, spares. Each test checks the actions and
  * their order, which is what agent.c carries out. */
@@ -18,8 +18,11 @@ static agent_sm_actions_t acts;
 #define END (-1)
 
 static void setup(bool is_multi, int max_restarts, int max_nodes) {
-    agent_sm_config_t cfg = {.is_multi = is_multi, .nproc_per_node = 2, .max_nodes = max_nodes,
-                             .max_restarts = max_restarts, .shutdown_timeout_s = 30};
+    agent_sm_config_t cfg = {.is_multi = is_multi,
+                             .nproc_per_node = 2,
+                             .max_nodes = max_nodes,
+                             .max_restarts = max_restarts,
+                             .shutdown_timeout_s = 30};
     agent_sm_init(&sm, &cfg);
 }
 
@@ -36,8 +39,8 @@ static void expect(int first, ...) {
     int i = 0;
     for (int k = first; k != END; k = va_arg(ap, int), i++) {
         cr_assert_lt(i, acts.n, "action %d missing: want kind %d, got %d actions", i, k, acts.n);
-        cr_assert_eq((int)acts.a[i].kind, k, "action %d: kind %d, want %d", i,
-                     (int)acts.a[i].kind, k);
+        cr_assert_eq((int)acts.a[i].kind, k, "action %d: kind %d, want %d", i, (int)acts.a[i].kind,
+                     k);
     }
     va_end(ap);
     cr_assert_eq(acts.n, i, "%d actions, want %d", acts.n, i);
@@ -74,15 +77,21 @@ static void expect_exit(int code) {
 }
 
 static void worker_exits(int rank, int status, int sig) {
-    EV(.kind = AGENT_EV_WORKER_EXITED,
-       .exit = {.rank = rank, .local_rank = rank % 2, .pid = 1000 + rank, .exit_status = status,
-                .term_signal = sig});
+    EV(.kind = AGENT_EV_WORKER_EXITED, .exit = {.rank = rank,
+                                                .local_rank = rank % 2,
+                                                .pid = 1000 + rank,
+                                                .exit_status = status,
+                                                .term_signal = sig});
 }
 
 static void key_seen(int code, int permanent, int failures, int node, int rank) {
-    agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN, .is_valid = true,
-                           .why = {.code = code, .is_permanent = permanent, .failures = failures,
-                                   .node = node, .rank = rank}};
+    agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN,
+                           .is_valid = true,
+                           .why = {.code = code,
+                                   .is_permanent = permanent,
+                                   .failures = failures,
+                                   .node = node,
+                                   .rank = rank}};
     snprintf(ev.text, sizeof ev.text, "code=%d permanent=%d failures=%d node=%d rank=%d", code,
              permanent, failures, node, rank);
     step(ev);
@@ -99,10 +108,12 @@ static void start_one_node(void) {
 
 /* Several nodes: the join of the current round answers with this membership. */
 static void joined(int group_rank, int n_nodes, bool is_member) {
-    EV(.kind = AGENT_EV_JOIN_DONE,
-       .joined = {.round = sm.round.round, .group_rank = group_rank, .group_world_size = n_nodes,
-                  .rank_offset = 2 * group_rank, .world_size = 2 * n_nodes,
-                  .is_member = is_member});
+    EV(.kind = AGENT_EV_JOIN_DONE, .joined = {.round = sm.round.round,
+                                              .group_rank = group_rank,
+                                              .group_world_size = n_nodes,
+                                              .rank_offset = 2 * group_rank,
+                                              .world_size = 2 * n_nodes,
+                                              .is_member = is_member});
 }
 
 static void join_and_run(int group_rank, int n_nodes) {
@@ -464,8 +475,10 @@ Test(agent_sm_lost_node, refund_when_the_next_round_is_smaller) {
 }
 
 Test(agent_sm_lost_node, refund_rules) {
-    agent_sm_join_plan_t p = {.round = 1, .last_round_nodes = 3,
-                              .last_restart_code = DDP_EXIT_PEER_FAILURE, .failures = 1};
+    agent_sm_join_plan_t p = {.round = 1,
+                              .last_round_nodes = 3,
+                              .last_restart_code = DDP_EXIT_PEER_FAILURE,
+                              .failures = 1};
     rdzv_result_t j = {.round = 1, .group_world_size = 2, .is_member = true};
     cr_assert(agent_sm_join_is_refund(&p, &j));
     agent_sm_join_plan_t q = p;
@@ -490,8 +503,8 @@ Test(agent_sm_lost_node, past_the_budget_the_next_round_decides) {
     expect(AGENT_ACT_SAY, AGENT_ACT_DESTROY_WORKERS, AGENT_ACT_STOP_HEARTBEATS, AGENT_ACT_JOIN,
            END);
     cr_assert(sm.is_budget_pending);
-    EV(.kind = AGENT_EV_JOIN_DONE,
-       .joined = {.round = 1, .group_world_size = 2, .is_member = true}, .is_refunded = true);
+    EV(.kind = AGENT_EV_JOIN_DONE, .joined = {.round = 1, .group_world_size = 2, .is_member = true},
+       .is_refunded = true);
     cr_assert(said("has a node fewer"));
     cr_assert_not_null(find(AGENT_ACT_START_WORKERS), "a lost node: the job goes on");
     cr_assert_eq(sm.failures, 1);
@@ -507,7 +520,8 @@ Test(agent_sm_lost_node, past_the_budget_with_no_node_lost) {
        .joined = {.round = 1, .group_world_size = 3, .is_member = true});
     expect(AGENT_ACT_SAY, AGENT_ACT_EXIT, END);
     cr_assert(said("the job failed (code=75 permanent=0 failures=2 node=1 rank=2), no node was "
-                   "lost, and its restarts (--max-restarts 1) are used up"), "%s", acts.a[0].text);
+                   "lost, and its restarts (--max-restarts 1) are used up"),
+              "%s", acts.a[0].text);
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
 
@@ -553,7 +567,8 @@ Test(agent_sm_heartbeats, silent_store_leaves_the_job) {
     cr_assert_not(agent_sm_is_beating(&sm, 0));
     EV(.kind = AGENT_EV_WORKERS_DONE);
     expect(AGENT_ACT_SAY, AGENT_ACT_SAY, AGENT_ACT_DESTROY_WORKERS, AGENT_ACT_EXIT, END);
-    cr_assert(said("the job failed on another node (exit 75, failure 1 of the job, not retryable)"));
+    cr_assert(
+        said("the job failed on another node (exit 75, failure 1 of the job, not retryable)"));
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
 
@@ -653,7 +668,8 @@ Test(agent_sm_signals, while_a_spare) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
     joined(0, 2, false);
-    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END); /* no room: no report */
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS,
+           END); /* no room: no report */
     EV(.kind = AGENT_EV_SIGNAL, .signum = SIGTERM);
     expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, AGENT_ACT_EXIT, END); /* the report goes out alone */
     cr_assert_eq(acts.a[1].why.code, 128 + SIGTERM);

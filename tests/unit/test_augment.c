@@ -9,7 +9,8 @@
 
 static void image(uint8_t *img) {
     for (int y = 0; y < H; y++)
-        for (int x = 0; x < W; x++) img[y * W + x] = (uint8_t)(10 * y + x + 1);
+        for (int x = 0; x < W; x++)
+            img[y * W + x] = (uint8_t)(10 * y + x + 1);
 }
 
 static augment_t plain(void) {
@@ -53,7 +54,8 @@ Test(augment, crop_shift_flip_match_the_choice) {
                                    y, x);
             }
     }
-    for (int k = 0; k < 5; k++) cr_assert_gt(seen_dx[k], 40, "offset %d too rare", k - 2);
+    for (int k = 0; k < 5; k++)
+        cr_assert_gt(seen_dx[k], 40, "offset %d too rare", k - 2);
     cr_assert(flips > 150 && flips < 250, "flips %d of 400", flips);
 }
 

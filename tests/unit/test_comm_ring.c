@@ -366,9 +366,9 @@ Test(comm_ring, a_rank_outside_the_world_is_refused) {
 
 typedef struct {
     backend_t base;
-    const char *device;   /* [device, device + device_bytes) plays device memory */
+    const char *device; /* [device, device + device_bytes) plays device memory */
     size_t device_bytes;
-    size_t copies;        /* to_host calls on it */
+    size_t copies; /* to_host calls on it */
 } fake_device_t;
 
 static bool fake_is_device(backend_t *b, const void *p) {
@@ -386,35 +386,42 @@ static void fake_to_device(backend_t *b, void *dst, const void *src, size_t n) {
     memcpy(dst, src, n);
 }
 
-static const backend_memory_i fake_mem = {.name = "fake device", .is_device = fake_is_device,
-                                          .to_host = fake_to_host, .to_device = fake_to_device};
+static const backend_memory_i fake_mem = {.name = "fake device",
+                                          .is_device = fake_is_device,
+                                          .to_host = fake_to_host,
+                                          .to_device = fake_to_device};
 
 static int staged_collectives(comm_t *ring, int rank, int world) {
     size_t n = (3u << 20) + 5; /* 12 MiB of floats: two stage chunks and a bit */
     char *device = calloc(n * sizeof(double) + 64, 1);
-    fake_device_t fake = {.base = {.mem = &fake_mem}, .device = device, .device_bytes = n * sizeof(double) + 64};
+    fake_device_t fake = {
+        .base = {.mem = &fake_mem}, .device = device, .device_bytes = n * sizeof(double) + 64};
     comm_t *c = NULL;
     if (comm_staged_create(ring, &fake.base, &c) < 0) return 1;
     float *f = (float *)device;
-    for (size_t i = 0; i < n; i++) f[i] = (float)((rank + 1) * (int)(i % 5));
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)((rank + 1) * (int)(i % 5));
     if (c->ops->allreduce_sum_f32(c, f, n) < 0) return 2;
     for (size_t i = 0; i < n; i++)
         if (f[i] != (float)(world * (world + 1) / 2 * (int)(i % 5))) return 3;
     double *d = (double *)device;
-    for (size_t i = 0; i < n; i++) d[i] = (double)(rank + 1) * (double)(i % 3);
+    for (size_t i = 0; i < n; i++)
+        d[i] = (double)(rank + 1) * (double)(i % 3);
     if (c->ops->allreduce_sum_f64(c, d, n) < 0) return 4;
     for (size_t i = 0; i < n; i++)
         if (d[i] != (double)(world * (world + 1) / 2) * (double)(i % 3)) return 5;
     for (int root = 0; root < world; root++) {
         size_t len = (9u << 20) + 3;
-        for (size_t i = 0; i < len; i++) device[i] = (char)(rank == root ? i * 7 + root : 0x55);
+        for (size_t i = 0; i < len; i++)
+            device[i] = (char)(rank == root ? i * 7 + root : 0x55);
         if (c->ops->broadcast(c, device, len, root) < 0) return 6;
         for (size_t i = 0; i < len; i++)
             if (device[i] != (char)(i * 7 + root)) return 7;
     }
     size_t copies = fake.copies;
     double host[3] = {1, 2, (double)rank}; /* host memory: straight through, no copies */
-    if (c->ops->allreduce_sum_f64(c, host, 3) < 0 || host[0] != world || fake.copies != copies) return 8;
+    if (c->ops->allreduce_sum_f64(c, host, 3) < 0 || host[0] != world || fake.copies != copies)
+        return 8;
     int rc = copies >= 6 ? 0 : 9; /* every collective above went through the stage, in chunks */
     c->ops->destroy(c);           /* and the ring with it */
     free(device);
@@ -435,13 +442,14 @@ Test(comm_ring, staged_collectives_over_device_memory_match_the_ring) {
 /* ---- comm_agree_all: every rank gets the same answer, "no" from any rank wins ---- */
 
 static int agree_as(int rank, int world, const char *prefix, unsigned yes_mask) {
-    store_client_opts_t so = {.host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000,
-                              .op_timeout_ms = 5000};
+    store_client_opts_t so = {
+        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
     store_client_t *store = NULL;
     if (store_client_connect(&so, &store) < 0) return 10;
     bool all_yes = true;
     char err[256];
-    if (comm_agree_all(store, prefix, "q", rank, world, (yes_mask >> rank) & 1, &all_yes, err, sizeof err) < 0) {
+    if (comm_agree_all(store, prefix, "q", rank, world, (yes_mask >> rank) & 1, &all_yes, err,
+                       sizeof err) < 0) {
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return 11;
     }
@@ -472,8 +480,8 @@ Test(comm_ring, every_rank_gets_the_same_agreement_and_one_no_wins) {
 }
 
 Test(comm_ring, agreement_refuses_a_value_that_is_not_a_vote) {
-    store_client_opts_t so = {.host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000,
-                              .op_timeout_ms = 5000};
+    store_client_opts_t so = {
+        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
     store_client_t *store = NULL;
     cr_assert_eq(store_client_connect(&so, &store), 0);
     cr_assert_eq(store_client_set(store, "/bad/q/1", "maybe", 5), 0);
@@ -486,8 +494,8 @@ Test(comm_ring, agreement_refuses_a_value_that_is_not_a_vote) {
 }
 
 Test(comm_ring, agreement_with_a_missing_rank_ends_at_the_store_timeout) {
-    store_client_opts_t so = {.host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000,
-                              .op_timeout_ms = 500};
+    store_client_opts_t so = {
+        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 500};
     store_client_t *store = NULL;
     cr_assert_eq(store_client_connect(&so, &store), 0);
     bool all_yes = true;

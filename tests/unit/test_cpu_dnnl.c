@@ -30,7 +30,8 @@ static float *random_buffer(size_t n) {
 static float *filled(size_t n, float v) {
     float *p = malloc(n * sizeof(float));
     cr_assert_not_null(p);
-    for (size_t i = 0; i < n; i++) p[i] = v;
+    for (size_t i = 0; i < n; i++)
+        p[i] = v;
     return p;
 }
 
@@ -41,8 +42,8 @@ static void assert_close(const float *got, const float *want, size_t n, const ch
 }
 
 static conv_shape_t shape(int n, int h, int w, int c, int k, int r, int stride, int pad) {
-    conv_shape_t s = {.n = n, .h = h, .w = w, .c = c, .k = k, .r = r, .s = r, .stride = stride,
-                      .pad = pad};
+    conv_shape_t s = {
+        .n = n, .h = h, .w = w, .c = c, .k = k, .r = r, .s = r, .stride = stride, .pad = pad};
     s.oh = (h + 2 * pad - r) / stride + 1;
     s.ow = (w + 2 * pad - r) / stride + 1;
     return s;
@@ -86,27 +87,39 @@ static void check(conv_shape_t s, bool with_dx) {
     ref->mem->destroy(ref);
 }
 
-Test(cpu_dnnl, same_padding_3x3) { check(shape(2, 9, 7, 5, 6, 3, 1, 1), true); }
-Test(cpu_dnnl, imagenet_stem_7x7_stride_2) { check(shape(2, 16, 16, 3, 8, 7, 2, 3), true); }
-Test(cpu_dnnl, pointwise_projection_stride_2) { check(shape(3, 8, 8, 16, 32, 1, 2, 0), true); }
-Test(cpu_dnnl, stride_that_does_not_divide) { check(shape(2, 6, 5, 4, 4, 3, 2, 0), true); }
-Test(cpu_dnnl, first_layer_without_dx) { check(shape(2, 8, 8, 3, 16, 3, 1, 1), false); }
-Test(cpu_dnnl, resnet50_imagenet_stem_64x64) { check(shape(8, 64, 64, 3, 4, 7, 2, 3), false); }
+Test(cpu_dnnl, same_padding_3x3) {
+    check(shape(2, 9, 7, 5, 6, 3, 1, 1), true);
+}
+Test(cpu_dnnl, imagenet_stem_7x7_stride_2) {
+    check(shape(2, 16, 16, 3, 8, 7, 2, 3), true);
+}
+Test(cpu_dnnl, pointwise_projection_stride_2) {
+    check(shape(3, 8, 8, 16, 32, 1, 2, 0), true);
+}
+Test(cpu_dnnl, stride_that_does_not_divide) {
+    check(shape(2, 6, 5, 4, 4, 3, 2, 0), true);
+}
+Test(cpu_dnnl, first_layer_without_dx) {
+    check(shape(2, 8, 8, 3, 16, 3, 1, 1), false);
+}
+Test(cpu_dnnl, resnet50_imagenet_stem_64x64) {
+    check(shape(8, 64, 64, 3, 4, 7, 2, 3), false);
+}
 
 /* every convolution of a ResNet-50 of width 4 on 64x64 images, batch 8 (the interop test's case) */
 Test(cpu_dnnl, resnet50_width_4_shapes) {
     const conv_shape_t shapes[] = {
-        shape(8, 16, 16, 4, 4, 1, 1, 0),   shape(8, 16, 16, 4, 4, 3, 1, 1),
-        shape(8, 16, 16, 4, 16, 1, 1, 0),  shape(8, 16, 16, 16, 4, 1, 1, 0),
-        shape(8, 16, 16, 16, 8, 1, 1, 0),  shape(8, 16, 16, 8, 8, 3, 2, 1),
-        shape(8, 8, 8, 8, 32, 1, 1, 0),    shape(8, 16, 16, 16, 32, 1, 2, 0),
-        shape(8, 8, 8, 32, 8, 1, 1, 0),    shape(8, 8, 8, 8, 8, 3, 1, 1),
-        shape(8, 8, 8, 32, 16, 1, 1, 0),   shape(8, 8, 8, 16, 16, 3, 2, 1),
-        shape(8, 4, 4, 16, 64, 1, 1, 0),   shape(8, 8, 8, 32, 64, 1, 2, 0),
-        shape(8, 4, 4, 64, 16, 1, 1, 0),   shape(8, 4, 4, 16, 16, 3, 1, 1),
-        shape(8, 4, 4, 64, 32, 1, 1, 0),   shape(8, 4, 4, 32, 32, 3, 2, 1),
-        shape(8, 2, 2, 32, 128, 1, 1, 0),  shape(8, 4, 4, 64, 128, 1, 2, 0),
-        shape(8, 2, 2, 128, 32, 1, 1, 0),  shape(8, 2, 2, 32, 32, 3, 1, 1),
+        shape(8, 16, 16, 4, 4, 1, 1, 0),  shape(8, 16, 16, 4, 4, 3, 1, 1),
+        shape(8, 16, 16, 4, 16, 1, 1, 0), shape(8, 16, 16, 16, 4, 1, 1, 0),
+        shape(8, 16, 16, 16, 8, 1, 1, 0), shape(8, 16, 16, 8, 8, 3, 2, 1),
+        shape(8, 8, 8, 8, 32, 1, 1, 0),   shape(8, 16, 16, 16, 32, 1, 2, 0),
+        shape(8, 8, 8, 32, 8, 1, 1, 0),   shape(8, 8, 8, 8, 8, 3, 1, 1),
+        shape(8, 8, 8, 32, 16, 1, 1, 0),  shape(8, 8, 8, 16, 16, 3, 2, 1),
+        shape(8, 4, 4, 16, 64, 1, 1, 0),  shape(8, 8, 8, 32, 64, 1, 2, 0),
+        shape(8, 4, 4, 64, 16, 1, 1, 0),  shape(8, 4, 4, 16, 16, 3, 1, 1),
+        shape(8, 4, 4, 64, 32, 1, 1, 0),  shape(8, 4, 4, 32, 32, 3, 2, 1),
+        shape(8, 2, 2, 32, 128, 1, 1, 0), shape(8, 4, 4, 64, 128, 1, 2, 0),
+        shape(8, 2, 2, 128, 32, 1, 1, 0), shape(8, 2, 2, 32, 32, 3, 1, 1),
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         cr_log_info("shape %zu", i);
@@ -138,6 +151,12 @@ static void check_linear(int n, int in, int out, bool with_dx) {
     ref->mem->destroy(ref);
 }
 
-Test(cpu_dnnl, linear_classifier) { check_linear(64, 512, 10, true); }
-Test(cpu_dnnl, linear_odd_sizes) { check_linear(7, 33, 5, true); }
-Test(cpu_dnnl, linear_first_layer_without_dx) { check_linear(16, 784, 256, false); }
+Test(cpu_dnnl, linear_classifier) {
+    check_linear(64, 512, 10, true);
+}
+Test(cpu_dnnl, linear_odd_sizes) {
+    check_linear(7, 33, 5, true);
+}
+Test(cpu_dnnl, linear_first_layer_without_dx) {
+    check_linear(16, 784, 256, false);
+}

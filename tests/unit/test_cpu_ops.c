@@ -15,8 +15,9 @@
 /* An fp32 tensor as the ops take it (backend.h); the ops take sizes from their own arguments. */
 #define T(p) tensor_f32((p), 0)
 
+/* Gradients start at PREFILL: a backward that overwrites instead of adding fails. */
 #define MAX_INPUTS 4
-#define PREFILL 0.25f /* gradients start here: a backward that overwrites instead of adding fails */
+#define PREFILL    0.25f
 
 typedef struct op_check op_check_t;
 struct op_check {
@@ -64,7 +65,8 @@ static void set_output(op_check_t *c, size_t n) {
 static double objective(op_check_t *c) {
     c->forward(c);
     double l = 0;
-    for (size_t i = 0; i < c->n_out; i++) l += (double)c->y[i] * c->r[i];
+    for (size_t i = 0; i < c->n_out; i++)
+        l += (double)c->y[i] * c->r[i];
     return l;
 }
 
@@ -72,7 +74,8 @@ static double objective(op_check_t *c) {
 static void check_gradients(op_check_t *c, double h, double atol, double rtol) {
     c->forward(c);
     for (int i = 0; i < c->n_inputs; i++)
-        for (size_t j = 0; j < c->n_in[i]; j++) c->grad[i][j] = PREFILL;
+        for (size_t j = 0; j < c->n_in[i]; j++)
+            c->grad[i][j] = PREFILL;
     c->backward(c);
     for (int i = 0; i < c->n_inputs; i++) {
         for (size_t j = 0; j < c->n_in[i]; j++) {
@@ -112,16 +115,26 @@ static op_check_t *new_check(void) {
 
 /* ---- conv2d ---- */
 
-static void conv_fwd(op_check_t *c) { c->b->ops->conv2d_forward(c->b, &c->conv, T(c->in[0]), c->in[1], T(c->y)); }
+static void conv_fwd(op_check_t *c) {
+    c->b->ops->conv2d_forward(c->b, &c->conv, T(c->in[0]), c->in[1], T(c->y));
+}
 static void conv_bwd(op_check_t *c) {
-    c->b->ops->conv2d_backward(c->b, &c->conv, T(c->in[0]), c->in[1], T(c->r), T(c->grad[0]), c->grad[1]);
+    c->b->ops->conv2d_backward(c->b, &c->conv, T(c->in[0]), c->in[1], T(c->r), T(c->grad[0]),
+                               c->grad[1]);
 }
 
 static void check_conv(int n, int h, int w, int ch, int k, int size, int stride, int pad) {
     op_check_t *c = new_check();
     conv_shape_t *s = &c->conv;
-    *s = (conv_shape_t){.n = n, .h = h, .w = w, .c = ch, .k = k, .r = size, .s = size,
-                        .stride = stride, .pad = pad};
+    *s = (conv_shape_t){.n = n,
+                        .h = h,
+                        .w = w,
+                        .c = ch,
+                        .k = k,
+                        .r = size,
+                        .s = size,
+                        .stride = stride,
+                        .pad = pad};
     s->oh = (h + 2 * pad - size) / stride + 1;
     s->ow = (w + 2 * pad - size) / stride + 1;
     add_input(c, (size_t)n * h * w * ch, 1.0f);
@@ -133,19 +146,40 @@ static void check_conv(int n, int h, int w, int ch, int k, int size, int stride,
     free_check(c);
 }
 
-Test(cpu_ops, conv2d_3x3_same_padding) { check_conv(2, 5, 4, 3, 4, 3, 1, 1); }
-Test(cpu_ops, conv2d_3x3_stride_2) { check_conv(2, 5, 6, 2, 3, 3, 2, 1); }
-Test(cpu_ops, conv2d_1x1_pointwise) { check_conv(2, 3, 3, 4, 5, 1, 1, 0); }
-Test(cpu_ops, conv2d_1x1_stride_2) { check_conv(1, 5, 5, 3, 2, 1, 2, 0); }
-Test(cpu_ops, conv2d_5x5_no_padding) { check_conv(1, 6, 7, 2, 2, 5, 1, 0); }
+Test(cpu_ops, conv2d_3x3_same_padding) {
+    check_conv(2, 5, 4, 3, 4, 3, 1, 1);
+}
+Test(cpu_ops, conv2d_3x3_stride_2) {
+    check_conv(2, 5, 6, 2, 3, 3, 2, 1);
+}
+Test(cpu_ops, conv2d_1x1_pointwise) {
+    check_conv(2, 3, 3, 4, 5, 1, 1, 0);
+}
+Test(cpu_ops, conv2d_1x1_stride_2) {
+    check_conv(1, 5, 5, 3, 2, 1, 2, 0);
+}
+Test(cpu_ops, conv2d_5x5_no_padding) {
+    check_conv(1, 6, 7, 2, 2, 5, 1, 0);
+}
 /* the ImageNet stem's 7x7 stride 2 pad 3, on an odd and an even side */
-Test(cpu_ops, conv2d_7x7_stride_2_pad_3) { check_conv(2, 9, 8, 3, 4, 7, 2, 3); }
+Test(cpu_ops, conv2d_7x7_stride_2_pad_3) {
+    check_conv(2, 9, 8, 3, 4, 7, 2, 3);
+}
 
 Test(cpu_ops, conv2d_forward_matches_direct_loops) {
     op_check_t *c = new_check();
     conv_shape_t *s = &c->conv;
-    *s = (conv_shape_t){.n = 2, .h = 4, .w = 5, .c = 3, .k = 2, .r = 3, .s = 3, .stride = 2,
-                        .pad = 1, .oh = 2, .ow = 3};
+    *s = (conv_shape_t){.n = 2,
+                        .h = 4,
+                        .w = 5,
+                        .c = 3,
+                        .k = 2,
+                        .r = 3,
+                        .s = 3,
+                        .stride = 2,
+                        .pad = 1,
+                        .oh = 2,
+                        .ow = 3};
     add_input(c, 2 * 4 * 5 * 3, 1.0f);
     add_input(c, 2 * 3 * 3 * 3, 1.0f);
     set_output(c, 2 * 2 * 3 * 2);
@@ -173,9 +207,9 @@ Test(cpu_ops, conv2d_forward_matches_direct_loops) {
 
 static void bn_fwd(op_check_t *c) {
     float *g = c->in[1], *b = c->in[2];
-    c->b->ops->batchnorm_forward_train(c->b, (size_t)c->rows, c->ch, T(c->in[0]), g, b, T(c->y), c->save,
-                                       c->save + c->ch, c->running, c->running + c->ch, 0.1f,
-                                       1e-5f);
+    c->b->ops->batchnorm_forward_train(c->b, (size_t)c->rows, c->ch, T(c->in[0]), g, b, T(c->y),
+                                       c->save, c->save + c->ch, c->running, c->running + c->ch,
+                                       0.1f, 1e-5f);
 }
 static void bn_bwd(op_check_t *c) {
     c->b->ops->batchnorm_backward(c->b, (size_t)c->rows, c->ch, T(c->in[0]), c->in[1], c->save,
@@ -210,7 +244,8 @@ Test(cpu_ops, batchnorm_statistics_and_eval_follow_pytorch) {
     cr_assert_float_eq(running[0], 0.3f, 1e-6);
     cr_assert_float_eq(running[1], 0.9 + 0.1 * 14.0 / 3.0, 1e-6);
     cr_assert_float_eq(y[3], 2.0 * 3.0 / sqrt(3.5 + 1e-5) + 0.5, 1e-5);
-    c->b->ops->batchnorm_forward_eval(c->b, 4, 1, T(x), &g, &beta, T(y), running, running + 1, 1e-5f);
+    c->b->ops->batchnorm_forward_eval(c->b, 4, 1, T(x), &g, &beta, T(y), running, running + 1,
+                                      1e-5f);
     cr_assert_float_eq(y[0], 2.0 * (1.0 - 0.3) / sqrt(running[1] + 1e-5) + 0.5, 1e-5);
     c->b->mem->destroy(c->b);
 }
@@ -228,12 +263,14 @@ Test(cpu_ops, batchnorm_keeps_precision_when_the_mean_dwarfs_the_spread) {
         x[i] = 1000.0f + 1e-3f * (float)((i * 37) % 19 - 9);
         dy[i] = (float)((i * 11) % 7 - 3);
     }
-    b->ops->batchnorm_forward_train(b, ROWS, 1, T(x), &g, &beta, T(y), save, save + 1, running, running + 1, 0.1f,
-                                    1e-5f);
+    b->ops->batchnorm_forward_train(b, ROWS, 1, T(x), &g, &beta, T(y), save, save + 1, running,
+                                    running + 1, 0.1f, 1e-5f);
     b->ops->batchnorm_backward(b, ROWS, 1, T(x), &g, save, save + 1, T(dy), T(dx), &dg, &db);
     double mean = 0, var = 0, sdy = 0, sdyx = 0;
-    for (int i = 0; i < ROWS; i++) mean += x[i] / (double)ROWS;
-    for (int i = 0; i < ROWS; i++) var += (x[i] - mean) * (x[i] - mean) / ROWS;
+    for (int i = 0; i < ROWS; i++)
+        mean += x[i] / (double)ROWS;
+    for (int i = 0; i < ROWS; i++)
+        var += (x[i] - mean) * (x[i] - mean) / ROWS;
     double invstd = 1.0 / sqrt(var + 1e-5);
     for (int i = 0; i < ROWS; i++) {
         sdy += dy[i];
@@ -263,8 +300,12 @@ Test(cpu_ops, batchnorm_keeps_precision_when_the_mean_dwarfs_the_spread) {
 
 /* ---- elementwise, pooling, linear ---- */
 
-static void relu_fwd(op_check_t *c) { c->b->ops->relu_forward(c->b, T(c->in[0]), T(c->y), c->n_out); }
-static void relu_bwd(op_check_t *c) { c->b->ops->relu_backward(c->b, T(c->y), T(c->r), T(c->grad[0]), c->n_out); }
+static void relu_fwd(op_check_t *c) {
+    c->b->ops->relu_forward(c->b, T(c->in[0]), T(c->y), c->n_out);
+}
+static void relu_bwd(op_check_t *c) {
+    c->b->ops->relu_backward(c->b, T(c->y), T(c->r), T(c->grad[0]), c->n_out);
+}
 
 Test(cpu_ops, relu_gradients) {
     op_check_t *c = new_check();
@@ -278,7 +319,9 @@ Test(cpu_ops, relu_gradients) {
     free_check(c);
 }
 
-static void add_fwd(op_check_t *c) { c->b->ops->add_forward(c->b, T(c->in[0]), T(c->in[1]), T(c->y), c->n_out); }
+static void add_fwd(op_check_t *c) {
+    c->b->ops->add_forward(c->b, T(c->in[0]), T(c->in[1]), T(c->y), c->n_out);
+}
 static void add_bwd(op_check_t *c) {
     c->b->ops->accumulate(c->b, T(c->r), T(c->grad[0]), c->n_out);
     c->b->ops->accumulate(c->b, T(c->r), T(c->grad[1]), c->n_out);
@@ -295,8 +338,12 @@ Test(cpu_ops, add_gradients) {
     free_check(c);
 }
 
-static void maxpool_fwd(op_check_t *c) { c->b->ops->maxpool_forward(c->b, &c->pool, T(c->in[0]), T(c->y), c->argmax); }
-static void maxpool_bwd(op_check_t *c) { c->b->ops->maxpool_backward(c->b, &c->pool, c->argmax, T(c->r), T(c->grad[0])); }
+static void maxpool_fwd(op_check_t *c) {
+    c->b->ops->maxpool_forward(c->b, &c->pool, T(c->in[0]), T(c->y), c->argmax);
+}
+static void maxpool_bwd(op_check_t *c) {
+    c->b->ops->maxpool_backward(c->b, &c->pool, c->argmax, T(c->r), T(c->grad[0]));
+}
 
 static void check_maxpool(int size, int stride, int pad) {
     op_check_t *c = new_check();
@@ -312,14 +359,21 @@ static void check_maxpool(int size, int stride, int pad) {
     free_check(c);
 }
 
-Test(cpu_ops, maxpool_2x2_stride_2_gradients) { check_maxpool(2, 2, 0); }
-Test(cpu_ops, maxpool_3x3_stride_2_overlapping_gradients) { check_maxpool(3, 2, 0); }
-Test(cpu_ops, maxpool_3x3_stride_2_pad_1_gradients) { check_maxpool(3, 2, 1); }
+Test(cpu_ops, maxpool_2x2_stride_2_gradients) {
+    check_maxpool(2, 2, 0);
+}
+Test(cpu_ops, maxpool_3x3_stride_2_overlapping_gradients) {
+    check_maxpool(3, 2, 0);
+}
+Test(cpu_ops, maxpool_3x3_stride_2_pad_1_gradients) {
+    check_maxpool(3, 2, 1);
+}
 
 /* The padding is -inf, not 0: an all-negative input still pools to its own values at the border. */
 Test(cpu_ops, maxpool_padding_never_wins) {
     backend_t *b = backend_cpu_create(1);
-    pool_shape_t s = {.n = 1, .h = 3, .w = 3, .c = 1, .size = 3, .stride = 2, .pad = 1, .oh = 2, .ow = 2};
+    pool_shape_t s = {
+        .n = 1, .h = 3, .w = 3, .c = 1, .size = 3, .stride = 2, .pad = 1, .oh = 2, .ow = 2};
     float x[9] = {-9, -8, -7, -6, -5, -4, -3, -2, -1}, y[4];
     int32_t argmax[4];
     b->ops->maxpool_forward(b, &s, T(x), T(y), argmax);
@@ -340,8 +394,8 @@ Test(cpu_ops, maxpool_padding_never_wins) {
 Test(cpu_ops, maxpool_nan_wins_and_ties_go_first) {
     backend_t *b = backend_cpu_create(1);
     pool_shape_t s = {.n = 1, .h = 2, .w = 2, .c = 4, .size = 2, .stride = 2, .oh = 1, .ow = 1};
-    float x[16] = {1, 7, NAN, 0, /* cell (0,0) */ 2, 7, 5, 9,  /* cell (0,1) */
-                   NAN, 7, 6, 3, /* cell (1,0) */ 3, 7, NAN, 2 /* cell (1,1) */};
+    float x[16] = {1,   7, NAN, 0, /* cell (0,0) */ 2, 7, 5,   9, /* cell (0,1) */
+                   NAN, 7, 6,   3, /* cell (1,0) */ 3, 7, NAN, 2 /* cell (1,1) */};
     float y[4];
     int32_t argmax[4];
     b->ops->maxpool_forward(b, &s, T(x), T(y), argmax);
@@ -352,8 +406,12 @@ Test(cpu_ops, maxpool_nan_wins_and_ties_go_first) {
     b->mem->destroy(b);
 }
 
-static void gap_fwd(op_check_t *c) { c->b->ops->avgpool_global_forward(c->b, c->n, c->rows, c->ch, T(c->in[0]), T(c->y)); }
-static void gap_bwd(op_check_t *c) { c->b->ops->avgpool_global_backward(c->b, c->n, c->rows, c->ch, T(c->r), T(c->grad[0])); }
+static void gap_fwd(op_check_t *c) {
+    c->b->ops->avgpool_global_forward(c->b, c->n, c->rows, c->ch, T(c->in[0]), T(c->y));
+}
+static void gap_bwd(op_check_t *c) {
+    c->b->ops->avgpool_global_backward(c->b, c->n, c->rows, c->ch, T(c->r), T(c->grad[0]));
+}
 
 Test(cpu_ops, global_average_pool_gradients) {
     op_check_t *c = new_check();
@@ -387,10 +445,10 @@ static void check_adaptive(int h, int w, int oh, int ow) {
 }
 
 Test(cpu_ops, adaptive_avgpool_gradients) {
-    check_adaptive(6, 5, 3, 2);  /* bins that divide evenly and bins that overlap */
-    check_adaptive(5, 7, 7, 7);  /* VGG's 7x7 from a smaller input: repeated cells */
+    check_adaptive(6, 5, 3, 2); /* bins that divide evenly and bins that overlap */
+    check_adaptive(5, 7, 7, 7); /* VGG's 7x7 from a smaller input: repeated cells */
     check_adaptive(2, 3, 7, 7);
-    check_adaptive(7, 7, 7, 7);  /* the identity */
+    check_adaptive(7, 7, 7, 7); /* the identity */
 }
 
 /* PyTorch's bins: start floor(i * in / out), end ceil((i + 1) * in / out). */
@@ -405,9 +463,11 @@ Test(cpu_ops, adaptive_avgpool_bins_follow_pytorch) {
     cr_assert_float_eq(y[2], 12.0f, 1e-6);
     s = (pool_shape_t){.n = 1, .h = 1, .w = 2, .c = 1, .oh = 1, .ow = 7};
     float y7[7];
-    b->ops->avgpool_adaptive_forward(b, &s, T(x), T(y7)); /* [0,1) three times, [0,2), [1,2) three times */
+    b->ops->avgpool_adaptive_forward(b, &s, T(x),
+                                     T(y7)); /* [0,1) three times, [0,2), [1,2) three times */
     float want[7] = {1, 1, 1, 1.5f, 2, 2, 2};
-    for (int i = 0; i < 7; i++) cr_assert_float_eq(y7[i], want[i], 1e-6, "y[%d] = %g", i, y7[i]);
+    for (int i = 0; i < 7; i++)
+        cr_assert_float_eq(y7[i], want[i], 1e-6, "y[%d] = %g", i, y7[i]);
     b->mem->destroy(b);
 }
 
@@ -439,14 +499,17 @@ Test(cpu_ops, dropout_scales_survivors_and_drops_about_p) {
     backend_t *b = backend_cpu_create(2);
     size_t n = 200000;
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), *y2 = malloc(n * sizeof *y2);
-    for (size_t i = 0; i < n; i++) x[i] = 1.0f + (float)(i % 7);
+    for (size_t i = 0; i < n; i++)
+        x[i] = 1.0f + (float)(i % 7);
     float ps[3] = {0.5f, 0.1f, 0.9f};
     for (int k = 0; k < 3; k++) {
         b->ops->dropout_forward(b, T(x), T(y), n, ps[k], DROP_KEY + (uint64_t)k);
         size_t dropped = 0;
         for (size_t i = 0; i < n; i++) {
-            if (y[i] == 0.0f) dropped++;
-            else cr_assert_eq(y[i], x[i] * (1.0f / (1.0f - ps[k])), "p %g element %zu", ps[k], i);
+            if (y[i] == 0.0f)
+                dropped++;
+            else
+                cr_assert_eq(y[i], x[i] * (1.0f / (1.0f - ps[k])), "p %g element %zu", ps[k], i);
         }
         double frac = (double)dropped / (double)n; /* binomial: sd <= 0.0012 */
         cr_assert(fabs(frac - ps[k]) < 0.006, "p %g: dropped %.4f", ps[k], frac);
@@ -488,11 +551,12 @@ Test(cpu_ops, conv_bias_gradients) {
 }
 
 static void linear_fwd(op_check_t *c) {
-    c->b->ops->linear_forward(c->b, c->n, c->in_f, c->out_f, T(c->in[0]), c->in[1], c->in[2], T(c->y));
+    c->b->ops->linear_forward(c->b, c->n, c->in_f, c->out_f, T(c->in[0]), c->in[1], c->in[2],
+                              T(c->y));
 }
 static void linear_bwd(op_check_t *c) {
-    c->b->ops->linear_backward(c->b, c->n, c->in_f, c->out_f, T(c->in[0]), c->in[1], T(c->r), T(c->grad[0]),
-                               c->grad[1], c->grad[2]);
+    c->b->ops->linear_backward(c->b, c->n, c->in_f, c->out_f, T(c->in[0]), c->in[1], T(c->r),
+                               T(c->grad[0]), c->grad[1], c->grad[2]);
 }
 
 Test(cpu_ops, linear_gradients) {
@@ -533,21 +597,25 @@ Test(cpu_ops, linear_of_100m_parameters, .timeout = 60) {
         for (int k = 0; k < 3; k++) {
             int o = rows[k];
             double want = bias[o];
-            for (int i = 0; i < in; i++) want += (double)x[(size_t)s * in + i] * w[(size_t)o * in + i];
-            cr_assert(fabs(y[(size_t)s * out + o] - want) < 1e-3 * (1 + fabs(want)), "y[%d][%d]: %g, want %g",
-                      s, o, y[(size_t)s * out + o], want);
+            for (int i = 0; i < in; i++)
+                want += (double)x[(size_t)s * in + i] * w[(size_t)o * in + i];
+            cr_assert(fabs(y[(size_t)s * out + o] - want) < 1e-3 * (1 + fabs(want)),
+                      "y[%d][%d]: %g, want %g", s, o, y[(size_t)s * out + o], want);
             int i = cols[k];
             double dxw = 0;
-            for (int j = 0; j < out; j++) dxw += (double)dy[(size_t)s * out + j] * w[(size_t)j * in + i];
-            cr_assert(fabs(dx[(size_t)s * in + i] - dxw) < 1e-3 * (1 + fabs(dxw)), "dx[%d][%d]", s, i);
+            for (int j = 0; j < out; j++)
+                dxw += (double)dy[(size_t)s * out + j] * w[(size_t)j * in + i];
+            cr_assert(fabs(dx[(size_t)s * in + i] - dxw) < 1e-3 * (1 + fabs(dxw)), "dx[%d][%d]", s,
+                      i);
         }
     for (int k = 0; k < 3; k++)
         for (int m = 0; m < 3; m++) {
             size_t at = (size_t)rows[k] * in + cols[m]; /* the last one is past 2^31 bytes */
             double want = PREFILL;
-            for (int s = 0; s < n; s++) want += (double)dy[(size_t)s * out + rows[k]] * x[(size_t)s * in + cols[m]];
-            cr_assert(fabs(dw[at] - want) < 1e-5 * (1 + fabs(want)), "dw[%d][%d]: %g, want %g", rows[k],
-                      cols[m], dw[at], want);
+            for (int s = 0; s < n; s++)
+                want += (double)dy[(size_t)s * out + rows[k]] * x[(size_t)s * in + cols[m]];
+            cr_assert(fabs(dw[at] - want) < 1e-5 * (1 + fabs(want)), "dw[%d][%d]: %g, want %g",
+                      rows[k], cols[m], dw[at], want);
             cr_assert_float_eq(db[rows[k]], dy[rows[k]] + dy[out + rows[k]], 1e-5);
         }
     free(x);
@@ -565,14 +633,15 @@ Test(cpu_ops, linear_of_100m_parameters, .timeout = 60) {
 
 static void xent_fwd(op_check_t *c) {
     c->y[0] = 0;
-    c->b->ops->softmax_xent(c->b, c->n, c->classes, T(c->in[0]), c->labels, c->smoothing, 1.0f, NULL, T(NULL),
-                            c->y);
+    c->b->ops->softmax_xent(c->b, c->n, c->classes, T(c->in[0]), c->labels, c->smoothing, 1.0f,
+                            NULL, T(NULL), c->y);
 }
 static void xent_bwd(op_check_t *c) {
     float *d = calloc(c->n_in[0], sizeof(float)), loss = 0;
-    c->b->ops->softmax_xent(c->b, c->n, c->classes, T(c->in[0]), c->labels, c->smoothing, 1.0f, NULL, T(d),
-                            &loss);
-    for (size_t i = 0; i < c->n_in[0]; i++) c->grad[0][i] += d[i];
+    c->b->ops->softmax_xent(c->b, c->n, c->classes, T(c->in[0]), c->labels, c->smoothing, 1.0f,
+                            NULL, T(d), &loss);
+    for (size_t i = 0; i < c->n_in[0]; i++)
+        c->grad[0][i] += d[i];
     free(d);
 }
 
@@ -581,7 +650,8 @@ static void check_xent(float smoothing) {
     c->n = 4;
     c->classes = 5;
     c->smoothing = smoothing;
-    for (int i = 0; i < 4; i++) c->labels[i] = (i * 3) % 5;
+    for (int i = 0; i < 4; i++)
+        c->labels[i] = (i * 3) % 5;
     add_input(c, 20, 3.0f);
     set_output(c, 1);
     c->r[0] = 1.0f / 4;
@@ -591,8 +661,12 @@ static void check_xent(float smoothing) {
     free_check(c);
 }
 
-Test(cpu_ops, softmax_cross_entropy_gradients) { check_xent(0.0f); }
-Test(cpu_ops, softmax_cross_entropy_label_smoothing_gradients) { check_xent(0.1f); }
+Test(cpu_ops, softmax_cross_entropy_gradients) {
+    check_xent(0.0f);
+}
+Test(cpu_ops, softmax_cross_entropy_label_smoothing_gradients) {
+    check_xent(0.1f);
+}
 
 Test(cpu_ops, softmax_cross_entropy_value) {
     backend_t *b = backend_cpu_create(1);
@@ -677,7 +751,8 @@ Test(cpu_ops, softmax_xent_multiplies_the_gradient_by_the_loss_scale) {
     b->ops->softmax_xent(b, 2, 3, T(logits), labels, 0.1f, 1.0f, NULL, T(d), &loss);
     b->ops->softmax_xent(b, 2, 3, T(logits), labels, 0.1f, 1.0f, &ls, T(ds), &loss_s);
     cr_assert_eq(loss, loss_s, "the loss itself is not scaled");
-    for (int i = 0; i < 6; i++) cr_assert_eq(ds[i], d[i] * 65536.0f);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(ds[i], d[i] * 65536.0f);
     b->mem->destroy(b);
 }
 
@@ -688,8 +763,10 @@ Test(cpu_ops, augment_batch_is_augment_sample_per_job) {
     size_t per = (size_t)h * w * c;
     uint8_t *images = malloc(per * samples);
     int32_t labels[40];
-    for (size_t i = 0; i < per * samples; i++) images[i] = (uint8_t)(i * 37 + 11);
-    for (int i = 0; i < samples; i++) labels[i] = 997 - i; /* int32: beyond a byte's classes */
+    for (size_t i = 0; i < per * samples; i++)
+        images[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < samples; i++)
+        labels[i] = 997 - i; /* int32: beyond a byte's classes */
     augment_t a = {.is_random = true, .padding = 2, .seed = 5};
     for (int k = 0; k < c; k++) {
         a.mean[k] = 0.25f * (float)k;
@@ -702,7 +779,8 @@ Test(cpu_ops, augment_batch_is_augment_sample_per_job) {
     }
     float *out = malloc(per * n * sizeof *out), *want = malloc(per * sizeof *want);
     int32_t got_labels[24];
-    b->ops->augment_batch(b, images, labels, h, w, c, jobs, n, augment_norm(&a, c), T(out), got_labels);
+    b->ops->augment_batch(b, images, labels, h, w, c, jobs, n, augment_norm(&a, c), T(out),
+                          got_labels);
     for (int i = 0; i < n; i++) {
         augment_sample(&a, 3, jobs[i].index, images + per * (size_t)jobs[i].index, h, w, c, want);
         cr_assert(memcmp(out + per * (size_t)i, want, per * sizeof *want) == 0, "sample %d", i);
@@ -723,8 +801,8 @@ static void bn_act_fwd(op_check_t *c) {
 }
 static void bn_act_bwd(op_check_t *c) {
     c->b->ops->bn_act_backward(c->b, (size_t)c->rows, c->ch, T(c->in[0]), c->in[1], c->save,
-                               c->save + c->ch, T(c->y), T(c->r), BN_ACT_RELU, T(c->grad[0]), T(c->grad[3]),
-                               c->grad[1], c->grad[2]);
+                               c->save + c->ch, T(c->y), T(c->r), BN_ACT_RELU, T(c->grad[0]),
+                               T(c->grad[3]), c->grad[1], c->grad[2]);
 }
 
 Test(cpu_ops, bn_add_relu_gradients) {
@@ -761,14 +839,15 @@ Test(cpu_ops, bn_act_gives_the_unfused_ops_bits) {
     float *start = random_buffer(n, 1.0f); /* what the gradients hold before, when added to */
     for (int combo = 0; combo < 8; combo++) {
         bool has_res = combo & 1, has_relu = combo & 2, is_written = combo & 4;
-        float run_a[14] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, run_b[14], save_a[14], save_b[14];
+        float run_a[14] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, run_b[14], save_a[14],
+              save_b[14];
         memcpy(run_b, run_a, sizeof run_a);
         float *ya = calloc(n, 4), *yb = calloc(n, 4), *tmp = calloc(n, 4), *dz = calloc(n, 4);
         float *dxa = calloc(n, 4), *dxb = calloc(n, 4), *dra = calloc(n, 4), *drb = calloc(n, 4);
         float dga[7] = {0}, dba[7] = {0}, dgb[7] = {0}, dbb[7] = {0};
         /* unfused */
-        o->batchnorm_forward_train(b, rows, ch, T(x), gamma, beta, T(ya), save_a, save_a + ch, run_a,
-                                   run_a + ch, 0.1f, 1e-5f);
+        o->batchnorm_forward_train(b, rows, ch, T(x), gamma, beta, T(ya), save_a, save_a + ch,
+                                   run_a, run_a + ch, 0.1f, 1e-5f);
         if (has_res) {
             memcpy(tmp, ya, n * 4);
             o->add_forward(b, T(tmp), T(res), T(ya), n);
@@ -785,17 +864,19 @@ Test(cpu_ops, bn_act_gives_the_unfused_ops_bits) {
             memcpy(dra, start, n * 4);
         }
         if (has_res) o->accumulate(b, T(dz), T(dra), n);
-        o->batchnorm_backward(b, rows, ch, T(x), gamma, save_a, save_a + ch, T(dz), T(dxa), dga, dba);
+        o->batchnorm_backward(b, rows, ch, T(x), gamma, save_a, save_a + ch, T(dz), T(dxa), dga,
+                              dba);
         /* fused; written gradients start as garbage */
-        unsigned flags = (has_relu ? BN_ACT_RELU : 0) | (is_written ? BN_ACT_WRITE_DX | BN_ACT_WRITE_DRESIDUAL : 0);
+        unsigned flags = (has_relu ? BN_ACT_RELU : 0) |
+                         (is_written ? BN_ACT_WRITE_DX | BN_ACT_WRITE_DRESIDUAL : 0);
         for (size_t i = 0; i < n; i++) {
             dxb[i] = is_written ? NAN : start[i];
             drb[i] = is_written ? NAN : start[i];
         }
-        o->bn_act_forward_train(b, rows, ch, T(x), gamma, beta, T(has_res ? res : NULL), flags, T(yb), save_b,
-                                save_b + ch, run_b, run_b + ch, 0.1f, 1e-5f);
-        o->bn_act_backward(b, rows, ch, T(x), gamma, save_b, save_b + ch, T(yb), T(dy), flags, T(dxb),
-                           T(has_res ? drb : NULL), dgb, dbb);
+        o->bn_act_forward_train(b, rows, ch, T(x), gamma, beta, T(has_res ? res : NULL), flags,
+                                T(yb), save_b, save_b + ch, run_b, run_b + ch, 0.1f, 1e-5f);
+        o->bn_act_backward(b, rows, ch, T(x), gamma, save_b, save_b + ch, T(yb), T(dy), flags,
+                           T(dxb), T(has_res ? drb : NULL), dgb, dbb);
         cr_assert(memcmp(ya, yb, n * 4) == 0, "combo %d: forward", combo);
         cr_assert(memcmp(run_a, run_b, sizeof run_a) == 0, "combo %d: running statistics", combo);
         cr_assert(memcmp(save_a, save_b, sizeof save_a) == 0, "combo %d: saved statistics", combo);
@@ -813,8 +894,8 @@ Test(cpu_ops, bn_act_gives_the_unfused_ops_bits) {
             memcpy(tmp, ya, n * 4);
             o->relu_forward(b, T(tmp), T(ya), n);
         }
-        o->bn_act_forward_eval(b, rows, ch, T(x), gamma, beta, T(has_res ? res : NULL), flags, T(yb), run_b,
-                               run_b + ch, 1e-5f);
+        o->bn_act_forward_eval(b, rows, ch, T(x), gamma, beta, T(has_res ? res : NULL), flags,
+                               T(yb), run_b, run_b + ch, 1e-5f);
         cr_assert(memcmp(ya, yb, n * 4) == 0, "combo %d: evaluation forward", combo);
         free(ya), free(yb), free(tmp), free(dz), free(dxa), free(dxb), free(dra), free(drb);
     }
@@ -841,14 +922,35 @@ static void conv_written_cases(void) {
     backend_t *b = backend_cpu_create(1);
     cr_assert_eq(b->mem->reserve_workspace(b, 1 << 20), 0);
     conv_shape_t shapes[2] = {
-        {.n = 2, .h = 5, .w = 4, .c = 3, .k = 4, .r = 1, .s = 1, .stride = 1, .pad = 0, .oh = 5, .ow = 4},
-        {.n = 2, .h = 5, .w = 4, .c = 3, .k = 4, .r = 3, .s = 3, .stride = 2, .pad = 1, .oh = 3, .ow = 2},
+        {.n = 2,
+         .h = 5,
+         .w = 4,
+         .c = 3,
+         .k = 4,
+         .r = 1,
+         .s = 1,
+         .stride = 1,
+         .pad = 0,
+         .oh = 5,
+         .ow = 4},
+        {.n = 2,
+         .h = 5,
+         .w = 4,
+         .c = 3,
+         .k = 4,
+         .r = 3,
+         .s = 3,
+         .stride = 2,
+         .pad = 1,
+         .oh = 3,
+         .ow = 2},
     };
     for (int k = 0; k < 2; k++) {
         conv_shape_t s = shapes[k];
         size_t nx = 2 * 5 * 4 * 3, nw = (size_t)4 * s.r * s.s * 3, ny = (size_t)2 * s.oh * s.ow * 4;
         float *x = random_buffer(nx, 1), *w = random_buffer(nw, 1), *dy = random_buffer(ny, 1);
-        float *dxa = calloc(nx, 4), *dxb = random_buffer(nx, 5), *dwa = calloc(nw, 4), *dwb = calloc(nw, 4);
+        float *dxa = calloc(nx, 4), *dxb = random_buffer(nx, 5), *dwa = calloc(nw, 4),
+              *dwb = calloc(nw, 4);
         b->ops->conv2d_backward(b, &s, T(x), w, T(dy), T(dxa), dwa);
         s.is_dx_written = true;
         b->ops->conv2d_backward(b, &s, T(x), w, T(dy), T(dxb), dwb);

@@ -53,7 +53,8 @@ class block_barrier {
             arrived_.store(0, std::memory_order_relaxed);
             gen_.store(gen + 1, std::memory_order_release);
         } else {
-            while (gen_.load(std::memory_order_acquire) == gen) std::this_thread::yield();
+            while (gen_.load(std::memory_order_acquire) == gen)
+                std::this_thread::yield();
         }
     }
 
@@ -66,7 +67,7 @@ static block_barrier *emu_barrier;
 static float *emu_smem;
 static double emu_exchange[1024];
 
-#define __syncthreads() emu_barrier->wait()
+#define __syncthreads()            emu_barrier->wait()
 #define BN_ACT_SHARED_FLOATS(name) float *name = emu_smem
 
 /* a warp is the whole (32-thread) block in the kernels that shuffle */
@@ -83,7 +84,8 @@ static double __shfl_xor_sync(unsigned, double v, int off) {
 #include "cuda_bn_act_kernels.cuh"
 
 /* The grid's blocks one after the other on one set of threads (a barrier between blocks). */
-static void launch(unsigned grid, unsigned bx, unsigned by, size_t smem_bytes, const std::function<void()> &f) {
+static void launch(unsigned grid, unsigned bx, unsigned by, size_t smem_bytes,
+                   const std::function<void()> &f) {
     gridDim = {grid, 1, 1};
     blockDim = {bx, by, 1};
     std::vector<float> smem(smem_bytes / sizeof(float) + 1);
@@ -101,12 +103,15 @@ static void launch(unsigned grid, unsigned bx, unsigned by, size_t smem_bytes, c
                     barrier.wait(); /* every thread is done with block b and its shared memory */
                 }
             });
-    for (auto &t : threads) t.join();
+    for (auto &t : threads)
+        t.join();
 }
 
 /* ---- one case against a double-precision reference ---- */
 
-template <typename T> static T from_float(float v) { return from_f<T>(v); }
+template <typename T> static T from_float(float v) {
+    return from_f<T>(v);
+}
 
 static uint64_t rng_state = 77;
 static float uniform() {
@@ -115,12 +120,15 @@ static float uniform() {
 }
 
 /* every input exact in bf16 and fp16 alike */
-static float narrow_exact(float v) { return __half2float(__float2half(__bfloat162float(__float2bfloat16(v)))); }
+static float narrow_exact(float v) {
+    return __half2float(__float2half(__bfloat162float(__float2bfloat16(v))));
+}
 
-static void expect_near(const char *what, const std::vector<double> &want, const std::vector<float> &got, double tol,
-                        const char *label) {
+static void expect_near(const char *what, const std::vector<double> &want,
+                        const std::vector<float> &got, double tol, const char *label) {
     double scale = 1e-6, err = 0;
-    for (double w : want) scale = std::max(scale, std::fabs(w));
+    for (double w : want)
+        scale = std::max(scale, std::fabs(w));
     size_t worst = 0;
     for (size_t i = 0; i < want.size(); i++) {
         double e = std::fabs(want[i] - (double)got[i]);
@@ -129,14 +137,15 @@ static void expect_near(const char *what, const std::vector<double> &want, const
             worst = i;
         }
     }
-    cr_assert(err <= tol * scale, "%s %s: |reference - kernel| %g at %zu (%g vs %g), scale %g", label, what, err, worst,
-              want[worst], (double)got[worst], scale);
+    cr_assert(err <= tol * scale, "%s %s: |reference - kernel| %g at %zu (%g vs %g), scale %g",
+              label, what, err, worst, want[worst], (double)got[worst], scale);
 }
 
 /* sm: the multiprocessor count the grids are sized for (small: several blocks, several rows per
  * thread, as on a GPU with large tensors) */
 template <typename T, int V>
-static void emulated_case(size_t rows, int c, bool has_relu, bool has_res, bool is_written, int sm) {
+static void emulated_case(size_t rows, int c, bool has_relu, bool has_res, bool is_written,
+                          int sm) {
     size_t n = rows * (size_t)c;
     std::vector<float> x(n), res(n), dy(n), start(n), gamma(c), beta(c);
     for (size_t i = 0; i < n; i++) {
@@ -163,42 +172,47 @@ static void emulated_case(size_t rows, int c, bool has_relu, bool has_res, bool 
     size_t most = (rows + a.by - 1) / a.by, room = ((size_t)2 << 20) / (2 * (size_t)c);
     unsigned blocks = (unsigned)std::max<size_t>(1, std::min({4 * (size_t)sm, most, room}));
     unsigned apply = (unsigned)std::max<size_t>(1, std::min(16 * (size_t)sm, most));
-    std::vector<float> p(2 * (size_t)blocks * c), save(2 * c), run(2 * c), coeffs(3 * c), dg(c, 1.0f), db(c, 1.0f);
-    for (int j = 0; j < c; j++) run[j] = 0.0f, run[c + j] = 1.0f;
+    std::vector<float> p(2 * (size_t)blocks * c), save(2 * c), run(2 * c), coeffs(3 * c),
+        dg(c, 1.0f), db(c, 1.0f);
+    for (int j = 0; j < c; j++)
+        run[j] = 0.0f, run[c + j] = 1.0f;
     float *p1 = p.data(), *p2 = p.data() + (size_t)blocks * c;
     size_t smem = 2 * sizeof(float) * a.bx * a.by * V;
     const T *resp = has_res ? rt.data() : nullptr;
     launch(blocks, a.bx, a.by, smem, [&] {
-        act_partials_kernel<T, V>(rows, c, a, xt.data(), (const T *)nullptr, (const T *)nullptr, false, nullptr,
-                                  nullptr, p1, p2);
+        act_partials_kernel<T, V>(rows, c, a, xt.data(), (const T *)nullptr, (const T *)nullptr,
+                                  false, nullptr, nullptr, p1, p2);
     });
     launch(c, 32, 1, 0, [&] {
-        act_stats_kernel<T>(c, (int)blocks, rows, xt.data(), p1, p2, save.data(), save.data() + c, run.data(),
-                            run.data() + c, 0.1f, 1e-5f);
+        act_stats_kernel<T>(c, (int)blocks, rows, xt.data(), p1, p2, save.data(), save.data() + c,
+                            run.data(), run.data() + c, 0.1f, 1e-5f);
     });
     launch(apply, a.bx, a.by, 0, [&] {
-        act_apply_kernel<T, V>(rows, c, a, xt.data(), resp, has_relu, save.data(), save.data() + c, nullptr, 1e-5f,
-                               gamma.data(), beta.data(), yt.data());
+        act_apply_kernel<T, V>(rows, c, a, xt.data(), resp, has_relu, save.data(), save.data() + c,
+                               nullptr, 1e-5f, gamma.data(), beta.data(), yt.data());
     });
     launch(blocks, a.bx, a.by, smem, [&] {
-        act_partials_kernel<T, V>(rows, c, a, xt.data(), yt.data(), dyt.data(), has_relu, save.data(),
-                                  save.data() + c, p1, p2);
+        act_partials_kernel<T, V>(rows, c, a, xt.data(), yt.data(), dyt.data(), has_relu,
+                                  save.data(), save.data() + c, p1, p2);
     });
     launch(c, 32, 1, 0, [&] {
-        act_coeffs_kernel(c, (int)blocks, rows, p1, p2, gamma.data(), save.data() + c, coeffs.data(), dg.data(),
-                          db.data());
+        act_coeffs_kernel(c, (int)blocks, rows, p1, p2, gamma.data(), save.data() + c,
+                          coeffs.data(), dg.data(), db.data());
     });
     launch(apply, a.bx, a.by, 0, [&] {
-        act_dx_kernel<T, V>(rows, c, a, xt.data(), yt.data(), dyt.data(), has_relu, save.data(), coeffs.data(),
-                            is_written, dxt.data(), is_written, has_res ? drt.data() : nullptr);
+        act_dx_kernel<T, V>(rows, c, a, xt.data(), yt.data(), dyt.data(), has_relu, save.data(),
+                            coeffs.data(), is_written, dxt.data(), is_written,
+                            has_res ? drt.data() : nullptr);
     });
     /* the reference */
     std::vector<double> mean(c), invstd(c), y(n), dx(n), dres(n), dgw(c), dbw(c), run_var(c);
     for (int j = 0; j < c; j++) {
         double s1 = 0, s2 = 0;
-        for (size_t r = 0; r < rows; r++) s1 += x[r * c + j];
+        for (size_t r = 0; r < rows; r++)
+            s1 += x[r * c + j];
         mean[j] = s1 / (double)rows;
-        for (size_t r = 0; r < rows; r++) s2 += (x[r * c + j] - mean[j]) * (x[r * c + j] - mean[j]);
+        for (size_t r = 0; r < rows; r++)
+            s2 += (x[r * c + j] - mean[j]) * (x[r * c + j] - mean[j]);
         invstd[j] = 1.0 / std::sqrt(s2 / (double)rows + 1e-5);
         run_var[j] = 0.9 + 0.1 * s2 / (double)(rows - 1);
     }
@@ -223,23 +237,29 @@ static void emulated_case(size_t rows, int c, bool has_relu, bool has_res, bool 
             size_t i = r * c + j;
             double dz = !has_relu || y_stored[i] > 0.0f ? dy[i] : 0.0;
             double xhat = (x[i] - mean[j]) * invstd[j];
-            dx[i] = gamma[j] * invstd[j] / (double)rows * ((double)rows * dz - sum_dz - xhat * sum_dz_xhat) +
+            dx[i] = gamma[j] * invstd[j] / (double)rows *
+                        ((double)rows * dz - sum_dz - xhat * sum_dz_xhat) +
                     (is_written ? 0.0 : start[i]);
             dres[i] = dz + (is_written ? 0.0 : start[i]);
         }
     }
     char label[160];
-    snprintf(label, sizeof label, "%s V%d rows %zu C %d relu %d residual %d written %d (blocks %u/%u of %ux%u)",
-             std::is_same<T, float>::value ? "fp32" : std::is_same<T, bf16>::value ? "bf16" : "fp16", V, rows, c,
-             has_relu, has_res, is_written, blocks, apply, a.bx, a.by);
+    snprintf(label, sizeof label,
+             "%s V%d rows %zu C %d relu %d residual %d written %d (blocks %u/%u of %ux%u)",
+             std::is_same<T, float>::value  ? "fp32"
+             : std::is_same<T, bf16>::value ? "bf16"
+                                            : "fp16",
+             V, rows, c, has_relu, has_res, is_written, blocks, apply, a.bx, a.by);
     bool low = sizeof(T) == 2;
     auto wide = [&](const std::vector<T> &v) {
-        for (size_t i = 0; i < n; i++) got[i] = to_f(v[i]);
+        for (size_t i = 0; i < n; i++)
+            got[i] = to_f(v[i]);
         return got;
     };
     expect_near("mean", mean, std::vector<float>(save.begin(), save.begin() + c), 1e-5, label);
     expect_near("invstd", invstd, std::vector<float>(save.begin() + c, save.end()), 1e-4, label);
-    expect_near("running var", run_var, std::vector<float>(run.begin() + c, run.end()), 1e-4, label);
+    expect_near("running var", run_var, std::vector<float>(run.begin() + c, run.end()), 1e-4,
+                label);
     expect_near("y", y, wide(yt), low ? 1e-2 : 1e-5, label);
     expect_near("dx", dx, wide(dxt), low ? 2e-2 : 1e-4, label);
     if (has_res) expect_near("dresidual", dres, wide(drt), low ? 1e-2 : 1e-6, label);

@@ -32,7 +32,8 @@ static void write_file(const char *name, int label_bytes, int records, int label
         if (label_bytes == 2) fputc(7, f);
         fputc(r % label_mod, f);
         for (int ch = 0; ch < 3; ch++)
-            for (int p = 0; p < 1024; p++) fputc((p + 50 * ch) & 255, f);
+            for (int p = 0; p < 1024; p++)
+                fputc((p + 50 * ch) & 255, f);
     }
     fclose(f);
     if (cut) cr_assert_eq(truncate(path, (off_t)records * (label_bytes + 3072) - cut), 0);
@@ -41,7 +42,8 @@ static void write_file(const char *name, int label_bytes, int records, int label
 Test(data_cifar, cifar10_train_batches_to_nhwc) {
     const char *names[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
                            "data_batch_4.bin", "data_batch_5.bin"};
-    for (int i = 0; i < 5; i++) write_file(names[i], 1, 3, 10, 0);
+    for (int i = 0; i < 5; i++)
+        write_file(names[i], 1, 3, 10, 0);
     dataset_t d;
     char err[512];
     cr_assert_eq(cifar_load_dir(dir, false, true, 0, &d, err, sizeof err), 0, "%s", err);

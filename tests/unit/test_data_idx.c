@@ -27,8 +27,8 @@ static void remove_dir(void) {
 TestSuite(data_idx, .init = make_dir, .fini = remove_dir);
 
 /* An IDX file: header (0 0 8 ndims, big-endian dims), then `payload` bytes base + i % mod. */
-static void write_idx(const char *name, bool is_gz, int ndims, const uint32_t *dims,
-                      size_t payload, int mod, int base) {
+static void write_idx(const char *name, bool is_gz, int ndims, const uint32_t *dims, size_t payload,
+                      int mod, int base) {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     gzFile f = gzopen(path, is_gz ? "wb" : "wbT");
@@ -62,8 +62,10 @@ Test(data_idx, fashion_mnist_as_installed) {
     cr_assert_eq(idx_load_dir(FASHION_DIR, true, 0, &train, err, sizeof err), 0, "%s", err);
     cr_assert(train.n == 60000 && train.h == 28 && train.w == 28 && train.c == 1);
     int counts[10] = {0};
-    for (int64_t i = 0; i < train.n; i++) counts[train.labels[i]]++;
-    for (int k = 0; k < 10; k++) cr_assert_eq(counts[k], 6000, "class %d", k);
+    for (int64_t i = 0; i < train.n; i++)
+        counts[train.labels[i]]++;
+    for (int k = 0; k < 10; k++)
+        cr_assert_eq(counts[k], 6000, "class %d", k);
     dataset_free(&train);
     cr_assert_eq(idx_load_dir(FASHION_DIR, false, 1000, &test, err, sizeof err), 0, "%s", err);
     cr_assert_eq(test.n, 1000, "train_limit keeps the first N");

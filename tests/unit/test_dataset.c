@@ -46,7 +46,8 @@ Test(dataset, hold_out_splits_train_into_two_disjoint_ordered_parts) {
             if (i > 0) cr_assert_gt(label, parts[p]->labels[i - 1], "the original order is kept");
         }
     }
-    for (int i = 0; i < 1000; i++) cr_assert(seen[i], "sample %d is lost", i);
+    for (int i = 0; i < 1000; i++)
+        cr_assert(seen[i], "sample %d is lost", i);
     /* not simply the head or the tail: a shuffled choice spread over the whole set */
     cr_assert(val.labels[0] < 500 && val.labels[val.n - 1] >= 500);
     cr_assert_neq(val.labels[val.n - 1] - val.labels[0], 99);
@@ -68,7 +69,8 @@ Test(dataset, hold_out_is_the_same_every_time_for_the_same_count) {
     hold_out(776, 0.25, &t3, &v3);
     cr_assert_neq(memcmp(v1.labels, v3.labels, sizeof *v3.labels * 16), 0);
     dataset_t *all[6] = {&t1, &v1, &t2, &v2, &t3, &v3};
-    for (int i = 0; i < 6; i++) dataset_free(all[i]);
+    for (int i = 0; i < 6; i++)
+        dataset_free(all[i]);
 }
 
 Test(dataset, hold_out_refuses_a_fraction_that_empties_a_side) {

@@ -56,19 +56,18 @@ Test(endpoint, bad_endpoints_say_what) {
     const struct {
         const char *text, *says; /* the message quotes this */
     } bad[] = {
-        {"", "empty"},           {":80", "host"},        {"h:70000", "70000"},
-        {"h:65536", "65536"},    {"h:abc", "abc"},       {"h:", "port"},
-        {"h:-1", "-1"},          {"h:+80", "+80"},       {"h: 80", "port"},
-        {"h:80x", "80x"},        {"[::1", "[ipv6]"},     {"[]:1", "[ipv6]"},
-        {"[]", "[ipv6]"},        {"[::1]x", "[ipv6]"},   {"[::1]:", "port"},
-        {"[::1]:70000", "70000"}, {"[::1]:abc", "abc"},
+        {"", "empty"},        {":80", "host"},      {"h:70000", "70000"}, {"h:65536", "65536"},
+        {"h:abc", "abc"},     {"h:", "port"},       {"h:-1", "-1"},       {"h:+80", "+80"},
+        {"h: 80", "port"},    {"h:80x", "80x"},     {"[::1", "[ipv6]"},   {"[]:1", "[ipv6]"},
+        {"[]", "[ipv6]"},     {"[::1]x", "[ipv6]"}, {"[::1]:", "port"},   {"[::1]:70000", "70000"},
+        {"[::1]:abc", "abc"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         strcpy(err, "");
         cr_assert_eq(endpoint_parse(bad[i].text, 29400, host, sizeof host, &port, err, sizeof err),
                      -EINVAL, "'%s' accepted", bad[i].text);
-        cr_assert(strstr(err, bad[i].says), "'%s': message '%s' does not mention '%s'",
-                  bad[i].text, err, bad[i].says);
+        cr_assert(strstr(err, bad[i].says), "'%s': message '%s' does not mention '%s'", bad[i].text,
+                  err, bad[i].says);
     }
     cr_assert_eq(endpoint_parse(NULL, 1, host, sizeof host, &port, err, sizeof err), -EINVAL);
 }

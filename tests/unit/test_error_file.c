@@ -1,5 +1,5 @@
-/* Unit tests of launcher/workers/error_file: PyTorch's @record error file read back, and anything else a
- * worker may leave there refused without harm. */
+/* Unit tests of launcher/workers/error_file: PyTorch's @record error file read back, and anything
+ * else a worker may leave there refused without harm. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -26,9 +26,10 @@ static void cleanup(void) {
 TestSuite(error_file, .fini = cleanup);
 
 Test(error_file, torch_record_format) {
-    write_file("{\"message\": {\"message\": \"RuntimeError: boom\", \"extraInfo\": {\"py_callstack\": "
-               "\"Traceback (most recent call last):\\n  File \\\"x.py\\\", line 3\\nRuntimeError: "
-               "boom\\n\", \"timestamp\": \"1764040000\"}}}");
+    write_file(
+        "{\"message\": {\"message\": \"RuntimeError: boom\", \"extraInfo\": {\"py_callstack\": "
+        "\"Traceback (most recent call last):\\n  File \\\"x.py\\\", line 3\\nRuntimeError: "
+        "boom\\n\", \"timestamp\": \"1764040000\"}}}");
     error_file_t e;
     cr_assert_eq(error_file_read(path, &e), 0);
     cr_assert_str_eq(e.message, "RuntimeError: boom");
@@ -54,7 +55,8 @@ Test(error_file, a_plain_message_and_control_bytes) {
 Test(error_file, other_files_are_refused) {
     error_file_t e;
     cr_assert_eq(error_file_read("/nonexistent/error.json", &e), -ENOENT);
-    const char *bad[] = {"", "not json", "[]", "{}", "{\"message\": 3}", "{\"message\": {\"x\": 1}}"};
+    const char *bad[] = {"",   "not json",         "[]",
+                         "{}", "{\"message\": 3}", "{\"message\": {\"x\": 1}}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(bad[i]);
         cr_assert_eq(error_file_read(path, &e), -EINVAL, "%s", bad[i]);

@@ -26,7 +26,8 @@ static uint8_t *jpeg_of(const uint8_t *px, int w, int h, int pf, int subsamp, in
 /* One flat colour: JPEG keeps it within a step whatever the subsampling. */
 static uint8_t *flat(int w, int h, int channels, const uint8_t *value) {
     uint8_t *p = malloc((size_t)w * h * channels);
-    for (size_t i = 0; i < (size_t)w * h; i++) memcpy(p + i * channels, value, (size_t)channels);
+    for (size_t i = 0; i < (size_t)w * h; i++)
+        memcpy(p + i * channels, value, (size_t)channels);
     return p;
 }
 
@@ -45,7 +46,9 @@ static void on_write(png_structp png, png_bytep bytes, size_t len) {
     m->n += len;
 }
 
-static void on_flush(png_structp png) { (void)png; }
+static void on_flush(png_structp png) {
+    (void)png;
+}
 
 /* A PNG of `channels` 8-bit samples per pixel (1 grey, 2 grey+alpha, 3 RGB, 4 RGBA). */
 static membuf_t png_of(uint8_t *px, int w, int h, int channels, bool is_interlaced) {
@@ -60,7 +63,8 @@ static membuf_t png_of(uint8_t *px, int w, int h, int channels, bool is_interlac
                  is_interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
                  PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     png_bytep *rows = malloc(sizeof *rows * (size_t)h);
-    for (int y = 0; y < h; y++) rows[y] = px + (size_t)y * w * channels;
+    for (int y = 0; y < h; y++)
+        rows[y] = px + (size_t)y * w * channels;
     png_set_rows(png, info, rows);
     png_write_png(png, info, PNG_TRANSFORM_IDENTITY, NULL);
     png_destroy_write_struct(&png, &info);
@@ -70,7 +74,8 @@ static membuf_t png_of(uint8_t *px, int w, int h, int channels, bool is_interlac
 
 static uint8_t *pattern(int w, int h, int channels) {
     uint8_t *p = malloc((size_t)w * h * channels);
-    for (size_t i = 0; i < (size_t)w * h * channels; i++) p[i] = (uint8_t)(i * 37 + i / 7);
+    for (size_t i = 0; i < (size_t)w * h * channels; i++)
+        p[i] = (uint8_t)(i * 37 + i / 7);
     return p;
 }
 
@@ -126,7 +131,8 @@ Test(image_decode, a_cmyk_jpeg_is_converted_as_pil_does) {
     int w, h;
     cr_assert_eq(image_decode(&d, jpeg, n, 0, 0, &w, &h, err, sizeof err), 0, "%s", err);
     static const int want[3] = {137, 181, 49}; /* Pillow 9.4: CMYK(100, 50, 200, 30) -> RGB */
-    for (int c = 0; c < 3; c++) cr_assert(abs(d.pixels[c] - want[c]) <= 2, "%d: %d", c, d.pixels[c]);
+    for (int c = 0; c < 3; c++)
+        cr_assert(abs(d.pixels[c] - want[c]) <= 2, "%d: %d", c, d.pixels[c]);
     image_decoder_free(&d);
     tjFree(jpeg);
     free(px);
@@ -172,7 +178,8 @@ Test(image_decode, pngs_decode_exactly_alpha_dropped_grey_expanded_interlace_und
         for (int is_interlaced = 0; is_interlaced < 2; is_interlaced++) {
             membuf_t m = png_of(px, 13, 9, channels, is_interlaced);
             int w, h;
-            cr_assert_eq(image_decode(&d, m.data, m.n, 5, 5, &w, &h, err, sizeof err), 0, "%s", err);
+            cr_assert_eq(image_decode(&d, m.data, m.n, 5, 5, &w, &h, err, sizeof err), 0, "%s",
+                         err);
             cr_assert(w == 13 && h == 9, "PNGs are decoded at full size");
             for (size_t i = 0; i < 13 * 9; i++)
                 for (int c = 0; c < 3; c++) {
@@ -212,20 +219,21 @@ Test(image_decode, damaged_truncated_and_foreign_bytes_are_errors) {
     memcpy(huge_jpeg, jpeg, n);
     for (size_t i = 0; i + 8 < n; i++)
         if (huge_jpeg[i] == 0xFF && huge_jpeg[i + 1] == 0xC0) { /* SOF0: height, width at +5 */
-            memcpy(huge_jpeg + i + 5, "\x50\x00\x50\x00", 4); /* 20480^2 */
+            memcpy(huge_jpeg + i + 5, "\x50\x00\x50\x00", 4);   /* 20480^2 */
             break;
         }
     refuses(&d, huge_jpeg, n, "out of bounds");
     free(huge_jpeg);
     cr_assert_eq(d.capacity, 0, "nothing decoded yet, nothing allocated");
-    refuses(&d, jpeg, n / 2, "damaged JPEG");     /* "Premature end of JPEG file" */
+    refuses(&d, jpeg, n / 2, "damaged JPEG"); /* "Premature end of JPEG file" */
     refuses(&d, jpeg, 3, "not a readable JPEG");
     uint8_t *garbled = malloc(n);
     memcpy(garbled, jpeg, n);
     memset(garbled + 200, 0, 200); /* the tables: what make_jpeg_folder.py --broken does */
     refuses(&d, garbled, n, "JPEG");
     memcpy(garbled, jpeg, n);
-    memcpy(garbled + n - 40, "\xff\xd0\xff\xd0\xff\xd0", 6); /* restart markers that do not belong */
+    memcpy(garbled + n - 40, "\xff\xd0\xff\xd0\xff\xd0",
+           6); /* restart markers that do not belong */
     refuses(&d, garbled, n, "damaged JPEG: Corrupt JPEG data");
     refuses(&d, png.data, png.n / 2, "damaged PNG");
     refuses(&d, png.data, 30, "damaged PNG");
@@ -258,7 +266,8 @@ Test(image_decode, buffers_grow_to_the_largest_image_only) {
     cr_assert_eq(capacity, (size_t)96 * 64 * 3);
     for (int i = 0; i < 20; i++) {
         const uint8_t *b = i % 2 ? big : small;
-        cr_assert_eq(image_decode(&d, b, i % 2 ? n_big : n_small, 0, 0, &w, &h, err, sizeof err), 0);
+        cr_assert_eq(image_decode(&d, b, i % 2 ? n_big : n_small, 0, 0, &w, &h, err, sizeof err),
+                     0);
         cr_assert(d.pixels == pixels && d.capacity == capacity, "reallocated at image %d", i);
     }
     image_decoder_free(&d);

@@ -23,7 +23,8 @@ Test(image_transform, resize_center_crop_has_torchvisions_numbers) {
     p = image_plan(IMAGE_RESIZE_CENTER_CROP, 64, 64, 32, 0, 0, 0); /* int(32 / 0.875) = 36 */
     cr_assert(p.out_w == 36 && p.out_h == 36 && p.wx == 2 && p.wy == 2);
     p = image_plan(IMAGE_RESIZE, 500, 375, 224, 0, 0, 0);
-    cr_assert(p.w == 500 && p.h == 375 && p.out_w == 224 && p.out_h == 224 && p.wx == 0 && p.wy == 0);
+    cr_assert(p.w == 500 && p.h == 375 && p.out_w == 224 && p.out_h == 224 && p.wx == 0 &&
+              p.wy == 0);
 }
 
 Test(image_transform, random_resized_crop_keeps_torchvisions_constraints) {
@@ -54,9 +55,11 @@ Test(image_transform, random_resized_crop_falls_back_to_the_central_crop) {
      * full height and the widest allowed ratio, w = round(10 * 4/3) = 13, centred */
     for (int i = 0; i < 20; i++) {
         image_plan_t p = image_plan(IMAGE_RANDOM_RESIZED_CROP, 1000, 10, 16, 3, 1, i);
-        cr_assert(p.x == 493 && p.y == 0 && p.w == 13 && p.h == 10, "%g %g %g %g", p.x, p.y, p.w, p.h);
+        cr_assert(p.x == 493 && p.y == 0 && p.w == 13 && p.h == 10, "%g %g %g %g", p.x, p.y, p.w,
+                  p.h);
         p = image_plan(IMAGE_RANDOM_RESIZED_CROP, 10, 1000, 16, 3, 1, i);
-        cr_assert(p.x == 0 && p.y == 493 && p.w == 10 && p.h == 13, "%g %g %g %g", p.x, p.y, p.w, p.h);
+        cr_assert(p.x == 0 && p.y == 493 && p.w == 10 && p.h == 13, "%g %g %g %g", p.x, p.y, p.w,
+                  p.h);
     }
 }
 
@@ -72,7 +75,8 @@ Test(image_transform, crops_are_a_function_of_seed_epoch_and_index) {
         cr_assert(same_plan(p, image_plan(IMAGE_RANDOM_RESIZED_CROP, 320, 240, 64, 5, 2, i)));
         differ_seed += !same_plan(p, image_plan(IMAGE_RANDOM_RESIZED_CROP, 320, 240, 64, 6, 2, i));
         differ_epoch += !same_plan(p, image_plan(IMAGE_RANDOM_RESIZED_CROP, 320, 240, 64, 5, 3, i));
-        differ_index += !same_plan(p, image_plan(IMAGE_RANDOM_RESIZED_CROP, 320, 240, 64, 5, 2, i + 1));
+        differ_index +=
+            !same_plan(p, image_plan(IMAGE_RANDOM_RESIZED_CROP, 320, 240, 64, 5, 2, i + 1));
     }
     cr_assert(differ_seed > 95 && differ_epoch > 95 && differ_index > 95, "%d %d %d", differ_seed,
               differ_epoch, differ_index);
@@ -95,13 +99,20 @@ static uint8_t *image_of(int w, int h, uint8_t (*f)(int x, int y, int c)) {
     uint8_t *p = malloc((size_t)w * h * 3);
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++)
-            for (int c = 0; c < 3; c++) p[((size_t)y * w + x) * 3 + c] = f(x, y, c);
+            for (int c = 0; c < 3; c++)
+                p[((size_t)y * w + x) * 3 + c] = f(x, y, c);
     return p;
 }
 
-static uint8_t ramp(int x, int y, int c) { return (uint8_t)(x * 7 + y * 3 + c * 50); }
-static uint8_t stripes(int x, int y, int c) { return (uint8_t)((x % 2) * 255 + 0 * y * c); }
-static uint8_t flat(int x, int y, int c) { return (uint8_t)(c == 0 ? 10 : c == 1 ? 128 : 250) + 0 * x * y; }
+static uint8_t ramp(int x, int y, int c) {
+    return (uint8_t)(x * 7 + y * 3 + c * 50);
+}
+static uint8_t stripes(int x, int y, int c) {
+    return (uint8_t)((x % 2) * 255 + 0 * y * c);
+}
+static uint8_t flat(int x, int y, int c) {
+    return (uint8_t)(c == 0 ? 10 : c == 1 ? 128 : 250) + 0 * x * y;
+}
 
 Test(image_transform, resampling_identity_flat_flip_and_a_two_to_one_reduction) {
     image_scratch_t s = {0};
@@ -138,7 +149,8 @@ Test(image_transform, resampling_identity_flat_flip_and_a_two_to_one_reduction) 
     image_plan_t half = {.w = 32, .h = 8, .out_w = 16, .out_h = 16};
     uint8_t small[16 * 16 * 3];
     cr_assert_eq(image_apply_u8(&half, img, 32, 8, 16, &s, small), 0);
-    for (int i = 3; i < 15 * 3; i++) cr_assert(abs(small[i] - 128) <= 1, "%d: %d", i, small[i]);
+    for (int i = 3; i < 15 * 3; i++)
+        cr_assert(abs(small[i] - 128) <= 1, "%d: %d", i, small[i]);
     /* at the edge the filter's taps are clamped to the image: 3 taps weighted 3:3:1 -> 109 */
     cr_assert(abs(small[0] - 109) <= 1, "%d", small[0]);
     free(img);

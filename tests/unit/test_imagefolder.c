@@ -57,20 +57,22 @@ Test(imagefolder, classes_and_files_in_torchvisions_order) {
     write_jpeg("train/a/z/3.jpeg", 8, 8, 10);
     write_jpeg("train/a/0.png.txt", 8, 8, 10); /* not an image name: ignored */
     write_jpeg("train/a/1.jpg", 8, 8, 10);
-    write_jpeg("train/b/z/y/0.jpg", 8, 8, 10);  /* directories by whole path: b/z/y ... */
-    write_jpeg("train/b/z-/0.jpg", 8, 8, 10);   /* ... after b/z- ('-' < '/'), not depth first */
-    write_jpeg("train/b/.jpg", 8, 8, 10);       /* a name that is all extension counts */
-    write_jpeg("train/.h/1.jpg", 8, 8, 10);     /* torchvision takes hidden folders as classes */
+    write_jpeg("train/b/z/y/0.jpg", 8, 8, 10); /* directories by whole path: b/z/y ... */
+    write_jpeg("train/b/z-/0.jpg", 8, 8, 10);  /* ... after b/z- ('-' < '/'), not depth first */
+    write_jpeg("train/b/.jpg", 8, 8, 10);      /* a name that is all extension counts */
+    write_jpeg("train/.h/1.jpg", 8, 8, 10);    /* torchvision takes hidden folders as classes */
     write_jpeg("val/b/x.jpg", 8, 8, 10);
     imagefolder_t f;
     char err[512];
     cr_assert_eq(imagefolder_scan(root, &f, err, sizeof err), 0, "%s", err);
     cr_assert_eq(f.n_classes, 3);
-    cr_assert(!strcmp(f.classes[0], ".h") && !strcmp(f.classes[1], "a") && !strcmp(f.classes[2], "b"));
+    cr_assert(!strcmp(f.classes[0], ".h") && !strcmp(f.classes[1], "a") &&
+              !strcmp(f.classes[2], "b"));
     cr_assert_eq(f.train.n, 8);
     /* class a: its own files, then its subfolder's; class b: by name, then b/z- before b/z/y */
-    const char *want[] = {"train/.h/1.jpg", "train/a/1.jpg", "train/a/z/3.jpeg", "train/b/.jpg",
-                          "train/b/1.JPG", "train/b/2.jpg", "train/b/z-/0.jpg", "train/b/z/y/0.jpg"};
+    const char *want[] = {"train/.h/1.jpg",   "train/a/1.jpg",    "train/a/z/3.jpeg",
+                          "train/b/.jpg",     "train/b/1.JPG",    "train/b/2.jpg",
+                          "train/b/z-/0.jpg", "train/b/z/y/0.jpg"};
     int labels[] = {0, 1, 1, 2, 2, 2, 2, 2};
     for (int i = 0; i < 8; i++) {
         cr_assert(strstr(f.train.paths[i], want[i]), "%s", f.train.paths[i]);
@@ -110,8 +112,8 @@ Test(imagefolder, errors_name_what_is_wrong_and_where) {
     imagefolder_free(&f);
     write_jpeg("val/c/1.jpg", 8, 8, 1);
     cr_assert_eq(imagefolder_scan(root, &f, err, sizeof err), -1);
-    cr_assert(strstr(err, "val/c: class 'c' is not among") && strstr(err, "train's 2 classes"), "%s",
-              err);
+    cr_assert(strstr(err, "val/c: class 'c' is not among") && strstr(err, "train's 2 classes"),
+              "%s", err);
     snprintf(path, sizeof path, "rm -r %s/val/c", root);
     cr_assert_eq(system(path), 0);
     cr_assert_eq(imagefolder_scan(root, &f, err, sizeof err), -1);

@@ -33,7 +33,9 @@ static void write_bytes(const char *text, size_t n) {
     fclose(f);
 }
 
-static void write_text(const char *text) { write_bytes(text, strlen(text)); }
+static void write_text(const char *text) {
+    write_bytes(text, strlen(text));
+}
 
 typedef struct {
     char seen[8][3][300];
@@ -104,7 +106,9 @@ Test(ini_file, malformed_files_are_named_errors) {
     expect_error(":1: text after the section header");
     write_bytes("[model]\nname = \x01\x02\x7f\xff\n", 19);
     expect_error(":2: byte 0x01 at column 8: not a text file");
-    write_bytes("\x7f" "ELF\x02\x01\x01\0\0\0", 10);
+    write_bytes("\x7f"
+                "ELF\x02\x01\x01\0\0\0",
+                10);
     expect_error(":1: byte 0x7f at column 1");
 }
 

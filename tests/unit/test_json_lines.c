@@ -22,7 +22,8 @@ Test(json_lines, non_finite_numbers_are_null) {
     json_line_num(o, "loss", 0.25);
     json_line_int(o, "step", 9007199254740992LL);
     char *text = line_of(o);
-    cr_assert(strstr(text, "\"nan\":null,\"inf\":null,\"minus_inf\":null,\"loss\":0.25"), "%s", text);
+    cr_assert(strstr(text, "\"nan\":null,\"inf\":null,\"minus_inf\":null,\"loss\":0.25"), "%s",
+              text);
     cr_assert(strstr(text, "\"step\":9007199254740992"), "%s", text);
     cr_assert_null(strstr(text, "nan,"), "%s", text);
     cJSON *back = cJSON_Parse(text);
@@ -46,8 +47,11 @@ Test(json_lines, strings_are_escaped) {
 Test(json_lines, event_and_utc_time_come_first) {
     char *text = line_of(json_line_new("final"));
     regex_t re;
-    cr_assert_eq(regcomp(&re, "^\\{\"event\":\"final\",\"time\":\"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:"
-                              "[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z\"\\}$", REG_EXTENDED), 0);
+    cr_assert_eq(regcomp(&re,
+                         "^\\{\"event\":\"final\",\"time\":\"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:"
+                         "[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z\"\\}$",
+                         REG_EXTENDED),
+                 0);
     cr_assert_eq(regexec(&re, text, 0, NULL, 0), 0, "%s", text);
     regfree(&re);
     cJSON_free(text);

@@ -135,8 +135,7 @@ Test(kv_table, add_parses_like_stoll_and_wraps) {
         }
     }
 
-    const char *too_big[] = {"99999999999999999999", "9223372036854775808",
-                             "-9223372036854775809"};
+    const char *too_big[] = {"99999999999999999999", "9223372036854775808", "-9223372036854775809"};
     for (int i = 0; i < 3; i++) {
         kv_table_set(t, S("f"), S(too_big[i]));
         cr_assert_eq(kv_table_add(t, S("f"), 1, &v), -ERANGE, "'%s'", too_big[i]);
@@ -183,7 +182,8 @@ Test(kv_table, queues_fifo_len_check) {
     cr_assert_eq(kv_table_queue_pop(t, S("q"), &before, &item, &n), 0);
     cr_assert(before == 0 && item == NULL && n == 0, "pop of a missing queue");
     const char *items[] = {"first", "", "third"};
-    for (int i = 0; i < 3; i++) cr_assert_eq(kv_table_queue_push(t, S("q"), S(items[i])), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kv_table_queue_push(t, S("q"), S(items[i])), 0);
     cr_assert_eq(kv_table_queue_len(t, S("q")), 3);
     cr_assert(kv_table_check(t, S("q")), "a non-empty queue counts as present");
     cr_assert_eq(kv_table_num_keys(t), 0, "queues are not keys");
@@ -230,7 +230,8 @@ static void on_wake(void *owner) {
 static int wait_for(const char *const *keys, int n, intptr_t id, kv_waiter_t **out) {
     kv_waiter_t *w;
     cr_assert_eq(kv_table_wait_begin(t, (uint64_t)n, on_wake, (void *)id, &w), 0);
-    for (int i = 0; i < n; i++) cr_assert_eq(kv_table_wait_add_key(t, w, S(keys[i])), 0);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(kv_table_wait_add_key(t, w, S(keys[i])), 0);
     int rc = kv_table_wait_commit(t, w);
     if (out) *out = rc == 0 ? w : NULL;
     return rc;
@@ -278,9 +279,11 @@ Test(kv_table, wait_on_the_same_key_twice) {
 Test(kv_table, several_waiters_on_one_key_all_wake) {
     memset(woken, 0, sizeof woken);
     const char *k[] = {"shared"};
-    for (intptr_t id = 0; id < 5; id++) cr_assert_eq(wait_for(k, 1, id, NULL), 0);
+    for (intptr_t id = 0; id < 5; id++)
+        cr_assert_eq(wait_for(k, 1, id, NULL), 0);
     kv_table_set(t, S("shared"), S("go"));
-    for (int id = 0; id < 5; id++) cr_assert_eq(woken[id], 1, "waiter %d", id);
+    for (int id = 0; id < 5; id++)
+        cr_assert_eq(woken[id], 1, "waiter %d", id);
 }
 
 Test(kv_table, who_wakes_a_waiter) {
@@ -493,7 +496,9 @@ Test(kv_table, many_empty_keys_are_bounded_too) {
 #if defined(__SANITIZE_ADDRESS__)
 /* sanitizer/allocator_interface.h's declaration: GCC ships the function, not always the header */
 size_t __sanitizer_get_current_allocated_bytes(void);
-static size_t heap_in_use(void) { return __sanitizer_get_current_allocated_bytes(); }
+static size_t heap_in_use(void) {
+    return __sanitizer_get_current_allocated_bytes();
+}
 #else
 static size_t heap_in_use(void) {
     struct mallinfo2 m = mallinfo2();
@@ -554,7 +559,8 @@ Test(kv_table, many_keys_survive_growth_and_deletion, .timeout = 60) {
     cr_assert_eq(kv_table_num_keys(t), (n + 2) / 3);
     size_t cursor = 0, kl, listed = 0;
     const uint8_t *k;
-    while (kv_table_next_key(t, &cursor, &k, &kl)) listed++;
+    while (kv_table_next_key(t, &cursor, &k, &kl))
+        listed++;
     cr_assert_eq(listed, (size_t)(n + 2) / 3);
     /* delete the rest; the table is empty again */
     for (int i = 0; i < n; i += 3) {
@@ -569,7 +575,8 @@ Test(kv_table, many_keys_survive_growth_and_deletion, .timeout = 60) {
 Test(kv_table, random_operations_match_a_reference, .timeout = 60) {
     enum { N_KEYS = 3000, N_OPS = 300000 };
     static int ref[N_KEYS]; /* -1: absent; else the value's number */
-    for (int i = 0; i < N_KEYS; i++) ref[i] = -1;
+    for (int i = 0; i < N_KEYS; i++)
+        ref[i] = -1;
     uint64_t rng = 0x9E3779B97F4A7C15u;
     int64_t n_set = 0;
     char key[32], val[32];

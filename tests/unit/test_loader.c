@@ -40,7 +40,8 @@ static void write_jpeg(int i, int label, int w, int h) {
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/train/c%d/%02d.jpg", root, label, i);
     unsigned char *rgb = malloc((size_t)w * h * 3);
-    for (int k = 0; k < w * h * 3; k++) rgb[k] = (unsigned char)(20 * i + (k / 3) % w);
+    for (int k = 0; k < w * h * 3; k++)
+        rgb[k] = (unsigned char)(20 * i + (k / 3) % w);
     tjhandle tj = tjInitCompress();
     unsigned char *jpeg = NULL;
     unsigned long size = 0;
@@ -60,17 +61,28 @@ typedef struct {
 
 /* n files over two classes, of several sizes. */
 static void make_folder(folder_t *f, int n, int size) {
-    for (int i = 0; i < n; i++) write_jpeg(i, i % 2, 20 + 7 * i, 30 + 3 * (i % 4));
+    for (int i = 0; i < n; i++)
+        write_jpeg(i, i % 2, 20 + 7 * i, 30 + 3 * (i % 4));
     char err[512];
     cr_assert_eq(imagefolder_scan(root, &f->folder, err, sizeof err), 0, "%s", err);
-    f->d = (dataset_t){.n = f->folder.train.n, .h = size, .w = size, .c = 3, .classes = 2,
-                       .labels = f->folder.train.labels, .paths = f->folder.train.paths};
+    f->d = (dataset_t){.n = f->folder.train.n,
+                       .h = size,
+                       .w = size,
+                       .c = 3,
+                       .classes = 2,
+                       .labels = f->folder.train.labels,
+                       .paths = f->folder.train.paths};
 }
 
 static loader_t *start(int workers, int slots, int batch, int size, bool is_skip) {
-    loader_opts_t o = {.workers = workers, .slots = slots, .batch_max = batch, .size = size,
-                       .mean = {0.5f, 0.5f, 0.5f}, .std = {0.25f, 0.25f, 0.25f},
-                       .is_skip_bad = is_skip, .seed = 11};
+    loader_opts_t o = {.workers = workers,
+                       .slots = slots,
+                       .batch_max = batch,
+                       .size = size,
+                       .mean = {0.5f, 0.5f, 0.5f},
+                       .std = {0.25f, 0.25f, 0.25f},
+                       .is_skip_bad = is_skip,
+                       .seed = 11};
     loader_t *l;
     char err[256];
     cr_assert_eq(loader_create(&o, &l, err, sizeof err), 0, "%s", err);
@@ -78,7 +90,7 @@ static loader_t *start(int workers, int slots, int batch, int size, bool is_skip
 }
 
 #define SIZE 12
-#define PER (SIZE * SIZE * 3)
+#define PER  (SIZE * SIZE * 3)
 
 Test(loader, batches_come_back_with_their_samples_and_labels) {
     folder_t f;
@@ -131,7 +143,8 @@ Test(loader, a_samples_crop_is_the_same_for_any_world_size_batch_and_thread_coun
     folder_t f;
     make_folder(&f, N, SIZE);
     int64_t all[N], rank0[N / 2], rank1[N / 2];
-    for (int i = 0; i < N; i++) all[i] = i;
+    for (int i = 0; i < N; i++)
+        all[i] = i;
     for (int i = 0; i < N / 2; i++) { /* DistributedSampler's split of the same order, world 2 */
         rank0[i] = 2 * i;
         rank1[i] = 2 * i + 1;
@@ -144,9 +157,11 @@ Test(loader, a_samples_crop_is_the_same_for_any_world_size_batch_and_thread_coun
     l = start(3, 3, 3, SIZE, false);
     float half[N / 2 * PER];
     load_all(l, &f.d, IMAGE_RANDOM_RESIZED_CROP, 3, rank0, N / 2, 3, half);
-    for (int i = 0; i < N / 2; i++) memcpy(two + (size_t)rank0[i] * PER, half + (size_t)i * PER, sizeof half / (N / 2));
+    for (int i = 0; i < N / 2; i++)
+        memcpy(two + (size_t)rank0[i] * PER, half + (size_t)i * PER, sizeof half / (N / 2));
     load_all(l, &f.d, IMAGE_RANDOM_RESIZED_CROP, 3, rank1, N / 2, 2, half);
-    for (int i = 0; i < N / 2; i++) memcpy(two + (size_t)rank1[i] * PER, half + (size_t)i * PER, sizeof half / (N / 2));
+    for (int i = 0; i < N / 2; i++)
+        memcpy(two + (size_t)rank1[i] * PER, half + (size_t)i * PER, sizeof half / (N / 2));
     load_all(l, &f.d, IMAGE_RANDOM_RESIZED_CROP, 3, all, N, 3, again);
     loader_destroy(l);
     cr_assert(memcmp(one, two, sizeof one) == 0, "world 1 and world 2 see the same crops");
@@ -261,7 +276,8 @@ Test(loader, destroying_with_batches_queued_neither_hangs_nor_leaks) {
     make_folder(&f, 8, 64);
     loader_t *l = start(2, 3, 8, 64, false);
     int64_t idx[] = {0, 1, 2, 3, 4, 5, 6, 7};
-    for (uint64_t id = 0; id < 3; id++) loader_submit(l, id, &f.d, IMAGE_RANDOM_RESIZED_CROP, 0, idx, 8);
+    for (uint64_t id = 0; id < 3; id++)
+        loader_submit(l, id, &f.d, IMAGE_RANDOM_RESIZED_CROP, 0, idx, 8);
     loader_destroy(l); /* mid-epoch: the trainer leaves with decodes pending */
     imagefolder_free(&f.folder);
 }

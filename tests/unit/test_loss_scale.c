@@ -9,7 +9,8 @@
 
 Test(loss_scale, grows_after_growth_interval_clean_steps) {
     loss_scale_t s = {.scale = 1024.0f};
-    for (int i = 0; i < 2; i++) loss_scale_next(&s, 3);
+    for (int i = 0; i < 2; i++)
+        loss_scale_next(&s, 3);
     cr_assert_eq(s.scale, 1024.0f);
     cr_assert_eq(s.good_steps, 2);
     loss_scale_next(&s, 3);
@@ -46,7 +47,8 @@ Test(loss_scale, never_grows_to_infinity) {
 
 Test(loss_scale, interval_one_grows_every_clean_step) {
     loss_scale_t s = {.scale = 1.0f};
-    for (int i = 0; i < 10; i++) loss_scale_next(&s, 1);
+    for (int i = 0; i < 10; i++)
+        loss_scale_next(&s, 1);
     cr_assert_eq(s.scale, 1024.0f);
     for (int i = 0; i < 4; i++) {
         s.found_inf = 1;

@@ -41,7 +41,8 @@ Test(lr_schedule, step_cosine_and_one_cycle_shapes) {
     cr_assert_float_eq(lr_at(&co, 0), 0.1, 1e-12);
     cr_assert_float_eq(lr_at(&co, 500), 0.05, 1e-12);
     cr_assert_lt(lr_at(&co, 999), 1e-6);
-    for (int64_t i = 1; i < 1000; i++) cr_assert_leq(lr_at(&co, i), lr_at(&co, i - 1));
+    for (int64_t i = 1; i < 1000; i++)
+        cr_assert_leq(lr_at(&co, i), lr_at(&co, i - 1));
     lr_schedule_t oc = make(SCHEDULE_ONE_CYCLE, LR_SCALING_NONE, 0, 1);
     cr_assert_eq(oc.warmup_steps, 300);
     cr_assert_lt(lr_at(&oc, 0), 0.001);

@@ -28,7 +28,7 @@ static void remove_dir(void) {
 
 TestSuite(memory_snapshot, .init = make_dir, .fini = remove_dir, .timeout = 30);
 
-#define N_PARAMS 1000
+#define N_PARAMS  1000
 #define N_BUFFERS 10
 
 static void fill(snapshot_data_t *d, int64_t step) {
@@ -36,7 +36,8 @@ static void fill(snapshot_data_t *d, int64_t step) {
         d->params[i] = (float)i * 0.5f + (float)step;
         d->momentum[i] = -(float)i - (float)step;
     }
-    for (int i = 0; i < N_BUFFERS; i++) d->buffers[i] = (float)(i + step);
+    for (int i = 0; i < N_BUFFERS; i++)
+        d->buffers[i] = (float)(i + step);
 }
 
 static void take(memory_snapshot_t *m, int64_t step) {
@@ -55,8 +56,8 @@ static void take(memory_snapshot_t *m, int64_t step) {
 static memory_snapshot_t *open_slots(void) {
     memory_snapshot_t *m;
     char err[512];
-    cr_assert_eq(memory_snapshot_create(dir, N_PARAMS, N_BUFFERS, false, NULL, &m, err, sizeof err), 0,
-                 "%s", err);
+    cr_assert_eq(memory_snapshot_create(dir, N_PARAMS, N_BUFFERS, false, NULL, &m, err, sizeof err),
+                 0, "%s", err);
     return m;
 }
 
@@ -105,7 +106,8 @@ static const char *slot_of(int64_t step) {
 Test(memory_snapshot, generations_alternate_and_the_newest_wins) {
     memory_snapshot_t *m = open_slots();
     cr_assert_eq(memory_snapshot_sealed_step(m), -1);
-    for (int64_t s = 1; s <= 5; s++) take(m, s);
+    for (int64_t s = 1; s <= 5; s++)
+        take(m, s);
     cr_assert_eq(memory_snapshot_sealed_step(m), 5);
     memory_snapshot_source_t source;
     int64_t reached;
@@ -168,8 +170,9 @@ Test(memory_snapshot, no_directory_is_no_snapshot) {
     snapshot_data_t d;
     char path[64];
     int64_t reached;
-    cr_assert_eq(memory_snapshot_find_latest("/nonexistent/dir", NULL, &d, path, sizeof path, &reached),
-                 MEMORY_SNAPSHOT_NONE);
+    cr_assert_eq(
+        memory_snapshot_find_latest("/nonexistent/dir", NULL, &d, path, sizeof path, &reached),
+        MEMORY_SNAPSHOT_NONE);
     cr_assert_eq(reached, -1);
 }
 
@@ -203,7 +206,8 @@ Test(memory_snapshot, copies_handed_to_the_writer_land_before_the_seal) {
         momentum[i] = -(float)i - 9.0f;
     }
     snapshot_data_t *d = memory_snapshot_begin(m);
-    for (int i = 0; i < N_BUFFERS; i++) d->buffers[i] = (float)(i + 9);
+    for (int i = 0; i < N_BUFFERS; i++)
+        d->buffers[i] = (float)(i + 9);
     snapshot_header_t h = {.step = 9, .n_params = N_PARAMS, .n_buffers = N_BUFFERS};
     memory_snapshot_copy_t copies[2] = {{d->params, params, sizeof params},
                                         {d->momentum, momentum, sizeof momentum}};

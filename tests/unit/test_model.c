@@ -16,7 +16,9 @@ static void setup(void) {
     cr_assert_not_null(backend);
 }
 
-static void teardown(void) { backend->mem->destroy(backend); }
+static void teardown(void) {
+    backend->mem->destroy(backend);
+}
 
 TestSuite(model, .init = setup, .fini = teardown);
 
@@ -25,7 +27,8 @@ static void fill_batch(model_t *m, int n, uint64_t seed) {
     size_t per = (size_t)m->h * m->w * m->c;
     for (size_t i = 0; i < per * (size_t)n; i++)
         x[i] = (float)((double)(rng_next(&seed) >> 11) / 9007199254740992.0 * 2 - 1);
-    for (int i = 0; i < n; i++) m->labels[i] = (int32_t)(rng_next(&seed) % (uint64_t)m->classes);
+    for (int i = 0; i < n; i++)
+        m->labels[i] = (int32_t)(rng_next(&seed) % (uint64_t)m->classes);
 }
 
 static double loss_of(model_t *m, int n) {
@@ -38,7 +41,8 @@ static void check_model_gradients(const char *name, int width, int h, int w, int
                                   double tol) {
     model_t m;
     char err[256];
-    cr_assert_eq(model_init(&m, backend, name, width, h, w, c, 4, n, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init(&m, backend, name, width, h, w, c, 4, n, err, sizeof err), 0, "%s",
+                 err);
     cr_assert_eq(model_init_params(&m, 7), 0);
     fill_batch(&m, n, 99);
     loss_of(&m, n);
@@ -71,16 +75,20 @@ static void check_model_gradients(const char *name, int width, int h, int w, int
     model_free(&m);
 }
 
-Test(model, mlp_gradients) { check_model_gradients("mlp", 6, 4, 4, 1, 3, 1e-3); }
-Test(model, cnn_gradients) { check_model_gradients("cnn", 3, 8, 8, 1, 4, 2e-3); }
+Test(model, mlp_gradients) {
+    check_model_gradients("mlp", 6, 4, 4, 1, 3, 1e-3);
+}
+Test(model, cnn_gradients) {
+    check_model_gradients("cnn", 3, 8, 8, 1, 4, 2e-3);
+}
 Test(model, resnet18_gradients_through_residuals) {
     check_model_gradients("resnet18", 2, 8, 8, 3, 4, 3e-3);
 }
 
 /* The opts variant of check_model_gradients, over the layers from `first_layer` on, within
  * tol + rtol * |finite differences|. */
-static void check_opts_gradients(const model_opts_t *o, int h, int w, int n, int first_layer, double tol,
-                                 double rtol) {
+static void check_opts_gradients(const model_opts_t *o, int h, int w, int n, int first_layer,
+                                 double tol, double rtol) {
     model_t m;
     char err[256];
     cr_assert_eq(model_init_opts(&m, backend, o, h, w, 3, 4, n, err, sizeof err), 0, "%s", err);
@@ -99,8 +107,10 @@ static void check_opts_gradients(const model_opts_t *o, int h, int w, int n, int
         const layer_t *layer = &m.layers[l];
         for (int k = 0; k < 2 && layer->n_params; k++) {
             /* the first weight, and for a conv with bias its first bias */
-            size_t i = layer->param_offset + (k == 0 ? 0 : layer->has_bias ? layer->n_params - 1
-                                                                           : rng_next(&pick) % layer->n_params);
+            size_t i =
+                layer->param_offset + (k == 0            ? 0
+                                       : layer->has_bias ? layer->n_params - 1
+                                                         : rng_next(&pick) % layer->n_params);
             float v = m.params[i];
             double h_step = 3e-4;
             m.params[i] = (float)(v + h_step);
@@ -110,8 +120,8 @@ static void check_opts_gradients(const model_opts_t *o, int h, int w, int n, int
             m.params[i] = v;
             double numeric = (up - down) / (2 * h_step);
             cr_assert(fabs(numeric - analytic[i]) <= tol + rtol * fabs(numeric),
-                      "%s layer %d (%s) param %zu: analytic %.6f, finite differences %.6f", o->name, l,
-                      layer->name, i, analytic[i], numeric);
+                      "%s layer %d (%s) param %zu: analytic %.6f, finite differences %.6f", o->name,
+                      l, layer->name, i, analytic[i], numeric);
             checked++;
         }
     }
@@ -142,7 +152,11 @@ Test(model, vgg11_bn_gradients_through_dropout_and_adaptive_pool, .timeout = 60)
 /* torchvision 0.14: sum(p.numel() for p in torchvision.models.NAME(num_classes=1000).parameters())
  * and the running statistics of its state_dict. */
 Test(model, torchvision_parameter_counts, .timeout = 60) {
-    struct { const char *name; model_stem_t stem; size_t params, buffers; } cases[] = {
+    struct {
+        const char *name;
+        model_stem_t stem;
+        size_t params, buffers;
+    } cases[] = {
         {"resnet18", MODEL_STEM_IMAGENET, 11689512, 9600},
         {"resnet50", MODEL_STEM_IMAGENET, 25557032, 53120},
         {"resnet101", MODEL_STEM_AUTO, 44549160, 105344}, /* auto: 64x64 takes the imagenet stem */
@@ -157,17 +171,23 @@ Test(model, torchvision_parameter_counts, .timeout = 60) {
         char err[256];
         model_opts_t o = model_opts_default(cases[i].name, 64);
         o.stem = cases[i].stem;
-        cr_assert_eq(model_init_opts(&m, backend, &o, 64, 64, 3, 1000, 1, err, sizeof err), 0, "%s", err);
-        cr_assert_eq(m.n_params, cases[i].params, "%s: %zu parameters, torchvision has %zu", cases[i].name,
-                     m.n_params, cases[i].params);
-        cr_assert_eq(m.n_buffers, cases[i].buffers, "%s: %zu running statistics", cases[i].name, m.n_buffers);
+        cr_assert_eq(model_init_opts(&m, backend, &o, 64, 64, 3, 1000, 1, err, sizeof err), 0, "%s",
+                     err);
+        cr_assert_eq(m.n_params, cases[i].params, "%s: %zu parameters, torchvision has %zu",
+                     cases[i].name, m.n_params, cases[i].params);
+        cr_assert_eq(m.n_buffers, cases[i].buffers, "%s: %zu running statistics", cases[i].name,
+                     m.n_buffers);
         model_free(&m);
     }
 }
 
 /* A few of torchvision's state_dict names, and their layers' shapes. */
 Test(model, layers_carry_torchvision_names) {
-    struct { const char *model, *layer; layer_kind_t kind; int k; } cases[] = {
+    struct {
+        const char *model, *layer;
+        layer_kind_t kind;
+        int k;
+    } cases[] = {
         {"resnet50", "conv1", LAYER_CONV, 8},
         {"resnet50", "layer1.0.downsample.0", LAYER_CONV, 32},
         {"resnet50", "layer1.0.downsample.1", LAYER_BATCHNORM, 32},
@@ -185,36 +205,43 @@ Test(model, layers_carry_torchvision_names) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         model_t m;
         char err[256];
-        cr_assert_eq(model_init(&m, backend, cases[i].model, 8, 64, 64, 3, 10, 1, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init(&m, backend, cases[i].model, 8, 64, 64, 3, 10, 1, err, sizeof err),
+                     0, "%s", err);
         const layer_t *found = NULL;
         for (int l = 0; l < m.n_layers; l++)
             if (strcmp(m.layers[l].name, cases[i].layer) == 0) found = &m.layers[l];
         cr_assert_not_null(found, "%s has no layer %s", cases[i].model, cases[i].layer);
         cr_assert_eq(found->kind, cases[i].kind, "%s %s", cases[i].model, cases[i].layer);
-        cr_assert_eq(m.tensors[found->out].c, cases[i].k, "%s %s: %d channels", cases[i].model, cases[i].layer,
-                     m.tensors[found->out].c);
+        cr_assert_eq(m.tensors[found->out].c, cases[i].k, "%s %s: %d channels", cases[i].model,
+                     cases[i].layer, m.tensors[found->out].c);
         model_free(&m);
     }
 }
 
 static int count_kind(const model_t *m, layer_kind_t kind) {
     int n = 0;
-    for (int l = 0; l < m->n_layers; l++) n += m->layers[l].kind == kind;
+    for (int l = 0; l < m->n_layers; l++)
+        n += m->layers[l].kind == kind;
     return n;
 }
 
 Test(model, stem_auto_is_imagenet_from_64_pixels) {
-    struct { int h, w; model_stem_t stem; int pools, first_size; } cases[] = {
-        {32, 32, MODEL_STEM_AUTO, 0, 3}, {64, 63, MODEL_STEM_AUTO, 0, 3}, {64, 64, MODEL_STEM_AUTO, 1, 7},
-        {224, 224, MODEL_STEM_AUTO, 1, 7}, {32, 32, MODEL_STEM_IMAGENET, 1, 7},
-        {128, 128, MODEL_STEM_CIFAR, 0, 3},
+    struct {
+        int h, w;
+        model_stem_t stem;
+        int pools, first_size;
+    } cases[] = {
+        {32, 32, MODEL_STEM_AUTO, 0, 3},     {64, 63, MODEL_STEM_AUTO, 0, 3},
+        {64, 64, MODEL_STEM_AUTO, 1, 7},     {224, 224, MODEL_STEM_AUTO, 1, 7},
+        {32, 32, MODEL_STEM_IMAGENET, 1, 7}, {128, 128, MODEL_STEM_CIFAR, 0, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         model_t m;
         char err[256];
         model_opts_t o = model_opts_default("resnet18", 4);
         o.stem = cases[i].stem;
-        cr_assert_eq(model_init_opts(&m, backend, &o, cases[i].h, cases[i].w, 3, 10, 1, err, sizeof err), 0);
+        cr_assert_eq(
+            model_init_opts(&m, backend, &o, cases[i].h, cases[i].w, 3, 10, 1, err, sizeof err), 0);
         cr_assert_eq(count_kind(&m, LAYER_MAXPOOL), cases[i].pools, "case %zu", i);
         cr_assert_eq(m.layers[0].conv.r, cases[i].first_size, "case %zu", i);
         cr_assert_eq(m.layers[0].conv.stride, cases[i].first_size == 7 ? 2 : 1);
@@ -258,13 +285,17 @@ Test(model, vgg_init_follows_torchvision) {
         const layer_t *ly = &m.layers[l];
         const float *p = m.params + ly->param_offset;
         if (ly->kind == LAYER_CONV) {
-            for (int j = 0; j < ly->conv.k; j++) cr_assert_eq(p[ly->n_params - 1 - j], 0.0f, "%s bias", ly->name);
+            for (int j = 0; j < ly->conv.k; j++)
+                cr_assert_eq(p[ly->n_params - 1 - j], 0.0f, "%s bias", ly->name);
         } else if (ly->kind == LAYER_LINEAR) {
             size_t out = (size_t)m.tensors[ly->out].c, n_w = ly->n_params - out;
             double sum2 = 0;
-            for (size_t j = 0; j < n_w; j++) sum2 += (double)p[j] * p[j];
-            cr_assert(fabs(sqrt(sum2 / n_w) - 0.01) < 0.002, "%s: std %g", ly->name, sqrt(sum2 / n_w));
-            for (size_t j = 0; j < out; j++) cr_assert_eq(p[n_w + j], 0.0f);
+            for (size_t j = 0; j < n_w; j++)
+                sum2 += (double)p[j] * p[j];
+            cr_assert(fabs(sqrt(sum2 / n_w) - 0.01) < 0.002, "%s: std %g", ly->name,
+                      sqrt(sum2 / n_w));
+            for (size_t j = 0; j < out; j++)
+                cr_assert_eq(p[n_w + j], 0.0f);
         }
     }
     model_free(&m);
@@ -304,7 +335,11 @@ Test(model, dropout_masks_follow_seed_step_and_rank) {
 
 Test(model, parameter_counts_match_the_pytorch_definitions) {
     /* torch: sum(p.numel() for p in model.parameters()) of the same definitions */
-    struct { const char *name; int width, h, w, c, classes; size_t expected; } cases[] = {
+    struct {
+        const char *name;
+        int width, h, w, c, classes;
+        size_t expected;
+    } cases[] = {
         {"resnet18", 64, 32, 32, 3, 10, 11173962},
         {"resnet34", 64, 32, 32, 3, 10, 21282122},
         {"cnn", 32, 28, 28, 1, 10, 288 + 64 + 18432 + 128 + 64 * 49 * 10 + 10},
@@ -340,7 +375,8 @@ Test(model, backward_reports_gradients_final_from_the_end_of_the_arena) {
     model_backward(&m, 2, on_ready, NULL);
     cr_assert_gt(n_ready, 10);
     cr_assert_eq(ready[n_ready - 1], 0, "the last report covers the whole arena");
-    for (int i = 1; i < n_ready; i++) cr_assert_lt(ready[i], ready[i - 1], "report %d", i);
+    for (int i = 1; i < n_ready; i++)
+        cr_assert_lt(ready[i], ready[i - 1], "report %d", i);
     model_free(&m);
 }
 
@@ -376,7 +412,11 @@ Test(model, unknown_names_and_too_small_inputs_are_clear_errors) {
  * add) reads runs as one bn_act at that ReLU, the chain's inner tensors take no room, and only the
  * gradients whose first producer adds (pooling, linear) are zeroed before backward. */
 Test(model, resnet_chains_fuse_and_only_adding_producers_need_zeroed_gradients) {
-    struct { const char *name; model_stem_t stem; int fused_bn, lone_bn, fused_add, zeroed; } cases[] = {
+    struct {
+        const char *name;
+        model_stem_t stem;
+        int fused_bn, lone_bn, fused_add, zeroed;
+    } cases[] = {
         {"resnet18", MODEL_STEM_CIFAR, 17, 3, 8, 2},    /* avgpool's and fc's inputs */
         {"resnet18", MODEL_STEM_IMAGENET, 17, 3, 8, 3}, /* and the max-pool's */
         {"resnet50", MODEL_STEM_IMAGENET, 49, 4, 16, 3},
@@ -386,7 +426,8 @@ Test(model, resnet_chains_fuse_and_only_adding_producers_need_zeroed_gradients) 
         char err[256];
         model_opts_t o = model_opts_default(cases[k].name, 4);
         o.stem = cases[k].stem;
-        cr_assert_eq(model_init_opts(&m, backend, &o, 32, 32, 3, 10, 2, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(model_init_opts(&m, backend, &o, 32, 32, 3, 10, 2, err, sizeof err), 0, "%s",
+                     err);
         int fused_bn = 0, lone_bn = 0, fused_add = 0, executors = 0, zeroed = 0;
         size_t all = 0;
         for (int l = 0; l < m.n_layers; l++) {

@@ -1,6 +1,6 @@
-/* optimizer (worker/optim/optimizer.c): train.conf's optim.* reach the right backend op with torch's
- * meaning, the Adam state exists only for adam/adamw, and its step count counts taken steps only
- * and survives a set (what a resume does). */
+/* optimizer (worker/optim/optimizer.c): train.conf's optim.* reach the right backend op with
+ * torch's meaning, the Adam state exists only for adam/adamw, and its step count counts taken steps
+ * only and survives a set (what a resume does). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -15,7 +15,9 @@ static void setup(void) {
     train_conf_default(&conf);
 }
 
-static void teardown(void) { b->mem->destroy(b); }
+static void teardown(void) {
+    b->mem->destroy(b);
+}
 
 TestSuite(optimizer, .init = setup, .fini = teardown, .timeout = 30);
 
@@ -32,8 +34,10 @@ static void run(float *params, int steps, uint64_t *taken) {
     optimizer_t o;
     cr_assert_eq(optimizer_init(&o, &conf, b, N), 0);
     float momentum[N] = {0};
-    for (int i = 0; i < N; i++) params[i] = 1.0f - (float)i;
-    for (int s = 0; s < steps; s++) optimizer_step(&o, params, grads, momentum, 0.1, 0.5f, NULL);
+    for (int i = 0; i < N; i++)
+        params[i] = 1.0f - (float)i;
+    for (int s = 0; s < steps; s++)
+        optimizer_step(&o, params, grads, momentum, 0.1, 0.5f, NULL);
     *taken = optimizer_steps(&o);
     optimizer_free(&o);
 }
@@ -48,7 +52,8 @@ Test(optimizer, sgd_is_the_backend_sgd_step_and_keeps_no_adam_state) {
     uint64_t taken;
     run(got, 2, &taken);
     cr_assert_eq(taken, 0);
-    for (int i = 0; i < N; i++) want[i] = 1.0f - (float)i;
+    for (int i = 0; i < N; i++)
+        want[i] = 1.0f - (float)i;
     for (int s = 0; s < 2; s++)
         b->ops->sgd_step(b, want, grads, m, N, 0.1f, 0.9f, 5e-4f, false, 0.5f, NULL);
     cr_assert(!memcmp(got, want, sizeof got));
@@ -63,7 +68,8 @@ Test(optimizer, adam_and_adamw_read_betas_eps_and_weight_decay) {
     uint64_t taken;
     run(adam, 1, &taken);
     cr_assert_eq(taken, 1);
-    /* step 1 by hand: g = 0.5 * grad + 0.25 * p; m_hat = g; v_hat = g^2; p -= 0.1 g / (|g| + eps) */
+    /* step 1 by hand: g = 0.5 * grad + 0.25 * p; m_hat = g; v_hat = g^2; p -= 0.1 g / (|g| + eps)
+     */
     for (int i = 0; i < N; i++) {
         double p = 1.0 - i, g = 0.5 * grads[i] + 0.25 * p;
         cr_assert_float_eq(adam[i], p - 0.1 * g / (fabs(g) + 0.125), 1e-6, "adam %d", i);
@@ -81,7 +87,8 @@ Test(optimizer, the_step_count_counts_taken_steps_and_can_be_set) {
     optimizer_t o;
     cr_assert_eq(optimizer_init(&o, &conf, b, N), 0);
     cr_assert(optimizer_has_second_moment(&o) && o.exp_avg_sq && o.count);
-    for (int i = 0; i < N; i++) cr_assert_eq(o.exp_avg_sq[i], 0.0f, "the state starts at zero");
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(o.exp_avg_sq[i], 0.0f, "the state starts at zero");
     float params[N] = {1, 2, 3, 4}, momentum[N] = {0};
     loss_scale_t ls = {.scale = 2.0f};
     optimizer_step(&o, params, grads, momentum, 0.1, 1.0f, &ls);

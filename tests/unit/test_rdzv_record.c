@@ -1,5 +1,5 @@
-/* Unit tests of launcher/rdzv/rdzv_record: the rendezvous' JSON records round-trip, and anything else
- * from the store is refused whole. */
+/* Unit tests of launcher/rdzv/rdzv_record: the rendezvous' JSON records round-trip, and anything
+ * else from the store is refused whole. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -13,21 +13,28 @@ Test(rdzv_record, node_and_why_round_trip) {
     cr_assert(n2.nproc == 8 && n2.hint == -1 && n2.is_host);
     rdzv_why_t w = {.code = 75, .is_permanent = false, .failures = 3, .node = 1, .rank = 5}, w2;
     cr_assert_gt(rdzv_record_why_format(&w, text, sizeof text), 0);
-    cr_assert_str_eq(text, "{\"code\":75,\"permanent\":false,\"failures\":3,\"node\":1,\"rank\":5}");
+    cr_assert_str_eq(text,
+                     "{\"code\":75,\"permanent\":false,\"failures\":3,\"node\":1,\"rank\":5}");
     cr_assert(rdzv_record_why_parse(text, strlen(text), &w2));
-    cr_assert(w2.code == 75 && !w2.is_permanent && w2.failures == 3 && w2.node == 1 && w2.rank == 5);
+    cr_assert(w2.code == 75 && !w2.is_permanent && w2.failures == 3 && w2.node == 1 &&
+              w2.rank == 5);
 }
 
 Test(rdzv_record, malformed_records_are_refused) {
     rdzv_why_t w;
     rdzv_node_record_t n;
     const char *bad_why[] = {
-        "", "{}", "[]", "null", "code=75 permanent=0 failures=1 node=0 rank=0",
-        "{\"code\":75,\"permanent\":false,\"failures\":1,\"node\":0}",            /* no rank */
+        "",
+        "{}",
+        "[]",
+        "null",
+        "code=75 permanent=0 failures=1 node=0 rank=0",
+        "{\"code\":75,\"permanent\":false,\"failures\":1,\"node\":0}",                /* no rank */
         "{\"code\":\"75\",\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}", /* a string */
-        "{\"code\":75.5,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}",   /* not whole */
-        "{\"code\":300,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}",    /* no exit code */
-        "{\"code\":75,\"permanent\":1,\"failures\":1,\"node\":0,\"rank\":0}",         /* not a bool */
+        "{\"code\":75.5,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}", /* not whole */
+        "{\"code\":300,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0}",  /* no exit code
+                                                                                     */
+        "{\"code\":75,\"permanent\":1,\"failures\":1,\"node\":0,\"rank\":0}",       /* not a bool */
         "{\"code\":75,\"permanent\":false,\"failures\":-1,\"node\":0,\"rank\":0}",
         "{\"code\":75,\"permanent\":false,\"failures\":1e300,\"node\":0,\"rank\":0}",
     };
@@ -37,7 +44,8 @@ Test(rdzv_record, malformed_records_are_refused) {
                               "{\"nproc\":2,\"hint\":-2,\"host\":false}",
                               "{\"nproc\":2,\"hint\":0}", "nproc=2 hint=0 host=1"};
     for (size_t i = 0; i < sizeof bad_node / sizeof bad_node[0]; i++)
-        cr_assert_not(rdzv_record_node_parse(bad_node[i], strlen(bad_node[i]), &n), "%s", bad_node[i]);
+        cr_assert_not(rdzv_record_node_parse(bad_node[i], strlen(bad_node[i]), &n), "%s",
+                      bad_node[i]);
     /* not NUL-terminated, and never read past n_bytes */
     char cut[] = {'{', '"', 'n', 'p'};
     cr_assert_not(rdzv_record_node_parse(cut, sizeof cut, &n));

@@ -1,7 +1,7 @@
-/* Unit tests of launcher/rdzv/rendezvous with the agent's state machine (agent_sm) and liveness judge
- * (liveness): rounds over a real store (the store server on its own loop in a thread, each agent a
- * blocking client, as on the agent's thread pool), the state machine stepped by hand with the
- * results, and a clock of the test's own. The histories are those chaos runs found.
+/* Unit tests of launcher/rdzv/rendezvous with the agent's state machine (agent_sm) and liveness
+ * judge (liveness): rounds over a real store (the store server on its own loop in a thread, each
+ * agent a blocking client, as on the agent's thread pool), the state machine stepped by hand with
+ * the results, and a clock of the test's own. The histories are those chaos runs found.
  *
  * Stale round (tests/chaos/run.py --seed 919785934): round 1 closed with two members that were
  * then killed; the two agents started in their place arrive after it closed, and with the job
@@ -77,7 +77,8 @@ static void server_start(server_t *s) {
     pthread_cond_init(&s->cv, NULL);
     cr_assert_eq(pthread_create(&s->thread, NULL, server_main, s), 0);
     pthread_mutex_lock(&s->mu);
-    while (s->start_rc == 1) pthread_cond_wait(&s->cv, &s->mu);
+    while (s->start_rc == 1)
+        pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     cr_assert_eq(s->start_rc, 0, "the store did not start: %s", s->err);
 }
@@ -166,7 +167,9 @@ static void beat(agent_t *a) {
 static agent_sm_t sm;
 static agent_sm_actions_t acts;
 
-static void step(agent_sm_event_t ev) { agent_sm_step(&sm, &ev, &acts); }
+static void step(agent_sm_event_t ev) {
+    agent_sm_step(&sm, &ev, &acts);
+}
 
 static const agent_sm_action_t *find(agent_sm_action_kind_t kind) {
     for (int i = 0; i < acts.n; i++)
@@ -223,8 +226,11 @@ Test(rendezvous, closed_round_whose_members_died_is_ended_by_a_late_agent) {
     agent_t c, d;
     agent_start(&c, false);
     agent_start(&d, false);
-    agent_sm_config_t cfg = {.is_multi = true, .nproc_per_node = 2, .max_nodes = 2,
-                             .max_restarts = 3, .shutdown_timeout_s = 30};
+    agent_sm_config_t cfg = {.is_multi = true,
+                             .nproc_per_node = 2,
+                             .max_nodes = 2,
+                             .max_restarts = 3,
+                             .shutdown_timeout_s = 30};
     agent_sm_init(&sm, &cfg);
     step((agent_sm_event_t){.kind = AGENT_EV_START});
     int planned = must_find(AGENT_ACT_JOIN)->plan.round;
@@ -318,18 +324,22 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     opts.min_nodes = opts.max_nodes = 3;
     agent_t m[3];
     pthread_t t[3];
-    for (int i = 0; i < 3; i++) agent_start(&m[i], i == 0);
-    for (int i = 0; i < 3; i++) cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    for (int i = 0; i < 3; i++)
+        agent_start(&m[i], i == 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
     for (int i = 0; i < 3; i++) {
         pthread_join(t[i], NULL);
         cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
         cr_assert(m[i].out.is_member && m[i].out.group_world_size == 3);
     }
     agent_t *by_rank[3];
-    for (int i = 0; i < 3; i++) by_rank[m[i].out.group_rank] = &m[i];
+    for (int i = 0; i < 3; i++)
+        by_rank[m[i].out.group_rank] = &m[i];
     int64_t counters[RDZV_MAX_NODES];
     liveness_t judges[3];
-    for (int g = 0; g < 3; g++) liveness_reset(&judges[g], 3, 1000, 0);
+    for (int g = 0; g < 3; g++)
+        liveness_reset(&judges[g], 3, 1000, 0);
     for (int g = 0; g < 3; g++) { /* everyone beats: nobody is stale */
         cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, counters), 0);
         for (int i = 0; i < 3; i++)
@@ -340,8 +350,8 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     int found = 0;
     for (uint64_t now = 1500; now <= 3000; now += 1500) { /* the two that live beat on */
         for (int g = 0; g < 2; g++) {
-            cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out,
-                                        counters), 0);
+            cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, counters),
+                         0);
             int lost = liveness_judge(&judges[g], counters, g, now);
             if (lost < 0) continue;
             cr_assert_eq(g, 1, "rank %d judged %d: only the one before the dead one does", g, lost);
@@ -351,7 +361,8 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
         }
     }
     cr_assert_eq(found, 1, "the member before the dead one finds it");
-    for (int g = 0; g < 2; g++) agent_dies(by_rank[g]);
+    for (int g = 0; g < 2; g++)
+        agent_dies(by_rank[g]);
     server_stop(&srv);
 }
 

@@ -16,11 +16,12 @@ static int parse(const char *json, uint64_t data_len, safetensors_index_t *ix, c
 }
 
 Test(safetensors, parses_a_header_as_pytorch_writes_it) {
-    const char *json = "{\"__metadata__\":{\"format\":\"pt\"},"
-                       "\"bn.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
-                       "\"conv.weight\":{\"dtype\":\"F32\",\"shape\":[2,3,1,1],\"data_offsets\":[8,32]},"
-                       "\"half\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[32,38]},"
-                       "\"empty\":{\"dtype\":\"F16\",\"shape\":[0, 4],\"data_offsets\":[38,38]}}    ";
+    const char *json =
+        "{\"__metadata__\":{\"format\":\"pt\"},"
+        "\"bn.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[0,8]},"
+        "\"conv.weight\":{\"dtype\":\"F32\",\"shape\":[2,3,1,1],\"data_offsets\":[8,32]},"
+        "\"half\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[32,38]},"
+        "\"empty\":{\"dtype\":\"F16\",\"shape\":[0, 4],\"data_offsets\":[38,38]}}    ";
     safetensors_index_t ix;
     char err[512];
     cr_assert_eq(parse(json, 38, &ix, err), 0, "%s", err);
@@ -40,7 +41,8 @@ Test(safetensors, parses_a_header_as_pytorch_writes_it) {
     cr_assert_null(safetensors_meta(&ix, "producer"));
     safetensors_index_free(&ix);
     /* as a JSON map reads: the last of a key given twice, the last __metadata__ given twice */
-    const char *twice = "{\"__metadata__\":{\"a\":\"1\"},\"__metadata__\":{\"b\":\"2\",\"b\":\"3\"}}";
+    const char *twice =
+        "{\"__metadata__\":{\"a\":\"1\"},\"__metadata__\":{\"b\":\"2\",\"b\":\"3\"}}";
     cr_assert_eq(parse(twice, 0, &ix, err), 0, "%s", err);
     cr_assert_null(safetensors_meta(&ix, "a"));
     cr_assert_str_eq(safetensors_meta(&ix, "b"), "3");
@@ -48,30 +50,46 @@ Test(safetensors, parses_a_header_as_pytorch_writes_it) {
 }
 
 Test(safetensors, refuses_malformed_headers_naming_the_tensor) {
-    struct { const char *json; uint64_t data_len; const char *needle; } cases[] = {
+    struct {
+        const char *json;
+        uint64_t data_len;
+        const char *needle;
+    } cases[] = {
         {"", 0, "not JSON"},
         {"[1, 2]", 0, "not a JSON object"},
         {"{\"a\": 1}", 0, "tensor 'a': not a JSON object"},
         {"{\"a\": {\"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'a': no \"dtype\""},
-        {"{\"a\": {\"dtype\": \"F128\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "unknown dtype"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": 1, \"data_offsets\": [0, 4]}}", 4, "no \"shape\" array"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4, "not a whole number"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4, "not a whole number"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}}", 4,
-         "9 dimensions"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, 4]}}", 4,
-         "overflows"},
-        {"{\"a\": {\"dtype\": \"F64\", \"shape\": [67108864, 67108864, 67108864], \"data_offsets\": [0, 8]}}", 8,
-         "overflows"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4, "not [begin, end]"},
+        {"{\"a\": {\"dtype\": \"F128\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4,
+         "unknown dtype"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": 1, \"data_offsets\": [0, 4]}}", 4,
+         "no \"shape\" array"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4,
+         "not a whole number"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1.5], \"data_offsets\": [0, 4]}}", 4,
+         "not a whole number"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}}",
+         4, "9 dimensions"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, "
+         "4]}}",
+         4, "overflows"},
+        {"{\"a\": {\"dtype\": \"F64\", \"shape\": [67108864, 67108864, 67108864], "
+         "\"data_offsets\": [0, 8]}}",
+         8, "overflows"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4,
+         "not [begin, end]"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 0]}}", 4, "outside"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 8]}}", 4, "outside the 4 bytes"},
-        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4, "4 bytes for 2 elements"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 8]}}", 4,
+         "outside the 4 bytes"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4,
+         "4 bytes for 2 elements"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
-         " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}", 8, "'a' appears twice"},
+         " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
+         8, "'a' appears twice"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
-         " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}", 8, "overlap"},
-        {"{\"\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor name of 0 bytes"},
+         " \"b\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
+         8, "overlap"},
+        {"{\"\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4,
+         "tensor name of 0 bytes"},
         {"{\"__metadata__\": {\"k\": 1}}", 0, "__metadata__ 'k' is not a string"},
         {"{} x", 0, "bytes after its JSON object"},
     };
@@ -79,7 +97,8 @@ Test(safetensors, refuses_malformed_headers_naming_the_tensor) {
         safetensors_index_t ix;
         char err[512] = "";
         cr_assert_eq(parse(cases[i].json, cases[i].data_len, &ix, err), -1, "case %zu accepted", i);
-        cr_assert(strstr(err, cases[i].needle), "case %zu: '%s' lacks '%s'", i, err, cases[i].needle);
+        cr_assert(strstr(err, cases[i].needle), "case %zu: '%s' lacks '%s'", i, err,
+                  cases[i].needle);
         cr_assert_eq(ix.n, 0);
         cr_assert_null(ix.entries);
     }
@@ -126,8 +145,9 @@ Test(safetensors, written_files_read_back_aligned) {
     char dir[] = "/tmp/test_safetensors_XXXXXX", path[256], err[512];
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/w.safetensors", dir);
-    safetensors_tensor_t t[2] = {{.name = "layer1.0.conv1.weight", .dtype = SAFETENSORS_F32, .ndim = 2, .shape = {2, 3}},
-                                 {.name = "bn1.num_batches_tracked", .dtype = SAFETENSORS_I64, .ndim = 0}};
+    safetensors_tensor_t t[2] = {
+        {.name = "layer1.0.conv1.weight", .dtype = SAFETENSORS_F32, .ndim = 2, .shape = {2, 3}},
+        {.name = "bn1.num_batches_tracked", .dtype = SAFETENSORS_I64, .ndim = 0}};
     const char *meta[] = {"format", "pt", NULL};
     cr_assert_eq(safetensors_write(path, t, 2, meta, fill, NULL, err, sizeof err), 0, "%s", err);
     safetensors_index_t ix;
@@ -140,12 +160,15 @@ Test(safetensors, written_files_read_back_aligned) {
     cr_assert_eq(safetensors_read(fd, &ix, &ix.entries[0], got, err, sizeof err), 0);
     cr_assert(memcmp(got, values, sizeof got) == 0);
     int64_t steps;
-    cr_assert_eq(safetensors_read(fd, &ix, safetensors_find(&ix, "bn1.num_batches_tracked"), &steps, err, sizeof err), 0);
+    cr_assert_eq(safetensors_read(fd, &ix, safetensors_find(&ix, "bn1.num_batches_tracked"), &steps,
+                                  err, sizeof err),
+                 0);
     cr_assert_eq(steps, 1234567890123);
     close(fd);
     safetensors_index_free(&ix);
     /* a failing fill: an error naming the file, and the earlier file intact */
-    safetensors_tensor_t three[3] = {t[0], t[1], {.name = "x", .dtype = SAFETENSORS_F32, .ndim = 1, .shape = {1}}};
+    safetensors_tensor_t three[3] = {
+        t[0], t[1], {.name = "x", .dtype = SAFETENSORS_F32, .ndim = 1, .shape = {1}}};
     cr_assert_eq(safetensors_write(path, three, 3, meta, fill, NULL, err, sizeof err), -1);
     cr_assert(strstr(err, path) && strstr(err, "no bytes for tensor 2"), "%s", err);
     fd = safetensors_open(path, &ix, err, sizeof err);

@@ -15,7 +15,8 @@ static void count_epoch(int64_t n, int world, uint64_t seed, int64_t epoch, int6
         cr_assert_eq(sampler_init(&s, n, world, r, seed, true), 0);
         sampler_set_epoch(&s, epoch);
         int64_t k = sampler_rank_count(&s, cursor);
-        for (int64_t i = 0; i < k; i++) counts[sampler_index(&s, cursor, i)]++;
+        for (int64_t i = 0; i < k; i++)
+            counts[sampler_index(&s, cursor, i)]++;
         sampler_free(&s);
     }
 }
@@ -23,7 +24,8 @@ static void count_epoch(int64_t n, int world, uint64_t seed, int64_t epoch, int6
 Test(sampler, shards_are_disjoint_and_cover_everything) {
     int counts[1000];
     count_epoch(1000, 4, 7, 0, 0, counts);
-    for (int i = 0; i < 1000; i++) cr_assert_eq(counts[i], 1, "index %d taken %d times", i, counts[i]);
+    for (int i = 0; i < 1000; i++)
+        cr_assert_eq(counts[i], 1, "index %d taken %d times", i, counts[i]);
 }
 
 Test(sampler, padding_gives_every_rank_the_same_count) {
@@ -58,7 +60,8 @@ Test(sampler, order_depends_on_seed_and_epoch_only) {
     sampler_set_epoch(&c, 3);
     cr_assert_neq(memcmp(a.perm, c.perm, 500 * sizeof *a.perm), 0, "another seed");
     int64_t fixed = 0;
-    for (int i = 0; i < 500; i++) fixed += a.perm[i] == i;
+    for (int i = 0; i < 500; i++)
+        fixed += a.perm[i] == i;
     cr_assert_lt(fixed, 20, "shuffled");
     sampler_free(&a);
     sampler_free(&b);
@@ -78,12 +81,14 @@ Test(sampler, two_ranks_by_b_cover_one_rank_by_2b) {
     sampler_init(&r1, n, 2, 1, 5, true);
     for (int64_t step = 0; step < n / (2 * B); step++) {
         int seen[96] = {0};
-        for (int64_t j = 0; j < 2 * B; j++) seen[sampler_index(&one, 0, step * 2 * B + j)]++;
+        for (int64_t j = 0; j < 2 * B; j++)
+            seen[sampler_index(&one, 0, step * 2 * B + j)]++;
         for (int64_t j = 0; j < B; j++) {
             seen[sampler_index(&r0, 0, step * B + j)]--;
             seen[sampler_index(&r1, 0, step * B + j)]--;
         }
-        for (int i = 0; i < 96; i++) cr_assert_eq(seen[i], 0, "step %lld index %d", (long long)step, i);
+        for (int i = 0; i < 96; i++)
+            cr_assert_eq(seen[i], 0, "step %lld index %d", (long long)step, i);
     }
     sampler_free(&one);
     sampler_free(&r0);
@@ -97,7 +102,8 @@ Test(sampler, resume_at_the_cursor_with_another_world_size) {
     for (int r = 0; r < 4; r++) {
         sampler_t s;
         sampler_init(&s, n, 4, r, 9, true);
-        for (int64_t i = 0; i < 10; i++) before[sampler_index(&s, 0, i)]++;
+        for (int64_t i = 0; i < 10; i++)
+            before[sampler_index(&s, 0, i)]++;
         sampler_free(&s);
     }
     count_epoch(n, 3, 9, 0, 40, after);
@@ -121,14 +127,19 @@ Test(sampler, bad_arguments) {
 Test(sampler, every_rank_gets_the_same_count_after_a_resume_with_another_world) {
     /* 1000 samples, 2 ranks consumed 402 positions; the job resumes with 3 ranks */
     sampler_t s[3];
-    for (int r = 0; r < 3; r++) cr_assert_eq(sampler_init(&s[r], 1000, 3, r, 5, true), 0);
+    for (int r = 0; r < 3; r++)
+        cr_assert_eq(sampler_init(&s[r], 1000, 3, r, 5, true), 0);
     int64_t count = sampler_rank_count(&s[0], 402);
-    for (int r = 1; r < 3; r++) cr_assert_eq(sampler_rank_count(&s[r], 402), count, "rank %d", r);
+    for (int r = 1; r < 3; r++)
+        cr_assert_eq(sampler_rank_count(&s[r], 402), count, "rank %d", r);
     cr_assert_eq(count, (1002 - 402 + 2) / 3);
     /* together they cover every remaining position of the epoch */
     bool seen[1000] = {0};
     for (int r = 0; r < 3; r++)
-        for (int64_t i = 0; i < count; i++) seen[sampler_index(&s[r], 402, i)] = true;
-    for (int64_t p = 402; p < 1000; p++) cr_assert(seen[s[0].perm[p]], "position %lld", (long long)p);
-    for (int r = 0; r < 3; r++) sampler_free(&s[r]);
+        for (int64_t i = 0; i < count; i++)
+            seen[sampler_index(&s[r], 402, i)] = true;
+    for (int64_t p = 402; p < 1000; p++)
+        cr_assert(seen[s[0].perm[p]], "position %lld", (long long)p);
+    for (int r = 0; r < 3; r++)
+        sampler_free(&s[r]);
 }

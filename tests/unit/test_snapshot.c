@@ -27,7 +27,7 @@ static void remove_dir(void) {
 
 TestSuite(snapshot, .init = make_dir, .fini = remove_dir, .timeout = 30);
 
-#define N_PARAMS 1000
+#define N_PARAMS  1000
 #define N_BUFFERS 10
 
 static float params[N_PARAMS], momentum[N_PARAMS], buffers[N_BUFFERS];
@@ -37,7 +37,8 @@ static snapshot_data_t sample(uint64_t step) {
         params[i] = (float)i * 0.5f + (float)step;
         momentum[i] = -(float)i;
     }
-    for (int i = 0; i < N_BUFFERS; i++) buffers[i] = (float)i;
+    for (int i = 0; i < N_BUFFERS; i++)
+        buffers[i] = (float)i;
     snapshot_data_t d = {.params = params, .momentum = momentum, .buffers = buffers};
     d.header.step = step;
     d.header.epoch = 2;
@@ -114,8 +115,12 @@ static void expect_damaged(long offset, int mode, const char *needle) {
               needle);
 }
 
-Test(snapshot, bad_magic_is_not_a_snapshot) { expect_damaged(0, 0, "not a ddpworker snapshot"); }
-Test(snapshot, a_flipped_header_byte_fails_its_checksum) { expect_damaged(40, 0, "header checksum"); }
+Test(snapshot, bad_magic_is_not_a_snapshot) {
+    expect_damaged(0, 0, "not a ddpworker snapshot");
+}
+Test(snapshot, a_flipped_header_byte_fails_its_checksum) {
+    expect_damaged(40, 0, "header checksum");
+}
 Test(snapshot, a_flipped_param_fails_the_section_checksum) {
     expect_damaged((long)sizeof(snapshot_header_t) + 100, 0, "section params checksum mismatch");
 }
@@ -125,7 +130,9 @@ Test(snapshot, a_flipped_buffer_fails_the_section_checksum) {
 Test(snapshot, a_torn_file_is_truncated) {
     expect_damaged((long)sizeof(snapshot_header_t) + 10, 1, "truncated");
 }
-Test(snapshot, a_file_shorter_than_the_header_is_torn) { expect_damaged(10, 1, "shorter than"); }
+Test(snapshot, a_file_shorter_than_the_header_is_torn) {
+    expect_damaged(10, 1, "shorter than");
+}
 
 /* A header whose checksum holds but whose loss scale no run could have written. */
 Test(snapshot, an_impossible_loss_scale_is_refused_as_corrupt) {
@@ -154,7 +161,8 @@ Test(snapshot, an_impossible_loss_scale_is_refused_as_corrupt) {
 }
 
 Test(snapshot, the_newest_good_snapshot_wins_and_damaged_ones_are_reported) {
-    for (uint64_t s = 10; s <= 30; s += 10) write_step(s, &keep_all);
+    for (uint64_t s = 10; s <= 30; s += 10)
+        write_step(s, &keep_all);
     char p30[512], p20[512];
     path_of(30, p30, sizeof p30);
     path_of(20, p20, sizeof p20);
@@ -181,17 +189,20 @@ Test(snapshot, no_directory_and_no_snapshot_mean_a_fresh_start) {
 
 Test(snapshot, retention_keeps_the_newest_and_every_mth) {
     snapshot_retention_t keep = {.keep = 2, .keep_every = 10};
-    for (uint64_t s = 5; s <= 35; s += 5) write_step(s, &keep);
+    for (uint64_t s = 5; s <= 35; s += 5)
+        write_step(s, &keep);
     /* newest two: 35, 30; multiples of 10: 10, 20, 30 */
     uint64_t expect_present[] = {10, 20, 30, 35}, expect_gone[] = {5, 15, 25};
     char path[512];
     for (size_t i = 0; i < 4; i++) {
         path_of(expect_present[i], path, sizeof path);
-        cr_assert_eq(access(path, F_OK), 0, "step %llu was pruned", (unsigned long long)expect_present[i]);
+        cr_assert_eq(access(path, F_OK), 0, "step %llu was pruned",
+                     (unsigned long long)expect_present[i]);
     }
     for (size_t i = 0; i < 3; i++) {
         path_of(expect_gone[i], path, sizeof path);
-        cr_assert_neq(access(path, F_OK), 0, "step %llu was kept", (unsigned long long)expect_gone[i]);
+        cr_assert_neq(access(path, F_OK), 0, "step %llu was kept",
+                      (unsigned long long)expect_gone[i]);
     }
 }
 
@@ -200,8 +211,9 @@ Test(snapshot, the_writer_thread_writes_and_reports_a_failure_once) {
     char err[1024], sub[300];
     snprintf(sub, sizeof sub, "%s/a/b", dir);
     snapshot_retention_t keep = {.keep = 3};
-    cr_assert_eq(snapshot_writer_create(sub, N_PARAMS, N_BUFFERS, false, &keep, &w, err, sizeof err), 0,
-                 "%s", err);
+    cr_assert_eq(
+        snapshot_writer_create(sub, N_PARAMS, N_BUFFERS, false, &keep, &w, err, sizeof err), 0,
+        "%s", err);
     snapshot_data_t *buf;
     cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
     snapshot_data_t s = sample(4);
@@ -233,7 +245,8 @@ Test(snapshot, inspect_prints_the_header_and_the_state_hash) {
     cr_assert_eq(snapshot_inspect(path, f), 0);
     fclose(f);
     cr_assert(strstr(out, "step:        12 (next to run)") && strstr(out, "checksums:   ok") &&
-              strstr(out, "state hash:  "), "%s", out);
+                  strstr(out, "state hash:  "),
+              "%s", out);
     damage(path, (long)sizeof(snapshot_header_t) + 1, 0);
     f = fmemopen(out, sizeof out, "w");
     cr_assert_eq(snapshot_inspect(path, f), -1);
@@ -245,7 +258,8 @@ static float second_moment[N_PARAMS];
 
 static snapshot_data_t adam_sample(uint64_t step, uint32_t optimizer, uint64_t optim_steps) {
     snapshot_data_t d = sample(step);
-    for (int i = 0; i < N_PARAMS; i++) second_moment[i] = (float)i * 1e-3f;
+    for (int i = 0; i < N_PARAMS; i++)
+        second_moment[i] = (float)i * 1e-3f;
     d.second_moment = second_moment;
     d.header.optimizer = optimizer;
     d.header.optim_steps = optim_steps;
@@ -277,7 +291,8 @@ Test(snapshot, adam_state_round_trips_and_counts_in_the_state_hash) {
     cr_assert_eq(snapshot_inspect(path, f), 0);
     fclose(f);
     cr_assert(strstr(out, "optimizer:   adamw lr 0 weight decay 0, 6 steps taken") &&
-              strstr(out, "second_moment"), "%s", out);
+                  strstr(out, "second_moment"),
+              "%s", out);
     /* an sgd snapshot has no such section, and reads without one */
     write_step(10, &keep_all);
     path_of(10, path, sizeof path);
@@ -346,7 +361,9 @@ Test(snapshot, the_writer_keeps_a_second_moment_buffer_when_asked) {
     snapshot_writer_destroy(w);
 }
 
-static void count_chunk(void *arg) { (*(int *)arg)++; }
+static void count_chunk(void *arg) {
+    (*(int *)arg)++;
+}
 
 Test(snapshot, a_large_write_reports_progress_chunk_by_chunk) {
     /* 3 x 4M floats = 48 MB: at least one progress report per 4 MiB on disk, so ddprun's
@@ -371,20 +388,26 @@ Test(snapshot, a_large_write_reports_progress_chunk_by_chunk) {
 Test(snapshot, versions_1_and_2_still_read) {
     snapshot_data_t d;
     char err[1024];
-    cr_assert_eq(snapshot_read(DDP_SOURCE_DIR "/tests/unit/data/snapshot_v1.ddps", &d, err, sizeof err),
-                 0, "%s", err);
+    cr_assert_eq(
+        snapshot_read(DDP_SOURCE_DIR "/tests/unit/data/snapshot_v1.ddps", &d, err, sizeof err), 0,
+        "%s", err);
     const snapshot_header_t *h = &d.header;
     cr_assert(h->version == 1 && h->step == 1 && h->cursor == 4 && h->train_samples == 8);
-    cr_assert(strcmp(h->model, "mlp") == 0 && h->width == 2 && h->n_params == 22 && h->n_buffers == 0);
-    cr_assert(h->lr == 0.1 && h->momentum == 0.9 && h->loss_scale == 1.0, "the tail moved into place");
+    cr_assert(strcmp(h->model, "mlp") == 0 && h->width == 2 && h->n_params == 22 &&
+              h->n_buffers == 0);
+    cr_assert(h->lr == 0.1 && h->momentum == 0.9 && h->loss_scale == 1.0,
+              "the tail moved into place");
     cr_assert(h->optimizer == SNAPSHOT_OPTIM_SGD && h->optim_steps == 0 && d.second_moment == NULL);
-    cr_assert(isnan(h->best_value) && h->best_by == 0 && h->elapsed_s == 0, "no run state recorded");
+    cr_assert(isnan(h->best_value) && h->best_by == 0 && h->elapsed_s == 0,
+              "no run state recorded");
     cr_assert(h->n_sections == 3 && h->sections[0].offset == 464, "sections stay where they were");
     snapshot_data_free(&d);
-    cr_assert_eq(snapshot_read(DDP_SOURCE_DIR "/tests/unit/data/snapshot_v2_adam.ddps", &d, err,
-                               sizeof err), 0, "%s", err);
+    cr_assert_eq(
+        snapshot_read(DDP_SOURCE_DIR "/tests/unit/data/snapshot_v2_adam.ddps", &d, err, sizeof err),
+        0, "%s", err);
     cr_assert(h->version == 2 && h->step == 4 && h->n_params == 20 && h->n_buffers == 4);
-    cr_assert(h->optimizer == SNAPSHOT_OPTIM_ADAM && h->optim_steps == 3 && d.second_moment != NULL);
+    cr_assert(h->optimizer == SNAPSHOT_OPTIM_ADAM && h->optim_steps == 3 &&
+              d.second_moment != NULL);
     cr_assert(isnan(h->best_value) && h->elapsed_s == 0 && h->loss_scale == 0);
     snapshot_data_free(&d);
 }
@@ -392,7 +415,8 @@ Test(snapshot, versions_1_and_2_still_read) {
 Test(snapshot, an_old_header_with_a_flipped_byte_fails_its_checksum) {
     char path[512], cmd[1200], err[1024];
     snprintf(path, sizeof path, "%s/old.ddps", dir);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", DDP_SOURCE_DIR "/tests/unit/data/snapshot_v1.ddps", path);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", DDP_SOURCE_DIR "/tests/unit/data/snapshot_v1.ddps",
+             path);
     cr_assert_eq(system(cmd), 0);
     damage(path, 300, 0);
     snapshot_data_t d;
@@ -412,7 +436,8 @@ Test(snapshot, a_newer_version_is_refused_by_name) {
     snapshot_data_t d;
     cr_assert_eq(snapshot_read(path, &d, err, sizeof err), SNAPSHOT_E_NEWER);
     cr_assert(strstr(err, path) && strstr(err, "snapshot version 4") &&
-              strstr(err, "reads versions 1 to 3") && strstr(err, "newer ddpworker"), "%s", err);
+                  strstr(err, "reads versions 1 to 3") && strstr(err, "newer ddpworker"),
+              "%s", err);
     /* a resume stops at it instead of moving it aside and starting over from an older one */
     write_step(2, &keep_all);
     char found[512];
@@ -442,12 +467,15 @@ Test(snapshot, the_run_state_round_trips_and_impossible_values_are_refused) {
     cr_assert_eq(snapshot_inspect(path, f), 0);
     fclose(f);
     cr_assert(strstr(out, "best:        val_top1 0.3125 at step 6") &&
-              strstr(out, "elapsed:     7201.500 s"), "%s", out);
+                  strstr(out, "elapsed:     7201.500 s"),
+              "%s", out);
     double elapsed[] = {-1, NAN, INFINITY};
     for (int i = 0; i < 4; i++) {
         d = sample(8);
-        if (i < 3) d.header.elapsed_s = elapsed[i];
-        else d.header.best_by = 3;
+        if (i < 3)
+            d.header.elapsed_s = elapsed[i];
+        else
+            d.header.best_by = 3;
         cr_assert_eq(snapshot_write(dir, &d, &keep_all, NULL, err, sizeof err), 0, "%s", err);
         cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "case %d accepted", i);
         cr_assert(strstr(err, path) && strstr(err, "(corrupt)"), "%s", err);

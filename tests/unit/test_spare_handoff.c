@@ -71,7 +71,8 @@ Test(spare_handoff, environment_blocks) {
 Test(spare_handoff, too_many_entries) {
     size_t n = DDP_SPARE_ENV_MAX_VARS + 1, len = n * 4;
     char *block = malloc(len);
-    for (size_t i = 0; i < n; i++) memcpy(block + 4 * i, "A=1", 4);
+    for (size_t i = 0; i < n; i++)
+        memcpy(block + 4 * i, "A=1", 4);
     char err[256];
     cr_assert_eq(spare_handoff_env_check(block, len - 4, err, sizeof err), DDP_SPARE_ENV_MAX_VARS);
     cr_assert_eq(spare_handoff_env_check(block, len, err, sizeof err), -1);

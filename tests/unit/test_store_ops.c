@@ -1,5 +1,5 @@
-/* Unit tests of launcher/store/store_ops without sockets: frames are encoded and decoded by proto, then
- * handled; each test checks the result store_server.c would carry out (the reply, the sessions
+/* Unit tests of launcher/store/store_ops without sockets: frames are encoded and decoded by proto,
+ * then handled; each test checks the result store_server.c would carry out (the reply, the sessions
  * woken, the reason to drop the peer). The same requests over real connections are
  * test_store_server.c's. */
 #include <criterion/criterion.h>

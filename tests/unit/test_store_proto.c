@@ -40,7 +40,8 @@ static void put_str(frame_t *f, const char *s) {
 /* n bytes of filler as a u64-length string. */
 static void put_filler(frame_t *f, size_t n) {
     store_put_u64(&f->w, n);
-    for (size_t i = 0; i < n; i++) store_put_u8(&f->w, (uint8_t)('a' + i % 26));
+    for (size_t i = 0; i < n; i++)
+        store_put_u8(&f->w, (uint8_t)('a' + i % 26));
 }
 
 static int decode_with(store_dialect_t d, const store_limits_t *l, const frame_t *f, size_t len,
@@ -101,18 +102,18 @@ static const store_dialect_t dialects[] = {STORE_DIALECT_CURRENT, STORE_DIALECT_
 
 Test(store_proto, legacy_numbering_table) {
     const store_op_t legacy[] = {
-        STORE_OP_SET,        STORE_OP_COMPARE_SET, STORE_OP_GET,        STORE_OP_ADD,
-        STORE_OP_CHECK,      STORE_OP_WAIT,        STORE_OP_GETNUMKEYS, STORE_OP_WATCH_KEY,
-        STORE_OP_DELETE_KEY, STORE_OP_APPEND,      STORE_OP_MULTI_GET,  STORE_OP_MULTI_SET,
+        STORE_OP_SET,         STORE_OP_COMPARE_SET, STORE_OP_GET,        STORE_OP_ADD,
+        STORE_OP_CHECK,       STORE_OP_WAIT,        STORE_OP_GETNUMKEYS, STORE_OP_WATCH_KEY,
+        STORE_OP_DELETE_KEY,  STORE_OP_APPEND,      STORE_OP_MULTI_GET,  STORE_OP_MULTI_SET,
         STORE_OP_CANCEL_WAIT,
     };
     for (int wire = 0; wire < 13; wire++) {
         cr_assert_eq(store_proto_wire_opcode(STORE_DIALECT_LEGACY, legacy[wire]), wire, "%s",
                      store_op_name(legacy[wire]));
     }
-    const store_op_t absent[] = {STORE_OP_VALIDATE,   STORE_OP_PING,       STORE_OP_QUEUE_PUSH,
-                                 STORE_OP_QUEUE_POP,  STORE_OP_QUEUE_LEN,  STORE_OP_LIST_KEYS,
-                                 STORE_OP_BARRIER,    STORE_OP_AUTH_HELLO, STORE_OP_AUTH_PROOF};
+    const store_op_t absent[] = {STORE_OP_VALIDATE,  STORE_OP_PING,       STORE_OP_QUEUE_PUSH,
+                                 STORE_OP_QUEUE_POP, STORE_OP_QUEUE_LEN,  STORE_OP_LIST_KEYS,
+                                 STORE_OP_BARRIER,   STORE_OP_AUTH_HELLO, STORE_OP_AUTH_PROOF};
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
         cr_assert_eq(store_proto_wire_opcode(STORE_DIALECT_LEGACY, absent[i]), -1, "%s",
                      store_op_name(absent[i]));
@@ -157,11 +158,10 @@ Test(store_proto, names_and_messages) {
     }
     cr_assert_str_eq(store_op_name(STORE_OP_COMPARE_SET), "COMPARE_SET");
     cr_assert_str_eq(store_op_name(STORE_OP__COUNT), "?");
-    const int statuses[] = {STORE_PROTO_NEED_MORE,       STORE_PROTO_E_OPCODE,
-                            STORE_PROTO_E_KEY_TOO_LONG,  STORE_PROTO_E_VALUE_TOO_LONG,
-                            STORE_PROTO_E_TOO_MANY_KEYS, STORE_PROTO_E_FRAME_TOO_LONG,
-                            STORE_PROTO_E_BAD_MAGIC,     STORE_PROTO_E_NOT_VALIDATED,
-                            STORE_PROTO_E_BAD_VALUE};
+    const int statuses[] = {
+        STORE_PROTO_NEED_MORE,        STORE_PROTO_E_OPCODE,        STORE_PROTO_E_KEY_TOO_LONG,
+        STORE_PROTO_E_VALUE_TOO_LONG, STORE_PROTO_E_TOO_MANY_KEYS, STORE_PROTO_E_FRAME_TOO_LONG,
+        STORE_PROTO_E_BAD_MAGIC,      STORE_PROTO_E_NOT_VALIDATED, STORE_PROTO_E_BAD_VALUE};
     const int n = sizeof statuses / sizeof statuses[0];
     for (int i = 0; i < n; i++) {
         const char *m = store_proto_strerror(statuses[i]);
@@ -184,8 +184,12 @@ static const char *const ITEM_VALS[] = {"1", "two", ""};
 /* Write a representative body for op; check_request then verifies every decoded field. */
 static void put_body(frame_t *f, store_op_t op, uint8_t proof[64]) {
     switch (op) {
-    case STORE_OP_VALIDATE: store_put_u32(&f->w, STORE_PROTO_MAGIC); break;
-    case STORE_OP_PING: store_put_u32(&f->w, 0xA1B2C3D4u); break;
+    case STORE_OP_VALIDATE:
+        store_put_u32(&f->w, STORE_PROTO_MAGIC);
+        break;
+    case STORE_OP_PING:
+        store_put_u32(&f->w, 0xA1B2C3D4u);
+        break;
     case STORE_OP_SET:
     case STORE_OP_APPEND:
     case STORE_OP_QUEUE_PUSH:
@@ -201,7 +205,9 @@ static void put_body(frame_t *f, store_op_t op, uint8_t proof[64]) {
     case STORE_OP_DELETE_KEY:
     case STORE_OP_QUEUE_POP:
     case STORE_OP_QUEUE_LEN:
-    case STORE_OP_WATCH_KEY: put_str(f, KEY); break;
+    case STORE_OP_WATCH_KEY:
+        put_str(f, KEY);
+        break;
     case STORE_OP_ADD:
     case STORE_OP_BARRIER:
         put_str(f, KEY);
@@ -219,21 +225,30 @@ static void put_body(frame_t *f, store_op_t op, uint8_t proof[64]) {
         break;
     case STORE_OP_GETNUMKEYS:
     case STORE_OP_CANCEL_WAIT:
-    case STORE_OP_LIST_KEYS: break;
-    case STORE_OP_AUTH_HELLO: store_put_u8(&f->w, STORE_AUTH_VERSION); break;
+    case STORE_OP_LIST_KEYS:
+        break;
+    case STORE_OP_AUTH_HELLO:
+        store_put_u8(&f->w, STORE_AUTH_VERSION);
+        break;
     case STORE_OP_AUTH_PROOF:
-        for (int i = 0; i < 64; i++) proof[i] = (uint8_t)(i * 7 + 1);
+        for (int i = 0; i < 64; i++)
+            proof[i] = (uint8_t)(i * 7 + 1);
         store_put_raw(&f->w, proof, 64);
         break;
-    default: cr_assert_fail("no body for %s", store_op_name(op));
+    default:
+        cr_assert_fail("no body for %s", store_op_name(op));
     }
 }
 
 static void check_request(store_op_t op, const store_request_t *q, const uint8_t proof[64]) {
     cr_assert_eq(q->op, op, "decoded %s as %s", store_op_name(op), store_op_name(q->op));
     switch (op) {
-    case STORE_OP_VALIDATE: cr_assert_eq(q->u32, STORE_PROTO_MAGIC); break;
-    case STORE_OP_PING: cr_assert_eq(q->u32, 0xA1B2C3D4u); break;
+    case STORE_OP_VALIDATE:
+        cr_assert_eq(q->u32, STORE_PROTO_MAGIC);
+        break;
+    case STORE_OP_PING:
+        cr_assert_eq(q->u32, 0xA1B2C3D4u);
+        break;
     case STORE_OP_SET:
     case STORE_OP_APPEND:
     case STORE_OP_QUEUE_PUSH:
@@ -268,21 +283,27 @@ static void check_request(store_op_t op, const store_request_t *q, const uint8_t
         for (int i = 0; i < N_ITEMS; i++) {
             cr_assert(store_proto_next_item(q, &cursor, &k, &v), "item %d missing", i);
             cr_assert(bytes_eq(k, ITEM_KEYS[i]), "key %d", i);
-            if (op == STORE_OP_MULTI_SET) cr_assert(bytes_eq(v, ITEM_VALS[i]), "value %d", i);
-            else cr_assert(v.ptr == NULL && v.len == 0);
+            if (op == STORE_OP_MULTI_SET)
+                cr_assert(bytes_eq(v, ITEM_VALS[i]), "value %d", i);
+            else
+                cr_assert(v.ptr == NULL && v.len == 0);
         }
         cr_assert_not(store_proto_next_item(q, &cursor, &k, &v));
         break;
     }
     case STORE_OP_GETNUMKEYS:
     case STORE_OP_CANCEL_WAIT:
-    case STORE_OP_LIST_KEYS: break;
-    case STORE_OP_AUTH_HELLO: cr_assert_eq(q->u32, STORE_AUTH_VERSION); break;
+    case STORE_OP_LIST_KEYS:
+        break;
+    case STORE_OP_AUTH_HELLO:
+        cr_assert_eq(q->u32, STORE_AUTH_VERSION);
+        break;
     case STORE_OP_AUTH_PROOF:
         cr_assert_not_null(q->auth);
         cr_assert_eq(memcmp(q->auth, proof, 64), 0);
         break;
-    default: cr_assert_fail("unchecked %s", store_op_name(op));
+    default:
+        cr_assert_fail("unchecked %s", store_op_name(op));
     }
 }
 
@@ -371,8 +392,8 @@ Test(store_proto, detect_dialect_on_0_to_5_bytes) {
         buf[bad] ^= 0x01;
         for (size_t n = 0; n <= 5; n++) {
             store_dialect_t want = n <= bad ? STORE_DIALECT_UNKNOWN : STORE_DIALECT_LEGACY;
-            cr_assert_eq(store_proto_detect_dialect(buf, n), want, "magic byte %zu off, n=%zu",
-                         bad, n);
+            cr_assert_eq(store_proto_detect_dialect(buf, n), want, "magic byte %zu off, n=%zu", bad,
+                         n);
         }
     }
 }
@@ -380,10 +401,10 @@ Test(store_proto, detect_dialect_on_0_to_5_bytes) {
 /* ---- errors and limits -------------------------------------------------------------------- */
 
 /* Key-bearing ops in each numbering (key first in the body). */
-static const store_op_t key_ops[] = {STORE_OP_SET,       STORE_OP_COMPARE_SET, STORE_OP_GET,
-                                     STORE_OP_ADD,       STORE_OP_DELETE_KEY,  STORE_OP_APPEND,
-                                     STORE_OP_QUEUE_PUSH, STORE_OP_QUEUE_POP,  STORE_OP_QUEUE_LEN,
-                                     STORE_OP_BARRIER,   STORE_OP_WATCH_KEY};
+static const store_op_t key_ops[] = {STORE_OP_SET,        STORE_OP_COMPARE_SET, STORE_OP_GET,
+                                     STORE_OP_ADD,        STORE_OP_DELETE_KEY,  STORE_OP_APPEND,
+                                     STORE_OP_QUEUE_PUSH, STORE_OP_QUEUE_POP,   STORE_OP_QUEUE_LEN,
+                                     STORE_OP_BARRIER,    STORE_OP_WATCH_KEY};
 #define N_KEY_OPS (sizeof key_ops / sizeof key_ops[0])
 static const store_op_t multi_ops[] = {STORE_OP_CHECK, STORE_OP_WAIT, STORE_OP_MULTI_GET,
                                        STORE_OP_MULTI_SET};
@@ -393,14 +414,19 @@ static void put_rest_after_key(frame_t *f, store_op_t op) {
     switch (op) {
     case STORE_OP_SET:
     case STORE_OP_APPEND:
-    case STORE_OP_QUEUE_PUSH: put_str(f, "v"); break;
+    case STORE_OP_QUEUE_PUSH:
+        put_str(f, "v");
+        break;
     case STORE_OP_COMPARE_SET:
         put_str(f, "e");
         put_str(f, "d");
         break;
     case STORE_OP_ADD:
-    case STORE_OP_BARRIER: store_put_i64(&f->w, 1); break;
-    default: break;
+    case STORE_OP_BARRIER:
+        store_put_i64(&f->w, 1);
+        break;
+    default:
+        break;
     }
 }
 
@@ -425,10 +451,10 @@ Test(store_proto, key_limit_boundary_every_key_op) {
             put_filler(&f, 17);
             put_rest_after_key(&f, op);
             /* Refused from the 9-byte header alone, and with the whole frame present. */
-            cr_assert_eq(decode_with(d, &small, &f, 9, &q, &need), STORE_PROTO_E_KEY_TOO_LONG,
+            cr_assert_eq(decode_with(d, &small, &f, 9, &q, &need), STORE_PROTO_E_KEY_TOO_LONG, "%s",
+                         store_op_name(op));
+            cr_assert_eq(decode_with(d, &small, &f, f.w.len, &q, &need), STORE_PROTO_E_KEY_TOO_LONG,
                          "%s", store_op_name(op));
-            cr_assert_eq(decode_with(d, &small, &f, f.w.len, &q, &need),
-                         STORE_PROTO_E_KEY_TOO_LONG, "%s", store_op_name(op));
         }
     }
 }
@@ -489,9 +515,8 @@ Test(store_proto, value_limit_boundary_every_value_field) {
         struct {
             store_op_t op;
             int field;
-        } cases[] = {{STORE_OP_SET, 0},         {STORE_OP_APPEND, 0},
-                     {STORE_OP_QUEUE_PUSH, 0},  {STORE_OP_COMPARE_SET, 1},
-                     {STORE_OP_COMPARE_SET, 2}, {STORE_OP_MULTI_SET, 3}};
+        } cases[] = {{STORE_OP_SET, 0},         {STORE_OP_APPEND, 0},      {STORE_OP_QUEUE_PUSH, 0},
+                     {STORE_OP_COMPARE_SET, 1}, {STORE_OP_COMPARE_SET, 2}, {STORE_OP_MULTI_SET, 3}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             store_op_t op = cases[i].op;
             if (store_proto_wire_opcode(d, op) < 0) continue;
@@ -516,8 +541,8 @@ Test(store_proto, value_limit_boundary_every_value_field) {
                     cr_assert_eq(rc, (int)f.w.len, "%s field %d at the limit: %d",
                                  store_op_name(op), cases[i].field, rc);
                 } else {
-                    cr_assert_eq(rc, STORE_PROTO_E_VALUE_TOO_LONG, "%s field %d",
-                                 store_op_name(op), cases[i].field);
+                    cr_assert_eq(rc, STORE_PROTO_E_VALUE_TOO_LONG, "%s field %d", store_op_name(op),
+                                 cases[i].field);
                     cr_assert_eq(decode_with(d, &small, &f, header, &q, NULL),
                                  STORE_PROTO_E_VALUE_TOO_LONG, "%s field %d from its length alone",
                                  store_op_name(op), cases[i].field);
@@ -593,7 +618,8 @@ Test(store_proto, frame_limit_boundary) {
         /* Many small keys add up beyond the frame limit; refused before the frame is all in. */
         frame_begin(&f, d, STORE_OP_MULTI_GET);
         store_put_u64(&f.w, 200);
-        for (int i = 0; i < 200; i++) put_str(&f, "key-key-key");
+        for (int i = 0; i < 200; i++)
+            put_str(&f, "key-key-key");
         cr_assert_eq(decode_with(d, &small, &f, f.w.len, &q, &need), STORE_PROTO_E_FRAME_TOO_LONG);
         cr_assert_eq(decode_with(d, &small, &f, 1000, &q, &need), STORE_PROTO_E_FRAME_TOO_LONG);
         /* The hint of an incomplete frame never exceeds the frame limit. */
@@ -701,7 +727,8 @@ Test(store_proto, reply_of_every_kind_byte_by_byte) {
     cr_assert_eq(r.u8, STORE_AUTH_OPEN);
     store_writer_init(&w, buf, sizeof buf);
     store_put_u8(&w, STORE_AUTH_CHALLENGE);
-    for (int i = 0; i < (int)STORE_AUTH_NONCE_BYTES; i++) store_put_u8(&w, (uint8_t)(100 + i));
+    for (int i = 0; i < (int)STORE_AUTH_NONCE_BYTES; i++)
+        store_put_u8(&w, (uint8_t)(100 + i));
     expect_reply(STORE_REPLY_AUTH_HELLO, buf, w.len, &r);
     cr_assert(r.u8 == STORE_AUTH_CHALLENGE && r.bytes.len == STORE_AUTH_NONCE_BYTES);
     cr_assert(r.bytes.ptr == buf + 1 && r.bytes.ptr[31] == 131);
@@ -709,7 +736,8 @@ Test(store_proto, reply_of_every_kind_byte_by_byte) {
     /* AUTH_PROOF: OK + server MAC, or DENIED alone. */
     store_writer_init(&w, buf, sizeof buf);
     store_put_u8(&w, STORE_AUTH_OK);
-    for (int i = 0; i < (int)STORE_AUTH_MAC_BYTES; i++) store_put_u8(&w, (uint8_t)(200 + i));
+    for (int i = 0; i < (int)STORE_AUTH_MAC_BYTES; i++)
+        store_put_u8(&w, (uint8_t)(200 + i));
     expect_reply(STORE_REPLY_AUTH_PROOF, buf, w.len, &r);
     cr_assert(r.u8 == STORE_AUTH_OK && r.bytes.len == STORE_AUTH_MAC_BYTES);
     cr_assert_eq(r.bytes.ptr[0], 200);
@@ -755,16 +783,26 @@ Test(store_proto, reply_kind_of_every_op) {
         store_op_t op;
         store_reply_kind_t kind;
     } want[] = {
-        {STORE_OP_VALIDATE, STORE_REPLY_NONE},       {STORE_OP_SET, STORE_REPLY_NONE},
-        {STORE_OP_COMPARE_SET, STORE_REPLY_BYTES},   {STORE_OP_GET, STORE_REPLY_BYTES},
-        {STORE_OP_ADD, STORE_REPLY_I64},             {STORE_OP_CHECK, STORE_REPLY_U8},
-        {STORE_OP_WAIT, STORE_REPLY_U8},             {STORE_OP_GETNUMKEYS, STORE_REPLY_I64},
-        {STORE_OP_DELETE_KEY, STORE_REPLY_I64},      {STORE_OP_APPEND, STORE_REPLY_NONE},
-        {STORE_OP_MULTI_GET, STORE_REPLY_BYTES},     {STORE_OP_MULTI_SET, STORE_REPLY_NONE},
-        {STORE_OP_CANCEL_WAIT, STORE_REPLY_U8},      {STORE_OP_PING, STORE_REPLY_U32},
-        {STORE_OP_QUEUE_PUSH, STORE_REPLY_NONE},     {STORE_OP_QUEUE_POP, STORE_REPLY_QUEUE_POP},
-        {STORE_OP_QUEUE_LEN, STORE_REPLY_I64},       {STORE_OP_LIST_KEYS, STORE_REPLY_KEY_COUNT},
-        {STORE_OP_BARRIER, STORE_REPLY_U8},          {STORE_OP_AUTH_HELLO, STORE_REPLY_AUTH_HELLO},
+        {STORE_OP_VALIDATE, STORE_REPLY_NONE},
+        {STORE_OP_SET, STORE_REPLY_NONE},
+        {STORE_OP_COMPARE_SET, STORE_REPLY_BYTES},
+        {STORE_OP_GET, STORE_REPLY_BYTES},
+        {STORE_OP_ADD, STORE_REPLY_I64},
+        {STORE_OP_CHECK, STORE_REPLY_U8},
+        {STORE_OP_WAIT, STORE_REPLY_U8},
+        {STORE_OP_GETNUMKEYS, STORE_REPLY_I64},
+        {STORE_OP_DELETE_KEY, STORE_REPLY_I64},
+        {STORE_OP_APPEND, STORE_REPLY_NONE},
+        {STORE_OP_MULTI_GET, STORE_REPLY_BYTES},
+        {STORE_OP_MULTI_SET, STORE_REPLY_NONE},
+        {STORE_OP_CANCEL_WAIT, STORE_REPLY_U8},
+        {STORE_OP_PING, STORE_REPLY_U32},
+        {STORE_OP_QUEUE_PUSH, STORE_REPLY_NONE},
+        {STORE_OP_QUEUE_POP, STORE_REPLY_QUEUE_POP},
+        {STORE_OP_QUEUE_LEN, STORE_REPLY_I64},
+        {STORE_OP_LIST_KEYS, STORE_REPLY_KEY_COUNT},
+        {STORE_OP_BARRIER, STORE_REPLY_U8},
+        {STORE_OP_AUTH_HELLO, STORE_REPLY_AUTH_HELLO},
         {STORE_OP_AUTH_PROOF, STORE_REPLY_AUTH_PROOF},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
@@ -782,7 +820,8 @@ Test(store_proto, next_item_walks_multi_set_pairs_and_wait_keys) {
         frame_begin(&f, d, STORE_OP_MULTI_SET);
         store_put_u64(&f.w, 4);
         const char *kv[] = {"a", "1", "bb", "", "", "empty key", "ccc", "333"};
-        for (int j = 0; j < 8; j++) put_str(&f, kv[j]);
+        for (int j = 0; j < 8; j++)
+            put_str(&f, kv[j]);
         store_put_bytes(&f.w, "\0\1", 2); /* not an item: a next frame's bytes */
         int rc = decode(d, &f, f.w.len, &q, NULL);
         cr_assert_eq(rc, (int)f.w.len - 10);

@@ -1,5 +1,5 @@
-/* Unit tests of the store server (launcher/store/store_server + store_ops) through the blocking client
- * (common/store_client) and raw sockets: every operation end to end in both numberings, WAIT
+/* Unit tests of the store server (launcher/store/store_server + store_ops) through the blocking
+ * client (common/store_client) and raw sockets: every operation end to end in both numberings, WAIT
  * wake-up by other connections, timeouts and cancel, interrupt, queues, the auth extension,
  * connect retry, and the per-peer limits (bad frames, slow and silent peers, a full store).
  *
@@ -97,7 +97,8 @@ static void *server_main(void *arg) {
 
 static void server_await_start(server_t *s) {
     pthread_mutex_lock(&s->mu);
-    while (!s->is_started) pthread_cond_wait(&s->cv, &s->mu);
+    while (!s->is_started)
+        pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -107,8 +108,10 @@ static server_t *server_launch(uint16_t port, const store_limits_t *limits, cons
                                int delay_ms) {
     server_t *s = calloc(1, sizeof *s);
     cr_assert_not_null(s);
-    if (limits) s->opts.limits = *limits;
-    else store_limits_default(&s->opts.limits);
+    if (limits)
+        s->opts.limits = *limits;
+    else
+        store_limits_default(&s->opts.limits);
     s->opts.host = "127.0.0.1";
     s->opts.port = port;
     s->start_delay_ms = delay_ms;
@@ -141,7 +144,8 @@ static void server_call(server_t *s, server_fn fn, void *arg) {
     pthread_mutex_unlock(&s->mu);
     uv_async_send(&s->wake);
     pthread_mutex_lock(&s->mu);
-    while (!s->is_call_done) pthread_cond_wait(&s->cv, &s->mu);
+    while (!s->is_call_done)
+        pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -183,8 +187,12 @@ static void server_stop(server_t *s) {
 
 static store_client_t *client_for(uint16_t port, store_dialect_t d, const store_secret_t *secret,
                                   int *rc) {
-    store_client_opts_t o = {.host = "127.0.0.1", .port = port, .dialect = d, .secret = secret,
-                             .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
+    store_client_opts_t o = {.host = "127.0.0.1",
+                             .port = port,
+                             .dialect = d,
+                             .secret = secret,
+                             .connect_timeout_ms = 5000,
+                             .op_timeout_ms = 5000};
     store_client_t *c = NULL;
     *rc = store_client_connect(&o, &c);
     return c;
@@ -286,11 +294,13 @@ static void exercise_common_ops(store_client_t *c) {
     cr_assert_eq(lens[2], 0, "a missing key comes back empty");
     cr_assert(lens[3] == 3 && memcmp(vals[3], "zzz", 3) == 0);
     cr_assert(lens[4] == 1 && vals[4][0] == 'x');
-    for (int i = 0; i < 5; i++) free(vals[i]);
+    for (int i = 0; i < 5; i++)
+        free(vals[i]);
     expect_num_keys(c, 6); /* k n ap m1 m2 m3 */
 
     uint8_t bin[70000];
-    for (size_t i = 0; i < sizeof bin; i++) bin[i] = (uint8_t)(i * 31);
+    for (size_t i = 0; i < sizeof bin; i++)
+        bin[i] = (uint8_t)(i * 31);
     cr_assert_eq(store_client_set(c, "bin\x01", bin, sizeof bin), 0);
     uint8_t *got;
     size_t got_n;
@@ -377,7 +387,7 @@ typedef struct {
     int64_t timeout_ms;
     int rc;
     _Atomic uint64_t done_ms; /* set by the worker thread when its call returned */
-    store_client_t *c; /* a client made by the test thread, used by this thread only */
+    store_client_t *c;        /* a client made by the test thread, used by this thread only */
 } job_t;
 
 static void *delayed_set(void *arg) {
@@ -410,8 +420,8 @@ Test(store_server, get_blocks_until_another_client_sets) {
         char key[32];
         snprintf(key, sizeof key, "late/%d", i);
         const char *keys[] = {key};
-        job_t j = {.port = s->port, .dialect = dialects[i], .keys = keys, .n_keys = 1,
-                   .delay_ms = 200};
+        job_t j = {
+            .port = s->port, .dialect = dialects[i], .keys = keys, .n_keys = 1, .delay_ms = 200};
         pthread_t th;
         pthread_create(&th, NULL, delayed_set, &j);
         uint64_t t0 = clock_now_ms();
@@ -498,8 +508,8 @@ Test(store_server, wait_timeout_cancels_and_the_connection_stays_usable) {
 Test(store_server, interrupt_ends_a_blocked_wait) {
     server_t *s = server_start(NULL);
     const char *never[] = {"never"};
-    job_t w = {.keys = never, .n_keys = 1, .timeout_ms = 10000,
-               .c = client(s, STORE_DIALECT_CURRENT)};
+    job_t w = {
+        .keys = never, .n_keys = 1, .timeout_ms = 10000, .c = client(s, STORE_DIALECT_CURRENT)};
     pthread_t th;
     pthread_create(&th, NULL, waiter, &w);
     uint64_t t0 = sleep_ms(200);
@@ -618,7 +628,8 @@ static void *add_many(void *arg) {
     adder_t *a = arg;
     int rc;
     store_client_t *c = client_for(a->port, STORE_DIALECT_CURRENT, NULL, &rc);
-    for (int i = 0; rc == 0 && i < N_ADDS; i++) rc = store_client_add(c, "ctr", 1, &a->results[i]);
+    for (int i = 0; rc == 0 && i < N_ADDS; i++)
+        rc = store_client_add(c, "ctr", 1, &a->results[i]);
     a->rc = rc;
     store_client_destroy(c);
     return NULL;
@@ -700,7 +711,8 @@ Test(store_server, shared_secret) {
     server_t *open = server_start(NULL);
     c = client_for(open->port, STORE_DIALECT_CURRENT, &good, &rc);
     cr_assert_eq(rc, DDP_EAUTH, "a client holding a secret refuses an open store");
-    cr_assert(strstr(store_client_error(c), "without a shared secret"), "%s", store_client_error(c));
+    cr_assert(strstr(store_client_error(c), "without a shared secret"), "%s",
+              store_client_error(c));
     store_client_destroy(c);
     server_stop(open);
 }
@@ -768,8 +780,8 @@ static int raw_connect(uint16_t port) {
     cr_assert_geq(fd, 0);
     struct timeval tv = {.tv_sec = 3};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
 }
@@ -839,13 +851,44 @@ Test(store_server, wire_bytes_of_replies) {
     store_put_u8(&w, STORE_OP_CANCEL_WAIT);
     raw_send(fd, &w);
     const uint8_t want[] = {
-        0x04, 0x03, 0x02, 0x01,                         /* PING echo */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* GET missing: empty value */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* DELETE missing: 0 */
-        0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, /* ADD: -3 */
-        STORE_CHECK_NOT_READY,                          /* CHECK */
-        0, 0, 0, 0, 0, 0, 0, 0,                         /* QUEUE_POP of an empty queue: 0 */
-        STORE_WAIT_CANCELED,                            /* CANCEL_WAIT with nothing pending */
+        0x04,
+        0x03,
+        0x02,
+        0x01, /* PING echo */
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0, /* GET missing: empty value */
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0, /* DELETE missing: 0 */
+        0xfd,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0xff,                  /* ADD: -3 */
+        STORE_CHECK_NOT_READY, /* CHECK */
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,                   /* QUEUE_POP of an empty queue: 0 */
+        STORE_WAIT_CANCELED, /* CANCEL_WAIT with nothing pending */
     };
     raw_expect(fd, want, sizeof want);
 

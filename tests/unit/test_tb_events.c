@@ -1,5 +1,5 @@
-/* Unit tests of worker/report/tb_events: CRC-32C and its TFRecord mask against known values (RFC 3720's
- * iSCSI vectors; the masked ones and a whole record computed by TensorBoard's own
+/* Unit tests of worker/report/tb_events: CRC-32C and its TFRecord mask against known values (RFC
+ * 3720's iSCSI vectors; the masked ones and a whole record computed by TensorBoard's own
  * tensorboard.summary.writer.record_writer), and the files tb_events_open writes: every record's
  * framing verifies, the first is the file version, names sort in the order they were opened. */
 #include <criterion/criterion.h>
@@ -16,7 +16,8 @@
 Test(tb_events, crc32c_of_known_vectors) {
     uint8_t zeros[32] = {0}, ones[32], inc[32];
     memset(ones, 0xff, sizeof ones);
-    for (int i = 0; i < 32; i++) inc[i] = (uint8_t)i;
+    for (int i = 0; i < 32; i++)
+        inc[i] = (uint8_t)i;
     cr_assert_eq(tb_crc32c("123456789", 9), 0xe3069283u);
     cr_assert_eq(tb_crc32c(zeros, 32), 0x8a9136aau); /* RFC 3720, B.4 */
     cr_assert_eq(tb_crc32c(ones, 32), 0x62a8ab43u);
@@ -26,7 +27,8 @@ Test(tb_events, crc32c_of_known_vectors) {
 
 Test(tb_events, masked_crc32c_as_tensorboard_computes_it) {
     uint8_t zeros[32] = {0}, inc[32];
-    for (int i = 0; i < 32; i++) inc[i] = (uint8_t)i;
+    for (int i = 0; i < 32; i++)
+        inc[i] = (uint8_t)i;
     cr_assert_eq(tb_masked_crc32c("123456789", 9), 0xc78ab0e5u);
     cr_assert_eq(tb_masked_crc32c("", 0), 0xa282ead8u);
     cr_assert_eq(tb_masked_crc32c(zeros, 32), 0x0fd7fffau);
@@ -35,8 +37,8 @@ Test(tb_events, masked_crc32c_as_tensorboard_computes_it) {
 
 Test(tb_events, a_record_frames_as_tensorboards_record_writer) {
     /* RecordWriter(f).write(b"ddprun") */
-    static const uint8_t want[] = {0x06, 0, 0, 0, 0, 0, 0, 0, 0x73, 0x69, 0xd5, 0x37, 'd', 'd',
-                                   'p', 'r', 'u', 'n', 0x87, 0xed, 0xc2, 0x33};
+    static const uint8_t want[] = {0x06, 0,   0,   0,   0,   0,   0,   0,    0x73, 0x69, 0xd5,
+                                   0x37, 'd', 'd', 'p', 'r', 'u', 'n', 0x87, 0xed, 0xc2, 0x33};
     uint8_t got[sizeof want];
     memcpy(got + TB_RECORD_HEADER_BYTES, "ddprun", 6);
     tb_record_frame("ddprun", 6, got, got + TB_RECORD_HEADER_BYTES + 6);
@@ -63,7 +65,8 @@ static int event_files(const char *dir, char names[][512], int max) {
     return k;
 }
 
-/* Every record of path verified; the payloads concatenated into out (NUL-free search via memmem). */
+/* Every record of path verified; the payloads concatenated into out (NUL-free search via memmem).
+ */
 static size_t read_records(const char *path, uint8_t *out, size_t cap, int *n_records) {
     FILE *f = fopen(path, "rb");
     cr_assert_not_null(f, "%s", path);
@@ -74,12 +77,14 @@ static size_t read_records(const char *path, uint8_t *out, size_t cap, int *n_re
     while (at < len) {
         cr_assert_geq(len - at, TB_RECORD_HEADER_BYTES + TB_RECORD_FOOTER_BYTES, "torn record");
         uint64_t n = 0;
-        for (int i = 0; i < 8; i++) n |= (uint64_t)buf[at + i] << (8 * i);
+        for (int i = 0; i < 8; i++)
+            n |= (uint64_t)buf[at + i] << (8 * i);
         cr_assert_leq(n, len - at - 16, "record length %llu past the end", (unsigned long long)n);
         uint8_t header[TB_RECORD_HEADER_BYTES], footer[TB_RECORD_FOOTER_BYTES];
         tb_record_frame(buf + at + 12, n, header, footer);
         cr_assert_arr_eq(header, buf + at, sizeof header, "record %d: bad length CRC", *n_records);
-        cr_assert_arr_eq(footer, buf + at + 12 + n, sizeof footer, "record %d: bad CRC", *n_records);
+        cr_assert_arr_eq(footer, buf + at + 12 + n, sizeof footer, "record %d: bad CRC",
+                         *n_records);
         cr_assert_leq(used + n, cap);
         memcpy(out + used, buf + at + 12, n);
         used += n;
@@ -127,7 +132,8 @@ Test(tb_events, files_hold_verified_records_and_sort_in_opening_order) {
     /* the second file's START: Event{step: 9 (field 2), session_log (7): {status: START}} */
     static const uint8_t start_at_9[] = {0x10, 0x09, 0x3a, 0x02, 0x08, 0x01};
     cr_assert_not_null(memmem(payload, len, start_at_9, sizeof start_at_9));
-    for (int i = 0; i < 2; i++) unlink(names[i]);
+    for (int i = 0; i < 2; i++)
+        unlink(names[i]);
     unlink(conf);
     rmdir(dir);
     free(dir);

@@ -1,4 +1,5 @@
-/* Unit tests of worker/conf/train_conf: defaults, parsing, overrides, and errors naming file:line:key. */
+/* Unit tests of worker/conf/train_conf: defaults, parsing, overrides, and errors naming
+ * file:line:key. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,8 @@ Test(train_conf, defaults_are_valid_and_documented) {
     cr_assert(strstr(text, "optim.lr = 0.1") && strstr(text, "snapshot.keep = 3"), "%s", text);
     /* every documented default is accepted by its own key */
     int n = 0;
-    for (char *save, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    for (char *save, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
         char section[32], key[64], value[1100] = "";
         cr_assert(sscanf(line, "%31[^.].%63s = %1099[^\t]", section, key, value) >= 2, "%s", line);
         char err[256];
@@ -121,7 +123,8 @@ Test(train_conf, loss_scaling_keys) {
     expect_error("[precision]\nloss_scale = 0.5\n", NULL, 0, "precision.loss_scale");
     expect_error("[precision]\nloss_scale = 1e39\n", NULL, 0, "precision.loss_scale");
     expect_error("[precision]\ngrowth_interval = 0\n", NULL, 0, "precision.growth_interval");
-    expect_error("[precision]\ngrowth_interval = 5000000000\n", NULL, 0, "precision.growth_interval");
+    expect_error("[precision]\ngrowth_interval = 5000000000\n", NULL, 0,
+                 "precision.growth_interval");
 }
 
 Test(train_conf, the_man_page_documents_every_key) {
@@ -136,7 +139,8 @@ Test(train_conf, the_man_page_documents_every_key) {
     FILE *f = open_memstream(&text, &len);
     train_conf_print_keys(f);
     fclose(f);
-    for (char *save, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    for (char *save, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
         char key[96], escaped[200];
         cr_assert_eq(sscanf(line, "%95s", key), 1);
         size_t j = 0;
@@ -165,16 +169,18 @@ Test(train_conf, optimizer_keys) {
     char *adam[] = {"optim.name=adam", "optim.betas=0,0.5"};
     cr_assert_eq(train_conf_load(path, adam, 2, &c, err, sizeof err), 0, "%s", err);
     cr_assert(c.optimizer == OPTIM_ADAM && c.betas[0] == 0 && c.betas[1] == 0.5);
-    expect_error("[optim]\nname = lamb\n", NULL, 0, "optim.name: 'lamb' is not one of sgd|adam|adamw");
-    const char *bad_betas[] = {"0.9", "0.9,", "0.9,0.999,0.5", "1,0.999", "0.9,1", "-0.1,0.9",
-                               "0.9;0.999", "fast,slow", "nan,0.9", "0.9,inf", ""};
+    expect_error("[optim]\nname = lamb\n", NULL, 0,
+                 "optim.name: 'lamb' is not one of sgd|adam|adamw");
+    const char *bad_betas[] = {"0.9",      "0.9,",      "0.9,0.999,0.5", "1,0.999", "0.9,1",
+                               "-0.1,0.9", "0.9;0.999", "fast,slow",     "nan,0.9", "0.9,inf",
+                               ""};
     for (size_t i = 0; i < sizeof bad_betas / sizeof *bad_betas; i++) {
         char text[128];
         snprintf(text, sizeof text, "[optim]\nname = adam\nbetas = %s\n", bad_betas[i]);
         expect_error(text, NULL, 0, "optim.betas");
         char where[256]; /* file, line, key and value */
-        snprintf(where, sizeof where, "%s:3: optim.betas: '%s' is not 2 numbers in [0, 1)",
-                 path, bad_betas[i]);
+        snprintf(where, sizeof where, "%s:3: optim.betas: '%s' is not 2 numbers in [0, 1)", path,
+                 bad_betas[i]);
         cr_assert_eq(train_conf_load(path, NULL, 0, &c, err, sizeof err), -1);
         cr_assert(strstr(err, where), "'%s' lacks '%s'", err, where);
     }

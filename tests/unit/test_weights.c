@@ -35,7 +35,8 @@ static void make(model_t *m, const char *name, int width, int side, int classes,
     char err[256];
     model_opts_t o = model_opts_default(name, width);
     o.fc_width = 24;
-    cr_assert_eq(model_init_opts(m, backend, &o, side, side, 3, classes, 2, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_init_opts(m, backend, &o, side, side, 3, classes, 2, err, sizeof err), 0,
+                 "%s", err);
     cr_assert_eq(model_init_params(m, seed), 0);
     uint64_t s = seed;
     for (size_t i = 0; i < m->n_buffers; i++) /* statistics off their initial 0 and 1 */
@@ -57,9 +58,12 @@ Test(weights, save_then_load_is_the_identity) {
         make(&b, names[k], 4, 32, 5, 2);
         const char *path = path_of("roundtrip.safetensors");
         cr_assert_eq(weights_save(&a, path, 42, err, sizeof err), 0, "%s", err);
-        cr_assert_eq(weights_load(&b, path, false, stderr, err, sizeof err), 0, "%s: %s", names[k], err);
-        cr_assert(memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0, "%s: parameters", names[k]);
-        cr_assert(memcmp(a.buffers, b.buffers, a.n_buffers * sizeof(float)) == 0, "%s: statistics", names[k]);
+        cr_assert_eq(weights_load(&b, path, false, stderr, err, sizeof err), 0, "%s: %s", names[k],
+                     err);
+        cr_assert(memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0, "%s: parameters",
+                  names[k]);
+        cr_assert(memcmp(a.buffers, b.buffers, a.n_buffers * sizeof(float)) == 0, "%s: statistics",
+                  names[k]);
         model_free(&a);
         model_free(&b);
     }
@@ -96,7 +100,8 @@ Test(weights, files_hold_pytorch_layouts) {
         for (int c = 0; c < 3; c++)
             for (int r = 0; r < 3; r++)
                 for (int s = 0; s < 3; s++)
-                    cr_assert_eq(w[((k * 3 + c) * 3 + r) * 3 + s], conv[((k * 3 + r) * 3 + s) * 3 + c]);
+                    cr_assert_eq(w[((k * 3 + c) * 3 + r) * 3 + s],
+                                 conv[((k * 3 + r) * 3 + s) * 3 + c]);
     const layer_t *fc = &m.layers[m.n_layers - 1];
     cr_assert_str_eq(fc->name, "9");
     read_tensor(path, "9.weight", w, &e);
@@ -106,7 +111,8 @@ Test(weights, files_hold_pytorch_layouts) {
         for (int c = 0; c < 6; c++)
             for (int y = 0; y < 2; y++)
                 for (int x = 0; x < 2; x++)
-                    cr_assert_eq(w[o * 24 + (c * 2 + y) * 2 + x], lin[o * 24 + (y * 2 + x) * 6 + c]);
+                    cr_assert_eq(w[o * 24 + (c * 2 + y) * 2 + x],
+                                 lin[o * 24 + (y * 2 + x) * 6 + c]);
     int64_t steps = 0;
     read_tensor(path, "1.num_batches_tracked", &steps, &e);
     cr_assert_eq(e.dtype, SAFETENSORS_I64);
@@ -126,8 +132,10 @@ Test(weights, another_shape_is_an_error_or_skipped_and_named) {
     const char *path = path_of("ten.safetensors");
     cr_assert_eq(weights_save(&ten, path, 0, err, sizeof err), 0, "%s", err);
     cr_assert_eq(weights_load(&five, path, false, stderr, err, sizeof err), -1);
-    cr_assert(strstr(err, path) && strstr(err, "tensor 'fc.weight': shape [10, 32] in the file, [5, 32] in the model"),
-              "%s", err);
+    cr_assert(
+        strstr(err, path) &&
+            strstr(err, "tensor 'fc.weight': shape [10, 32] in the file, [5, 32] in the model"),
+        "%s", err);
     float *before = malloc(five.n_params * sizeof(float));
     memcpy(before, five.params, five.n_params * sizeof(float));
     FILE *log = tmpfile();
@@ -137,11 +145,15 @@ Test(weights, another_shape_is_an_error_or_skipped_and_named) {
     size_t got = fread(text, 1, sizeof text - 1, log);
     text[got] = '\0';
     fclose(log);
-    cr_assert(strstr(text, "skipping tensor 'fc.weight'") && strstr(text, "skipping tensor 'fc.bias'"), "%s", text);
+    cr_assert(strstr(text, "skipping tensor 'fc.weight'") &&
+                  strstr(text, "skipping tensor 'fc.bias'"),
+              "%s", text);
     const layer_t *fc = &five.layers[five.n_layers - 1];
-    cr_assert(memcmp(five.params + fc->param_offset, before + fc->param_offset, fc->n_params * sizeof(float)) == 0,
+    cr_assert(memcmp(five.params + fc->param_offset, before + fc->param_offset,
+                     fc->n_params * sizeof(float)) == 0,
               "the skipped head keeps its values");
-    cr_assert(memcmp(five.params, ten.params, fc->param_offset * sizeof(float)) == 0, "the rest is the file's");
+    cr_assert(memcmp(five.params, ten.params, fc->param_offset * sizeof(float)) == 0,
+              "the rest is the file's");
     free(before);
     model_free(&ten);
     model_free(&five);
@@ -173,37 +185,51 @@ Test(weights, skipping_beyond_the_final_layer_is_refused_unless_listed) {
     FILE *log = tmpfile();
     cr_assert_eq(weights_load_init(&narrow, path, &head, log, err, sizeof err), -1);
     cr_assert_str_eq(read_log(log), "", "nothing loaded, nothing reported as loaded");
-    cr_assert(strstr(err, "tensor 'features.0.weight': shape [8, 3, 3, 3] in the file, [4, 3, 3, 3] in the model; "
-                          "tensor 'features.0.bias'"), "%s", err);
+    cr_assert(strstr(err, "tensor 'features.0.weight': shape [8, 3, 3, 3] in the file, [4, 3, 3, "
+                          "3] in the model; "
+                          "tensor 'features.0.bias'"),
+              "%s", err);
     /* 8 convs (weight, bias) and 8 batch norms (weight, bias, mean, var), and the classifier's
      * first weight (its input is 8 channels wide); the final layer (5 classes) may be skipped */
-    cr_assert(strstr(err, "and 46 more (49 of the model's 62 tensors and the file's 62 do not fit model vgg11_bn, "
-                          "final layer classifier.6)"), "%s", err);
-    cr_assert(strstr(err, "model.init_skip_mismatched skips only the final layer") && strstr(err, "model.init_skip"),
+    cr_assert(strstr(err, "and 46 more (49 of the model's 62 tensors and the file's 62 do not fit "
+                          "model vgg11_bn, "
+                          "final layer classifier.6)"),
               "%s", err);
-    cr_assert(memcmp(narrow.params, before, narrow.n_params * sizeof(float)) == 0, "a refused load changes nothing");
+    cr_assert(strstr(err, "model.init_skip_mismatched skips only the final layer") &&
+                  strstr(err, "model.init_skip"),
+              "%s", err);
+    cr_assert(memcmp(narrow.params, before, narrow.n_params * sizeof(float)) == 0,
+              "a refused load changes nothing");
     /* listed, they are skipped on purpose; the new head of 5 classes is skipped as such */
     weights_skip_t listed = {.is_skip_head = true, .skip = "features.*, classifier.0.weight"};
     log = tmpfile();
     cr_assert_eq(weights_load_init(&narrow, path, &listed, log, err, sizeof err), 0, "%s", err);
     char *text = read_log(log);
-    cr_assert(strstr(text, "loaded 3 of the model's 62 tensors; skipped 59, which keep their drawn initial values "
-                           "(model.init_skip, model.init_skip_mismatched): features.0.weight, features.0.bias,"),
-              "%s", text);
+    cr_assert(
+        strstr(
+            text,
+            "loaded 3 of the model's 62 tensors; skipped 59, which keep their drawn initial values "
+            "(model.init_skip, model.init_skip_mismatched): features.0.weight, features.0.bias,"),
+        "%s", text);
     cr_assert(strstr(text, "and 51 more\n"), "%s", text);
-    cr_assert(strstr(text, "skipping tensor 'classifier.6.weight': shape [10, 24] in the file, [5, 24] in the model"),
+    cr_assert(strstr(text, "skipping tensor 'classifier.6.weight': shape [10, 24] in the file, [5, "
+                           "24] in the model"),
               "%s", text);
     const layer_t *fc = &narrow.layers[narrow.n_layers - 1];
-    cr_assert(memcmp(narrow.params + fc->param_offset, before + fc->param_offset, fc->n_params * sizeof(float)) == 0,
+    cr_assert(memcmp(narrow.params + fc->param_offset, before + fc->param_offset,
+                     fc->n_params * sizeof(float)) == 0,
               "the skipped head: as drawn");
     size_t features = 0; /* the parameters before the classifier's */
     for (int i = 0; i < narrow.n_layers; i++)
-        if (strncmp(narrow.layers[i].name, "classifier.", 11) == 0 && !features) features = narrow.layers[i].param_offset;
-    cr_assert(features > 0 && memcmp(narrow.params, before, features * sizeof(float)) == 0, "skipped: as drawn");
+        if (strncmp(narrow.layers[i].name, "classifier.", 11) == 0 && !features)
+            features = narrow.layers[i].param_offset;
+    cr_assert(features > 0 && memcmp(narrow.params, before, features * sizeof(float)) == 0,
+              "skipped: as drawn");
     /* a name that matches nothing is a typo, not a skip */
     weights_skip_t typo = {.skip = "clasifier.6.*"};
     cr_assert_eq(weights_load_init(&narrow, path, &typo, NULL, err, sizeof err), -1);
-    cr_assert(strstr(err, "model.init_skip: 'clasifier.6.*' names no tensor of the model nor of"), "%s", err);
+    cr_assert(strstr(err, "model.init_skip: 'clasifier.6.*' names no tensor of the model nor of"),
+              "%s", err);
     /* a strict load of a file that fits says so */
     log = tmpfile();
     cr_assert_eq(weights_load_init(&wide, path, NULL, log, err, sizeof err), 0, "%s", err);
@@ -224,18 +250,22 @@ Test(weights, tags_are_kept_in_the_metadata) {
     const char *path = path_of("tagged.safetensors");
     const char *tags[] = {"ddpworker.best_value", "0.25", "ddpworker.best_step", "12", NULL};
     cr_assert_eq(weights_save_tagged(&a, path, 12, tags, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(weights_read_tag(path, "ddpworker.best_value", value, sizeof value, err, sizeof err), 1);
+    cr_assert_eq(
+        weights_read_tag(path, "ddpworker.best_value", value, sizeof value, err, sizeof err), 1);
     cr_assert_str_eq(value, "0.25");
     cr_assert_eq(weights_read_tag(path, "model", value, sizeof value, err, sizeof err), 1);
     cr_assert_str_eq(value, "cnn");
-    cr_assert_eq(weights_read_tag(path, "ddpworker.nothing", value, sizeof value, err, sizeof err), 0);
+    cr_assert_eq(weights_read_tag(path, "ddpworker.nothing", value, sizeof value, err, sizeof err),
+                 0);
     cr_assert_eq(weights_load(&b, path, false, stderr, err, sizeof err), 0, "%s", err);
     cr_assert(memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0);
     cr_assert_eq(weights_read_tag(path_of("none.safetensors"), "model", value, sizeof value, err,
-                                  sizeof err), -1);
+                                  sizeof err),
+                 -1);
     cr_assert(strstr(err, "none.safetensors"), "%s", err);
     const char *too_many[2 * WEIGHTS_MAX_TAGS + 3] = {0};
-    for (int i = 0; i < 2 * WEIGHTS_MAX_TAGS + 2; i++) too_many[i] = "x";
+    for (int i = 0; i < 2 * WEIGHTS_MAX_TAGS + 2; i++)
+        too_many[i] = "x";
     cr_assert_eq(weights_save_tagged(&a, path, 12, too_many, err, sizeof err), -1);
     cr_assert(strstr(err, "more than 8 tags"), "%s", err);
     model_free(&a);

@@ -66,6 +66,8 @@ int comm_agree_all(store_client_t *store, const char *key_prefix, const char *qu
  * chunk by chunk; host memory passes straight through. Takes ownership of inner. */
 int comm_staged_create(comm_t *inner, backend_t *backend, comm_t **out);
 
-static inline const char *comm_error(const comm_t *c) { return c->err; }
+static inline const char *comm_error(const comm_t *c) {
+    return c->err;
+}
 
 #endif

@@ -446,7 +446,9 @@ static int accept_prev(ring_t *r, int listen_fd, uint64_t job_hash, int64_t dead
                       sizeof from_host);
         tune_socket(fd);
         ring_hello_t h;
-        int64_t hello_deadline = (int64_t)clock_now_ms() + 5000 < deadline_ms ? (int64_t)clock_now_ms() + 5000 : deadline_ms;
+        int64_t hello_deadline = (int64_t)clock_now_ms() + 5000 < deadline_ms
+                                     ? (int64_t)clock_now_ms() + 5000
+                                     : deadline_ms;
         rc = io_all(fd, &h, sizeof h, false, hello_deadline);
         if (rc < 0) {
             snprintf(stray, sizeof stray, "a connection from %s sent no hello (%s)", from_host,

@@ -1,7 +1,8 @@
 /* comm_staged: collectives over GPU memory through a host-memory transport (the ring), for ranks
  * that share a GPU, where NCCL refuses to run. Each call on device memory copies a chunk to the
  * host, runs the inner collective on it and copies the result back, chunk after chunk; host
- * memory passes straight through. Sums and broadcasts are elementwise, so chunking changes no bit. */
+ * memory passes straight through. Sums and broadcasts are elementwise, so chunking changes no bit.
+ */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,9 @@ typedef struct {
     unsigned char *host; /* STAGE_BYTES */
 } staged_t;
 
-static staged_t *staged_of(comm_t *c) { return (staged_t *)c; }
+static staged_t *staged_of(comm_t *c) {
+    return (staged_t *)c;
+}
 
 /* The inner error, so that comm_error names the peer that failed. */
 static int fail(staged_t *s, int rc) {
@@ -28,7 +31,8 @@ static int fail(staged_t *s, int rc) {
 
 typedef int (*chunk_fn)(comm_t *inner, void *host, size_t n_bytes, int root);
 
-static int through_host(staged_t *s, void *data, size_t n_bytes, size_t unit, int root, chunk_fn fn) {
+static int through_host(staged_t *s, void *data, size_t n_bytes, size_t unit, int root,
+                        chunk_fn fn) {
     const backend_memory_i *mem = s->backend->mem;
     size_t chunk = STAGE_BYTES / unit * unit;
     for (size_t at = 0; at < n_bytes; at += chunk) {
@@ -55,7 +59,9 @@ static int broadcast_chunk(comm_t *inner, void *host, size_t n_bytes, int root) 
     return inner->ops->broadcast(inner, host, n_bytes, root);
 }
 
-static bool is_device(staged_t *s, const void *p) { return s->backend->mem->is_device(s->backend, p); }
+static bool is_device(staged_t *s, const void *p) {
+    return s->backend->mem->is_device(s->backend, p);
+}
 
 static int staged_allreduce_f32(comm_t *c, float *data, size_t n) {
     staged_t *s = staged_of(c);

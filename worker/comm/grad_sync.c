@@ -8,7 +8,8 @@ static void *bucket_thread(void *arg) {
     grad_sync_t *g = arg;
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!g->is_stopping && g->n_done == g->n_queued) pthread_cond_wait(&g->cv, &g->mu);
+        while (!g->is_stopping && g->n_done == g->n_queued)
+            pthread_cond_wait(&g->cv, &g->mu);
         if (g->is_stopping) break;
         int i = g->n_done;
         size_t start = g->bucket_start[i], end = i ? g->bucket_start[i - 1] : g->n_elems;
@@ -33,7 +34,8 @@ int grad_sync_init(grad_sync_t *g, comm_t *comm, float *grads, size_t n_elems,
     size_t n = (n_elems + per - 1) / per;
     g->bucket_start = calloc(n ? n : 1, sizeof *g->bucket_start);
     if (!g->bucket_start) return -ENOMEM;
-    for (size_t i = 0; i < n; i++) g->bucket_start[i] = n_elems > (i + 1) * per ? n_elems - (i + 1) * per : 0;
+    for (size_t i = 0; i < n; i++)
+        g->bucket_start[i] = n_elems > (i + 1) * per ? n_elems - (i + 1) * per : 0;
     g->n_buckets = (int)n;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
@@ -70,7 +72,8 @@ void grad_sync_ready(void *arg, size_t ready_from) {
     grad_sync_t *g = arg;
     pthread_mutex_lock(&g->mu);
     int before = g->n_queued;
-    while (g->n_queued < g->n_buckets && g->bucket_start[g->n_queued] >= ready_from) g->n_queued++;
+    while (g->n_queued < g->n_buckets && g->bucket_start[g->n_queued] >= ready_from)
+        g->n_queued++;
     if (g->n_queued != before) pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
@@ -78,7 +81,8 @@ void grad_sync_ready(void *arg, size_t ready_from) {
 int grad_sync_finish(grad_sync_t *g) {
     grad_sync_ready(g, 0);
     pthread_mutex_lock(&g->mu);
-    while (g->n_done < g->n_buckets) pthread_cond_wait(&g->cv, &g->mu);
+    while (g->n_done < g->n_buckets)
+        pthread_cond_wait(&g->cv, &g->mu);
     int rc = g->rc;
     pthread_mutex_unlock(&g->mu);
     return rc;

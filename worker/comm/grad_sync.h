@@ -16,13 +16,13 @@ typedef struct {
     comm_t *comm;
     float *grads;
     size_t n_elems;
-    size_t *bucket_start;   /* bucket i covers [bucket_start[i], i ? bucket_start[i-1] : n_elems) */
+    size_t *bucket_start; /* bucket i covers [bucket_start[i], i ? bucket_start[i-1] : n_elems) */
     int n_buckets;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int n_queued, n_done;   /* this step's buckets handed over / reduced */
-    int rc;                 /* first failure, 0 if none */
+    int n_queued, n_done; /* this step's buckets handed over / reduced */
+    int rc;               /* first failure, 0 if none */
     bool is_stopping, has_thread;
 } grad_sync_t;
 

@@ -12,12 +12,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+static bool is_blank(char c) {
+    return c == ' ' || c == '\t' || c == '\r';
+}
 
 static char *trim(char *s) {
-    while (is_blank(*s)) s++;
+    while (is_blank(*s))
+        s++;
     size_t n = strlen(s);
-    while (n && is_blank(s[n - 1])) s[--n] = '\0';
+    while (n && is_blank(s[n - 1]))
+        s[--n] = '\0';
     return s;
 }
 
@@ -40,7 +44,7 @@ static int check_text(const char *path, const char *text, size_t n, char *err, s
             column = 0;
         } else if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) {
             return ddp_errf(err, err_len, "%s:%d: byte 0x%02x at column %d: not a text file", path,
-                        line, c, column);
+                            line, c, column);
         }
     }
     return 0;
@@ -64,33 +68,36 @@ int ini_file_parse_text(const char *path, char *text, size_t n_bytes, ini_file_c
         if (*s == '[') {
             char *close = strchr(s, ']');
             if (!close)
-                return ddp_errf(err, err_len, "%s:%d: section header '%.60s' is not closed with ']'",
-                            path, line, s);
+                return ddp_errf(err, err_len,
+                                "%s:%d: section header '%.60s' is not closed with ']'", path, line,
+                                s);
             *close = '\0';
             char *rest = trim(close + 1);
             if (*rest && *rest != ';' && *rest != '#')
                 return ddp_errf(err, err_len, "%s:%d: text after the section header [%.60s]", path,
-                            line, s + 1);
+                                line, s + 1);
             char *name = trim(s + 1);
             if (!*name) return ddp_errf(err, err_len, "%s:%d: empty section name '[]'", path, line);
             if (strlen(name) >= sizeof section)
-                return ddp_errf(err, err_len, "%s:%d: section name longer than %zu bytes", path, line,
-                            sizeof section - 1);
+                return ddp_errf(err, err_len, "%s:%d: section name longer than %zu bytes", path,
+                                line, sizeof section - 1);
             strcpy(section, name);
             continue;
         }
         char *eq = s + strcspn(s, "=:");
         if (!*eq)
-            return ddp_errf(err, err_len, "%s:%d: '%.60s' is not 'key = value', '[section]' or a "
-                        "comment", path, line, s);
+            return ddp_errf(err, err_len,
+                            "%s:%d: '%.60s' is not 'key = value', '[section]' or a "
+                            "comment",
+                            path, line, s);
         *eq = '\0';
         char *key = trim(s), *value = eq + 1;
         cut_inline_comment(value - 1);
         value = trim(value);
         if (!*key) return ddp_errf(err, err_len, "%s:%d: a value without a key", path, line);
         if (!*section)
-            return ddp_errf(err, err_len, "%s:%d: key '%.60s' comes before any [section]", path, line,
-                        key);
+            return ddp_errf(err, err_len, "%s:%d: key '%.60s' comes before any [section]", path,
+                            line, key);
         char msg[768];
         if (cb(user, section, key, value, line, msg, sizeof msg) < 0)
             return ddp_errf(err, err_len, "%s:%d: %s", path, line, msg);
@@ -111,12 +118,12 @@ int ini_file_parse(const char *path, ini_file_cb cb, void *user, char *err, size
     if (!S_ISREG(st.st_mode)) {
         close(fd);
         return ddp_errf(err, err_len, "%s: %s, not a train.conf file", path,
-                    S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
+                        S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
     }
     if ((size_t)st.st_size > INI_FILE_MAX_BYTES) {
         close(fd);
         return ddp_errf(err, err_len, "%s: %lld bytes; a train.conf has at most %zu", path,
-                    (long long)st.st_size, INI_FILE_MAX_BYTES);
+                        (long long)st.st_size, INI_FILE_MAX_BYTES);
     }
     char *text = malloc((size_t)st.st_size + 1);
     if (!text) {

@@ -29,7 +29,8 @@ typedef struct {
 static const key_spec_t keys[] = {
     {"model", "name", KEY_ENUM, F(model), 0, 0,
      "mlp|cnn|resnet18|resnet34|resnet50|resnet101|resnet152|vgg11|vgg11_bn|vgg13|vgg13_bn|vgg16|"
-     "vgg16_bn|vgg19|vgg19_bn", "cnn", "the network (torchvision's resnets and vggs)"},
+     "vgg16_bn|vgg19|vgg19_bn",
+     "cnn", "the network (torchvision's resnets and vggs)"},
     {"model", "width", KEY_INT, F(width), 1, 4096, NULL, "64",
      "base channels (64: torchvision's) / hidden units"},
     {"model", "classes", KEY_INT, F(model_classes), 0, 1000000, NULL, "0",
@@ -38,7 +39,8 @@ static const key_spec_t keys[] = {
      "resnets' first layers: imagenet (7x7/2 conv, bn, relu, 3x3/2 max-pool) or cifar (3x3/1 "
      "conv, bn, relu); auto: imagenet when both image sides are at least 64 pixels"},
     {"model", "zero_init_residual", KEY_BOOL, F(is_zero_init_residual), 0, 0, NULL, "false",
-     "resnets: each block's last batch norm starts with gamma 0 (torchvision's zero_init_residual)"},
+     "resnets: each block's last batch norm starts with gamma 0 (torchvision's "
+     "zero_init_residual)"},
     {"model", "fc_width", KEY_INT, F(fc_width), 1, 65536, NULL, "4096",
      "vggs: the classifier's hidden width"},
     {"model", "dropout", KEY_DOUBLE, F(dropout), 0, 0.99, NULL, "0.5",
@@ -76,10 +78,12 @@ static const key_spec_t keys[] = {
     {"data", "image_size", KEY_INT, F(image_size), 8, 4096, NULL, "224",
      "imagefolder: the side of the square samples"},
     {"data", "train_transform", KEY_ENUM, F(train_transform), 0, 0, "random-resized-crop|resize",
-     "random-resized-crop", "imagefolder: torchvision's RandomResizedCrop (scale 0.08-1, ratio "
+     "random-resized-crop",
+     "imagefolder: torchvision's RandomResizedCrop (scale 0.08-1, ratio "
      "3/4-4/3) and a horizontal flip, or a Resize to image_size x image_size"},
     {"data", "eval_transform", KEY_ENUM, F(eval_transform), 0, 0, "resize-center-crop|resize",
-     "resize-center-crop", "imagefolder: the shorter side to int(image_size/0.875) then the "
+     "resize-center-crop",
+     "imagefolder: the shorter side to int(image_size/0.875) then the "
      "centre crop, or a Resize to image_size x image_size"},
     {"data", "mean", KEY_PAIR, F(mean), -1e3, 1e3, "auto", "auto",
      "per-channel mean (0..1 scale) subtracted (auto: ImageNet's for imagefolder, the dataset's "
@@ -105,8 +109,8 @@ static const key_spec_t keys[] = {
      "adam, adamw: added to the denominator"},
     {"optim", "label_smoothing", KEY_DOUBLE, F(label_smoothing), 0, 0.999, NULL, "0",
      "label smoothing of the loss"},
-    {"optim", "schedule", KEY_ENUM, F(schedule), 0, 0, "constant|step|cosine|one-cycle",
-     "cosine", "learning-rate schedule"},
+    {"optim", "schedule", KEY_ENUM, F(schedule), 0, 0, "constant|step|cosine|one-cycle", "cosine",
+     "learning-rate schedule"},
     {"optim", "warmup_epochs", KEY_DOUBLE, F(warmup_epochs), 0, 1e6, NULL, "0",
      "linear warm-up length"},
     {"optim", "step_every_epochs", KEY_INT, F(step_every_epochs), 1, 1e6, NULL, "30",
@@ -141,9 +145,12 @@ static const key_spec_t keys[] = {
      "restarts), and test them at the end"},
     {"train", "best_file", KEY_STRING, F(best_file), 0, 0, NULL, "",
      "where train.best_by keeps the best weights (written atomically, as train.params_file)"},
-    {"train", "log_interval", KEY_INT, F(log_interval), 1, 1e12, NULL, "50", "progress line period"},
-    {"snapshot", "dir", KEY_STRING, F(snapshot_dir), 0, 0, NULL, "", "snapshots here (empty: none)"},
-    {"snapshot", "every", KEY_INT, F(snapshot_every), 0, 1e12, NULL, "0", "steps between snapshots"},
+    {"train", "log_interval", KEY_INT, F(log_interval), 1, 1e12, NULL, "50",
+     "progress line period"},
+    {"snapshot", "dir", KEY_STRING, F(snapshot_dir), 0, 0, NULL, "",
+     "snapshots here (empty: none)"},
+    {"snapshot", "every", KEY_INT, F(snapshot_every), 0, 1e12, NULL, "0",
+     "steps between snapshots"},
     {"snapshot", "every_memory", KEY_INT, F(snapshot_every_memory), 0, 1e12, NULL, "1",
      "steps between snapshots into the agent's shared memory (under ddprun; 0: none)"},
     {"snapshot", "keep", KEY_INT, F(snapshot_keep), 1, 1e6, NULL, "3", "newest snapshots kept"},
@@ -208,7 +215,8 @@ static int set_value(train_conf_t *c, const key_spec_t *k, const char *v, char *
         double x[8];
         size_t n = k->size / sizeof(double);
         if (k->values && strcmp(v, "auto") == 0) { /* "auto": NaN, which the user of it replaces */
-            for (size_t i = 0; i < n; i++) x[i] = NAN;
+            for (size_t i = 0; i < n; i++)
+                x[i] = NAN;
             memcpy(field, x, n * sizeof(double));
             return 0;
         }
@@ -231,8 +239,10 @@ static int set_value(train_conf_t *c, const key_spec_t *k, const char *v, char *
             const char *bar = strchr(p, '|');
             size_t n = bar ? (size_t)(bar - p) : strlen(p);
             if (n == vlen && strncmp(p, v, n) == 0) {
-                if (k->size == sizeof(int)) *(int *)field = index; /* a C enum */
-                else snprintf(field, k->size, "%s", v);          /* kept as text (model) */
+                if (k->size == sizeof(int))
+                    *(int *)field = index; /* a C enum */
+                else
+                    snprintf(field, k->size, "%s", v); /* kept as text (model) */
                 return 0;
             }
             p += n + (bar != NULL);
@@ -250,10 +260,11 @@ int train_conf_set(train_conf_t *c, const char *section, const char *key, const 
             return set_value(c, &keys[i], value, err, err_len);
     for (size_t i = 0; i < N_KEYS; i++)
         if (!strcmp(keys[i].section, section))
-            return fail(err, err_len, NULL, "%s.%s: unknown key (see train.conf(5))", section,
-                        key);
-    return fail(err, err_len, NULL, "%s.%s: unknown section [%s] (model, data, optim, train, "
-                                    "snapshot, precision)", section, key, section);
+            return fail(err, err_len, NULL, "%s.%s: unknown key (see train.conf(5))", section, key);
+    return fail(err, err_len, NULL,
+                "%s.%s: unknown section [%s] (model, data, optim, train, "
+                "snapshot, precision)",
+                section, key, section);
 }
 
 void train_conf_default(train_conf_t *c) {
@@ -311,7 +322,6 @@ int train_conf_load(const char *path, char *const *overrides, int n_overrides, t
 
 void train_conf_print_keys(FILE *f) {
     for (size_t i = 0; i < N_KEYS; i++)
-        fprintf(f, "%s.%s = %s\t%s%s%s\n", keys[i].section, keys[i].key, keys[i].def,
-                keys[i].help, keys[i].values ? "; one of " : "",
-                keys[i].values ? keys[i].values : "");
+        fprintf(f, "%s.%s = %s\t%s%s%s\n", keys[i].section, keys[i].key, keys[i].def, keys[i].help,
+                keys[i].values ? "; one of " : "", keys[i].values ? keys[i].values : "");
 }

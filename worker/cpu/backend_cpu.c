@@ -27,7 +27,9 @@ typedef struct {
 
 void openblas_set_num_threads(int num_threads); /* not in every cblas.h */
 
-static cpu_t *cpu_of(backend_t *b) { return (cpu_t *)b; }
+static cpu_t *cpu_of(backend_t *b) {
+    return (cpu_t *)b;
+}
 
 static void *cpu_alloc(backend_t *b, size_t n_bytes) {
     (void)b;
@@ -71,14 +73,16 @@ static void cpu_copy(backend_t *b, void *dst, const void *src, size_t n_bytes) {
 
 static void cpu_fill(backend_t *b, float *x, float value, size_t n) {
     (void)b;
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) x[i] = value;
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        x[i] = value;
 }
 
 static void cpu_scale(backend_t *b, float *x, float factor, size_t n) {
     (void)b;
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) x[i] *= factor;
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        x[i] *= factor;
 }
 
 /* ---- convolution: per image, columns (OH*OW, R*S*C) then one GEMM ---- */
@@ -100,7 +104,8 @@ static void im2col(const conv_shape_t *s, const float *x, float *col) {
                     if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) {
                         memset(dst, 0, sizeof(float) * (size_t)s->c);
                     } else {
-                        memcpy(dst, x + ((size_t)iy * s->w + ix) * s->c, sizeof(float) * (size_t)s->c);
+                        memcpy(dst, x + ((size_t)iy * s->w + ix) * s->c,
+                               sizeof(float) * (size_t)s->c);
                     }
                 }
             }
@@ -120,7 +125,8 @@ static void col2im_add(const conv_shape_t *s, const float *col, float *dx) {
                     int ix = ox * s->stride - s->pad + kx;
                     if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) continue;
                     float *d = dx + ((size_t)iy * s->w + ix) * s->c;
-                    for (int ci = 0; ci < s->c; ci++) d[ci] += src[ci];
+                    for (int ci = 0; ci < s->c; ci++)
+                        d[ci] += src[ci];
                 }
             }
         }
@@ -149,7 +155,8 @@ static void cpu_conv2d_forward(backend_t *b, const conv_shape_t *s, const float 
     for (int i = 0; i < s->n; i += chunk) {
         int m = s->n - i < chunk ? s->n - i : chunk;
 #pragma omp parallel for schedule(static)
-        for (int j = 0; j < m; j++) im2col(s, x + (size_t)(i + j) * in_image, c->workspace + j * col_image);
+        for (int j = 0; j < m; j++)
+            im2col(s, x + (size_t)(i + j) * in_image, c->workspace + j * col_image);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m * p, s->k, rsc, 1.0f, c->workspace,
                     rsc, w, rsc, 0.0f, y + (size_t)i * p * s->k, s->k);
     }
@@ -165,8 +172,9 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
         int m = s->n * p;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, m, 1.0f, dy, s->k, x, rsc,
                     1.0f, dw, rsc);
-        if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, rsc, s->k, 1.0f, dy,
-                            s->k, w, rsc, s->is_dx_written ? 0.0f : 1.0f, dx, rsc);
+        if (dx)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, rsc, s->k, 1.0f, dy, s->k, w,
+                        rsc, s->is_dx_written ? 0.0f : 1.0f, dx, rsc);
         return;
     }
     int chunk = conv_chunk(c, s);
@@ -174,7 +182,8 @@ static void cpu_conv2d_backward(backend_t *b, const conv_shape_t *s, const float
         int m = s->n - i < chunk ? s->n - i : chunk;
         const float *dyi = dy + (size_t)i * p * s->k;
 #pragma omp parallel for schedule(static)
-        for (int j = 0; j < m; j++) im2col(s, x + (size_t)(i + j) * in_image, c->workspace + j * col_image);
+        for (int j = 0; j < m; j++)
+            im2col(s, x + (size_t)(i + j) * in_image, c->workspace + j * col_image);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s->k, rsc, m * p, 1.0f, dyi, s->k,
                     c->workspace, rsc, 1.0f, dw, rsc);
         if (!dx) continue;
@@ -202,12 +211,15 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
         FOR_CHANNEL_BLOCK(c, j0, j1)
         /* restrict: vectorized over the channels (backend_cpu_fused.c says why) */
         double *restrict s1 = sum, *restrict s2 = sq;
-        for (int j = j0; j < j1; j++) s1[j] = s2[j] = 0;
+        for (int j = j0; j < j1; j++)
+            s1[j] = s2[j] = 0;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c;
-            for (int j = j0; j < j1; j++) s1[j] += xi[j];
+            for (int j = j0; j < j1; j++)
+                s1[j] += xi[j];
         }
-        for (int j = j0; j < j1; j++) s1[j] /= (double)rows;
+        for (int j = j0; j < j1; j++)
+            s1[j] /= (double)rows;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c;
             for (int j = j0; j < j1; j++) {
@@ -227,12 +239,14 @@ static void cpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, const 
     /* (x - mean) first: folding the mean into the offset (x * mul + beta - mean * mul) cancels
      * catastrophically when a channel's mean is large next to its spread */
     float *mul = (float *)(sq + c);
-    for (int j = 0; j < c; j++) mul[j] = save_invstd[j] * gamma[j];
+    for (int j = 0; j < c; j++)
+        mul[j] = save_invstd[j] * gamma[j];
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] = (xi[j] - save_mean[j]) * mul[j] + beta[j];
+        for (int j = 0; j < c; j++)
+            yi[j] = (xi[j] - save_mean[j]) * mul[j] + beta[j];
     }
 }
 
@@ -242,12 +256,14 @@ static void cpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, const f
                                        float eps) {
     cpu_t *cb = cpu_of(b);
     float *mul = cb->workspace;
-    for (int j = 0; j < c; j++) mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
+    for (int j = 0; j < c; j++)
+        mul[j] = gamma[j] / sqrtf(running_var[j] + eps);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c;
         float *yi = y + i * (size_t)c;
-        for (int j = 0; j < c; j++) yi[j] = (xi[j] - running_mean[j]) * mul[j] + beta[j];
+        for (int j = 0; j < c; j++)
+            yi[j] = (xi[j] - running_mean[j]) * mul[j] + beta[j];
     }
 }
 
@@ -260,8 +276,10 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
 #pragma omp parallel
     {
         FOR_CHANNEL_BLOCK(c, j0, j1)
-        double *restrict s_dy = sum_dy, *restrict s_dy_xhat = sum_dy_xhat; /* vectorized, as above */
-        for (int j = j0; j < j1; j++) s_dy[j] = s_dy_xhat[j] = 0;
+        double *restrict s_dy = sum_dy, *restrict s_dy_xhat =
+                                            sum_dy_xhat; /* vectorized, as above */
+        for (int j = j0; j < j1; j++)
+            s_dy[j] = s_dy_xhat[j] = 0;
         for (size_t i = 0; i < rows; i++) {
             const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
             for (int j = j0; j < j1; j++) {
@@ -286,7 +304,8 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
     for (size_t i = 0; i < rows; i++) {
         const float *xi = x + i * (size_t)c, *dyi = dy + i * (size_t)c;
         float *dxi = dx + i * (size_t)c;
-        for (int j = 0; j < c; j++) dxi[j] += k_dy[j] * dyi[j] + k_x[j] * (xi[j] - save_mean[j]) + k_0[j];
+        for (int j = 0; j < c; j++)
+            dxi[j] += k_dy[j] * dyi[j] + k_x[j] * (xi[j] - save_mean[j]) + k_0[j];
     }
 }
 
@@ -294,13 +313,14 @@ static void cpu_batchnorm_backward(backend_t *b, size_t rows, int c, const float
 
 static void cpu_relu_forward(backend_t *b, const float *x, float *y, size_t n) {
     (void)b;
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 static void cpu_relu_backward(backend_t *b, const float *y, const float *dy, float *dx, size_t n) {
     (void)b;
-    #pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) {
         float d = dy[i]; /* loaded whatever y says: a load in only one arm keeps the loop scalar */
         dx[i] += y[i] > 0.0f ? d : 0.0f;
@@ -309,14 +329,16 @@ static void cpu_relu_backward(backend_t *b, const float *y, const float *dy, flo
 
 static void cpu_add_forward(backend_t *b, const float *x1, const float *x2, float *y, size_t n) {
     (void)b;
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) y[i] = x1[i] + x2[i];
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        y[i] = x1[i] + x2[i];
 }
 
 static void cpu_accumulate(backend_t *b, const float *dy, float *dx, size_t n) {
     (void)b;
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) dx[i] += dy[i];
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        dx[i] += dy[i];
 }
 
 /* ---- linear ---- */
@@ -325,7 +347,8 @@ static void cpu_linear_forward(backend_t *b, int n, int in, int out, const float
                                const float *bias, float *y) {
     cpu_t *c = cpu_of(b);
     if (c->dnnl && cpu_dnnl_linear_forward(c->dnnl, n, in, out, x, w, bias, y) == 0) return;
-    for (int i = 0; i < n; i++) memcpy(y + (size_t)i * out, bias, sizeof(float) * (size_t)out);
+    for (int i = 0; i < n; i++)
+        memcpy(y + (size_t)i * out, bias, sizeof(float) * (size_t)out);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, 1.0f, y,
                 out);
 }
@@ -335,25 +358,28 @@ static void cpu_linear_backward(backend_t *b, int n, int in, int out, const floa
                                 float *dbias) {
     cpu_t *c = cpu_of(b);
     for (int i = 0; i < n; i++)
-        for (int o = 0; o < out; o++) dbias[o] += dy[(size_t)i * out + o];
+        for (int o = 0; o < out; o++)
+            dbias[o] += dy[(size_t)i * out + o];
     if (c->dnnl && cpu_dnnl_linear_backward(c->dnnl, n, in, out, x, w, dy, dx, dw) == 0) return;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f,
-                dw, in);
-    if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w,
-                        in, 1.0f, dx, in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw,
+                in);
+    if (dx)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in,
+                    1.0f, dx, in);
 }
 
 /* ---- loss ---- */
 
-static void cpu_softmax_xent(backend_t *b, int n, int k, const float *logits,
-                             const int32_t *labels, float smoothing, float grad_scale,
-                             const loss_scale_t *ls, float *dlogits, float *loss_sum) {
+static void cpu_softmax_xent(backend_t *b, int n, int k, const float *logits, const int32_t *labels,
+                             float smoothing, float grad_scale, const loss_scale_t *ls,
+                             float *dlogits, float *loss_sum) {
     (void)b;
     double total = 0, d_scale = (double)grad_scale * (ls ? ls->scale : 1.0f);
     for (int i = 0; i < n; i++) {
         const float *z = logits + (size_t)i * k;
         float zmax = z[0];
-        for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
+        for (int j = 1; j < k; j++)
+            zmax = z[j] > zmax ? z[j] : zmax;
         double sum_exp = 0, sum_z = 0;
         for (int j = 0; j < k; j++) {
             sum_exp += exp((double)z[j] - zmax);
@@ -382,7 +408,7 @@ static void cpu_sgd_step(backend_t *b, float *params, const float *grads, float 
     (void)b;
     if (ls && ls->found_inf) return;
     if (ls) grad_scale /= ls->scale;
-    #pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale + weight_decay * params[i];
         float m = momentum * momentum_buf[i] + g;
@@ -400,7 +426,7 @@ static void cpu_adam_step(backend_t *b, float *params, const float *grads, float
     if (ls) grad_scale /= ls->scale;
     const adam_scalars_t s = adam_scalars(h);
     const adam_count_t c = *count;
-    #pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++)
         adam_update(&params[i], &exp_avg[i], &exp_avg_sq[i], grads[i] * grad_scale, &c, &s);
 }
@@ -408,8 +434,9 @@ static void cpu_adam_step(backend_t *b, float *params, const float *grads, float
 static void cpu_loss_scale_check(backend_t *b, const float *x, size_t n, loss_scale_t *ls) {
     (void)b;
     int has_nonfinite = 0;
-    #pragma omp parallel for schedule(static) reduction(| : has_nonfinite) if (n > 32768)
-    for (size_t i = 0; i < n; i++) has_nonfinite |= !isfinite(x[i]);
+#pragma omp parallel for schedule(static) reduction(| : has_nonfinite) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        has_nonfinite |= !isfinite(x[i]);
     if (has_nonfinite) ls->found_inf = 1;
 }
 
@@ -423,7 +450,7 @@ static void cpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t
                               float *out, int32_t *labels_out) {
     (void)b;
     size_t sample = (size_t)h * w * c;
-    #pragma omp parallel for schedule(static) if (n > 16)
+#pragma omp parallel for schedule(static) if (n > 16)
     for (int i = 0; i < n; i++) {
         augment_apply(&jobs[i].choice, &norm, images + sample * (size_t)jobs[i].index, h, w, c,
                       out + sample * (size_t)i);
@@ -449,7 +476,8 @@ static const backend_memory_i cpu_mem = {
     .destroy = cpu_destroy,
 };
 
-/* ---- the table's ops: tensor descriptors (backend.h) to the fp32 pointers the code above takes ---- */
+/* ---- the table's ops: tensor descriptors (backend.h) to the fp32 pointers the code above takes
+ * ---- */
 
 #define F32 backend_cpu__f32
 
@@ -487,10 +515,9 @@ static void op_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_des
                                     unsigned flags, tensor_desc_t y, float *save_mean,
                                     float *save_invstd, float *running_mean, float *running_var,
                                     float momentum, float eps) {
-    backend_cpu__bn_act_forward_train(b, rows, c, F32(x), gamma, beta,
-                                      residual.data ? F32(residual) : NULL, flags, F32(y),
-                                      save_mean, save_invstd, running_mean, running_var, momentum,
-                                      eps);
+    backend_cpu__bn_act_forward_train(
+        b, rows, c, F32(x), gamma, beta, residual.data ? F32(residual) : NULL, flags, F32(y),
+        save_mean, save_invstd, running_mean, running_var, momentum, eps);
 }
 static void op_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x,
                                    const float *gamma, const float *beta, tensor_desc_t residual,
@@ -501,13 +528,12 @@ static void op_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc
                                      running_mean, running_var, eps);
 }
 static void op_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x,
-                               const float *gamma, const float *save_mean,
-                               const float *save_invstd, tensor_desc_t y, tensor_desc_t dy,
-                               unsigned flags, tensor_desc_t dx, tensor_desc_t dresidual,
-                               float *dgamma, float *dbeta) {
-    backend_cpu__bn_act_backward(b, rows, c, F32(x), gamma, save_mean, save_invstd, F32(y),
-                                 F32(dy), flags, F32(dx),
-                                 dresidual.data ? F32(dresidual) : NULL, dgamma, dbeta);
+                               const float *gamma, const float *save_mean, const float *save_invstd,
+                               tensor_desc_t y, tensor_desc_t dy, unsigned flags, tensor_desc_t dx,
+                               tensor_desc_t dresidual, float *dgamma, float *dbeta) {
+    backend_cpu__bn_act_backward(b, rows, c, F32(x), gamma, save_mean, save_invstd, F32(y), F32(dy),
+                                 flags, F32(dx), dresidual.data ? F32(dresidual) : NULL, dgamma,
+                                 dbeta);
 }
 static void op_relu_forward(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n) {
     cpu_relu_forward(b, F32(x), F32(y), n);
@@ -551,8 +577,8 @@ static void op_dropout_forward(backend_t *b, tensor_desc_t x, tensor_desc_t y, s
                                uint64_t key) {
     backend_cpu__dropout_forward(b, F32(x), F32(y), n, p, key);
 }
-static void op_dropout_backward(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n,
-                                float p, uint64_t key) {
+static void op_dropout_backward(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n, float p,
+                                uint64_t key) {
     backend_cpu__dropout_backward(b, F32(dy), F32(dx), n, p, key);
 }
 static void op_bias_add(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y) {
@@ -561,8 +587,8 @@ static void op_bias_add(backend_t *b, size_t rows, int c, const float *bias, ten
 static void op_bias_backward(backend_t *b, size_t rows, int c, tensor_desc_t dy, float *dbias) {
     backend_cpu__bias_backward(b, rows, c, F32(dy), dbias);
 }
-static void op_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x,
-                              const float *w, const float *bias, tensor_desc_t y) {
+static void op_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x, const float *w,
+                              const float *bias, tensor_desc_t y) {
     cpu_linear_forward(b, n, in, out, F32(x), w, bias, F32(y));
 }
 static void op_linear_backward(backend_t *b, int n, int in, int out, tensor_desc_t x,
@@ -570,9 +596,9 @@ static void op_linear_backward(backend_t *b, int n, int in, int out, tensor_desc
                                float *dbias) {
     cpu_linear_backward(b, n, in, out, F32(x), w, F32(dy), dx.data ? F32(dx) : NULL, dw, dbias);
 }
-static void op_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits,
-                            const int32_t *labels, float smoothing, float grad_scale,
-                            const loss_scale_t *ls, tensor_desc_t dlogits, float *loss_sum) {
+static void op_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits, const int32_t *labels,
+                            float smoothing, float grad_scale, const loss_scale_t *ls,
+                            tensor_desc_t dlogits, float *loss_sum) {
     cpu_softmax_xent(b, n, k, F32(logits), labels, smoothing, grad_scale, ls, F32(dlogits),
                      loss_sum);
 }
@@ -632,7 +658,8 @@ backend_t *backend_cpu_create(int threads) {
         free(c);
         return NULL;
     }
-    /* oneDNN where the build has it, unless DDP_CPU_ONEDNN=0 asks for the plain loops (cpu_dnnl.h) */
+    /* oneDNN where the build has it, unless DDP_CPU_ONEDNN=0 asks for the plain loops (cpu_dnnl.h)
+     */
     const char *onednn = getenv("DDP_CPU_ONEDNN");
     if (!onednn || strcmp(onednn, "0")) c->dnnl = cpu_dnnl_create();
     return &c->base;

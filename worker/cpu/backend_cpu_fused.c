@@ -13,7 +13,7 @@
 /* y = act(y + residual) in place: add_forward then relu_forward, element by element */
 static void add_act(size_t n, const float *residual, unsigned flags, float *y) {
     if (!residual && !(flags & BN_ACT_RELU)) return;
-    #pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > 32768)
     for (size_t i = 0; i < n; i++) {
         float v = residual ? y[i] + residual[i] : y[i];
         y[i] = flags & BN_ACT_RELU ? (v > 0.0f ? v : 0.0f) : v;
@@ -21,24 +21,24 @@ static void add_act(size_t n, const float *residual, unsigned flags, float *y) {
 }
 
 void backend_cpu__bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x,
-                                       const float *gamma, const float *beta,
-                                       const float *residual, unsigned flags, float *y,
-                                       float *save_mean, float *save_invstd, float *running_mean,
-                                       float *running_var, float momentum, float eps) {
+                                       const float *gamma, const float *beta, const float *residual,
+                                       unsigned flags, float *y, float *save_mean,
+                                       float *save_invstd, float *running_mean, float *running_var,
+                                       float momentum, float eps) {
     size_t n = rows * (size_t)c;
-    b->ops->batchnorm_forward_train(b, rows, c, tensor_f32(x, n), gamma, beta, tensor_f32(y, n), save_mean, save_invstd,
-                                    running_mean, running_var, momentum, eps);
+    b->ops->batchnorm_forward_train(b, rows, c, tensor_f32(x, n), gamma, beta, tensor_f32(y, n),
+                                    save_mean, save_invstd, running_mean, running_var, momentum,
+                                    eps);
     add_act(rows * (size_t)c, residual, flags, y);
 }
 
 void backend_cpu__bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x,
-                                      const float *gamma, const float *beta,
-                                      const float *residual, unsigned flags, float *y,
-                                      const float *running_mean, const float *running_var,
-                                      float eps) {
+                                      const float *gamma, const float *beta, const float *residual,
+                                      unsigned flags, float *y, const float *running_mean,
+                                      const float *running_var, float eps) {
     size_t n = rows * (size_t)c;
-    b->ops->batchnorm_forward_eval(b, rows, c, tensor_f32(x, n), gamma, beta, tensor_f32(y, n), running_mean,
-                                   running_var, eps);
+    b->ops->batchnorm_forward_eval(b, rows, c, tensor_f32(x, n), gamma, beta, tensor_f32(y, n),
+                                   running_mean, running_var, eps);
     add_act(rows * (size_t)c, residual, flags, y);
 }
 
@@ -48,7 +48,8 @@ void backend_cpu__bn_act_backward(backend_t *b, size_t rows, int c, const float 
                                   unsigned flags, float *dx, float *dresidual, float *dgamma,
                                   float *dbeta) {
     /* per channel: two double sums, then three float coefficients (the model reserves room) */
-    double *sum_dy = backend_cpu__workspace(b, (2 * sizeof(double) + 3 * sizeof(float)) * (size_t)c);
+    double *sum_dy =
+        backend_cpu__workspace(b, (2 * sizeof(double) + 3 * sizeof(float)) * (size_t)c);
     double *sum_dy_xhat = sum_dy + c;
     bool has_relu = flags & BN_ACT_RELU;
 #pragma omp parallel

@@ -12,15 +12,17 @@
 
 /* Each thread owns a block of channels and walks every row for them in order. */
 #define FOR_CHANNEL_BLOCK(c, j0, j1)                                                               \
-    int j0 = (c) * omp_get_thread_num() / omp_get_num_threads();                                   \
+    int j0 = (c)*omp_get_thread_num() / omp_get_num_threads();                                     \
     int j1 = (c) * (omp_get_thread_num() + 1) / omp_get_num_threads();
 
 /* The fp32 values a tensor descriptor points at: the cpu backend stores nothing else, so another
  * type is its caller's bug (ends the process naming it). */
 static inline float *backend_cpu__f32(tensor_desc_t t) {
     if (t.dtype != DTYPE_F32 || t.layout != LAYOUT_NHWC) {
-        fprintf(stderr, "ddpworker: cpu backend: a tensor of type %d, layout %d: it stores fp32 NHWC only\n",
-                (int)t.dtype, (int)t.layout);
+        fprintf(
+            stderr,
+            "ddpworker: cpu backend: a tensor of type %d, layout %d: it stores fp32 NHWC only\n",
+            (int)t.dtype, (int)t.layout);
         abort();
     }
     return (float *)t.data;
@@ -35,15 +37,14 @@ void *backend_cpu__workspace(backend_t *b, size_t n_bytes);
 
 /* backend_cpu_fused.c: backend_i's bn_act_* */
 void backend_cpu__bn_act_forward_train(backend_t *b, size_t rows, int c, const float *x,
-                                       const float *gamma, const float *beta,
-                                       const float *residual, unsigned flags, float *y,
-                                       float *save_mean, float *save_invstd, float *running_mean,
-                                       float *running_var, float momentum, float eps);
+                                       const float *gamma, const float *beta, const float *residual,
+                                       unsigned flags, float *y, float *save_mean,
+                                       float *save_invstd, float *running_mean, float *running_var,
+                                       float momentum, float eps);
 void backend_cpu__bn_act_forward_eval(backend_t *b, size_t rows, int c, const float *x,
-                                      const float *gamma, const float *beta,
-                                      const float *residual, unsigned flags, float *y,
-                                      const float *running_mean, const float *running_var,
-                                      float eps);
+                                      const float *gamma, const float *beta, const float *residual,
+                                      unsigned flags, float *y, const float *running_mean,
+                                      const float *running_var, float eps);
 void backend_cpu__bn_act_backward(backend_t *b, size_t rows, int c, const float *x,
                                   const float *gamma, const float *save_mean,
                                   const float *save_invstd, const float *y, const float *dy,

@@ -1,7 +1,7 @@
 /* cpu_dnnl: see cpu_dnnl.h. Convolutions: the activations in place (nhwc); the weights reordered
- * to and from the blocked layouts oneDNN's kernels pick (small; done each call). The backward primitives have no "add to the
- * destination" (post-ops are forward only), so their results land in scratch buffers that are then
- * added to dx and dw, as the backend's contract asks. */
+ * to and from the blocked layouts oneDNN's kernels pick (small; done each call). The backward
+ * primitives have no "add to the destination" (post-ops are forward only), so their results land in
+ * scratch buffers that are then added to dx and dw, as the backend's contract asks. */
 #include "cpu_dnnl.h"
 
 #include <stdbool.h>
@@ -52,9 +52,9 @@ typedef struct {
     /* the weights in the layouts oneDNN's kernels want (blocked; with the backend's plain OHWI
      * its only kernel is the slow reference one), converted each call: the weights are small */
     dnnl_primitive_t to_fwd_w, to_bwd_w, from_dw;
-    dnnl_memory_t x, y, w_user, dw_user; /* the backend's tensors: handles swapped per call */
+    dnnl_memory_t x, y, w_user, dw_user;    /* the backend's tensors: handles swapped per call */
     dnnl_memory_t w_fwd, w_bwd, dw_blocked; /* owned */
-    float *dx_tmp, *dw_tmp;  /* backward results before they are added */
+    float *dx_tmp, *dw_tmp;                 /* backward results before they are added */
 } entry_t;
 
 /* A linear layer's three matmuls for one (n, in, out); the backward ones add to their output
@@ -91,8 +91,8 @@ cpu_dnnl_t *cpu_dnnl_create(void) {
 }
 
 static void entry_free(entry_t *e) {
-    dnnl_primitive_t prims[] = {e->fwd, e->bwd_data, e->bwd_weights, e->to_fwd_w, e->to_bwd_w,
-                                e->from_dw};
+    dnnl_primitive_t prims[] = {e->fwd,      e->bwd_data, e->bwd_weights,
+                                e->to_fwd_w, e->to_bwd_w, e->from_dw};
     for (size_t i = 0; i < sizeof prims / sizeof prims[0]; i++)
         if (prims[i]) dnnl_primitive_destroy(prims[i]);
     dnnl_memory_t mems[] = {e->x, e->y, e->w_user, e->dw_user, e->w_fwd, e->w_bwd, e->dw_blocked};
@@ -112,14 +112,17 @@ static void destroy_all(dnnl_primitive_t *prims, size_t n_prims, dnnl_memory_t *
 
 static void mm_entry_free(mm_entry_t *e) {
     dnnl_primitive_t prims[] = {e->fwd, e->bwd_w, e->bwd_x};
-    dnnl_memory_t mems[] = {e->x, e->w_t, e->bias, e->y, e->dy_t, e->x_w, e->dw, e->dy, e->w, e->dx};
+    dnnl_memory_t mems[] = {e->x,   e->w_t, e->bias, e->y, e->dy_t,
+                            e->x_w, e->dw,  e->dy,   e->w, e->dx};
     destroy_all(prims, 3, mems, sizeof mems / sizeof mems[0]);
 }
 
 void cpu_dnnl_destroy(cpu_dnnl_t *d) {
     if (!d) return;
-    for (int i = 0; i < d->n_entries; i++) entry_free(&d->entries[i]);
-    for (int i = 0; i < d->n_mm; i++) mm_entry_free(&d->mm[i]);
+    for (int i = 0; i < d->n_entries; i++)
+        entry_free(&d->entries[i]);
+    for (int i = 0; i < d->n_mm; i++)
+        mm_entry_free(&d->mm[i]);
     dnnl_stream_destroy(d->stream);
     dnnl_engine_destroy(d->engine);
     free(d);
@@ -147,7 +150,7 @@ static dnnl_primitive_desc_t make_pd(cpu_dnnl_t *d, const void *op_desc,
                                      const_dnnl_primitive_desc_t hint) {
     dnnl_primitive_desc_t pd;
     return dnnl_primitive_desc_create(&pd, op_desc, NULL, d->engine, hint) == dnnl_success ? pd
-                                                                                          : NULL;
+                                                                                           : NULL;
 }
 
 /* The primitive of pd and an owned memory of the layout pd picked for what (NULL: none). */
@@ -185,8 +188,8 @@ static bool entry_init(cpu_dnnl_t *d, entry_t *e, const conv_shape_t *s) {
     if (dnnl_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct,
                                            &m.x, &m.w_any, NULL, &m.y, m.strides, m.pad_l,
                                            m.pad_r) != dnnl_success ||
-        dnnl_convolution_backward_data_desc_init(&bwd_data, dnnl_convolution_direct, &m.x,
-                                                 &m.w_any, &m.y, m.strides, m.pad_l,
+        dnnl_convolution_backward_data_desc_init(&bwd_data, dnnl_convolution_direct, &m.x, &m.w_any,
+                                                 &m.y, m.strides, m.pad_l,
                                                  m.pad_r) != dnnl_success ||
         dnnl_convolution_backward_weights_desc_init(&bwd_weights, dnnl_convolution_direct, &m.x,
                                                     &m.w_any, NULL, &m.y, m.strides, m.pad_l,
@@ -197,18 +200,18 @@ static bool entry_init(cpu_dnnl_t *d, entry_t *e, const conv_shape_t *s) {
         bwd_data_pd = make_pd(d, &bwd_data, fwd_pd);
         bwd_w_pd = make_pd(d, &bwd_weights, fwd_pd);
     }
-    bool ok = fwd_pd && bwd_data_pd && bwd_w_pd &&
-              make_from_pd(d, fwd_pd, &e->fwd, dnnl_query_weights_md, &e->w_fwd) &&
-              make_from_pd(d, bwd_data_pd, &e->bwd_data, dnnl_query_weights_md, &e->w_bwd) &&
-              make_from_pd(d, bwd_w_pd, &e->bwd_weights, dnnl_query_diff_weights_md,
-                           &e->dw_blocked) &&
-              dnnl_memory_create(&e->x, &m.x, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
-              dnnl_memory_create(&e->y, &m.y, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
-              dnnl_memory_create(&e->w_user, &m.w, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
-              dnnl_memory_create(&e->dw_user, &m.w, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
-              make_reorder(d, e->w_user, e->w_fwd, &e->to_fwd_w) &&
-              make_reorder(d, e->w_user, e->w_bwd, &e->to_bwd_w) &&
-              make_reorder(d, e->dw_blocked, e->dw_user, &e->from_dw);
+    bool ok =
+        fwd_pd && bwd_data_pd && bwd_w_pd &&
+        make_from_pd(d, fwd_pd, &e->fwd, dnnl_query_weights_md, &e->w_fwd) &&
+        make_from_pd(d, bwd_data_pd, &e->bwd_data, dnnl_query_weights_md, &e->w_bwd) &&
+        make_from_pd(d, bwd_w_pd, &e->bwd_weights, dnnl_query_diff_weights_md, &e->dw_blocked) &&
+        dnnl_memory_create(&e->x, &m.x, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
+        dnnl_memory_create(&e->y, &m.y, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
+        dnnl_memory_create(&e->w_user, &m.w, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
+        dnnl_memory_create(&e->dw_user, &m.w, d->engine, DNNL_MEMORY_NONE) == dnnl_success &&
+        make_reorder(d, e->w_user, e->w_fwd, &e->to_fwd_w) &&
+        make_reorder(d, e->w_user, e->w_bwd, &e->to_bwd_w) &&
+        make_reorder(d, e->dw_blocked, e->dw_user, &e->from_dw);
     dnnl_primitive_desc_t pds[] = {fwd_pd, bwd_data_pd, bwd_w_pd};
     for (int i = 0; i < 3; i++)
         if (pds[i]) dnnl_primitive_desc_destroy(pds[i]);
@@ -257,15 +260,16 @@ int cpu_dnnl_conv_forward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x, 
                           float *y) {
     entry_t *e = entry_for(d, s);
     if (!e || !set(e->x, x) || !set(e->w_user, w) || !set(e->y, y)) return -1;
-    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e->x}, {DNNL_ARG_WEIGHTS, e->w_fwd},
-                              {DNNL_ARG_DST, e->y}};
+    dnnl_exec_arg_t args[] = {
+        {DNNL_ARG_SRC, e->x}, {DNNL_ARG_WEIGHTS, e->w_fwd}, {DNNL_ARG_DST, e->y}};
     bool ok = reorder(d, e->to_fwd_w, e->w_user, e->w_fwd) && run(d, e->fwd, args, 3);
     return ok && dnnl_stream_wait(d->stream) == dnnl_success ? 0 : -1;
 }
 
 static void add_into(float *dst, const float *src, size_t n) {
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+#pragma omp parallel for schedule(static) if (n > 32768)
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
 }
 
 int cpu_dnnl_conv_backward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x, const float *w,
@@ -275,14 +279,14 @@ int cpu_dnnl_conv_backward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x,
     size_t x_elems = (size_t)s->n * s->h * s->w * s->c, w_elems = (size_t)s->k * s->r * s->s * s->c;
     /* weights: diff_weights in oneDNN's layout, then into dw_tmp as OHWI */
     if (!set(e->x, x) || !set(e->y, dy) || !set(e->dw_user, e->dw_tmp)) return -1;
-    dnnl_exec_arg_t wargs[] = {{DNNL_ARG_SRC, e->x}, {DNNL_ARG_DIFF_DST, e->y},
-                               {DNNL_ARG_DIFF_WEIGHTS, e->dw_blocked}};
+    dnnl_exec_arg_t wargs[] = {
+        {DNNL_ARG_SRC, e->x}, {DNNL_ARG_DIFF_DST, e->y}, {DNNL_ARG_DIFF_WEIGHTS, e->dw_blocked}};
     if (!run(d, e->bwd_weights, wargs, 3) || !reorder(d, e->from_dw, e->dw_blocked, e->dw_user))
         return -1;
     if (dx) { /* data: diff_src into dx_tmp (e->x's handle now) */
         if (!set(e->w_user, w) || !set(e->x, e->dx_tmp)) return -1;
-        dnnl_exec_arg_t dargs[] = {{DNNL_ARG_DIFF_DST, e->y}, {DNNL_ARG_WEIGHTS, e->w_bwd},
-                                   {DNNL_ARG_DIFF_SRC, e->x}};
+        dnnl_exec_arg_t dargs[] = {
+            {DNNL_ARG_DIFF_DST, e->y}, {DNNL_ARG_WEIGHTS, e->w_bwd}, {DNNL_ARG_DIFF_SRC, e->x}};
         if (!reorder(d, e->to_bwd_w, e->w_user, e->w_bwd) || !run(d, e->bwd_data, dargs, 3))
             return -1;
     }
@@ -295,7 +299,6 @@ int cpu_dnnl_conv_backward(cpu_dnnl_t *d, const conv_shape_t *s, const float *x,
     add_into(dw, e->dw_tmp, w_elems);
     return 0;
 }
-
 
 /* ---- linear layers: matmuls ---- */
 
@@ -384,8 +387,10 @@ int cpu_dnnl_linear_forward(cpu_dnnl_t *d, int n, int in, int out, const float *
                             const float *bias, float *y) {
     mm_entry_t *e = mm_entry_for(d, n, in, out);
     if (!e || !set(e->x, x) || !set(e->w_t, w) || !set(e->bias, bias) || !set(e->y, y)) return -1;
-    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e->x}, {DNNL_ARG_WEIGHTS, e->w_t},
-                              {DNNL_ARG_BIAS, e->bias}, {DNNL_ARG_DST, e->y}};
+    dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, e->x},
+                              {DNNL_ARG_WEIGHTS, e->w_t},
+                              {DNNL_ARG_BIAS, e->bias},
+                              {DNNL_ARG_DST, e->y}};
     return run_wait(d, e->fwd, args, 4) ? 0 : -1;
 }
 
@@ -393,13 +398,13 @@ int cpu_dnnl_linear_backward(cpu_dnnl_t *d, int n, int in, int out, const float 
                              const float *dy, float *dx, float *dw) {
     mm_entry_t *e = mm_entry_for(d, n, in, out);
     if (!e || !set(e->dy_t, dy) || !set(e->x_w, x) || !set(e->dw, dw)) return -1;
-    dnnl_exec_arg_t wargs[] = {{DNNL_ARG_SRC, e->dy_t}, {DNNL_ARG_WEIGHTS, e->x_w},
-                               {DNNL_ARG_DST, e->dw}};
+    dnnl_exec_arg_t wargs[] = {
+        {DNNL_ARG_SRC, e->dy_t}, {DNNL_ARG_WEIGHTS, e->x_w}, {DNNL_ARG_DST, e->dw}};
     if (dx && (!set(e->dy, dy) || !set(e->w, w) || !set(e->dx, dx))) return -1;
     if (!run_wait(d, e->bwd_w, wargs, 3)) return -1;
     if (!dx) return 0;
-    dnnl_exec_arg_t xargs[] = {{DNNL_ARG_SRC, e->dy}, {DNNL_ARG_WEIGHTS, e->w},
-                               {DNNL_ARG_DST, e->dx}};
+    dnnl_exec_arg_t xargs[] = {
+        {DNNL_ARG_SRC, e->dy}, {DNNL_ARG_WEIGHTS, e->w}, {DNNL_ARG_DST, e->dx}};
     if (run_wait(d, e->bwd_x, xargs, 3)) return 0;
     /* dw has its share already: the caller's fallback would add it twice. A primitive that ran
      * once and fails now is oneDNN's bug, not an input's. */

@@ -3,14 +3,15 @@
  * stay on the backend's loops: oneDNN's batch norm (tried, 2026-11-27) took as much CPU as they do
  * on one thread and 1.5x more on two (a CNN at batch 64), and sums its statistics in fp32 (a
  * channel whose mean dwarfs its spread lost 3x the tolerance test_cpu_ops allows); its max pooling
- * lets no NaN win and keeps its own workspace, where backend.h asks for PyTorch's NaN and an argmax. Same layouts as the backend: x (N,H,W,C) NHWC,
- * w (K,R,S,C), y (N,OH,OW,K). A primitive per shape and direction is made on its first use and
- * kept; oneDNN runs on the same OpenMP threads as the rest of the backend (libdnnl is built on
- * libgomp: omp_set_num_threads(train.threads) binds both). The trainer's thread.
- * Results differ from the im2col path in the last bits, and oneDNN's backward-weights kernels
- * split the sum over N*OH*OW between threads (oneDNN 2.6 has no deterministic mode): the same
- * train.threads repeats a run bit for bit, another thread count does not. Tests that compare
- * state hashes between jobs of different shapes pin train.threads for that reason. */
+ * lets no NaN win and keeps its own workspace, where backend.h asks for PyTorch's NaN and an
+ * argmax. Same layouts as the backend: x (N,H,W,C) NHWC, w (K,R,S,C), y (N,OH,OW,K). A primitive
+ * per shape and direction is made on its first use and kept; oneDNN runs on the same OpenMP threads
+ * as the rest of the backend (libdnnl is built on libgomp: omp_set_num_threads(train.threads) binds
+ * both). The trainer's thread. Results differ from the im2col path in the last bits, and oneDNN's
+ * backward-weights kernels split the sum over N*OH*OW between threads (oneDNN 2.6 has no
+ * deterministic mode): the same train.threads repeats a run bit for bit, another thread count does
+ * not. Tests that compare state hashes between jobs of different shapes pin train.threads for that
+ * reason. */
 #ifndef DDP_WORKER_CPU_DNNL_H
 #define DDP_WORKER_CPU_DNNL_H
 

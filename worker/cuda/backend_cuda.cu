@@ -39,7 +39,9 @@ static void gpu_destroy(backend_t *b) {
     free(g);
 }
 
-static dtype_t gpu_activation_dtype(backend_t *b) { return low_dtype(gpu_of(b)); }
+static dtype_t gpu_activation_dtype(backend_t *b) {
+    return low_dtype(gpu_of(b));
+}
 
 static backend_memory_i make_mem(void) {
     backend_memory_i m;
@@ -111,7 +113,9 @@ static backend_i make_ops(void) {
 static const backend_memory_i gpu_mem = make_mem();
 static const backend_i gpu_ops = make_ops();
 
-cudaStream_t backend_cuda_stream(backend_t *b) { return gpu_of(b)->stream; }
+cudaStream_t backend_cuda_stream(backend_t *b) {
+    return gpu_of(b)->stream;
+}
 
 extern "C" int backend_cuda_device_count(void) {
     int n = 0;
@@ -137,8 +141,8 @@ static void *start_cublas(void *arg) {
     return NULL;
 }
 
-extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path, char *err,
-                                          size_t err_len) {
+extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path,
+                                          char *err, size_t err_len) {
     int count = backend_cuda_device_count();
     if (device < 0 || device >= count) {
         snprintf(err, err_len, "GPU %d requested, %d present", device, count);
@@ -176,13 +180,14 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     CHECK_CUDA(cb.cuda_rc);
     CHECK_CUBLAS(cb.rc);
     g->cublas = cb.handle;
-    if (startup_trace_is_on()) fprintf(stderr, "ddpworker: startup: cublas handle (beside cudnn's) %.3f s\n", cb.seconds);
+    if (startup_trace_is_on())
+        fprintf(stderr, "ddpworker: startup: cublas handle (beside cudnn's) %.3f s\n", cb.seconds);
     t = startup_trace_now();
     CHECK_CUBLAS(cublasSetStream(g->cublas, g->stream));
     g->is_tf32 = flags & BACKEND_CUDA_TF32;
     g->low = flags & BACKEND_CUDA_FP16 ? LOW_FP16 : flags & BACKEND_CUDA_BF16 ? LOW_BF16 : LOW_NONE;
     /* fp32 means fp32 unless TF32 was asked for */
-    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32              ? CUBLAS_TF32_TENSOR_OP_MATH
+    CHECK_CUBLAS(cublasSetMathMode(g->cublas, g->is_tf32           ? CUBLAS_TF32_TENSOR_OP_MATH
                                               : g->low != LOW_NONE ? CUBLAS_DEFAULT_MATH
                                                                    : CUBLAS_PEDANTIC_MATH));
     CHECK_CUDNN(cudnnCreateTensorDescriptor(&g->x_desc));
@@ -208,7 +213,8 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     const char *profile = getenv("DDP_CUDA_PROFILE");
     if (profile && (sscanf(profile, "%ld,%ld", &g->profile_first, &g->profile_count) != 2 ||
                     g->profile_first < 1 || g->profile_count < 1)) {
-        snprintf(err, err_len, "DDP_CUDA_PROFILE=%s: expected FIRST,COUNT (forward passes, from 1)", profile);
+        snprintf(err, err_len, "DDP_CUDA_PROFILE=%s: expected FIRST,COUNT (forward passes, from 1)",
+                 profile);
         gpu_destroy(&g->base);
         return NULL;
     }
@@ -217,4 +223,3 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     startup_trace_end("cuda buffers and algorithm cache", t);
     return &g->base;
 }
-

@@ -16,9 +16,10 @@ extern "C" {
 /* The number of GPUs this process can use (0 when there is no driver or device). */
 int backend_cuda_device_count(void);
 /* flags. TF32: fp32 convolutions and GEMMs may use TF32 tensor cores. BF16, FP16: activations and
- * their gradients in bf16 or fp16 (activation_dtype; the model's arenas, mark_arenas); parameters, their
- * gradients, momentum and batch-norm statistics stay fp32, as under PyTorch's autocast. FP16 needs
- * the trainer's dynamic loss scaling (loss_scale.h) to keep small gradients from flushing to zero. */
+ * their gradients in bf16 or fp16 (activation_dtype; the model's arenas, mark_arenas); parameters,
+ * their gradients, momentum and batch-norm statistics stay fp32, as under PyTorch's autocast. FP16
+ * needs the trainer's dynamic loss scaling (loss_scale.h) to keep small gradients from flushing to
+ * zero. */
 enum { BACKEND_CUDA_TF32 = 1, BACKEND_CUDA_BF16 = 2, BACKEND_CUDA_FP16 = 4 };
 /* A backend on GPU `device`. algo_cache_path: a text file of the convolution algorithms cuDNN's
  * timed search chose (per GPU, cuDNN version, shape and math mode), read at start and appended to

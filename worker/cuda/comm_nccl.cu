@@ -32,7 +32,9 @@ typedef struct {
     bool is_broken;
 } nccl_t;
 
-static nccl_t *nccl_of(comm_t *c) { return (nccl_t *)c; }
+static nccl_t *nccl_of(comm_t *c) {
+    return (nccl_t *)c;
+}
 
 static int fail(nccl_t *n, const char *fmt, const char *what, const char *detail) {
     snprintf(n->base.err, sizeof n->base.err, fmt, what, detail);
@@ -85,29 +87,34 @@ static bool is_device(const void *p) {
 
 typedef enum { OP_SUM, OP_BROADCAST } op_t;
 
-static int run_on_device(nccl_t *n, op_t op, void *data, size_t count, ncclDataType_t type, int root) {
+static int run_on_device(nccl_t *n, op_t op, void *data, size_t count, ncclDataType_t type,
+                         int root) {
     const char *what = op == OP_SUM ? "NCCL all-reduce" : "NCCL broadcast";
     if (n->is_broken) return -EPIPE;
     if (cudaEventRecord(n->ready, backend_cuda_stream(n->backend)) != cudaSuccess ||
         cudaStreamWaitEvent(n->stream, n->ready, 0) != cudaSuccess)
         return fail(n, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
-    ncclResult_t rc = op == OP_SUM ? ncclAllReduce(data, data, count, type, ncclSum, n->nccl, n->stream)
-                                   : ncclBroadcast(data, data, count, type, root, n->nccl, n->stream);
+    ncclResult_t rc = op == OP_SUM
+                          ? ncclAllReduce(data, data, count, type, ncclSum, n->nccl, n->stream)
+                          : ncclBroadcast(data, data, count, type, root, n->nccl, n->stream);
     if (settle(n, rc, what) < 0) return -EPIPE;
     return wait_done(n, what);
 }
 
-static int run(nccl_t *n, op_t op, void *data, size_t count, size_t elem, ncclDataType_t type, int root) {
+static int run(nccl_t *n, op_t op, void *data, size_t count, size_t elem, ncclDataType_t type,
+               int root) {
     if (is_device(data)) return run_on_device(n, op, data, count, type, root);
     size_t chunk = SCRATCH_BYTES / elem;
     for (size_t at = 0; at < count; at += chunk) {
         size_t k = count - at < chunk ? count - at : chunk;
         char *host = (char *)data + at * elem;
-        if (cudaMemcpyAsync(n->scratch, host, k * elem, cudaMemcpyHostToDevice, n->stream) != cudaSuccess)
+        if (cudaMemcpyAsync(n->scratch, host, k * elem, cudaMemcpyHostToDevice, n->stream) !=
+            cudaSuccess)
             return fail(n, "%s: %s", "staging for NCCL", cudaGetErrorString(cudaGetLastError()));
         int rc = run_on_device(n, op, n->scratch, k, type, root);
         if (rc < 0) return rc;
-        if (cudaMemcpyAsync(host, n->scratch, k * elem, cudaMemcpyDeviceToHost, n->stream) != cudaSuccess ||
+        if (cudaMemcpyAsync(host, n->scratch, k * elem, cudaMemcpyDeviceToHost, n->stream) !=
+                cudaSuccess ||
             cudaStreamSynchronize(n->stream) != cudaSuccess)
             return fail(n, "%s: %s", "staging for NCCL", cudaGetErrorString(cudaGetLastError()));
     }
@@ -162,7 +169,9 @@ static comm_i make_ops(void) {
 
 static const comm_i nccl_ops = make_ops();
 
-extern "C" size_t comm_nccl_id_bytes(void) { return sizeof(ncclUniqueId); }
+extern "C" size_t comm_nccl_id_bytes(void) {
+    return sizeof(ncclUniqueId);
+}
 
 extern "C" int comm_nccl_unique_id(void *out, char *err, size_t err_len) {
     ncclResult_t rc = ncclGetUniqueId((ncclUniqueId *)out);
@@ -173,8 +182,8 @@ extern "C" int comm_nccl_unique_id(void *out, char *err, size_t err_len) {
     return 0;
 }
 
-extern "C" int comm_nccl_create(backend_t *backend, const void *id, int rank, int world, int64_t timeout_ms,
-                                comm_t **out, char *err, size_t err_len) {
+extern "C" int comm_nccl_create(backend_t *backend, const void *id, int rank, int world,
+                                int64_t timeout_ms, comm_t **out, char *err, size_t err_len) {
     nccl_t *n = (nccl_t *)calloc(1, sizeof *n);
     if (!n) return -ENOMEM;
     n->base.ops = &nccl_ops;
@@ -203,7 +212,8 @@ extern "C" int comm_nccl_create(backend_t *backend, const void *id, int rank, in
     }
     if (rc != ncclSuccess) {
         snprintf(err, err_len, "rank %d of %d: %s", rank, world,
-                 rc == ncclInProgress ? "the other ranks did not join in time" : ncclGetErrorString(rc));
+                 rc == ncclInProgress ? "the other ranks did not join in time"
+                                      : ncclGetErrorString(rc));
         if (n->nccl) ncclCommAbort(n->nccl);
         n->nccl = NULL;
         nccl_destroy(&n->base);

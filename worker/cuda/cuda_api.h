@@ -18,15 +18,15 @@ extern "C" {
 
 /* Bump on any change of the table below. */
 #define DDPWORKER_CUDA_API_VERSION 2u /* 2: backend_memory_i copy_out_* */
-#define DDPWORKER_CUDA_API_SYMBOL "ddpworker_cuda_api"
+#define DDPWORKER_CUDA_API_SYMBOL  "ddpworker_cuda_api"
 
 typedef struct {
     uint32_t version; /* DDPWORKER_CUDA_API_VERSION */
     uint32_t size;    /* sizeof(ddpworker_cuda_api_t) */
     /* backend_cuda.h */
     int (*device_count)(void);
-    backend_t *(*backend_create)(int device, unsigned flags, const char *algo_cache_path,
-                                 char *err, size_t err_len);
+    backend_t *(*backend_create)(int device, unsigned flags, const char *algo_cache_path, char *err,
+                                 size_t err_len);
     /* comm_nccl.h; NULL when the library was built without NCCL */
     size_t (*nccl_id_bytes)(void);
     int (*nccl_unique_id)(void *out, char *err, size_t err_len);

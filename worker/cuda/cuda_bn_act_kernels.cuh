@@ -16,13 +16,25 @@
 /* ---- vectors of V values of T in registers as floats ---- */
 
 template <typename T> static __device__ __forceinline__ float to_f(T v);
-template <> __device__ __forceinline__ float to_f(float v) { return v; }
-template <> __device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_f(f16 v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f(float v) {
+    return v;
+}
+template <> __device__ __forceinline__ float to_f(bf16 v) {
+    return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float to_f(f16 v) {
+    return __half2float(v);
+}
 template <typename T> static __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f(float v) { return v; }
-template <> __device__ __forceinline__ bf16 from_f(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ f16 from_f(float v) { return __float2half(v); }
+template <> __device__ __forceinline__ float from_f(float v) {
+    return v;
+}
+template <> __device__ __forceinline__ bf16 from_f(float v) {
+    return __float2bfloat16(v);
+}
+template <> __device__ __forceinline__ f16 from_f(float v) {
+    return __float2half(v);
+}
 
 /* V values at p (16-byte aligned when V * sizeof(T) == 16): one 16-byte access, its bits moved
  * with memcpy (registers on the GPU; no type punning for an optimizer to exploit) */
@@ -32,10 +44,12 @@ template <typename T, int V> static __device__ __forceinline__ void load(const T
         T t[V];
         memcpy(t, &u, sizeof u);
 #pragma unroll
-        for (int i = 0; i < V; i++) out[i] = to_f(t[i]);
+        for (int i = 0; i < V; i++)
+            out[i] = to_f(t[i]);
     } else {
 #pragma unroll
-        for (int i = 0; i < V; i++) out[i] = to_f(p[i]);
+        for (int i = 0; i < V; i++)
+            out[i] = to_f(p[i]);
     }
 }
 
@@ -43,13 +57,15 @@ template <typename T, int V> static __device__ __forceinline__ void store(T *p, 
     if constexpr (V * sizeof(T) == 16) {
         T t[V];
 #pragma unroll
-        for (int i = 0; i < V; i++) t[i] = from_f<T>(in[i]);
+        for (int i = 0; i < V; i++)
+            t[i] = from_f<T>(in[i]);
         uint4 u;
         memcpy(&u, t, sizeof u);
         *reinterpret_cast<uint4 *>(p) = u;
     } else {
 #pragma unroll
-        for (int i = 0; i < V; i++) p[i] = from_f<T>(in[i]);
+        for (int i = 0; i < V; i++)
+            p[i] = from_f<T>(in[i]);
     }
 }
 
@@ -72,9 +88,9 @@ static act_grid grid_for(int c, int v) {
  * forward (dy NULL): sums of (x - shift) and (x - shift)^2, shift = x's first row;
  * backward: sums of dz and dz * (x - mean) * invstd. partial: [block][c], partial2 the same. */
 template <typename T, int V>
-__global__ void act_partials_kernel(size_t rows, int c, act_grid a, const T *x, const T *y, const T *dy,
-                                    bool has_relu, const float *mean, const float *invstd, float *partial,
-                                    float *partial2) {
+__global__ void act_partials_kernel(size_t rows, int c, act_grid a, const T *x, const T *y,
+                                    const T *dy, bool has_relu, const float *mean,
+                                    const float *invstd, float *partial, float *partial2) {
     BN_ACT_SHARED_FLOATS(smem); /* by x bx x V, twice */
     float *s1 = smem, *s2 = smem + (size_t)a.by * a.bx * V;
     for (int j0 = 0; j0 < a.cv; j0 += a.bx) {
@@ -82,7 +98,8 @@ __global__ void act_partials_kernel(size_t rows, int c, act_grid a, const T *x, 
         bool is_valid = j < a.cv;
         float acc1[V], acc2[V], shift[V], is[V];
 #pragma unroll
-        for (int i = 0; i < V; i++) acc1[i] = acc2[i] = shift[i] = is[i] = 0.0f;
+        for (int i = 0; i < V; i++)
+            acc1[i] = acc2[i] = shift[i] = is[i] = 0.0f;
         if (is_valid) {
             if (dy) {
 #pragma unroll
@@ -93,7 +110,8 @@ __global__ void act_partials_kernel(size_t rows, int c, act_grid a, const T *x, 
             } else {
                 load<T, V>(x + (size_t)j * V, shift);
             }
-            for (size_t r = (size_t)blockIdx.x * a.by + threadIdx.y; r < rows; r += (size_t)gridDim.x * a.by) {
+            for (size_t r = (size_t)blockIdx.x * a.by + threadIdx.y; r < rows;
+                 r += (size_t)gridDim.x * a.by) {
                 size_t at = r * c + (size_t)j * V;
                 float xv[V];
                 load<T, V>(x + at, xv);
@@ -145,8 +163,8 @@ __global__ void act_partials_kernel(size_t rows, int c, act_grid a, const T *x, 
 
 /* ---- pass 1's finish: a warp per channel sums the blocks' partials in double, in order ---- */
 
-static __device__ void sum_blocks(int c, int blocks, const float *partial, const float *partial2, double *a,
-                                  double *b) {
+static __device__ void sum_blocks(int c, int blocks, const float *partial, const float *partial2,
+                                  double *a, double *b) {
     int ch = blockIdx.x;
     double s1 = 0, s2 = 0;
     for (int i = threadIdx.x; i < blocks; i += 32) {
@@ -163,37 +181,39 @@ static __device__ void sum_blocks(int c, int blocks, const float *partial, const
 
 template <typename T>
 __global__ void act_stats_kernel(int c, int blocks, size_t rows, const T *x, const float *partial,
-                                 const float *partial2, float *mean, float *invstd, float *running_mean,
-                                 float *running_var, float momentum, float eps) {
+                                 const float *partial2, float *mean, float *invstd,
+                                 float *running_mean, float *running_var, float momentum,
+                                 float eps) {
     double s1, s2;
     sum_blocks(c, blocks, partial, partial2, &s1, &s2);
     if (threadIdx.x != 0) return;
     int ch = blockIdx.x;
-    bn_act_stats((double)rows, to_f(x[ch]), s1, s2, momentum, eps, &mean[ch], &invstd[ch], &running_mean[ch],
-                 &running_var[ch]);
+    bn_act_stats((double)rows, to_f(x[ch]), s1, s2, momentum, eps, &mean[ch], &invstd[ch],
+                 &running_mean[ch], &running_var[ch]);
 }
 
 /* coeffs: k_dy, k_x, k_0 (c each) */
-__global__ void act_coeffs_kernel(int c, int blocks, size_t rows, const float *partial, const float *partial2,
-                                  const float *gamma, const float *invstd, float *coeffs, float *dgamma,
-                                  float *dbeta) {
+__global__ void act_coeffs_kernel(int c, int blocks, size_t rows, const float *partial,
+                                  const float *partial2, const float *gamma, const float *invstd,
+                                  float *coeffs, float *dgamma, float *dbeta) {
     double sum_dz, sum_dz_xhat;
     sum_blocks(c, blocks, partial, partial2, &sum_dz, &sum_dz_xhat);
     if (threadIdx.x != 0) return;
     int ch = blockIdx.x;
     dgamma[ch] += (float)sum_dz_xhat;
     dbeta[ch] += (float)sum_dz;
-    bn_act_coeffs(gamma[ch], invstd[ch], sum_dz, sum_dz_xhat, (double)rows, &coeffs[ch], &coeffs[c + ch],
-                  &coeffs[2 * c + ch]);
+    bn_act_coeffs(gamma[ch], invstd[ch], sum_dz, sum_dz_xhat, (double)rows, &coeffs[ch],
+                  &coeffs[c + ch], &coeffs[2 * c + ch]);
 }
 
 /* ---- pass 2 ---- */
 
 /* y = act(batchnorm(x) + residual): train with invstd, eval with var (invstd NULL) */
 template <typename T, int V>
-__global__ void act_apply_kernel(size_t rows, int c, act_grid a, const T *x, const T *res, bool has_relu,
-                                 const float *mean, const float *invstd, const float *var, float eps,
-                                 const float *gamma, const float *beta, T *y) {
+__global__ void act_apply_kernel(size_t rows, int c, act_grid a, const T *x, const T *res,
+                                 bool has_relu, const float *mean, const float *invstd,
+                                 const float *var, float eps, const float *gamma, const float *beta,
+                                 T *y) {
     for (int j0 = 0; j0 < a.cv; j0 += a.bx) {
         int j = j0 + threadIdx.x;
         if (j >= a.cv) return;
@@ -205,14 +225,16 @@ __global__ void act_apply_kernel(size_t rows, int c, act_grid a, const T *x, con
             mul[i] = invstd ? invstd[ch] * gamma[ch] : gamma[ch] / sqrtf(var[ch] + eps);
             be[i] = beta[ch];
         }
-        for (size_t r = (size_t)blockIdx.x * a.by + threadIdx.y; r < rows; r += (size_t)gridDim.x * a.by) {
+        for (size_t r = (size_t)blockIdx.x * a.by + threadIdx.y; r < rows;
+             r += (size_t)gridDim.x * a.by) {
             size_t at = r * c + (size_t)j * V;
             float xv[V], rv[V], out[V];
             load<T, V>(x + at, xv);
             if (res) load<T, V>(res + at, rv);
 #pragma unroll
-            for (int i = 0; i < V; i++) out[i] = bn_act_value(xv[i], mu[i], mul[i], be[i], res ? rv[i] : 0.0f,
-                                                              res != NULL, has_relu);
+            for (int i = 0; i < V; i++)
+                out[i] = bn_act_value(xv[i], mu[i], mul[i], be[i], res ? rv[i] : 0.0f, res != NULL,
+                                      has_relu);
             store<T, V>(y + at, out);
         }
     }
@@ -221,8 +243,8 @@ __global__ void act_apply_kernel(size_t rows, int c, act_grid a, const T *x, con
 /* dx (=|+=) k_dy dz + k_x (x - mean) + k_0; dres (=|+=) dz */
 template <typename T, int V>
 __global__ void act_dx_kernel(size_t rows, int c, act_grid a, const T *x, const T *y, const T *dy,
-                              bool has_relu, const float *mean, const float *coeffs, bool is_dx_written,
-                              T *dx, bool is_dres_written, T *dres) {
+                              bool has_relu, const float *mean, const float *coeffs,
+                              bool is_dx_written, T *dx, bool is_dres_written, T *dres) {
     for (int j0 = 0; j0 < a.cv; j0 += a.bx) {
         int j = j0 + threadIdx.x;
         if (j >= a.cv) return;
@@ -235,14 +257,16 @@ __global__ void act_dx_kernel(size_t rows, int c, act_grid a, const T *x, const 
             k_x[i] = coeffs[c + ch];
             k_0[i] = coeffs[2 * c + ch];
         }
-        for (size_t r = (size_t)blockIdx.x * a.by + threadIdx.y; r < rows; r += (size_t)gridDim.x * a.by) {
+        for (size_t r = (size_t)blockIdx.x * a.by + threadIdx.y; r < rows;
+             r += (size_t)gridDim.x * a.by) {
             size_t at = r * c + (size_t)j * V;
             float xv[V], yv[V], dyv[V], dz[V], out[V], old[V];
             load<T, V>(x + at, xv);
             load<T, V>(dy + at, dyv);
             if (has_relu) load<T, V>(y + at, yv);
 #pragma unroll
-            for (int i = 0; i < V; i++) dz[i] = bn_act_masked(has_relu ? yv[i] : 1.0f, dyv[i], has_relu);
+            for (int i = 0; i < V; i++)
+                dz[i] = bn_act_masked(has_relu ? yv[i] : 1.0f, dyv[i], has_relu);
             if (!is_dx_written) load<T, V>(dx + at, old);
 #pragma unroll
             for (int i = 0; i < V; i++) {
@@ -254,7 +278,8 @@ __global__ void act_dx_kernel(size_t rows, int c, act_grid a, const T *x, const 
             if (!is_dres_written) {
                 load<T, V>(dres + at, old);
 #pragma unroll
-                for (int i = 0; i < V; i++) dz[i] += old[i];
+                for (int i = 0; i < V; i++)
+                    dz[i] += old[i];
             }
             store<T, V>(dres + at, dz);
         }

@@ -1,8 +1,9 @@
 /* cuda_common: what every file of the CUDA backend shares (backend_cuda.cu, cuda_memory.cu,
- * cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_bn_act.cu, cuda_pool.cu, cuda_linear.cu,
- * cuda_loss_optim.cu): the backend's state (gpu_t), the narrow-type dispatch, the checked-call
- * macros, the element access and launch helpers, and each file's ops for the table that
- * backend_cuda.cu assembles. Files are split by op family, as llm.c splits its llmc/ headers. */
+ * cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_bn_act.cu, cuda_pool.cu,
+ * cuda_linear.cu, cuda_loss_optim.cu): the backend's state (gpu_t), the narrow-type dispatch, the
+ * checked-call macros, the element access and launch helpers, and each file's ops for the table
+ * that backend_cuda.cu assembles. Files are split by op family, as llm.c splits its llmc/ headers.
+ */
 #ifndef DDP_WORKER_CUDA_COMMON_CUH
 #define DDP_WORKER_CUDA_COMMON_CUH
 
@@ -21,8 +22,8 @@
 
 #include "exit_codes.h"
 
-#define CHECK_CUDA(x) check_cuda((x), #x, __FILE__, __LINE__)
-#define CHECK_CUDNN(x) check_cudnn((x), #x, __FILE__, __LINE__)
+#define CHECK_CUDA(x)   check_cuda((x), #x, __FILE__, __LINE__)
+#define CHECK_CUDNN(x)  check_cudnn((x), #x, __FILE__, __LINE__)
 #define CHECK_CUBLAS(x) check_cublas((x), #x, __FILE__, __LINE__)
 
 static inline void fail_at(const char *what, const char *msg, const char *file, int line) {
@@ -81,10 +82,10 @@ typedef struct {
     int n_algos;
     float *bn_partials; /* batch-norm reductions: chunks x C partial sums, twice */
     size_t bn_partials_len;
-    float *bn_sums;     /* 2 x BN_MAX_CHANNELS */
-    float *bn_coeffs;   /* 3 x BN_MAX_CHANNELS: bn_act's backward coefficients */
+    float *bn_sums;   /* 2 x BN_MAX_CHANNELS */
+    float *bn_coeffs; /* 3 x BN_MAX_CHANNELS: bn_act's backward coefficients */
     bool is_tf32;
-    low_kind_t low;        /* activations and their gradients in bf16 or fp16 (BACKEND_CUDA_BF16/FP16) */
+    low_kind_t low; /* activations and their gradients in bf16 or fp16 (BACKEND_CUDA_BF16/FP16) */
     int sm_count;
     /* the model's arenas (mark_arenas): the parameters' narrow shadow; to_device / to_host convert
      * in the activation arenas (ops know their tensors' types from their descriptors) */
@@ -92,11 +93,11 @@ typedef struct {
     size_t n_params;
     const char *acts, *dacts;
     size_t act_bytes;
-    void *shadow;          /* low: the parameters in the narrow type, refreshed before each forward */
-    void *dw_scratch;      /* low: a convolution's filter gradient before it joins the fp32 arena */
-    float *stage;          /* low: fp32 staging for uploads and read-backs of activations */
+    void *shadow;     /* low: the parameters in the narrow type, refreshed before each forward */
+    void *dw_scratch; /* low: a convolution's filter gradient before it joins the fp32 arena */
+    float *stage;     /* low: fp32 staging for uploads and read-backs of activations */
     size_t stage_bytes;
-    float *wide[3];        /* low: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
+    float *wide[3]; /* low: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
     size_t wide_bytes[3];
     char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
     char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
@@ -107,7 +108,8 @@ typedef struct {
     long profile_first, profile_count, forwards;
     /* DDP_CUDA_GRAPHS=1: graph_begin records (off while profiling: the capture range is counted
      * in forwards that a recording would skip). scratch_generation counts the replacements of
-     * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale. */
+     * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale.
+     */
     bool is_graphs, is_recording;
     /* DDP_CUDA_NONDETERMINISTIC=1: convolution algorithms that sum with atomics may be chosen (a
      * little faster for some shapes; two runs then differ in the last bits). Default: only
@@ -131,9 +133,11 @@ typedef struct {
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)
-#define BN_MAX_CHANNELS 65536
+#define BN_MAX_CHANNELS    65536
 
-static inline gpu_t *gpu_of(backend_t *b) { return (gpu_t *)b; }
+static inline gpu_t *gpu_of(backend_t *b) {
+    return (gpu_t *)b;
+}
 
 static inline bool in_range(const void *p, const char *base, size_t n_bytes) {
     return base && (const char *)p >= base && (const char *)p < base + n_bytes;
@@ -144,7 +148,8 @@ static inline bool in_range(const void *p, const char *base, size_t n_bytes) {
  * descriptors instead (is_low). Every activation keeps the slot of n floats the model gave it;
  * narrow, its n values fill the first half. */
 static inline bool in_low_arena(const gpu_t *g, const void *p) {
-    return g->low != LOW_NONE && (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
+    return g->low != LOW_NONE &&
+           (in_range(p, g->acts, g->act_bytes) || in_range(p, g->dacts, g->act_bytes));
 }
 
 static inline dtype_t low_dtype(const gpu_t *g) {
@@ -154,28 +159,31 @@ static inline dtype_t low_dtype(const gpu_t *g) {
 /* Whether tensor t is stored in the backend's narrow type (else fp32), as its descriptor says; a
  * narrow type that is not the backend's, or another layout, is the caller's bug. */
 static inline bool is_low(const gpu_t *g, tensor_desc_t t) {
-    if (t.layout != LAYOUT_NHWC) fail_at("tensor descriptor", "a layout other than NHWC", __FILE__, __LINE__);
+    if (t.layout != LAYOUT_NHWC)
+        fail_at("tensor descriptor", "a layout other than NHWC", __FILE__, __LINE__);
     if (t.dtype == DTYPE_F32) return false;
     if (t.dtype != low_dtype(g))
-        fail_at("tensor descriptor", g->low == LOW_NONE ? "a narrow tensor on an fp32 backend"
-                                                        : "a narrow type other than the backend's", __FILE__, __LINE__);
+        fail_at("tensor descriptor",
+                g->low == LOW_NONE ? "a narrow tensor on an fp32 backend"
+                                   : "a narrow type other than the backend's",
+                __FILE__, __LINE__);
     return true;
 }
 
 /* Runs the statement with `Low` naming the narrow type of this backend (bf16 or fp16); LOW and
  * CLOW cast to it. Both types are 2 bytes, so every buffer of them is sized alike. */
-#define WITH_LOW(g, ...) \
-    do { \
-        if ((g)->low == LOW_FP16) { \
-            typedef f16 Low; \
-            __VA_ARGS__; \
-        } else { \
-            typedef bf16 Low; \
-            __VA_ARGS__; \
-        } \
+#define WITH_LOW(g, ...)                                                                           \
+    do {                                                                                           \
+        if ((g)->low == LOW_FP16) {                                                                \
+            typedef f16 Low;                                                                       \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            typedef bf16 Low;                                                                      \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
     } while (0)
-#define LOW(p) ((Low *)(p))
-#define CLOW(p) ((const Low *)(p))
+#define LOW(p)    ((Low *)(p))
+#define CLOW(p)   ((const Low *)(p))
 #define LOW_BYTES 2
 
 /* The narrow copy of parameters at w (inside the parameter arena). */
@@ -188,23 +196,40 @@ static inline unsigned blocks_for(size_t n) {
     return (unsigned)(blocks > 65535 * 16 ? 65535 * 16 : blocks < 1 ? 1 : blocks);
 }
 
-
 /* ---- element access and launches (templates over the activation type: float, bf16 or fp16;
  * math in float) ---- */
 
-#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
-                               i += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                                          \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                        \
+         i += (size_t)gridDim.x * blockDim.x)
 
-static __device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
-static __device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
-static __device__ __forceinline__ float ld(const f16 *p, size_t i) { return __half2float(p[i]); }
-static __device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
-static __device__ __forceinline__ void st(bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
-static __device__ __forceinline__ void st(f16 *p, size_t i, float v) { p[i] = __float2half(v); }
-static __device__ __forceinline__ void add_at(float *p, float v) { atomicAdd(p, v); }
-static __device__ __forceinline__ void add_at(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
-static __device__ __forceinline__ void add_at(f16 *p, float v) { atomicAdd(p, __float2half(v)); }
-
+static __device__ __forceinline__ float ld(const float *p, size_t i) {
+    return p[i];
+}
+static __device__ __forceinline__ float ld(const bf16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
+static __device__ __forceinline__ float ld(const f16 *p, size_t i) {
+    return __half2float(p[i]);
+}
+static __device__ __forceinline__ void st(float *p, size_t i, float v) {
+    p[i] = v;
+}
+static __device__ __forceinline__ void st(bf16 *p, size_t i, float v) {
+    p[i] = __float2bfloat16(v);
+}
+static __device__ __forceinline__ void st(f16 *p, size_t i, float v) {
+    p[i] = __float2half(v);
+}
+static __device__ __forceinline__ void add_at(float *p, float v) {
+    atomicAdd(p, v);
+}
+static __device__ __forceinline__ void add_at(bf16 *p, float v) {
+    atomicAdd(p, __float2bfloat16(v));
+}
+static __device__ __forceinline__ void add_at(f16 *p, float v) {
+    atomicAdd(p, __float2half(v));
+}
 
 template <typename S, typename D> __global__ void convert_kernel(const S *x, D *y, size_t n) {
     GRID_STRIDE(i, n) st(y, i, ld(x, i));
@@ -218,10 +243,10 @@ template <typename T> __global__ void add_low_kernel(const T *x, float *y, size_
     GRID_STRIDE(i, n) y[i] += ld(x, i);
 }
 
-#define LAUNCH(kernel, n, ...) \
-    do { \
-        kernel<<<blocks_for(n), 256, 0, gpu_of(b)->stream>>>(__VA_ARGS__); \
-        CHECK_CUDA(cudaGetLastError()); \
+#define LAUNCH(kernel, n, ...)                                                                     \
+    do {                                                                                           \
+        kernel<<<blocks_for(n), 256, 0, gpu_of(b)->stream>>>(__VA_ARGS__);                         \
+        CHECK_CUDA(cudaGetLastError());                                                            \
     } while (0)
 
 /* ---- ops, by file ---- */
@@ -241,7 +266,8 @@ void gpu_copy_out_begin(backend_t *b);
 void gpu_copy_out(backend_t *b, void *dst, const void *src, size_t n_bytes);
 void gpu_copy_out_fence(backend_t *b);
 void gpu_copy_out_wait(backend_t *b);
-int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts);
+int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts,
+                    size_t n_acts);
 void gpu_prepare_forward(backend_t *b);
 int gpu_graph_begin(backend_t *b);
 void *gpu_graph_end(backend_t *b);
@@ -251,73 +277,92 @@ void gpu_graph_free(backend_t *b, void *graph);
 void gpu_fill(backend_t *b, float *x, float v, size_t n);
 void gpu_scale(backend_t *b, float *x, float f, size_t n);
 void gpu_relu_forward(backend_t *b, tensor_desc_t x_d, tensor_desc_t y_d, size_t n);
-void gpu_relu_backward(backend_t *b, tensor_desc_t y_d, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n);
-void gpu_add_forward(backend_t *b, tensor_desc_t x1_d, tensor_desc_t x2_d, tensor_desc_t y_d, size_t n);
+void gpu_relu_backward(backend_t *b, tensor_desc_t y_d, tensor_desc_t dy_d, tensor_desc_t dx_d,
+                       size_t n);
+void gpu_add_forward(backend_t *b, tensor_desc_t x1_d, tensor_desc_t x2_d, tensor_desc_t y_d,
+                     size_t n);
 void gpu_accumulate(backend_t *b, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n);
-void gpu_dropout_forward(backend_t *b, tensor_desc_t x_d, tensor_desc_t y_d, size_t n, float p, uint64_t key);
-void gpu_dropout_backward(backend_t *b, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n, float p, uint64_t key);
+void gpu_dropout_forward(backend_t *b, tensor_desc_t x_d, tensor_desc_t y_d, size_t n, float p,
+                         uint64_t key);
+void gpu_dropout_backward(backend_t *b, tensor_desc_t dy_d, tensor_desc_t dx_d, size_t n, float p,
+                          uint64_t key);
 /* cuda_data.cu */
-void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w, int c,
-                       const augment_job_t *jobs, int n, augment_norm_t norm, tensor_desc_t out_d, int32_t *labels_out);
+void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *labels, int h, int w,
+                       int c, const augment_job_t *jobs, int n, augment_norm_t norm,
+                       tensor_desc_t out_d, int32_t *labels_out);
 /* cuda_conv.cu */
 /* The convolution algorithms found in earlier runs (g->cache_path), at start. */
 void gpu_algo_cache_load(gpu_t *g);
-void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w, tensor_desc_t y_d);
+void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w,
+                        tensor_desc_t y_d);
 void gpu_conv2d_backward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w,
                          tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw);
 /* cuda_norm.cu */
-void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
-                                 const float *beta, tensor_desc_t y_d, float *save_mean, float *save_invstd,
-                                 float *running_mean, float *running_var, float momentum, float eps);
-void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
-                                const float *beta, tensor_desc_t y_d, const float *running_mean,
-                                const float *running_var, float eps);
+void gpu_batchnorm_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d,
+                                 const float *gamma, const float *beta, tensor_desc_t y_d,
+                                 float *save_mean, float *save_invstd, float *running_mean,
+                                 float *running_var, float momentum, float eps);
+void gpu_batchnorm_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d,
+                                const float *gamma, const float *beta, tensor_desc_t y_d,
+                                const float *running_mean, const float *running_var, float eps);
 void gpu_batchnorm_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
-                            const float *save_mean, const float *save_invstd, tensor_desc_t dy_d, tensor_desc_t dx_d,
-                            float *dgamma, float *dbeta);
+                            const float *save_mean, const float *save_invstd, tensor_desc_t dy_d,
+                            tensor_desc_t dx_d, float *dgamma, float *dbeta);
 void gpu_bias_add(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y_d);
 void gpu_bias_backward(backend_t *b, size_t rows, int c, tensor_desc_t dy_d, float *dbias);
 /* cuda_bn_act.cu */
-void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
-                              const float *beta, tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d,
-                              float *save_mean, float *save_invstd, float *running_mean, float *running_var,
+void gpu_bn_act_forward_train(backend_t *b, size_t rows, int c, tensor_desc_t x_d,
+                              const float *gamma, const float *beta, tensor_desc_t residual_d,
+                              unsigned flags, tensor_desc_t y_d, float *save_mean,
+                              float *save_invstd, float *running_mean, float *running_var,
                               float momentum, float eps);
-void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
-                             const float *beta, tensor_desc_t residual_d, unsigned flags, tensor_desc_t y_d,
-                             const float *running_mean, const float *running_var, float eps);
+void gpu_bn_act_forward_eval(backend_t *b, size_t rows, int c, tensor_desc_t x_d,
+                             const float *gamma, const float *beta, tensor_desc_t residual_d,
+                             unsigned flags, tensor_desc_t y_d, const float *running_mean,
+                             const float *running_var, float eps);
 void gpu_bn_act_backward(backend_t *b, size_t rows, int c, tensor_desc_t x_d, const float *gamma,
-                         const float *save_mean, const float *save_invstd, tensor_desc_t y_d, tensor_desc_t dy_d,
-                         unsigned flags, tensor_desc_t dx_d, tensor_desc_t dresidual_d, float *dgamma, float *dbeta);
-void gpu_bn_act_forward_train_sums(backend_t *b, size_t rows, int c, tensor_desc_t x, const float *sum,
-                                   const float *sqsum, const float *gamma, const float *beta,
-                                   tensor_desc_t residual, unsigned flags, tensor_desc_t y, float *save_mean,
-                                   float *save_invstd, float *running_mean, float *running_var, float momentum,
+                         const float *save_mean, const float *save_invstd, tensor_desc_t y_d,
+                         tensor_desc_t dy_d, unsigned flags, tensor_desc_t dx_d,
+                         tensor_desc_t dresidual_d, float *dgamma, float *dbeta);
+void gpu_bn_act_forward_train_sums(backend_t *b, size_t rows, int c, tensor_desc_t x,
+                                   const float *sum, const float *sqsum, const float *gamma,
+                                   const float *beta, tensor_desc_t residual, unsigned flags,
+                                   tensor_desc_t y, float *save_mean, float *save_invstd,
+                                   float *running_mean, float *running_var, float momentum,
                                    float eps);
 /* cuda_conv_fusion.cu */
 int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
-                          const float *bias, const float *w, tensor_desc_t y, float *sum, float *sqsum);
+                          const float *bias, const float *w, tensor_desc_t y, float *sum,
+                          float *sqsum);
 void gpu_conv_fusion_free(gpu_t *g);
 /* cuda_pool.cu */
-void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d, int32_t *argmax);
-void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax, tensor_desc_t dy_d,
-                          tensor_desc_t dx_d);
-void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x_d, tensor_desc_t y_d);
-void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy_d, tensor_desc_t dx_d);
-void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d);
-void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy_d, tensor_desc_t dx_d);
+void gpu_maxpool_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d, tensor_desc_t y_d,
+                         int32_t *argmax);
+void gpu_maxpool_backward(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
+                          tensor_desc_t dy_d, tensor_desc_t dx_d);
+void gpu_avgpool_global_forward(backend_t *b, int n, int hw, int c, tensor_desc_t x_d,
+                                tensor_desc_t y_d);
+void gpu_avgpool_global_backward(backend_t *b, int n, int hw, int c, tensor_desc_t dy_d,
+                                 tensor_desc_t dx_d);
+void gpu_avgpool_adaptive_forward(backend_t *b, const pool_shape_t *s, tensor_desc_t x_d,
+                                  tensor_desc_t y_d);
+void gpu_avgpool_adaptive_backward(backend_t *b, const pool_shape_t *s, tensor_desc_t dy_d,
+                                   tensor_desc_t dx_d);
 /* cuda_linear.cu */
 void gpu_linear_forward(backend_t *b, int n, int in, int out, tensor_desc_t x_d, const float *w,
                         const float *bias, tensor_desc_t y_d);
 void gpu_linear_backward(backend_t *b, int n, int in, int out, tensor_desc_t x_d, const float *w,
                          tensor_desc_t dy_d, tensor_desc_t dx_d, float *dw, float *dbias);
 /* cuda_loss_optim.cu */
-void gpu_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits_d, const int32_t *labels, float smoothing,
-                      float grad_scale, const loss_scale_t *ls, tensor_desc_t dlogits_d, float *loss_sum);
-void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                  float momentum, float wd, bool is_nesterov, float grad_scale, const loss_scale_t *ls);
-void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                   size_t n, const adam_hparams_t *h, float grad_scale, const loss_scale_t *ls,
-                   adam_count_t *count);
+void gpu_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits_d, const int32_t *labels,
+                      float smoothing, float grad_scale, const loss_scale_t *ls,
+                      tensor_desc_t dlogits_d, float *loss_sum);
+void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n,
+                  float lr, float momentum, float wd, bool is_nesterov, float grad_scale,
+                  const loss_scale_t *ls);
+void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg,
+                   float *exp_avg_sq, size_t n, const adam_hparams_t *h, float grad_scale,
+                   const loss_scale_t *ls, adam_count_t *count);
 void gpu_loss_scale_check(backend_t *b, const float *x, size_t n, loss_scale_t *ls);
 void gpu_loss_scale_update(backend_t *b, loss_scale_t *ls, uint32_t growth_interval);
 

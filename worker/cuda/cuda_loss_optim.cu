@@ -4,13 +4,15 @@
 /* ---- loss: one thread per sample (class counts here are small) ---- */
 
 template <typename T>
-__global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t *labels, float smoothing,
-                                    float grad_scale, const loss_scale_t *ls, T *dlogits, float *loss_sum) {
+__global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t *labels,
+                                    float smoothing, float grad_scale, const loss_scale_t *ls,
+                                    T *dlogits, float *loss_sum) {
     double d_scale = (double)grad_scale * (ls ? ls->scale : 1.0f);
     GRID_STRIDE(i, (size_t)n) {
         const T *z = logits + i * k;
         float zmax = ld(z, 0);
-        for (int j = 1; j < k; j++) zmax = fmaxf(zmax, ld(z, j));
+        for (int j = 1; j < k; j++)
+            zmax = fmaxf(zmax, ld(z, j));
         double sum_exp = 0, sum_z = 0;
         for (int j = 0; j < k; j++) {
             sum_exp += exp((double)ld(z, j) - zmax);
@@ -18,7 +20,8 @@ __global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t
         }
         double log_sum = log(sum_exp) + zmax, off = (double)smoothing / k;
         int label = labels[i];
-        atomicAdd(loss_sum, (float)((1.0 - smoothing) * (log_sum - ld(z, label)) + off * (k * log_sum - sum_z)));
+        atomicAdd(loss_sum, (float)((1.0 - smoothing) * (log_sum - ld(z, label)) +
+                                    off * (k * log_sum - sum_z)));
         if (!dlogits) continue;
         for (int j = 0; j < k; j++) {
             double q = j == label ? 1.0 - smoothing + off : off;
@@ -28,23 +31,24 @@ __global__ void softmax_xent_kernel(int n, int k, const T *logits, const int32_t
 }
 
 void gpu_softmax_xent(backend_t *b, int n, int k, tensor_desc_t logits_d, const int32_t *labels,
-                             float smoothing, float grad_scale, const loss_scale_t *ls, tensor_desc_t dlogits_d,
-                             float *loss_sum) {
+                      float smoothing, float grad_scale, const loss_scale_t *ls,
+                      tensor_desc_t dlogits_d, float *loss_sum) {
     const float *logits = (const float *)logits_d.data;
     float *dlogits = (float *)dlogits_d.data;
     if (!n) return;
     if (is_low(gpu_of(b), logits_d))
-        WITH_LOW(gpu_of(b), LAUNCH(softmax_xent_kernel<Low>, (size_t)n, n, k, CLOW(logits), labels, smoothing,
-                                   grad_scale, ls, LOW(dlogits), loss_sum));
+        WITH_LOW(gpu_of(b), LAUNCH(softmax_xent_kernel<Low>, (size_t)n, n, k, CLOW(logits), labels,
+                                   smoothing, grad_scale, ls, LOW(dlogits), loss_sum));
     else
-        LAUNCH(softmax_xent_kernel<float>, (size_t)n, n, k, logits, labels, smoothing, grad_scale, ls, dlogits,
-               loss_sum);
+        LAUNCH(softmax_xent_kernel<float>, (size_t)n, n, k, logits, labels, smoothing, grad_scale,
+               ls, dlogits, loss_sum);
 }
 
 /* ---- optimizer: one fused pass over the arenas ---- */
 
-__global__ void sgd_kernel(float *p, const float *grads, float *m, size_t n, float lr, float momentum, float wd,
-                           bool is_nesterov, float grad_scale, const loss_scale_t *ls) {
+__global__ void sgd_kernel(float *p, const float *grads, float *m, size_t n, float lr,
+                           float momentum, float wd, bool is_nesterov, float grad_scale,
+                           const loss_scale_t *ls) {
     if (ls && ls->found_inf) return; /* GradScaler's skipped step */
     if (ls) grad_scale /= ls->scale;
     GRID_STRIDE(i, n) {
@@ -55,11 +59,12 @@ __global__ void sgd_kernel(float *p, const float *grads, float *m, size_t n, flo
     }
 }
 
-void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                         float momentum, float weight_decay, bool is_nesterov, float grad_scale,
-                         const loss_scale_t *ls) {
+void gpu_sgd_step(backend_t *b, float *params, const float *grads, float *momentum_buf, size_t n,
+                  float lr, float momentum, float weight_decay, bool is_nesterov, float grad_scale,
+                  const loss_scale_t *ls) {
     if (n)
-        LAUNCH(sgd_kernel, n, params, grads, momentum_buf, n, lr, momentum, weight_decay, is_nesterov, grad_scale, ls);
+        LAUNCH(sgd_kernel, n, params, grads, momentum_buf, n, lr, momentum, weight_decay,
+               is_nesterov, grad_scale, ls);
 }
 
 /* Adam: one thread counts the step and derives its bias corrections (adam_count_next), then the
@@ -68,20 +73,23 @@ __global__ void adam_count_kernel(adam_count_t *count, adam_hparams_t h, const l
     adam_count_next(count, &h, ls);
 }
 
-__global__ void adam_kernel(float *p, const float *grads, float *m, float *v, size_t n, adam_scalars_t s,
-                            float grad_scale, const loss_scale_t *ls, const adam_count_t *count) {
+__global__ void adam_kernel(float *p, const float *grads, float *m, float *v, size_t n,
+                            adam_scalars_t s, float grad_scale, const loss_scale_t *ls,
+                            const adam_count_t *count) {
     if (ls && ls->found_inf) return; /* GradScaler's skipped step: the count did not move either */
     if (ls) grad_scale /= ls->scale;
     const adam_count_t c = *count;
     GRID_STRIDE(i, n) adam_update(&p[i], &m[i], &v[i], grads[i] * grad_scale, &c, &s);
 }
 
-void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg, float *exp_avg_sq,
-                          size_t n, const adam_hparams_t *h, float grad_scale, const loss_scale_t *ls,
-                          adam_count_t *count) {
+void gpu_adam_step(backend_t *b, float *params, const float *grads, float *exp_avg,
+                   float *exp_avg_sq, size_t n, const adam_hparams_t *h, float grad_scale,
+                   const loss_scale_t *ls, adam_count_t *count) {
     adam_count_kernel<<<1, 1, 0, gpu_of(b)->stream>>>(count, *h, ls);
     CHECK_CUDA(cudaGetLastError());
-    if (n) LAUNCH(adam_kernel, n, params, grads, exp_avg, exp_avg_sq, n, adam_scalars(h), grad_scale, ls, count);
+    if (n)
+        LAUNCH(adam_kernel, n, params, grads, exp_avg, exp_avg_sq, n, adam_scalars(h), grad_scale,
+               ls, count);
 }
 
 /* Every thread that sees an inf or a NaN stores the same 1: the race is harmless. */

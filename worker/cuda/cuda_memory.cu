@@ -44,7 +44,6 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     return 0;
 }
 
-
 /* ---- copies: fp32 on the host side always; narrow activations are converted on the device ---- */
 
 float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
@@ -61,7 +60,9 @@ float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
 }
 
 /* fp32 staging for converting copies. */
-static float *stage(gpu_t *g, size_t n_bytes) { return gpu_grown(g, &g->stage, &g->stage_bytes, n_bytes); }
+static float *stage(gpu_t *g, size_t n_bytes) {
+    return gpu_grown(g, &g->stage, &g->stage_bytes, n_bytes);
+}
 
 void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
@@ -89,7 +90,8 @@ void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     CHECK_CUDA(cudaStreamSynchronize(g->stream));
 }
 
-/* ---- copies out on a side stream (memory snapshots): overlapped with the next step's forward ---- */
+/* ---- copies out on a side stream (memory snapshots): overlapped with the next step's forward ----
+ */
 
 int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
     (void)b;
@@ -138,7 +140,8 @@ void gpu_copy_out_wait(backend_t *b) {
 
 /* ---- the model's arenas (bf16 and fp16 modes) ---- */
 
-int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts, size_t n_acts) {
+int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, float *dacts,
+                    size_t n_acts) {
     gpu_t *g = gpu_of(b);
     g->params = params;
     g->n_params = n_params;
@@ -147,14 +150,16 @@ int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, f
     g->act_bytes = n_acts * sizeof(float);
     if (g->low == LOW_NONE) return 0;
     size_t bytes = (n_params ? n_params : 1) * LOW_BYTES;
-    if (cudaMalloc(&g->shadow, bytes) != cudaSuccess || cudaMalloc(&g->dw_scratch, bytes) != cudaSuccess) {
+    if (cudaMalloc(&g->shadow, bytes) != cudaSuccess ||
+        cudaMalloc(&g->dw_scratch, bytes) != cudaSuccess) {
         cudaGetLastError();
         return -12; /* -ENOMEM */
     }
     return 0;
 }
 
-/* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy. */
+/* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy.
+ */
 void gpu_prepare_forward(backend_t *b) {
     gpu_t *g = gpu_of(b);
     if (g->trace_forwards < 2 && startup_trace_is_on()) {
@@ -163,7 +168,8 @@ void gpu_prepare_forward(backend_t *b) {
         } else { /* the first step has been queued whole: wait for it */
             CHECK_CUDA(cudaStreamSynchronize(g->stream));
             char what[160];
-            snprintf(what, sizeof what, "first step (of which cuDNN's algorithm search: %.3f s for %d shapes)",
+            snprintf(what, sizeof what,
+                     "first step (of which cuDNN's algorithm search: %.3f s for %d shapes)",
                      g->search_seconds, g->searched_shapes);
             startup_trace_end(what, g->trace_first_forward);
         }
@@ -179,9 +185,9 @@ void gpu_prepare_forward(backend_t *b) {
         }
     }
     if (g->low != LOW_NONE && g->n_params)
-        WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), g->n_params, g->params, LOW(g->shadow), g->n_params));
+        WITH_LOW(g, LAUNCH((convert_kernel<float, Low>), g->n_params, g->params, LOW(g->shadow),
+                           g->n_params));
 }
-
 
 /* ---- recordings (CUDA graphs of the backend's stream; backend.h's graph_*) ---- */
 
@@ -208,8 +214,8 @@ void *gpu_graph_end(backend_t *b) {
     if (rc == cudaSuccess && r) rc = cudaGraphInstantiate(&r->exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (rc != cudaSuccess || !r) {
-        fprintf(stderr, "ddpworker: %s:%d: recording a CUDA graph: %s; running without graphs\n", __FILE__,
-                __LINE__, r ? cudaGetErrorString(rc) : "out of memory");
+        fprintf(stderr, "ddpworker: %s:%d: recording a CUDA graph: %s; running without graphs\n",
+                __FILE__, __LINE__, r ? cudaGetErrorString(rc) : "out of memory");
         cudaGetLastError();
         free(r);
         g->is_graphs = false;

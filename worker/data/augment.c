@@ -26,8 +26,8 @@ augment_norm_t augment_norm(const augment_t *a, int c) {
     return n;
 }
 
-void augment_apply(const augment_choice_t *ch, const augment_norm_t *norm, const uint8_t *src, int h,
-                   int w, int c, float *dst) {
+void augment_apply(const augment_choice_t *ch, const augment_norm_t *norm, const uint8_t *src,
+                   int h, int w, int c, float *dst) {
     for (int y = 0; y < h; y++) {
         int sy = y + ch->dy;
         for (int x = 0; x < w; x++) {
@@ -36,7 +36,8 @@ void augment_apply(const augment_choice_t *ch, const augment_norm_t *norm, const
             bool is_inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
             const uint8_t *in = is_inside ? src + ((int64_t)sy * w + sx) * c : NULL;
             /* never an FMA: this file is built with -ffp-contract=off (worker/CMakeLists.txt) */
-            for (int k = 0; k < c; k++) out[k] = (float)(is_inside ? in[k] : 0) * norm->scale[k] + norm->shift[k];
+            for (int k = 0; k < c; k++)
+                out[k] = (float)(is_inside ? in[k] : 0) * norm->scale[k] + norm->shift[k];
         }
     }
 }

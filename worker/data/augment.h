@@ -12,14 +12,14 @@
 #define AUGMENT_MAX_CHANNELS 4
 
 typedef struct {
-    bool is_random;  /* crop + flip; false: normalization only (evaluation) */
-    int padding;     /* of the random crop */
+    bool is_random; /* crop + flip; false: normalization only (evaluation) */
+    int padding;    /* of the random crop */
     float mean[AUGMENT_MAX_CHANNELS], std[AUGMENT_MAX_CHANNELS]; /* on the 0..1 scale */
     uint64_t seed;
 } augment_t;
 
 typedef struct {
-    int dx, dy;      /* crop offset in [-padding, padding] */
+    int dx, dy; /* crop offset in [-padding, padding] */
     bool is_flipped;
 } augment_choice_t;
 
@@ -40,8 +40,8 @@ augment_choice_t augment_choose(const augment_t *a, int64_t epoch, int64_t index
 augment_norm_t augment_norm(const augment_t *a, int c);
 /* src: (h, w, c) uint8 NHWC; dst: (h, w, c) fp32 NHWC, src shifted and mirrored by ch, normalized.
  * Each value is one rounded multiply then one rounded add (never fused), which a GPU reproduces. */
-void augment_apply(const augment_choice_t *ch, const augment_norm_t *norm, const uint8_t *src, int h,
-                   int w, int c, float *dst);
+void augment_apply(const augment_choice_t *ch, const augment_norm_t *norm, const uint8_t *src,
+                   int h, int w, int c, float *dst);
 /* augment_choose then augment_apply: (x/255 - mean) / std of the shifted, mirrored sample. */
 void augment_sample(const augment_t *a, int64_t epoch, int64_t index, const uint8_t *src, int h,
                     int w, int c, float *dst);

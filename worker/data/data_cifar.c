@@ -12,8 +12,8 @@
 #define CIFAR_IMAGE  (3 * CIFAR_PIXELS)
 
 /* Append one file's records to out (already sized for them). */
-static int read_file(const char *path, int label_bytes, int classes, dataset_t *out,
-                     int64_t first, int64_t count, char *err, size_t el) {
+static int read_file(const char *path, int label_bytes, int classes, dataset_t *out, int64_t first,
+                     int64_t count, char *err, size_t el) {
     FILE *f = fopen(path, "rb");
     if (!f) return dataset_fail(err, el, "%s: cannot open: %s", path, strerror(errno));
     uint8_t record[2 + CIFAR_IMAGE];
@@ -27,7 +27,7 @@ static int read_file(const char *path, int label_bytes, int classes, dataset_t *
         uint8_t label = record[label_bytes - 1]; /* CIFAR-100: the fine label, after the coarse */
         if (label >= classes) {
             rc = dataset_fail(err, el, "%s: record %lld has label %u, not below %d classes", path,
-                      (long long)i, label, classes);
+                              (long long)i, label, classes);
             break;
         }
         int64_t n = first + i;
@@ -35,14 +35,15 @@ static int read_file(const char *path, int label_bytes, int classes, dataset_t *
         uint8_t *dst = out->images + n * CIFAR_IMAGE;
         const uint8_t *planes = record + label_bytes;
         for (int p = 0; p < CIFAR_PIXELS; p++)
-            for (int ch = 0; ch < 3; ch++) dst[p * 3 + ch] = planes[ch * CIFAR_PIXELS + p];
+            for (int ch = 0; ch < 3; ch++)
+                dst[p * 3 + ch] = planes[ch * CIFAR_PIXELS + p];
     }
     fclose(f);
     return rc;
 }
 
-int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t limit,
-                   dataset_t *out, char *err, size_t err_len) {
+int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t limit, dataset_t *out,
+                   char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     const char *names10_train[] = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
                                    "data_batch_4.bin", "data_batch_5.bin"};
@@ -61,8 +62,9 @@ int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t lim
         if (stat(paths[i], &st) != 0)
             return dataset_fail(err, err_len, "%s: cannot open: %s", paths[i], strerror(errno));
         if (st.st_size == 0 || (size_t)st.st_size % record != 0)
-            return dataset_fail(err, err_len, "%s: %lld bytes is not a whole number of %zu-byte records",
-                        paths[i], (long long)st.st_size, record);
+            return dataset_fail(err, err_len,
+                                "%s: %lld bytes is not a whole number of %zu-byte records",
+                                paths[i], (long long)st.st_size, record);
         counts[i] = (int64_t)((size_t)st.st_size / record);
         total += counts[i];
     }
@@ -70,7 +72,8 @@ int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t lim
     out->labels = malloc((size_t)total * sizeof *out->labels);
     if (!out->images || !out->labels) {
         dataset_free(out);
-        return dataset_fail(err, err_len, "%s: out of memory for %lld images", dir, (long long)total);
+        return dataset_fail(err, err_len, "%s: out of memory for %lld images", dir,
+                            (long long)total);
     }
     for (int64_t i = 0, first = 0; i < n_files; first += counts[i], i++) {
         if (read_file(paths[i], label_bytes, classes, out, first, counts[i], err, err_len) < 0) {

@@ -11,7 +11,7 @@
 
 /* CIFAR-10: data_batch_1..5.bin (train) or test_batch.bin in dir; CIFAR-100: train.bin or
  * test.bin, fine labels. Keeps the first `limit` samples (0: all). Returns 0 or -1 with err. */
-int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t limit,
-                   dataset_t *out, char *err, size_t err_len);
+int cifar_load_dir(const char *dir, bool is_cifar100, bool is_train, int64_t limit, dataset_t *out,
+                   char *err, size_t err_len);
 
 #endif

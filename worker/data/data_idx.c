@@ -25,7 +25,8 @@ static int read_claimed(gzFile f, size_t claimed, uint8_t **out) {
             buf = grown;
             cap = next;
         }
-        int got = gzread(f, buf + have, (unsigned)(cap - have > (1u << 30) ? 1u << 30 : cap - have));
+        int got =
+            gzread(f, buf + have, (unsigned)(cap - have > (1u << 30) ? 1u << 30 : cap - have));
         if (got <= 0) break;
         have += (size_t)got;
     }
@@ -61,8 +62,10 @@ static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *e
     if (read_exact(f, magic, 4) < 0) {
         dataset_fail(err, el, "%s: truncated: no IDX header", path);
     } else if (magic[0] || magic[1] || magic[2] != IDX_TYPE_UBYTE || magic[3] != want_dims) {
-        dataset_fail(err, el, "%s: not an IDX file of unsigned bytes with %d dimensions (header %02x %02x "
-                      "%02x %02x)", path, want_dims, magic[0], magic[1], magic[2], magic[3]);
+        dataset_fail(err, el,
+                     "%s: not an IDX file of unsigned bytes with %d dimensions (header %02x %02x "
+                     "%02x %02x)",
+                     path, want_dims, magic[0], magic[1], magic[2], magic[3]);
     } else {
         int64_t total = 1;
         bool is_ok = true;
@@ -75,9 +78,11 @@ static gzFile open_idx(const char *path, int want_dims, int64_t dims[3], char *e
             }
             dims[i] = (int64_t)b[0] << 24 | b[1] << 16 | b[2] << 8 | b[3];
             if (dims[i] <= 0 || dims[i] > IDX_MAX_ELEMS / total) {
-                if (dims[i] <= 0) dataset_fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
-                else dataset_fail(err, el, "%s: its dimensions claim more than %lld bytes", path,
-                          (long long)IDX_MAX_ELEMS);
+                if (dims[i] <= 0)
+                    dataset_fail(err, el, "%s: dimension %d is %lld", path, i, (long long)dims[i]);
+                else
+                    dataset_fail(err, el, "%s: its dimensions claim more than %lld bytes", path,
+                                 (long long)IDX_MAX_ELEMS);
                 is_ok = false;
                 break;
             }
@@ -111,20 +116,22 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
     int rc = 0;
     if (idims[0] != ldims[0]) {
         rc = dataset_fail(err, err_len, "%s has %lld images but %s has %lld labels", images_path,
-                  (long long)idims[0], labels_path, (long long)ldims[0]);
+                          (long long)idims[0], labels_path, (long long)ldims[0]);
         goto done;
     }
     int64_t n = idims[0], keep = limit > 0 && limit < n ? limit : n;
     size_t per_image = (size_t)(idims[1] * idims[2]);
     if (read_claimed(fi, (size_t)n * per_image, &out->images) < 0) {
-        rc = dataset_fail(err, err_len, "%s: truncated: fewer than the %lld images its header promises",
-                  images_path, (long long)n);
+        rc = dataset_fail(err, err_len,
+                          "%s: truncated: fewer than the %lld images its header promises",
+                          images_path, (long long)n);
         goto done;
     }
     uint8_t *raw_labels = NULL; /* IDX labels are bytes; ours are int32 end to end */
     if (read_claimed(fl, (size_t)n, &raw_labels) < 0) {
-        rc = dataset_fail(err, err_len, "%s: truncated: fewer than the %lld labels its header promises",
-                  labels_path, (long long)n);
+        rc = dataset_fail(err, err_len,
+                          "%s: truncated: fewer than the %lld labels its header promises",
+                          labels_path, (long long)n);
         goto done;
     }
     out->labels = malloc((size_t)(n ? n : 1) * sizeof *out->labels);
@@ -134,14 +141,15 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
                           (long long)n);
         goto done;
     }
-    for (int64_t i = 0; i < n; i++) out->labels[i] = raw_labels[i];
+    for (int64_t i = 0; i < n; i++)
+        out->labels[i] = raw_labels[i];
     free(raw_labels);
     if ((rc = expect_end(fi, images_path, err, err_len)) < 0) goto done;
     if ((rc = expect_end(fl, labels_path, err, err_len)) < 0) goto done;
     for (int64_t i = 0; i < n; i++) {
         if (out->labels[i] >= classes) {
             rc = dataset_fail(err, err_len, "%s: label %d of sample %lld is not below %d classes",
-                      labels_path, (int)out->labels[i], (long long)i, classes);
+                              labels_path, (int)out->labels[i], (long long)i, classes);
             goto done;
         }
     }
@@ -178,7 +186,8 @@ int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, 
 void dataset_free(dataset_t *d) {
     free(d->images);
     free(d->labels);
-    for (int64_t i = 0; d->paths && i < d->n; i++) free(d->paths[i]);
+    for (int64_t i = 0; d->paths && i < d->n; i++)
+        free(d->paths[i]);
     free(d->paths);
     memset(d, 0, sizeof *d);
 }

@@ -11,7 +11,7 @@
 #include "rng.h"
 
 #define SYNTHETIC_TRAIN_DEFAULT 10000
-#define SYNTHETIC_TEST_DEFAULT 2000
+#define SYNTHETIC_TEST_DEFAULT  2000
 
 static int synthetic(const train_conf_t *c, int64_t n, uint64_t stream, dataset_t *d, char *err,
                      size_t err_len) {
@@ -30,7 +30,8 @@ static int synthetic(const train_conf_t *c, int64_t n, uint64_t stream, dataset_
                             (long long)n);
     }
     for (int64_t i = 0; i < n; i++) {
-        uint64_t state = rng_key((uint64_t)c->seed ^ stream, 0x73796e74ull /* "synt" */, (uint64_t)i);
+        uint64_t state =
+            rng_key((uint64_t)c->seed ^ stream, 0x73796e74ull /* "synt" */, (uint64_t)i);
         int label = (int)(rng_next(&state) % (uint64_t)d->classes);
         d->labels[i] = label;
         uint8_t *img = d->images + per * (size_t)i;
@@ -55,10 +56,16 @@ static void set_stats(data_splits_t *d, const float *mean, const float *std, int
 /* A split of an image folder as a dataset of files (the loader decodes them). */
 static void take_split(imagefolder_split_t *s, int size, int classes, int64_t limit,
                        dataset_t *out) {
-    *out = (dataset_t){.n = s->n, .h = size, .w = size, .c = 3, .classes = classes,
-                       .labels = s->labels, .paths = s->paths};
+    *out = (dataset_t){.n = s->n,
+                       .h = size,
+                       .w = size,
+                       .c = 3,
+                       .classes = classes,
+                       .labels = s->labels,
+                       .paths = s->paths};
     memset(s, 0, sizeof *s);
-    for (int64_t i = limit; limit > 0 && i < out->n; i++) free(out->paths[i]); /* the first N */
+    for (int64_t i = limit; limit > 0 && i < out->n; i++)
+        free(out->paths[i]); /* the first N */
     if (limit > 0 && limit < out->n) out->n = limit;
 }
 
@@ -156,13 +163,17 @@ static int copy_where(const dataset_t *src, const bool *is_held, bool want, int6
     size_t per = src->paths ? 0 : (size_t)src->h * src->w * src->c;
     *out = (dataset_t){.n = n_out, .h = src->h, .w = src->w, .c = src->c, .classes = src->classes};
     out->labels = malloc(sizeof *out->labels * (size_t)n_out);
-    if (src->paths) out->paths = calloc((size_t)n_out, sizeof *out->paths);
-    else out->images = malloc(per * (size_t)n_out);
+    if (src->paths)
+        out->paths = calloc((size_t)n_out, sizeof *out->paths);
+    else
+        out->images = malloc(per * (size_t)n_out);
     bool is_ok = out->labels && (out->paths || out->images);
     for (int64_t i = 0, j = 0; is_ok && i < src->n; i++) {
         if (is_held[i] != want) continue;
-        if (src->paths) is_ok = (out->paths[j] = strdup(src->paths[i])) != NULL;
-        else memcpy(out->images + per * (size_t)j, src->images + per * (size_t)i, per);
+        if (src->paths)
+            is_ok = (out->paths[j] = strdup(src->paths[i])) != NULL;
+        else
+            memcpy(out->images + per * (size_t)j, src->images + per * (size_t)i, per);
         out->labels[j++] = src->labels[i];
     }
     if (!is_ok) {
@@ -184,17 +195,20 @@ int data_hold_out(dataset_t *train, double fraction, dataset_t *val, char *err, 
     int rc = order && is_held ? 0 : -1;
     if (rc == 0) {
         uint64_t state = rng_key(0x76616c73706c6974ull /* "valsplit" */, (uint64_t)n, 0);
-        for (int64_t i = 0; i < n; i++) order[i] = i;
+        for (int64_t i = 0; i < n; i++)
+            order[i] = i;
         for (int64_t i = n - 1; i > 0; i--) {
             int64_t j = (int64_t)(rng_next(&state) % (uint64_t)(i + 1));
             int64_t tmp = order[i];
             order[i] = order[j];
             order[j] = tmp;
         }
-        for (int64_t i = 0; i < n_val; i++) is_held[order[i]] = true;
+        for (int64_t i = 0; i < n_val; i++)
+            is_held[order[i]] = true;
         dataset_t kept;
         rc = copy_where(train, is_held, true, n_val, val);
-        if (rc == 0 && (rc = copy_where(train, is_held, false, n - n_val, &kept)) < 0) dataset_free(val);
+        if (rc == 0 && (rc = copy_where(train, is_held, false, n - n_val, &kept)) < 0)
+            dataset_free(val);
         if (rc == 0) {
             dataset_free(train);
             *train = kept;
@@ -202,6 +216,8 @@ int data_hold_out(dataset_t *train, double fraction, dataset_t *val, char *err, 
     }
     free(order);
     free(is_held);
-    if (rc < 0) return dataset_fail(err, err_len, "out of memory holding out %lld samples", (long long)n_val);
+    if (rc < 0)
+        return dataset_fail(err, err_len, "out of memory holding out %lld samples",
+                            (long long)n_val);
     return 0;
 }

@@ -14,13 +14,17 @@
 #include <png.h>
 #include <turbojpeg.h>
 
-static bool is_jpeg(const uint8_t *b, size_t n) { return n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF; }
+static bool is_jpeg(const uint8_t *b, size_t n) {
+    return n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
+}
 
 static bool is_png(const uint8_t *b, size_t n) {
     return n >= 8 && memcmp(b, "\x89PNG\r\n\x1a\n", 8) == 0;
 }
 
-void image_decoder_init(image_decoder_t *d) { memset(d, 0, sizeof *d); }
+void image_decoder_init(image_decoder_t *d) {
+    memset(d, 0, sizeof *d);
+}
 
 void image_decoder_free(image_decoder_t *d) {
     if (d->tj) tjDestroy(d->tj);
@@ -34,7 +38,7 @@ static int reserve(image_decoder_t *d, int width, int height, int channels, char
                    size_t err_len) {
     if (width <= 0 || height <= 0 || (int64_t)width * height > IMAGE_DECODE_MAX_PIXELS)
         return ddp_errf(err, err_len, "a %dx%d image is out of bounds (at most %lld pixels)", width,
-                    height, (long long)IMAGE_DECODE_MAX_PIXELS);
+                        height, (long long)IMAGE_DECODE_MAX_PIXELS);
     size_t need = (size_t)width * (size_t)height * (size_t)channels;
     if (need <= d->capacity) return 0;
     uint8_t *p = realloc(d->pixels, need);
@@ -78,7 +82,8 @@ int image_decode_info(image_decoder_t *d, const uint8_t *bytes, size_t n_bytes, 
     int colorspace;
     if (is_jpeg(bytes, n_bytes))
         return jpeg_header(d, bytes, n_bytes, &out->width, &out->height, &colorspace, err, err_len);
-    if (is_png(bytes, n_bytes)) return png_header(bytes, n_bytes, &out->width, &out->height, err, err_len);
+    if (is_png(bytes, n_bytes))
+        return png_header(bytes, n_bytes, &out->width, &out->height, err, err_len);
     return ddp_errf(err, err_len, "not a JPEG or PNG file (%zu bytes)", n_bytes);
 }
 
@@ -94,7 +99,8 @@ static void cmyk_to_rgb(uint8_t *p, size_t n_pixels) {
             int t = (255 - in[c]) * nk + 128;
             rgb[c] = nk - (((t >> 8) + t) >> 8);
         }
-        for (int c = 0; c < 3; c++) p[3 * i + c] = (uint8_t)(rgb[c] < 0 ? 0 : rgb[c]);
+        for (int c = 0; c < 3; c++)
+            p[3 * i + c] = (uint8_t)(rgb[c] < 0 ? 0 : rgb[c]);
     }
 }
 
@@ -169,7 +175,7 @@ static void png_rgb_transforms(png_structp png, png_infop info) {
     int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
     if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png); /* tRNS ignored, as PIL */
     if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-    if (depth == 16) png_set_strip_16(png);                           /* PIL keeps the high byte */
+    if (depth == 16) png_set_strip_16(png); /* PIL keeps the high byte */
     png_set_strip_alpha(png); /* dropped, not composited; also what palette_to_rgb makes of tRNS */
     if (!(color & PNG_COLOR_MASK_COLOR)) png_set_gray_to_rgb(png);
     png_set_interlace_handling(png);
@@ -181,7 +187,8 @@ static int decode_png(image_decoder_t *d, const uint8_t *bytes, size_t n, int *w
     int w, h;
     if (png_header(bytes, n, &w, &h, err, err_len) < 0) return -1;
     png_source_t src = {.bytes = bytes, .n = n};
-    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error, png_on_warning);
+    png_structp png =
+        png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error, png_on_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         png_destroy_read_struct(&png, NULL, NULL);
@@ -205,7 +212,8 @@ static int decode_png(image_decoder_t *d, const uint8_t *bytes, size_t n, int *w
         d->rows = rows;
         d->rows_capacity = (size_t)h;
     }
-    for (int y = 0; y < h; y++) d->rows[y] = d->pixels + (size_t)y * w * 3;
+    for (int y = 0; y < h; y++)
+        d->rows[y] = d->pixels + (size_t)y * w * 3;
     /* the chunks after the image data are not read: PIL decodes a file cut after them too */
     png_read_image(png, d->rows);
     png_destroy_read_struct(&png, &info, NULL);

@@ -18,10 +18,10 @@
 #define IMAGE_DECODE_MAX_PIXELS ((int64_t)1 << 28)
 
 typedef struct {
-    void *tj;          /* tjhandle, created on first use */
-    uint8_t *pixels;   /* (height, width, 3) RGB of the last decode */
-    size_t capacity;   /* bytes at pixels (a CMYK JPEG needs 4 per pixel while it converts) */
-    uint8_t **rows;    /* a PNG's row pointers into pixels */
+    void *tj;        /* tjhandle, created on first use */
+    uint8_t *pixels; /* (height, width, 3) RGB of the last decode */
+    size_t capacity; /* bytes at pixels (a CMYK JPEG needs 4 per pixel while it converts) */
+    uint8_t **rows;  /* a PNG's row pointers into pixels */
     size_t rows_capacity;
 } image_decoder_t;
 

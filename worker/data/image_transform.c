@@ -10,9 +10,9 @@
 
 #include "rng.h"
 
-#define RRC_ATTEMPTS 10
-#define RRC_SCALE_MIN 0.08
-#define RRC_SCALE_MAX 1.0
+#define RRC_ATTEMPTS         10
+#define RRC_SCALE_MIN        0.08
+#define RRC_SCALE_MAX        1.0
 #define CENTER_CROP_FRACTION 0.875
 
 /* A uniform double in [lo, hi). */
@@ -21,7 +21,9 @@ static double uniform(uint64_t *state, double lo, double hi) {
 }
 
 /* Python's round(): halves to even. */
-static int round_even(double x) { return (int)nearbyint(x); }
+static int round_even(double x) {
+    return (int)nearbyint(x);
+}
 
 static image_plan_t random_resized_crop(int width, int height, int size, uint64_t *state) {
     image_plan_t p = {.out_w = size, .out_h = size};
@@ -43,8 +45,10 @@ static image_plan_t random_resized_crop(int width, int height, int size, uint64_
     /* torchvision's fallback: the central crop of the nearest allowed aspect */
     double in_ratio = (double)width / height;
     int w = width, h = height;
-    if (in_ratio < 3.0 / 4.0) h = round_even(w / (3.0 / 4.0));
-    else if (in_ratio > 4.0 / 3.0) w = round_even(h * (4.0 / 3.0));
+    if (in_ratio < 3.0 / 4.0)
+        h = round_even(w / (3.0 / 4.0));
+    else if (in_ratio > 4.0 / 3.0)
+        w = round_even(h * (4.0 / 3.0));
     p.y = (height - h) / 2;
     p.x = (width - w) / 2;
     p.w = w;
@@ -53,16 +57,19 @@ static image_plan_t random_resized_crop(int width, int height, int size, uint64_
     return p;
 }
 
-image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int size,
-                        uint64_t seed, int64_t epoch, int64_t index) {
+image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int size, uint64_t seed,
+                        int64_t epoch, int64_t index) {
     if (kind == IMAGE_RANDOM_RESIZED_CROP) {
-        uint64_t state = rng_key(seed ^ 0x7272632dull /* "rrc-" */, (uint64_t)epoch, (uint64_t)index);
+        uint64_t state =
+            rng_key(seed ^ 0x7272632dull /* "rrc-" */, (uint64_t)epoch, (uint64_t)index);
         return random_resized_crop(width, height, size, &state);
     }
     image_plan_t p = {.w = width, .h = height, .out_w = size, .out_h = size};
     if (kind == IMAGE_RESIZE_CENTER_CROP) {
-        /* Resize(int(size / 0.875)) on the shorter side, the longer one truncated as torchvision's */
-        int short_side = width < height ? width : height, long_side = width < height ? height : width;
+        /* Resize(int(size / 0.875)) on the shorter side, the longer one truncated as torchvision's
+         */
+        int short_side = width < height ? width : height,
+            long_side = width < height ? height : width;
         int new_short = (int)(size / CENTER_CROP_FRACTION);
         int new_long = (int)((double)new_short * long_side / short_side);
         p.out_w = width <= height ? new_short : new_long;
@@ -129,7 +136,8 @@ static int make_coeffs(double x0, double len, int out_size, int first, int n, in
             k[t] = t < taps && d < 1 ? (float)(1 - d) : 0.0f;
             total += k[t];
         }
-        for (int t = 0; t < ksize; t++) k[t] = total > 0 ? (float)(k[t] / total) : 0.0f;
+        for (int t = 0; t < ksize; t++)
+            k[t] = total > 0 ? (float)(k[t] / total) : 0.0f;
         b[2 * i] = xmin;
         b[2 * i + 1] = taps;
     }
@@ -194,11 +202,13 @@ static int resample(const image_plan_t *p, const uint8_t *rgb, int width, int he
         int y0 = vb[2 * j], taps = vb[2 * j + 1];
         float *restrict o = out + (size_t)j * row_len;
         const float *restrict first = rows + (size_t)(y0 - row0) * row_len;
-        for (size_t i = 0; i < row_len; i++) o[i] = k[0] * first[i];
+        for (size_t i = 0; i < row_len; i++)
+            o[i] = k[0] * first[i];
         for (int t = 1; t < taps; t++) {
             const float *restrict in = rows + (size_t)(y0 - row0 + t) * row_len;
             float kt = k[t];
-            for (size_t i = 0; i < row_len; i++) o[i] += kt * in[i];
+            for (size_t i = 0; i < row_len; i++)
+                o[i] += kt * in[i];
         }
         /* a uint8 tensor's resize ends rounded and clamped */
         for (size_t i = 0; i < row_len; i++) {
@@ -206,7 +216,8 @@ static int resample(const image_plan_t *p, const uint8_t *rgb, int width, int he
             o[i] = v < 0 ? 0 : v > 255 ? 255 : v;
         }
         if (norm_scale)
-            for (size_t i = 0; i < row_len; i++) o[i] = o[i] * norm_scale[i] + norm_shift[i];
+            for (size_t i = 0; i < row_len; i++)
+                o[i] = o[i] * norm_scale[i] + norm_shift[i];
     }
     return 0;
 }
@@ -231,7 +242,8 @@ int image_apply_u8(const image_plan_t *p, const uint8_t *rgb, int width, int hei
     float *tmp = malloc(sizeof *tmp * (size_t)size * size * 3);
     if (!tmp) return -1;
     int rc = resample(p, rgb, width, height, size, NULL, NULL, s, tmp);
-    for (size_t i = 0; rc == 0 && i < (size_t)size * size * 3; i++) dst[i] = (uint8_t)tmp[i];
+    for (size_t i = 0; rc == 0 && i < (size_t)size * size * 3; i++)
+        dst[i] = (uint8_t)tmp[i];
     free(tmp);
     return rc;
 }

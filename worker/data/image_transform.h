@@ -29,17 +29,17 @@ typedef struct {
 } image_plan_t;
 
 typedef struct {
-    float *rows;                /* the horizontal pass */
-    float *coeffs, *vcoeffs;    /* horizontal and vertical weights */
+    float *rows;             /* the horizontal pass */
+    float *coeffs, *vcoeffs; /* horizontal and vertical weights */
     int *bounds, *vbounds;
-    float *norm;                /* the normalization's scale and shift along a row */
+    float *norm; /* the normalization's scale and shift along a row */
     size_t rows_cap, coeffs_cap, bounds_cap, vcoeffs_cap, vbounds_cap, norm_cap;
 } image_scratch_t;
 
 /* The plan for an image of width x height: a pure function of (seed, epoch, index) for the random
  * kinds. */
-image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int size,
-                        uint64_t seed, int64_t epoch, int64_t index);
+image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int size, uint64_t seed,
+                        int64_t epoch, int64_t index);
 /* The same plan for the image decoded at another size (DCT scaling): the box scaled with it. */
 image_plan_t image_plan_scaled(const image_plan_t *p, int width, int height, int decoded_width,
                                int decoded_height);

@@ -21,8 +21,8 @@ static int by_string(const void *a, const void *b) {
 /* torchvision's IMG_EXTENSIONS */
 #define EXTENSIONS_TEXT ".jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp, any case"
 static bool is_image_name(const char *name) {
-    static const char *exts[] = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff",
-                                 ".webp"};
+    static const char *exts[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                 ".pgm", ".tif",  ".tiff", ".webp"};
     size_t n = strlen(name);
     for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) {
         size_t m = strlen(exts[i]);
@@ -53,7 +53,8 @@ static int push(list_t *l, char *s) {
 }
 
 static void list_free(list_t *l) {
-    for (size_t i = 0; i < l->n; i++) free(l->items[i]);
+    for (size_t i = 0; i < l->n; i++)
+        free(l->items[i]);
     free(l->items);
     memset(l, 0, sizeof *l);
 }
@@ -100,7 +101,8 @@ static int by_dir_then_name(const void *a, const void *b) {
  * then names it as torchvision's loader would fail on it). Unsorted. */
 static int walk(const char *dir, int depth, list_t *files, char *err, size_t err_len) {
     if (depth > MAX_DEPTH)
-        return ddp_errf(err, err_len, "%s: nested more than %d deep (a link loop?)", dir, MAX_DEPTH);
+        return ddp_errf(err, err_len, "%s: nested more than %d deep (a link loop?)", dir,
+                        MAX_DEPTH);
     DIR *d = opendir(dir);
     if (!d) return ddp_errf(err, err_len, "%s: cannot open: %s", dir, strerror(errno));
     int rc = 0;
@@ -108,9 +110,10 @@ static int walk(const char *dir, int depth, list_t *files, char *err, size_t err
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         char path[4096];
         if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) {
-            rc = ddp_errf(err, err_len, "%s/%s: path longer than %zu bytes", dir, e->d_name, sizeof path);
-        } else if (e->d_type == DT_DIR || ((e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) &&
-                                           is_dir_path(path))) {
+            rc = ddp_errf(err, err_len, "%s/%s: path longer than %zu bytes", dir, e->d_name,
+                          sizeof path);
+        } else if (e->d_type == DT_DIR ||
+                   ((e->d_type == DT_LNK || e->d_type == DT_UNKNOWN) && is_dir_path(path))) {
             /* d_type spares a stat per file (1.3 million for ImageNet); links are followed */
             rc = walk(path, depth + 1, files, err, err_len);
         } else if (is_image_name(e->d_name) && push(files, strdup(path)) < 0) {
@@ -140,7 +143,7 @@ static int scan_split(const imagefolder_t *f, const char *root, const char *spli
     for (size_t c = 0; rc == 0 && c < classes.n; c++) {
         if ((label_of[c] = find_class(f, classes.items[c])) < 0) {
             rc = ddp_errf(err, err_len, "%s/%s: class '%s' is not among %s/train's %d classes", dir,
-                      classes.items[c], classes.items[c], root, f->n_classes);
+                          classes.items[c], classes.items[c], root, f->n_classes);
             break;
         }
         char class_dir[4200];
@@ -153,7 +156,7 @@ static int scan_split(const imagefolder_t *f, const char *root, const char *spli
         /* as torchvision's ImageFolder: "Found no valid file for the classes ..." */
         if (rc == 0 && counts[c] == 0)
             rc = ddp_errf(err, err_len, "%s: class '%s' has no image files (%s)", class_dir,
-                      classes.items[c], EXTENSIONS_TEXT);
+                          classes.items[c], EXTENSIONS_TEXT);
     }
     if (rc == 0 && files.n == 0)
         rc = ddp_errf(err, err_len, "%s: no image files in any class folder", dir);
@@ -163,7 +166,8 @@ static int scan_split(const imagefolder_t *f, const char *root, const char *spli
         out->labels = malloc(sizeof *out->labels * (files.n + 1));
         if (!out->labels) rc = ddp_errf(err, err_len, "out of memory");
         for (size_t c = 0, i = 0; rc == 0 && c < classes.n; c++)
-            for (size_t k = 0; k < counts[c]; k++) out->labels[i++] = label_of[c];
+            for (size_t k = 0; k < counts[c]; k++)
+                out->labels[i++] = label_of[c];
         files.items = NULL;
         files.n = 0;
         if (rc < 0) imagefolder_split_free(out);
@@ -184,8 +188,10 @@ static bool is_dir(const char *root, const char *split) {
 int imagefolder_scan(const char *root, imagefolder_t *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     if (!is_dir(root, "train"))
-        return ddp_errf(err, err_len, "%s: no train/ folder (an ImageFolder: train/<class>/<image>, "
-                    "and val/ or test/ alike)", root);
+        return ddp_errf(err, err_len,
+                        "%s: no train/ folder (an ImageFolder: train/<class>/<image>, "
+                        "and val/ or test/ alike)",
+                        root);
     char train_dir[4096];
     snprintf(train_dir, sizeof train_dir, "%s/train", root);
     list_t classes = {0};
@@ -198,13 +204,15 @@ int imagefolder_scan(const char *root, imagefolder_t *out, char *err, size_t err
     out->n_classes = (int)classes.n;
     int rc = scan_split(out, root, "train", &out->train, err, err_len);
     if (rc == 0 && is_dir(root, "val")) rc = scan_split(out, root, "val", &out->val, err, err_len);
-    if (rc == 0 && is_dir(root, "test")) rc = scan_split(out, root, "test", &out->test, err, err_len);
+    if (rc == 0 && is_dir(root, "test"))
+        rc = scan_split(out, root, "test", &out->test, err, err_len);
     if (rc < 0) imagefolder_free(out);
     return rc;
 }
 
 void imagefolder_split_free(imagefolder_split_t *s) {
-    for (int64_t i = 0; s->paths && i < s->n; i++) free(s->paths[i]);
+    for (int64_t i = 0; s->paths && i < s->n; i++)
+        free(s->paths[i]);
     free(s->paths);
     free(s->labels);
     memset(s, 0, sizeof *s);
@@ -214,7 +222,8 @@ void imagefolder_free(imagefolder_t *f) {
     imagefolder_split_free(&f->train);
     imagefolder_split_free(&f->val);
     imagefolder_split_free(&f->test);
-    for (int i = 0; f->classes && i < f->n_classes; i++) free(f->classes[i]);
+    for (int i = 0; f->classes && i < f->n_classes; i++)
+        free(f->classes[i]);
     free(f->classes);
     memset(f, 0, sizeof *f);
 }

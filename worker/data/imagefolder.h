@@ -13,13 +13,13 @@
 #include <stdint.h>
 
 typedef struct {
-    char **paths;      /* (n) file paths */
-    int32_t *labels;   /* (n) */
+    char **paths;    /* (n) file paths */
+    int32_t *labels; /* (n) */
     int64_t n;
 } imagefolder_split_t;
 
 typedef struct {
-    char **classes;    /* (n_classes) names, sorted */
+    char **classes; /* (n_classes) names, sorted */
     int n_classes;
     imagefolder_split_t train, val, test; /* val, test: n == 0 when absent */
 } imagefolder_t;

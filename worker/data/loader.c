@@ -15,7 +15,7 @@
 #include "image_decode.h"
 
 #define MAX_FILE_BYTES ((size_t)256 << 20)
-#define SKIP_ATTEMPTS 64 /* a skipped file is replaced by one of the next samples that decodes */
+#define SKIP_ATTEMPTS  64 /* a skipped file is replaced by one of the next samples that decodes */
 
 typedef enum { SLOT_FREE, SLOT_QUEUED, SLOT_DONE } slot_state_t;
 
@@ -53,7 +53,9 @@ struct loader {
     bool is_stopping;
 };
 
-static size_t sample_floats(const loader_t *l) { return (size_t)l->o.size * l->o.size * 3; }
+static size_t sample_floats(const loader_t *l) {
+    return (size_t)l->o.size * l->o.size * 3;
+}
 
 /* The whole file into w->file. */
 static int read_file(worker_t *w, const char *path, size_t *n, char *err, size_t err_len) {
@@ -63,7 +65,8 @@ static int read_file(worker_t *w, const char *path, size_t *n, char *err, size_t
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > MAX_FILE_BYTES) {
         close(fd);
-        return snprintf(err, err_len, "not a regular file of at most %zu bytes", MAX_FILE_BYTES), -1;
+        return snprintf(err, err_len, "not a regular file of at most %zu bytes", MAX_FILE_BYTES),
+               -1;
     }
     size_t size = (size_t)st.st_size;
     if (size > w->file_cap) {
@@ -83,7 +86,8 @@ static int read_file(worker_t *w, const char *path, size_t *n, char *err, size_t
         got += (size_t)k;
     }
     close(fd);
-    if (got != size) return snprintf(err, err_len, "cannot read: %s", got ? "short read" : strerror(errno)), -1;
+    if (got != size)
+        return snprintf(err, err_len, "cannot read: %s", got ? "short read" : strerror(errno)), -1;
     *n = size;
     return 0;
 }
@@ -96,12 +100,14 @@ static int make_sample(worker_t *w, const slot_t *s, int64_t index, float *dst, 
     if (read_file(w, s->data->paths[index], &n, err, err_len) < 0) return -1;
     image_info_t info;
     if (image_decode_info(&w->decoder, w->file, n, &info, err, err_len) < 0) return -1;
-    image_plan_t plan = image_plan(s->kind, info.width, info.height, o->size, o->seed, s->epoch, index);
+    image_plan_t plan =
+        image_plan(s->kind, info.width, info.height, o->size, o->seed, s->epoch, index);
     int min_w, min_h, dw, dh;
     image_plan_min_decode(&plan, info.width, info.height, &min_w, &min_h);
     if (image_decode(&w->decoder, w->file, n, min_w, min_h, &dw, &dh, err, err_len) < 0) return -1;
     image_plan_t scaled = image_plan_scaled(&plan, info.width, info.height, dw, dh);
-    if (image_apply(&scaled, w->decoder.pixels, dw, dh, o->size, o->mean, o->std, &w->scratch, dst) < 0)
+    if (image_apply(&scaled, w->decoder.pixels, dw, dh, o->size, o->mean, o->std, &w->scratch,
+                    dst) < 0)
         return snprintf(err, err_len, "out of memory resampling a %dx%d image", dw, dh), -1;
     return 0;
 }
@@ -176,7 +182,8 @@ int loader_create(const loader_opts_t *o, loader_t **out, char *err, size_t err_
     if (!is_ok || l->n_started < o->workers) {
         loader_destroy(l);
         return snprintf(err, err_len, "cannot start %d decode threads with %d batches of %d: %s",
-                        o->workers, o->slots, o->batch_max, is_ok ? "threads" : "out of memory"), -1;
+                        o->workers, o->slots, o->batch_max, is_ok ? "threads" : "out of memory"),
+               -1;
     }
     *out = l;
     return 0;
@@ -223,11 +230,15 @@ bool loader_has(loader_t *l, uint64_t id) {
 int loader_take(loader_t *l, uint64_t id, loader_batch_t *out, char *err, size_t err_len) {
     pthread_mutex_lock(&l->mu);
     slot_t *s = find(l, id);
-    while (s && s->state != SLOT_DONE) pthread_cond_wait(&l->done_cv, &l->mu);
+    while (s && s->state != SLOT_DONE)
+        pthread_cond_wait(&l->done_cv, &l->mu);
     int rc = -1;
-    if (!s) snprintf(err, err_len, "batch %llu was never submitted", (unsigned long long)id);
-    else if (s->err[0]) snprintf(err, err_len, "%s", s->err);
-    else rc = 0;
+    if (!s)
+        snprintf(err, err_len, "batch %llu was never submitted", (unsigned long long)id);
+    else if (s->err[0])
+        snprintf(err, err_len, "%s", s->err);
+    else
+        rc = 0;
     if (rc == 0) *out = (loader_batch_t){.pixels = s->pixels, .labels = s->labels, .n = s->n};
     pthread_mutex_unlock(&l->mu);
     return rc;
@@ -253,10 +264,12 @@ void loader_destroy(loader_t *l) {
     pthread_mutex_lock(&l->mu);
     l->is_stopping = true;
     /* unclaimed samples are abandoned; claimed ones finish */
-    for (int i = 0; l->slots && i < l->o.slots; i++) l->slots[i].n = l->slots[i].next;
+    for (int i = 0; l->slots && i < l->o.slots; i++)
+        l->slots[i].n = l->slots[i].next;
     pthread_cond_broadcast(&l->work_cv);
     pthread_mutex_unlock(&l->mu);
-    for (int i = 0; i < l->n_started; i++) pthread_join(l->workers[i].thread, NULL);
+    for (int i = 0; i < l->n_started; i++)
+        pthread_join(l->workers[i].thread, NULL);
     for (int i = 0; l->workers && i < l->o.workers; i++) {
         image_decoder_free(&l->workers[i].decoder);
         image_scratch_free(&l->workers[i].scratch);

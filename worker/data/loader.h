@@ -20,12 +20,12 @@
 typedef struct loader loader_t;
 
 typedef struct {
-    int workers;        /* decode threads, >= 1 */
-    int slots;          /* batches in flight, >= 1 */
-    int batch_max;      /* samples per batch */
-    int size;           /* output side */
+    int workers;   /* decode threads, >= 1 */
+    int slots;     /* batches in flight, >= 1 */
+    int batch_max; /* samples per batch */
+    int size;      /* output side */
     float mean[3], std[3];
-    bool is_skip_bad;   /* data.on_bad_image = skip */
+    bool is_skip_bad; /* data.on_bad_image = skip */
     uint64_t seed;
 } loader_opts_t;
 

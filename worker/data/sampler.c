@@ -41,7 +41,8 @@ void sampler_free(sampler_t *s) {
 
 void sampler_set_epoch(sampler_t *s, int64_t epoch) {
     s->epoch = epoch;
-    for (int64_t i = 0; i < s->n; i++) s->perm[i] = i;
+    for (int64_t i = 0; i < s->n; i++)
+        s->perm[i] = i;
     if (!s->is_shuffled) return;
     uint64_t state = rng_key(s->seed, 0x53414D504C4552ull /* "SAMPLER" */, (uint64_t)epoch);
     for (int64_t i = s->n - 1; i > 0; i--) {

@@ -10,12 +10,12 @@
 #include <stdint.h>
 
 typedef struct {
-    int64_t n;        /* dataset size */
+    int64_t n; /* dataset size */
     int world, rank;
     uint64_t seed;
     bool is_shuffled;
     int64_t epoch;
-    int64_t *perm;    /* (n) this epoch's order */
+    int64_t *perm; /* (n) this epoch's order */
 } sampler_t;
 
 /* Returns 0 or -ENOMEM / -EINVAL (n < 1, rank outside [0, world)). Epoch 0 is set. */

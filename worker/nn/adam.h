@@ -31,8 +31,8 @@ typedef struct {
  * adam_count_next advances it on the backend (the cuda kernel reads it there); the host reads it
  * only for snapshots and writes it only on resume. */
 typedef struct {
-    uint64_t step;               /* steps taken (torch's state['step']); skipped steps do not count */
-    float step_size;             /* of the step in progress: lr / (1 - beta1^step) */
+    uint64_t step;   /* steps taken (torch's state['step']); skipped steps do not count */
+    float step_size; /* of the step in progress: lr / (1 - beta1^step) */
     float bias_correction2_sqrt; /* of the step in progress: sqrt(1 - beta2^step) */
 } adam_count_t;
 
@@ -71,14 +71,16 @@ ADAM_FN bool adam_count_next(adam_count_t *c, const adam_hparams_t *h, const los
 ADAM_FN void adam_update(float *p, float *m, float *v, float g, const adam_count_t *c,
                          const adam_scalars_t *s) {
     float x = *p;
-    if (s->is_decoupled) x *= s->decay;                          /* param.mul_(1 - lr * wd) */
-    else if (s->weight_decay != 0.0f) g = g + s->weight_decay * x; /* grad.add(param, alpha=wd) */
+    if (s->is_decoupled)
+        x *= s->decay; /* param.mul_(1 - lr * wd) */
+    else if (s->weight_decay != 0.0f)
+        g = g + s->weight_decay * x;                             /* grad.add(param, alpha=wd) */
     float mt = *m * s->beta1;                                    /* exp_avg.mul_(beta1) */
     mt = mt + s->one_minus_beta1 * g;                            /* .add_(grad, alpha=1 - beta1) */
     float vt = *v * s->beta2;                                    /* exp_avg_sq.mul_(beta2) */
     vt = vt + s->one_minus_beta2 * g * g;                        /* .addcmul_(g, g, 1 - beta2) */
     float denom = sqrtf(vt) / c->bias_correction2_sqrt + s->eps; /* (sqrt / bc2_sqrt).add_(eps) */
-    *p = x - c->step_size * mt / denom;                          /* addcdiv_(m, denom, -step_size) */
+    *p = x - c->step_size * mt / denom; /* addcdiv_(m, denom, -step_size) */
     *m = mt;
     *v = vt;
 }

@@ -53,7 +53,8 @@ typedef struct {
     int n, h, w, c;
 } tensor_desc_t;
 
-static inline tensor_desc_t tensor_desc(const void *data, dtype_t dtype, int n, int h, int w, int c) {
+static inline tensor_desc_t tensor_desc(const void *data, dtype_t dtype, int n, int h, int w,
+                                        int c) {
     tensor_desc_t t = {(void *)(uintptr_t)data, dtype, LAYOUT_NHWC, n, h, w, c};
     return t;
 }
@@ -67,7 +68,7 @@ typedef struct {
     int n, h, w, c; /* input (N, H, W, C) */
     int k, r, s;    /* K filters of R x S x C */
     int stride, pad;
-    int oh, ow;     /* output (N, OH, OW, K) */
+    int oh, ow; /* output (N, OH, OW, K) */
     /* backward writes dx (=) instead of adding to it (+=); dw is always added to */
     bool is_dx_written;
 } conv_shape_t;
@@ -82,7 +83,7 @@ enum {
 typedef struct {
     int n, h, w, c; /* input; output (N, OH, OW, C) */
     int size, stride;
-    int pad;        /* max pooling: implicit -inf border of this width, as nn.MaxPool2d's padding */
+    int pad; /* max pooling: implicit -inf border of this width, as nn.MaxPool2d's padding */
     int oh, ow;
 } pool_shape_t;
 
@@ -103,7 +104,8 @@ typedef struct {
     void (*prepare_forward)(backend_t *b);
     /* Whether p is memory only the device can address (false on the cpu backend). */
     bool (*is_device)(backend_t *b, const void *p);
-    /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM. */
+    /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM.
+     */
     int (*reserve_workspace)(backend_t *b, size_t n_bytes);
     /* Optional (NULL: none; cuda: only with DDP_CUDA_GRAPHS=1): recordings of queued ops, run
      * again as a whole with the pointers and scalars they were recorded with (CUDA graphs).
@@ -166,9 +168,9 @@ typedef struct {
      * (N, OH, OW), the statistics the batch norm after it needs. cuDNN's ConvBNfprop fusion.
      * Returns 0, or -1 when it cannot run this shape, type or alignment (nothing written: run
      * the ops one by one). */
-    int (*conv2d_bn_forward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *scale,
-                             const float *bias, const float *w, tensor_desc_t y, float *sum,
-                             float *sqsum);
+    int (*conv2d_bn_forward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x,
+                             const float *scale, const float *bias, const float *w, tensor_desc_t y,
+                             float *sum, float *sqsum);
     /* Training: normalize with the batch's statistics over (N,H,W) per channel, save mean and
      * 1/sqrt(var+eps) for backward, update the running estimates with momentum. */
     void (*batchnorm_forward_train)(backend_t *b, size_t rows, int c, tensor_desc_t x,
@@ -179,18 +181,19 @@ typedef struct {
                                    const float *gamma, const float *beta, tensor_desc_t y,
                                    const float *running_mean, const float *running_var, float eps);
     void (*batchnorm_backward)(backend_t *b, size_t rows, int c, tensor_desc_t x,
-                               const float *gamma, const float *save_mean,
-                               const float *save_invstd, tensor_desc_t dy, tensor_desc_t dx,
-                               float *dgamma, float *dbeta);
+                               const float *gamma, const float *save_mean, const float *save_invstd,
+                               tensor_desc_t dy, tensor_desc_t dx, float *dgamma, float *dbeta);
     /* Batch norm fused with what follows it in a ResNet: y = act(batchnorm(x) + residual), over
      * rows = N*H*W of C channels, residual (rows, C) or data NULL (nothing added), act ReLU with
      * BN_ACT_RELU, else none. Statistics, saved values and running estimates as
      * batchnorm_forward_train. The same values as batchnorm_forward_train, add_forward and
-     * relu_forward in turn (the cpu backend gives their very bits); y is the only tensor written. */
+     * relu_forward in turn (the cpu backend gives their very bits); y is the only tensor written.
+     */
     void (*bn_act_forward_train)(backend_t *b, size_t rows, int c, tensor_desc_t x,
                                  const float *gamma, const float *beta, tensor_desc_t residual,
-                                 unsigned flags, tensor_desc_t y, float *save_mean, float *save_invstd,
-                                 float *running_mean, float *running_var, float momentum, float eps);
+                                 unsigned flags, tensor_desc_t y, float *save_mean,
+                                 float *save_invstd, float *running_mean, float *running_var,
+                                 float momentum, float eps);
     /* Optional (NULL: not offered; cuda): bn_act_forward_train with x's statistics given as the
      * sums of x and of its squares per channel over the rows (sum, sqsum: C fp32, e.g.
      * conv2d_bn_forward's), instead of a pass over x. sum and sqsum may be save_mean and
@@ -206,17 +209,20 @@ typedef struct {
                                 unsigned flags, tensor_desc_t y, const float *running_mean,
                                 const float *running_var, float eps);
     /* The backward of bn_act_forward_train, y its output: dz = dy where y > 0 (BN_ACT_RELU; else
-     * dz = dy); dresidual += dz (skipped when its data is NULL); batch norm's backward of dz: dx += dL/dx,
-     * dgamma += , dbeta += . BN_ACT_WRITE_DX / _DRESIDUAL write those two instead of adding. */
+     * dz = dy); dresidual += dz (skipped when its data is NULL); batch norm's backward of dz: dx +=
+     * dL/dx, dgamma += , dbeta += . BN_ACT_WRITE_DX / _DRESIDUAL write those two instead of adding.
+     */
     void (*bn_act_backward)(backend_t *b, size_t rows, int c, tensor_desc_t x, const float *gamma,
                             const float *save_mean, const float *save_invstd, tensor_desc_t y,
-                            tensor_desc_t dy, unsigned flags, tensor_desc_t dx, tensor_desc_t dresidual,
-                            float *dgamma, float *dbeta);
+                            tensor_desc_t dy, unsigned flags, tensor_desc_t dx,
+                            tensor_desc_t dresidual, float *dgamma, float *dbeta);
     /* The elementwise ops' tensors share one type. */
     void (*relu_forward)(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n_elems);
     /* dx += dy where y > 0 */
-    void (*relu_backward)(backend_t *b, tensor_desc_t y, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems);
-    void (*add_forward)(backend_t *b, tensor_desc_t x1, tensor_desc_t x2, tensor_desc_t y, size_t n_elems);
+    void (*relu_backward)(backend_t *b, tensor_desc_t y, tensor_desc_t dy, tensor_desc_t dx,
+                          size_t n_elems);
+    void (*add_forward)(backend_t *b, tensor_desc_t x1, tensor_desc_t x2, tensor_desc_t y,
+                        size_t n_elems);
     /* dx += dy (the add's backward, once per input) */
     void (*accumulate)(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems);
     /* Max pooling as nn.MaxPool2d(size, stride, pad): a window's cells outside the input are
@@ -228,23 +234,27 @@ typedef struct {
     void (*maxpool_backward)(backend_t *b, const pool_shape_t *s, const int32_t *argmax,
                              tensor_desc_t dy, tensor_desc_t dx);
     /* x: (N, HW, C) -> y: (N, C) mean over HW */
-    void (*avgpool_global_forward)(backend_t *b, int n, int hw, int c, tensor_desc_t x, tensor_desc_t y);
-    void (*avgpool_global_backward)(backend_t *b, int n, int hw, int c, tensor_desc_t dy, tensor_desc_t dx);
+    void (*avgpool_global_forward)(backend_t *b, int n, int hw, int c, tensor_desc_t x,
+                                   tensor_desc_t y);
+    void (*avgpool_global_backward)(backend_t *b, int n, int hw, int c, tensor_desc_t dy,
+                                    tensor_desc_t dx);
     /* nn.AdaptiveAvgPool2d((OH, OW)) on x: (N, H, W, C) -> y: (N, OH, OW, C): output row oy
      * averages input rows [floor(oy * H / OH), ceil((oy + 1) * H / OH)), columns alike, so cells
      * overlap, and repeat inputs when the input is smaller than the output (VGG's 7x7 on small
      * images). Uses n, h, w, c, oh, ow of s (size, stride and pad are ignored). */
-    void (*avgpool_adaptive_forward)(backend_t *b, const pool_shape_t *s, tensor_desc_t x, tensor_desc_t y);
+    void (*avgpool_adaptive_forward)(backend_t *b, const pool_shape_t *s, tensor_desc_t x,
+                                     tensor_desc_t y);
     /* dx += the adjoint of the forward applied to dy */
-    void (*avgpool_adaptive_backward)(backend_t *b, const pool_shape_t *s, tensor_desc_t dy, tensor_desc_t dx);
-    /* Inverted dropout as nn.Dropout in training: y[i] = dropout_keeps(key, i, p) ? x[i] * (1 / (1 - p))
-     * : 0 (dropout.h: the same mask on every backend, drawn again by the backward, never stored).
-     * p = 0 copies x (evaluation). p in [0, 1). */
+    void (*avgpool_adaptive_backward)(backend_t *b, const pool_shape_t *s, tensor_desc_t dy,
+                                      tensor_desc_t dx);
+    /* Inverted dropout as nn.Dropout in training: y[i] = dropout_keeps(key, i, p) ? x[i] * (1 / (1
+     * - p)) : 0 (dropout.h: the same mask on every backend, drawn again by the backward, never
+     * stored). p = 0 copies x (evaluation). p in [0, 1). */
     void (*dropout_forward)(backend_t *b, tensor_desc_t x, tensor_desc_t y, size_t n_elems, float p,
                             uint64_t key);
     /* dx += dy * the forward's mask and scale (the same key and p) */
-    void (*dropout_backward)(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems, float p,
-                             uint64_t key);
+    void (*dropout_backward)(backend_t *b, tensor_desc_t dy, tensor_desc_t dx, size_t n_elems,
+                             float p, uint64_t key);
     /* A convolution's bias, in place: y: (rows, C) += bias (C) per channel. */
     void (*bias_add)(backend_t *b, size_t rows, int c, const float *bias, tensor_desc_t y);
     /* dbias (C) += the sums of dy: (rows, C) over the rows */
@@ -261,12 +271,12 @@ typedef struct {
                          float smoothing, float grad_scale, const loss_scale_t *ls,
                          tensor_desc_t dlogits, float *loss_sum);
     /* One SGD step over a flat arena, as torch.optim.SGD (dampening 0):
-     * g = grad * grad_scale + wd * p; m = momentum * m + g; p -= lr * (nesterov ? g + momentum * m : m)
-     * With ls (device memory, NULL: none), grad_scale is divided by ls->scale and nothing at all
-     * changes when ls->found_inf is set: GradScaler's unscale and skipped step. */
+     * g = grad * grad_scale + wd * p; m = momentum * m + g; p -= lr * (nesterov ? g + momentum * m
+     * : m) With ls (device memory, NULL: none), grad_scale is divided by ls->scale and nothing at
+     * all changes when ls->found_inf is set: GradScaler's unscale and skipped step. */
     void (*sgd_step)(backend_t *b, float *params, const float *grads, float *momentum_buf,
-                     size_t n_elems, float lr, float momentum, float weight_decay,
-                     bool is_nesterov, float grad_scale, const loss_scale_t *ls);
+                     size_t n_elems, float lr, float momentum, float weight_decay, bool is_nesterov,
+                     float grad_scale, const loss_scale_t *ls);
     /* One Adam or AdamW step over a flat arena, as torch.optim.Adam / AdamW (adam.h's arithmetic):
      * g = grad * grad_scale; Adam: g += wd * p; AdamW: p *= 1 - lr * wd;
      * m = beta1 * m + (1 - beta1) * g; v = beta2 * v + (1 - beta2) * g * g; t = ++count->step;

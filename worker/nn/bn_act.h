@@ -49,8 +49,8 @@ BN_ACT_FN void bn_act_stats(double n, float shift, double s1, double s2, float m
 /* One channel's backward coefficients from the sums of dz and dz * xhat over its n rows:
  * dx = gamma * invstd / n * (n dz - sum(dz) - xhat sum(dz xhat)) = k_dy dz + k_x (x - mean) + k_0
  * (x - mean first, as in the forward). The cpu backend's batchnorm_backward, term for term. */
-BN_ACT_FN void bn_act_coeffs(float gamma, float invstd, double sum_dz, double sum_dz_xhat,
-                             double n, float *k_dy, float *k_x, float *k_0) {
+BN_ACT_FN void bn_act_coeffs(float gamma, float invstd, double sum_dz, double sum_dz_xhat, double n,
+                             float *k_dy, float *k_x, float *k_0) {
     double scale = gamma * invstd / n;
     *k_dy = (float)(scale * n);
     *k_x = (float)(-scale * sum_dz_xhat * invstd);

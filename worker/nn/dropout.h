@@ -32,6 +32,8 @@ DROPOUT_FN int dropout_keeps(uint64_t key, uint64_t i, uint32_t threshold) {
 }
 
 /* The survivors' factor, as nn.Dropout's 1 / (1 - p) in fp32. */
-DROPOUT_FN float dropout_scale(float p) { return 1.0f / (1.0f - p); }
+DROPOUT_FN float dropout_scale(float p) {
+    return 1.0f / (1.0f - p);
+}
 
 #endif

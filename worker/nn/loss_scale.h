@@ -22,7 +22,7 @@
 #endif
 
 /* GradScaler's constants (growth_factor, backoff_factor). */
-#define LOSS_SCALE_GROWTH 2.0f
+#define LOSS_SCALE_GROWTH  2.0f
 #define LOSS_SCALE_BACKOFF 0.5f
 
 typedef struct {

@@ -10,7 +10,7 @@
 
 #include "rng.h"
 
-#define BN_EPS 1e-5f
+#define BN_EPS      1e-5f
 #define BN_MOMENTUM 0.1f
 
 /* A standard normal sample from two uniform ones (Box-Muller). */
@@ -26,24 +26,30 @@ static double uniform(uint64_t *state, double bound) {
 
 /* Each layer draws from its own stream, so layers fill in parallel with the same values. */
 static void init_params(const model_t *m, uint64_t seed, float *params, float *buffers) {
-    #pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *l = &m->layers[i];
         float *p = params + l->param_offset;
         uint64_t state = rng_key(seed, 0x6d6f64656cull /* "model" */, (uint64_t)i);
-        if (l->kind == LAYER_CONV) { /* kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0 */
+        if (l->kind ==
+            LAYER_CONV) { /* kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0 */
             const conv_shape_t *s = &l->conv;
             size_t n_w = (size_t)s->k * s->r * s->s * s->c;
             double std = sqrt(2.0 / ((double)s->k * s->r * s->s));
-            for (size_t j = 0; j < n_w; j++) p[j] = (float)(std * normal(&state));
-            for (size_t j = n_w; j < l->n_params; j++) p[j] = 0.0f;
+            for (size_t j = 0; j < n_w; j++)
+                p[j] = (float)(std * normal(&state));
+            for (size_t j = n_w; j < l->n_params; j++)
+                p[j] = 0.0f;
         } else if (l->kind == LAYER_LINEAR && l->linear_init == LINEAR_INIT_NORMAL_001) {
-            size_t n_w = l->n_params - (size_t)m->tensors[l->out].c; /* VGG: normal(0, 0.01), bias 0 */
-            for (size_t j = 0; j < l->n_params; j++) p[j] = j < n_w ? (float)(0.01 * normal(&state)) : 0.0f;
+            size_t n_w =
+                l->n_params - (size_t)m->tensors[l->out].c; /* VGG: normal(0, 0.01), bias 0 */
+            for (size_t j = 0; j < l->n_params; j++)
+                p[j] = j < n_w ? (float)(0.01 * normal(&state)) : 0.0f;
         } else if (l->kind == LAYER_LINEAR) { /* nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)) */
             const tensor_t *x = &m->tensors[l->in];
             double bound = 1.0 / sqrt((double)x->h * x->w * x->c);
-            for (size_t j = 0; j < l->n_params; j++) p[j] = (float)uniform(&state, bound);
+            for (size_t j = 0; j < l->n_params; j++)
+                p[j] = (float)uniform(&state, bound);
         } else if (l->kind == LAYER_BATCHNORM) {
             size_t c = l->n_params / 2;
             for (size_t j = 0; j < c; j++) {
@@ -65,8 +71,8 @@ static size_t workspace_bytes(const model_t *m) {
         const layer_t *l = &m->layers[i];
         size_t need = 0;
         if (l->kind == LAYER_CONV) {
-            size_t per_image = sizeof(float) * (size_t)l->conv.oh * l->conv.ow * l->conv.r *
-                               l->conv.s * l->conv.c;
+            size_t per_image =
+                sizeof(float) * (size_t)l->conv.oh * l->conv.ow * l->conv.r * l->conv.s * l->conv.c;
             size_t images = per_image ? CONV_WORKSPACE_BYTES / per_image : 1;
             if (images < 1) images = 1;
             if (images > (size_t)m->batch_max) images = (size_t)m->batch_max;
@@ -80,8 +86,8 @@ static size_t workspace_bytes(const model_t *m) {
 }
 
 model_opts_t model_opts_default(const char *name, int width) {
-    return (model_opts_t){.name = name, .width = width, .stem = MODEL_STEM_AUTO, .fc_width = 4096,
-                          .dropout = 0.5f};
+    return (model_opts_t){
+        .name = name, .width = width, .stem = MODEL_STEM_AUTO, .fc_width = 4096, .dropout = 0.5f};
 }
 
 int model_init(model_t *m, backend_t *bk, const char *name, int width, int h, int w, int c,
@@ -119,20 +125,26 @@ int model_init_opts(model_t *m, backend_t *bk, const model_opts_t *opts, int h, 
     m->labels = bk->mem->alloc(bk, (size_t)batch_max * sizeof(int32_t));
     m->loss_sum = bk->mem->alloc(bk, sizeof(float));
     if (!m->params || !m->grads || !m->momentum || !m->buffers || !m->acts || !m->dacts ||
-        !m->scratch || !m->labels || !m->loss_sum || bk->mem->reserve_workspace(bk, workspace_bytes(m)) < 0) {
-        snprintf(err, err_len, "model %s: out of memory for %zu parameters and %zu activations "
-                 "(batch %d); try a smaller train.batch_size", name, m->n_params, m->n_acts, batch_max);
+        !m->scratch || !m->labels || !m->loss_sum ||
+        bk->mem->reserve_workspace(bk, workspace_bytes(m)) < 0) {
+        snprintf(err, err_len,
+                 "model %s: out of memory for %zu parameters and %zu activations "
+                 "(batch %d); try a smaller train.batch_size",
+                 name, m->n_params, m->n_acts, batch_max);
         model_free(m);
         return -1;
     }
     m->act_dtype = bk->mem->activation_dtype ? bk->mem->activation_dtype(bk) : DTYPE_F32;
-    for (int i = 0; i < m->n_layers; i++) { /* a convolution's batch norm, whose statistics it may give */
+    for (int i = 0; i < m->n_layers;
+         i++) { /* a convolution's batch norm, whose statistics it may give */
         layer_t *l = &m->layers[i];
         l->stats_bn = -1;
-        for (int j = i + 1; l->kind == LAYER_CONV && !l->has_bias && j < m->n_layers && l->stats_bn < 0; j++)
+        for (int j = i + 1;
+             l->kind == LAYER_CONV && !l->has_bias && j < m->n_layers && l->stats_bn < 0; j++)
             if (m->layers[j].kind == LAYER_BATCHNORM && m->layers[j].in == l->out) l->stats_bn = j;
     }
-    if (bk->mem->mark_arenas && bk->mem->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
+    if (bk->mem->mark_arenas &&
+        bk->mem->mark_arenas(bk, m->params, m->n_params, m->acts, m->dacts, m->n_acts) < 0) {
         snprintf(err, err_len, "model %s: out of memory for the backend's copies of %zu parameters",
                  name, m->n_params);
         model_free(m);
@@ -163,8 +175,8 @@ void model_free(model_t *m) {
         backend_t *bk = m->backend;
         for (int i = 0; i < m->n_graphs; i++)
             if (m->graphs[i].graph) bk->mem->graph_free(bk, m->graphs[i].graph);
-        void *mem[] = {m->params, m->grads, m->momentum, m->buffers, m->acts,
-                       m->dacts, m->scratch, m->labels, m->loss_sum};
+        void *mem[] = {m->params, m->grads,   m->momentum, m->buffers, m->acts,
+                       m->dacts,  m->scratch, m->labels,   m->loss_sum};
         for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
             if (mem[i]) bk->mem->release(bk, mem[i]);
     }
@@ -173,7 +185,9 @@ void model_free(model_t *m) {
     memset(m, 0, sizeof *m);
 }
 
-float *model_input(model_t *m) { return m->acts + m->tensors[0].offset; }
+float *model_input(model_t *m) {
+    return m->acts + m->tensors[0].offset;
+}
 
 const float *model_logits(const model_t *m) {
     return m->acts + m->tensors[m->n_tensors - 1].offset;
@@ -189,10 +203,15 @@ static size_t tensor_elems(const model_t *m, int t, int n) {
 static tensor_desc_t desc(const model_t *m, int t, int n, bool is_grad) {
     if (t < 0) return tensor_desc(NULL, m->act_dtype, 0, 0, 0, 0);
     const tensor_t *x = &m->tensors[t];
-    return tensor_desc((is_grad ? m->dacts : m->acts) + x->offset, m->act_dtype, n, x->h, x->w, x->c);
+    return tensor_desc((is_grad ? m->dacts : m->acts) + x->offset, m->act_dtype, n, x->h, x->w,
+                       x->c);
 }
-static tensor_desc_t act(const model_t *m, int t, int n) { return desc(m, t, n, false); }
-static tensor_desc_t grad(const model_t *m, int t, int n) { return desc(m, t, n, true); }
+static tensor_desc_t act(const model_t *m, int t, int n) {
+    return desc(m, t, n, false);
+}
+static tensor_desc_t grad(const model_t *m, int t, int n) {
+    return desc(m, t, n, true);
+}
 
 void model_set_step(model_t *m, uint64_t seed, int64_t step, int rank) {
     m->dropout_seed = seed;
@@ -201,7 +220,8 @@ void model_set_step(model_t *m, uint64_t seed, int64_t step, int rank) {
 }
 
 uint64_t model_dropout_key(const model_t *m, int layer) {
-    uint64_t step_key = rng_key(m->dropout_seed, 0x64726f706f7574ull /* "dropout" */, (uint64_t)m->dropout_step);
+    uint64_t step_key =
+        rng_key(m->dropout_seed, 0x64726f706f7574ull /* "dropout" */, (uint64_t)m->dropout_step);
     return rng_key(step_key, (uint64_t)m->dropout_rank, (uint64_t)layer);
 }
 
@@ -228,8 +248,8 @@ static void bn_act_forward(model_t *m, layer_t *bn, int x_t, int res_t, unsigned
 }
 
 /* Its backward; flags add BN_ACT_WRITE_* as the layer's plan says. */
-static void bn_act_backward(model_t *m, const layer_t *bn, int x_t, int res_t, unsigned flags, int y_t,
-                            int n) {
+static void bn_act_backward(model_t *m, const layer_t *bn, int x_t, int res_t, unsigned flags,
+                            int y_t, int n) {
     backend_t *bk = m->backend;
     const tensor_t *tx = &m->tensors[x_t];
     int c = tx->c;
@@ -238,7 +258,8 @@ static void bn_act_backward(model_t *m, const layer_t *bn, int x_t, int res_t, u
     const float *save = m->scratch + bn->scratch_offset;
     float *dp = m->grads + bn->param_offset;
     bk->ops->bn_act_backward(bk, rows, c, act(m, x_t, n), p, save, save + c, act(m, y_t, n),
-                             grad(m, y_t, n), flags, grad(m, x_t, n), grad(m, res_t, n), dp, dp + c);
+                             grad(m, y_t, n), flags, grad(m, x_t, n), grad(m, res_t, n), dp,
+                             dp + c);
 }
 
 /* ---- recordings: see model.h ---- */
@@ -273,8 +294,12 @@ static void run_recorded(model_t *m, int kind, const step_args_t *a,
     }
     if (!g && m->n_graphs < MODEL_GRAPHS) {
         g = &m->graphs[m->n_graphs++];
-        *g = (model_graph_t){.kind = kind, .n = a->n, .is_training = a->is_training,
-                             .smoothing = a->smoothing, .grad_scale = a->grad_scale, .ls = a->ls};
+        *g = (model_graph_t){.kind = kind,
+                             .n = a->n,
+                             .is_training = a->is_training,
+                             .smoothing = a->smoothing,
+                             .grad_scale = a->grad_scale,
+                             .ls = a->ls};
     }
     if (g && g->graph) {
         if (bk->mem->graph_run(bk, g->graph) == 0) return;
@@ -294,14 +319,17 @@ static void run_recorded(model_t *m, int kind, const step_args_t *a,
 static void forward_eager(model_t *m, const step_args_t *a);
 static void loss_eager(model_t *m, const step_args_t *a);
 static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_cb cb, void *arg);
-static void backward_recordable(model_t *m, const step_args_t *a) { backward_eager(m, a, NULL, NULL); }
+static void backward_recordable(model_t *m, const step_args_t *a) {
+    backward_eager(m, a, NULL, NULL);
+}
 
 void model_forward(model_t *m, int n, bool is_training) {
     step_args_t a = {.n = n, .is_training = is_training};
     run_recorded(m, MODEL_GRAPH_FORWARD, &a, forward_eager);
 }
 
-void model_loss(model_t *m, int n, float label_smoothing, float grad_scale, const loss_scale_t *ls) {
+void model_loss(model_t *m, int n, float label_smoothing, float grad_scale,
+                const loss_scale_t *ls) {
     step_args_t a = {.n = n, .smoothing = label_smoothing, .grad_scale = grad_scale, .ls = ls};
     run_recorded(m, MODEL_GRAPH_LOSS, &a, loss_eager);
 }
@@ -322,7 +350,8 @@ void model_backward(model_t *m, int n, model_grads_ready_cb cb, void *arg) {
 /* A training forward's convolution l that also gives its batch norm the statistics of its output
  * (conv2d_bn_forward with no scale and bias); false when the backend does not (the caller runs
  * the plain convolution). */
-static bool conv_with_stats(model_t *m, layer_t *l, tensor_desc_t x, const float *w, tensor_desc_t y) {
+static bool conv_with_stats(model_t *m, layer_t *l, tensor_desc_t x, const float *w,
+                            tensor_desc_t y) {
     backend_t *bk = m->backend;
     if (l->stats_bn < 0 || !bk->ops->conv2d_bn_forward || !bk->ops->bn_act_forward_train_sums)
         return false;
@@ -349,7 +378,8 @@ static void forward_eager(model_t *m, const step_args_t *a) {
         switch (l->kind) {
         case LAYER_CONV:
             l->conv.n = n;
-            if (!is_training || !conv_with_stats(m, l, x, p, y)) o->conv2d_forward(bk, &l->conv, x, p, y);
+            if (!is_training || !conv_with_stats(m, l, x, p, y))
+                o->conv2d_forward(bk, &l->conv, x, p, y);
             if (l->has_bias)
                 o->bias_add(bk, (size_t)n * l->conv.oh * l->conv.ow, l->conv.k,
                             p + (size_t)l->conv.k * l->conv.r * l->conv.s * l->conv.c, y);
@@ -372,14 +402,16 @@ static void forward_eager(model_t *m, const step_args_t *a) {
             l->pool.n = n;
             o->maxpool_forward(bk, &l->pool, x, y, (int32_t *)(m->scratch + l->scratch_offset));
             break;
-        case LAYER_AVGPOOL_GLOBAL: o->avgpool_global_forward(bk, n, tx->h * tx->w, tx->c, x, y); break;
+        case LAYER_AVGPOOL_GLOBAL:
+            o->avgpool_global_forward(bk, n, tx->h * tx->w, tx->c, x, y);
+            break;
         case LAYER_AVGPOOL_ADAPTIVE:
             l->pool.n = n;
             o->avgpool_adaptive_forward(bk, &l->pool, x, y);
             break;
         case LAYER_DROPOUT: /* evaluation: p = 0, a copy */
-            o->dropout_forward(bk, x, y, tensor_elems(m, l->in, n), is_training ? l->dropout_p : 0.0f,
-                               model_dropout_key(m, i));
+            o->dropout_forward(bk, x, y, tensor_elems(m, l->in, n),
+                               is_training ? l->dropout_p : 0.0f, model_dropout_key(m, i));
             break;
         case LAYER_LINEAR: {
             int in = tx->h * tx->w * tx->c, out = m->tensors[l->out].c;
@@ -445,9 +477,12 @@ static void backward_eager(model_t *m, const step_args_t *a, model_grads_ready_c
         case LAYER_AVGPOOL_GLOBAL:
             o->avgpool_global_backward(bk, n, tx->h * tx->w, tx->c, dy, dx);
             break;
-        case LAYER_AVGPOOL_ADAPTIVE: o->avgpool_adaptive_backward(bk, &l->pool, dy, dx); break;
+        case LAYER_AVGPOOL_ADAPTIVE:
+            o->avgpool_adaptive_backward(bk, &l->pool, dy, dx);
+            break;
         case LAYER_DROPOUT:
-            o->dropout_backward(bk, dy, dx, tensor_elems(m, l->in, n), l->dropout_p, model_dropout_key(m, i));
+            o->dropout_backward(bk, dy, dx, tensor_elems(m, l->in, n), l->dropout_p,
+                                model_dropout_key(m, i));
             break;
         case LAYER_LINEAR: {
             int in = tx->h * tx->w * tx->c, out = m->tensors[l->out].c;

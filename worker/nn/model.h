@@ -47,15 +47,15 @@ typedef enum { LINEAR_INIT_UNIFORM, LINEAR_INIT_NORMAL_001 } linear_init_t;
 #define MODEL_LAYER_NAME_MAX 48
 
 typedef struct {
-    int h, w, c;   /* per sample; (N, H, W, C) in the arenas */
-    size_t offset; /* into acts and dacts, sized for batch_max */
+    int h, w, c;     /* per sample; (N, H, W, C) in the arenas */
+    size_t offset;   /* into acts and dacts, sized for batch_max */
     bool is_virtual; /* inside a fused chain (model__fuse): never stored, no room in the arenas */
     bool is_grad_zeroed; /* backward zeroes its gradient first: its first producer adds to it */
 } tensor_t;
 
 typedef struct {
     layer_kind_t kind;
-    int in, in2, out;        /* tensor indices (in2: LAYER_ADD, or a fused chain's residual) */
+    int in, in2, out; /* tensor indices (in2: LAYER_ADD, or a fused chain's residual) */
     /* Fusion (model__fuse): a batch norm whose output only a ReLU reads, or only an add whose
      * output only a ReLU reads, runs as one bn_act op at that ReLU: the ReLU's layer names the
      * batch norm (bn_layer, else -1), reads its input (in) and the add's other input (in2, else
@@ -72,14 +72,14 @@ typedef struct {
     bool has_sums;
     /* backward writes the gradient of in (in2) instead of adding to it: no one produced it yet */
     bool is_dx_written, is_dx2_written;
-    conv_shape_t conv;       /* n is set per call */
-    pool_shape_t pool;       /* max pool, adaptive average pool */
+    conv_shape_t conv;             /* n is set per call */
+    pool_shape_t pool;             /* max pool, adaptive average pool */
     size_t param_offset, n_params; /* conv: (K,R,S,C) filters then K biases; batch norm: gamma then
                                     * beta; linear: (out, in) weights then out biases */
-    size_t buffer_offset;    /* batch norm: running mean then running var */
-    size_t scratch_offset;   /* batch norm: saved mean, invstd; max pool: argmax (int32) */
-    bool has_bias;           /* conv */
-    bool is_zero_init;       /* batch norm: gamma starts at 0 (zero_init_residual) */
+    size_t buffer_offset;          /* batch norm: running mean then running var */
+    size_t scratch_offset;         /* batch norm: saved mean, invstd; max pool: argmax (int32) */
+    bool has_bias;                 /* conv */
+    bool is_zero_init;             /* batch norm: gamma starts at 0 (zero_init_residual) */
     linear_init_t linear_init;
     float dropout_p;
     /* torchvision's module path ("layer1.0.conv1", "features.3", "fc"); empty without parameters */
@@ -92,23 +92,23 @@ typedef enum { MODEL_STEM_AUTO, MODEL_STEM_IMAGENET, MODEL_STEM_CIFAR } model_st
 #define MODEL_STEM_AUTO_MIN_SIDE 64
 
 typedef struct {
-    const char *name;        /* mlp, cnn, resnet18 ... resnet152, vgg11 ... vgg19_bn */
-    int width;               /* base channels (64: torchvision's) / hidden units */
-    model_stem_t stem;       /* resnets; auto: imagenet for inputs >= 64 px on both sides */
-    int fc_width;            /* vgg: the classifier's hidden width (4096: torchvision's) */
-    float dropout;           /* vgg: the classifier's dropout probability, [0, 1) */
+    const char *name;  /* mlp, cnn, resnet18 ... resnet152, vgg11 ... vgg19_bn */
+    int width;         /* base channels (64: torchvision's) / hidden units */
+    model_stem_t stem; /* resnets; auto: imagenet for inputs >= 64 px on both sides */
+    int fc_width;      /* vgg: the classifier's hidden width (4096: torchvision's) */
+    float dropout;     /* vgg: the classifier's dropout probability, [0, 1) */
     bool is_zero_init_residual;
 } model_opts_t;
 
 /* A recorded forward, loss or backward (backend graph_*), for one set of arguments. */
 typedef struct {
-    int kind;      /* MODEL_GRAPH_* (model.c) */
+    int kind; /* MODEL_GRAPH_* (model.c) */
     int n;
     bool is_training;
     float smoothing, grad_scale;
     const loss_scale_t *ls;
-    int calls;     /* the first call runs the ops, the second records them */
-    void *graph;   /* NULL until recorded */
+    int calls;   /* the first call runs the ops, the second records them */
+    void *graph; /* NULL until recorded */
 } model_graph_t;
 
 #define MODEL_GRAPHS 8
@@ -119,16 +119,16 @@ typedef struct {
     int batch_max, h, w, c, classes;
     layer_t *layers;
     int n_layers;
-    tensor_t *tensors;       /* [0] is the input, [n_tensors - 1] the logits */
+    tensor_t *tensors; /* [0] is the input, [n_tensors - 1] the logits */
     int n_tensors;
     size_t n_params, n_buffers, n_acts, n_scratch;
     /* backend memory */
     float *params, *grads, *momentum, *buffers;
     float *acts, *dacts, *scratch;
-    dtype_t act_dtype;       /* how the backend stores acts and dacts (backend_memory_i) */
-    int32_t *labels;         /* (batch_max) */
-    float *loss_sum;         /* one float: summed training loss since model_take_loss */
-    model_opts_t opts;       /* opts.name points at name */
+    dtype_t act_dtype; /* how the backend stores acts and dacts (backend_memory_i) */
+    int32_t *labels;   /* (batch_max) */
+    float *loss_sum;   /* one float: summed training loss since model_take_loss */
+    model_opts_t opts; /* opts.name points at name */
     /* dropout's mask key: (seed, step, rank), set by model_set_step before each training forward */
     uint64_t dropout_seed;
     int64_t dropout_step;
@@ -165,7 +165,8 @@ void model_free(model_t *m);
 float *model_input(model_t *m);
 const float *model_logits(const model_t *m);
 /* Dropout's masks for the next training forward are a function of (seed, step, rank, layer):
- * a restarted run replays them, and DDP's ranks drop differently, as torch's per-rank generators. */
+ * a restarted run replays them, and DDP's ranks drop differently, as torch's per-rank generators.
+ */
 void model_set_step(model_t *m, uint64_t seed, int64_t step, int rank);
 /* The mask key of layer `layer` (a LAYER_DROPOUT) under the current model_set_step. */
 uint64_t model_dropout_key(const model_t *m, int layer);

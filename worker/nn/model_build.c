@@ -62,8 +62,8 @@ static layer_t *add_layer(builder_t *b, layer_kind_t kind, int in, const char *f
         m->layers = l;
     }
     layer_t *l = &m->layers[m->n_layers++];
-    *l = (layer_t){.kind = kind, .in = in, .in2 = -1, .out = -1, .param_offset = m->n_params,
-                   .bn_layer = -1};
+    *l = (layer_t){
+        .kind = kind, .in = in, .in2 = -1, .out = -1, .param_offset = m->n_params, .bn_layer = -1};
     if (fmt) {
         va_list ap;
         va_start(ap, fmt);
@@ -82,8 +82,14 @@ static int conv(builder_t *b, int in, int k, int size, int stride, int pad, bool
     if (!l) return 0;
     const tensor_t *x = &b->m->tensors[in];
     conv_shape_t *s = &l->conv;
-    *s = (conv_shape_t){.h = x->h, .w = x->w, .c = x->c, .k = k, .r = size, .s = size,
-                        .stride = stride, .pad = pad};
+    *s = (conv_shape_t){.h = x->h,
+                        .w = x->w,
+                        .c = x->c,
+                        .k = k,
+                        .r = size,
+                        .s = size,
+                        .stride = stride,
+                        .pad = pad};
     s->oh = (x->h + 2 * pad - size) / stride + 1;
     s->ow = (x->w + 2 * pad - size) / stride + 1;
     l->has_bias = has_bias;
@@ -117,7 +123,9 @@ static int same_shape(builder_t *b, layer_kind_t kind, int in) {
     return l->out;
 }
 
-static int relu(builder_t *b, int in) { return same_shape(b, LAYER_RELU, in); }
+static int relu(builder_t *b, int in) {
+    return same_shape(b, LAYER_RELU, in);
+}
 
 static int add(builder_t *b, int in, int in2) {
     int out = same_shape(b, LAYER_ADD, in);
@@ -179,13 +187,15 @@ static int linear(builder_t *b, int in, int out, linear_init_t init, const char 
  * 1x1 conv + bn when the shape changes), then relu. */
 /* The block's last batch norm: gamma starts at 0 with zero_init_residual, as torchvision's. */
 static void mark_zero_init(builder_t *b) {
-    if (!b->has_failed) b->m->layers[b->m->n_layers - 1].is_zero_init = b->m->opts.is_zero_init_residual;
+    if (!b->has_failed)
+        b->m->layers[b->m->n_layers - 1].is_zero_init = b->m->opts.is_zero_init_residual;
 }
 
 /* The input, or its 1x1 conv + bn projection when the block changes the shape. */
 static int shortcut(builder_t *b, int in, int planes, int stride, const char *p) {
     if (stride == 1 && b->m->tensors[in].c == planes) return in;
-    return batchnorm(b, conv(b, in, planes, 1, stride, 0, false, p, "downsample.0"), p, "downsample.1");
+    return batchnorm(b, conv(b, in, planes, 1, stride, 0, false, p, "downsample.0"), p,
+                     "downsample.1");
 }
 
 /* torchvision's BasicBlock: conv3x3(stride)-bn-relu-conv3x3-bn, plus the shortcut, then relu. */
@@ -232,10 +242,10 @@ static void resnet(builder_t *b, int x, const int blocks[4], bool is_bottleneck)
 /* torchvision's VGG cfgs: channels (in units of width / 64), 0 for a max-pool. */
 static const int vgg_a[] = {64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0, -1};
 static const int vgg_b[] = {64, 64, 0, 128, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0, -1};
-static const int vgg_d[] = {64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0,
-                            512, 512, 512, 0, -1};
-static const int vgg_e[] = {64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0, 512, 512, 512, 512, 0,
-                            512, 512, 512, 512, 0, -1};
+static const int vgg_d[] = {64,  64,  0,   128, 128, 0,   256, 256, 256, 0,
+                            512, 512, 512, 0,   512, 512, 512, 0,   -1};
+static const int vgg_e[] = {64,  64,  0,   128, 128, 0,   256, 256, 256, 256, 0,
+                            512, 512, 512, 512, 0,   512, 512, 512, 512, 0,   -1};
 
 static void vgg(builder_t *b, int x, const int *cfg, bool has_bn) {
     model_t *m = b->m;
@@ -259,8 +269,10 @@ static void vgg(builder_t *b, int x, const int *cfg, bool has_bn) {
     }
     x = avgpool_adaptive(b, x, 7, 7);
     int fc = m->opts.fc_width;
-    x = dropout(b, relu(b, linear(b, x, fc, LINEAR_INIT_NORMAL_001, "classifier.0")), m->opts.dropout);
-    x = dropout(b, relu(b, linear(b, x, fc, LINEAR_INIT_NORMAL_001, "classifier.3")), m->opts.dropout);
+    x = dropout(b, relu(b, linear(b, x, fc, LINEAR_INIT_NORMAL_001, "classifier.0")),
+                m->opts.dropout);
+    x = dropout(b, relu(b, linear(b, x, fc, LINEAR_INIT_NORMAL_001, "classifier.3")),
+                m->opts.dropout);
     linear(b, x, m->classes, LINEAR_INIT_NORMAL_001, "classifier.6");
 }
 
@@ -328,8 +340,10 @@ static void plan_gradients(model_t *m) {
             if (t <= 0 || seen[t]) continue; /* the model input's gradient is never computed */
             seen[t] = true;
             bool is_written = writes_dx(l);
-            if (k == 0) l->is_dx_written = is_written;
-            else l->is_dx2_written = is_written;
+            if (k == 0)
+                l->is_dx_written = is_written;
+            else
+                l->is_dx2_written = is_written;
             m->tensors[t].is_grad_zeroed = !is_written;
         }
         if (l->kind == LAYER_CONV) l->conv.is_dx_written = l->is_dx_written;
@@ -348,7 +362,7 @@ static void place_tensors(model_t *m) {
 }
 
 #define RESNETS "resnet18, resnet34, resnet50, resnet101, resnet152"
-#define VGGS "vgg11, vgg13, vgg16, vgg19 (and _bn)"
+#define VGGS    "vgg11, vgg13, vgg16, vgg19 (and _bn)"
 
 int model__build(model_t *m, char *err, size_t err_len) {
     builder_t b = {.m = m, .err = err, .err_len = err_len};
@@ -359,8 +373,10 @@ int model__build(model_t *m, char *err, size_t err_len) {
         const char *name;
         int blocks[4];
         bool is_bottleneck;
-    } resnets[] = {{"resnet18", {2, 2, 2, 2}, false}, {"resnet34", {3, 4, 6, 3}, false},
-                   {"resnet50", {3, 4, 6, 3}, true},  {"resnet101", {3, 4, 23, 3}, true},
+    } resnets[] = {{"resnet18", {2, 2, 2, 2}, false},
+                   {"resnet34", {3, 4, 6, 3}, false},
+                   {"resnet50", {3, 4, 6, 3}, true},
+                   {"resnet101", {3, 4, 23, 3}, true},
                    {"resnet152", {3, 8, 36, 3}, true}};
     static const struct {
         const char *name;
@@ -373,10 +389,14 @@ int model__build(model_t *m, char *err, size_t err_len) {
         x = relu(&b, linear(&b, x, width, LINEAR_INIT_UNIFORM, "3"));
         linear(&b, x, m->classes, LINEAR_INIT_UNIFORM, "5");
         is_known = true;
-    } else if (strcmp(name, "cnn") == 0) { /* nn.Sequential indices of tests/interop/torch_models.py */
-        x = maxpool(&b, relu(&b, batchnorm(&b, conv(&b, x, width, 3, 1, 1, false, "", "0"), "", "1")), 2, 2, 0);
-        x = maxpool(&b, relu(&b, batchnorm(&b, conv(&b, x, 2 * width, 3, 1, 1, false, "", "4"), "", "5")),
+    } else if (strcmp(name, "cnn") ==
+               0) { /* nn.Sequential indices of tests/interop/torch_models.py */
+        x = maxpool(&b,
+                    relu(&b, batchnorm(&b, conv(&b, x, width, 3, 1, 1, false, "", "0"), "", "1")),
                     2, 2, 0);
+        x = maxpool(
+            &b, relu(&b, batchnorm(&b, conv(&b, x, 2 * width, 3, 1, 1, false, "", "4"), "", "5")),
+            2, 2, 0);
         linear(&b, x, m->classes, LINEAR_INIT_UNIFORM, "9");
         is_known = true;
     }
@@ -387,10 +407,14 @@ int model__build(model_t *m, char *err, size_t err_len) {
         }
     for (size_t i = 0; !is_known && i < sizeof vggs / sizeof vggs[0]; i++) {
         size_t len = strlen(vggs[i].name);
-        if (strncmp(name, vggs[i].name, len) == 0 && (!name[len] || strcmp(name + len, "_bn") == 0)) {
-            if (m->opts.fc_width < 1) return fail(&b, "model %s: fc_width must be positive", name), -1;
+        if (strncmp(name, vggs[i].name, len) == 0 &&
+            (!name[len] || strcmp(name + len, "_bn") == 0)) {
+            if (m->opts.fc_width < 1)
+                return fail(&b, "model %s: fc_width must be positive", name), -1;
             if (!(m->opts.dropout >= 0.0f && m->opts.dropout < 1.0f))
-                return fail(&b, "model %s: dropout %g is not in [0, 1)", name, (double)m->opts.dropout), -1;
+                return fail(&b, "model %s: dropout %g is not in [0, 1)", name,
+                            (double)m->opts.dropout),
+                       -1;
             vgg(&b, x, vggs[i].cfg, name[len] != '\0');
             is_known = true;
         }

@@ -34,17 +34,17 @@ typedef enum {
 typedef struct {
     char *name;
     safetensors_dtype_t dtype;
-    int ndim;                          /* 0: a scalar */
+    int ndim; /* 0: a scalar */
     uint64_t shape[SAFETENSORS_MAX_DIMS];
-    uint64_t begin, end;               /* bytes, into the data section */
+    uint64_t begin, end; /* bytes, into the data section */
 } safetensors_entry_t;
 
 typedef struct {
-    safetensors_entry_t *entries;      /* in the header's order */
+    safetensors_entry_t *entries; /* in the header's order */
     int n;
-    char **meta;                       /* __metadata__: key, value, key, value, ... (n_meta pairs) */
+    char **meta; /* __metadata__: key, value, key, value, ... (n_meta pairs) */
     int n_meta;
-    uint64_t data_offset;              /* of the data section in the file: 8 + header length */
+    uint64_t data_offset; /* of the data section in the file: 8 + header length */
     uint64_t data_len;
 } safetensors_index_t;
 
@@ -70,7 +70,8 @@ uint64_t safetensors_elems(int ndim, const uint64_t *shape);
  * most SAFETENSORS_MAX_DIMS non-negative whole numbers, data_offsets [begin, end] with begin <= end
  * <= data_len and end - begin = elements * dtype size (no overflow), no duplicate or empty names,
  * no two tensors overlapping; __metadata__, if present, an object of strings. Returns 0 with *out
- * filled (free it with safetensors_index_free), or -1 with the reason in err (naming the tensor). */
+ * filled (free it with safetensors_index_free), or -1 with the reason in err (naming the tensor).
+ */
 int safetensors_parse_header(const char *header, size_t len, uint64_t data_len,
                              safetensors_index_t *out, char *err, size_t err_len);
 /* A whole file held in memory: the length prefix (at least 2 bytes of JSON, at most

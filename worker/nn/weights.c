@@ -67,12 +67,16 @@ static float *values_of(const model_t *m, float *host, const tensor_ref_t *r) {
     const layer_t *l = &m->layers[r->layer];
     size_t n_w = (size_t)(r->part == PART_WEIGHT ? 0 : safetensors_elems(r->t.ndim, r->t.shape));
     switch (r->part) {
-    case PART_WEIGHT: return host + l->param_offset;
+    case PART_WEIGHT:
+        return host + l->param_offset;
     case PART_BIAS: /* after the weights: a conv's or linear's, or batch norm's gamma */
         return host + l->param_offset + l->n_params - n_w;
-    case PART_RUNNING_MEAN: return host + m->n_params + l->buffer_offset;
-    case PART_RUNNING_VAR: return host + m->n_params + l->buffer_offset + n_w;
-    case PART_STEPS: break;
+    case PART_RUNNING_MEAN:
+        return host + m->n_params + l->buffer_offset;
+    case PART_RUNNING_VAR:
+        return host + m->n_params + l->buffer_offset + n_w;
+    case PART_STEPS:
+        break;
     }
     return NULL;
 }
@@ -113,7 +117,8 @@ static int fill_tensor(void *arg, int i, void *buf, char *err, size_t err_len) {
     const float *src = values_of(ctx->m, ctx->host, r);
     float *dst = buf;
     size_t n = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
-    for (size_t j = 0; j < n; j++) dst[j] = src[ours_of(ctx->m, r, j)];
+    for (size_t j = 0; j < n; j++)
+        dst[j] = src[ours_of(ctx->m, r, j)];
     return 0;
 }
 
@@ -133,9 +138,11 @@ int weights_save(model_t *m, const char *path, int64_t steps, char *err, size_t 
 
 int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char *const *tags,
                         char *err, size_t err_len) {
-    const char *meta[8 + 2 * WEIGHTS_MAX_TAGS] = {"format", "pt", "producer", "ddpworker", "model", m->name};
+    const char *meta[8 + 2 * WEIGHTS_MAX_TAGS] = {"format",    "pt",    "producer",
+                                                  "ddpworker", "model", m->name};
     for (int i = 0; tags && tags[i] && tags[i + 1]; i += 2) {
-        if (i >= 2 * WEIGHTS_MAX_TAGS) return ddp_errf(err, err_len, "%s: more than %d tags", path, WEIGHTS_MAX_TAGS);
+        if (i >= 2 * WEIGHTS_MAX_TAGS)
+            return ddp_errf(err, err_len, "%s: more than %d tags", path, WEIGHTS_MAX_TAGS);
         meta[6 + i] = tags[i];
         meta[7 + i] = tags[i + 1];
     }
@@ -144,14 +151,16 @@ int weights_save_tagged(model_t *m, const char *path, int64_t steps, const char 
     float *host = n >= 0 ? host_copy(m) : NULL;
     if (!host) {
         free(refs);
-        return ddp_errf(err, err_len, "%s: out of memory for a host copy of %zu parameters", path, m->n_params);
+        return ddp_errf(err, err_len, "%s: out of memory for a host copy of %zu parameters", path,
+                        m->n_params);
     }
     safetensors_tensor_t *t = malloc(sizeof *t * (size_t)(n + 1));
     int rc = -1;
     if (!t) {
         ddp_errf(err, err_len, "%s: out of memory", path);
     } else {
-        for (int i = 0; i < n; i++) t[i] = refs[i].t;
+        for (int i = 0; i < n; i++)
+            t[i] = refs[i].t;
         save_ctx_t ctx = {.m = m, .host = host, .refs = refs, .steps = steps};
         rc = safetensors_write(path, t, n, meta, fill_tensor, &ctx, err, err_len);
     }
@@ -222,18 +231,21 @@ static float element(const void *raw, safetensors_dtype_t t, size_t i) {
         memcpy(&f, &bits, sizeof f);
         return f;
     }
-    default: return 0.0f;
+    default:
+        return 0.0f;
     }
 }
 
 static bool is_float_type(safetensors_dtype_t t) {
-    return t == SAFETENSORS_F32 || t == SAFETENSORS_F16 || t == SAFETENSORS_BF16 || t == SAFETENSORS_F64;
+    return t == SAFETENSORS_F32 || t == SAFETENSORS_F16 || t == SAFETENSORS_BF16 ||
+           t == SAFETENSORS_F64;
 }
 
 static void format_shape(char *buf, size_t len, int ndim, const uint64_t *shape) {
     size_t at = (size_t)snprintf(buf, len, "[");
     for (int i = 0; i < ndim && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
+        at += (size_t)snprintf(buf + at, len - at, "%s%llu", i ? ", " : "",
+                               (unsigned long long)shape[i]);
     if (at < len) snprintf(buf + at, len - at, "]");
 }
 
@@ -244,8 +256,8 @@ static bool fits(const tensor_ref_t *r, const safetensors_entry_t *e, char *why,
         bool is_int = e->dtype == SAFETENSORS_I64 || e->dtype == SAFETENSORS_I32;
         bool is_scalar = e->ndim == 0 || (e->ndim == 1 && e->shape[0] == 1);
         if (is_int && is_scalar) return true;
-        snprintf(why, len, "a %s tensor of %d dimensions, not an integer scalar", safetensors_dtype_name(e->dtype),
-                 e->ndim);
+        snprintf(why, len, "a %s tensor of %d dimensions, not an integer scalar",
+                 safetensors_dtype_name(e->dtype), e->ndim);
         return false;
     }
     if (!is_float_type(e->dtype)) {
@@ -254,7 +266,8 @@ static bool fits(const tensor_ref_t *r, const safetensors_entry_t *e, char *why,
         return false;
     }
     bool is_same = e->ndim == r->t.ndim;
-    for (int d = 0; is_same && d < e->ndim; d++) is_same = e->shape[d] == r->t.shape[d];
+    for (int d = 0; is_same && d < e->ndim; d++)
+        is_same = e->shape[d] == r->t.shape[d];
     if (is_same) return true;
     char a[128], b[128];
     format_shape(a, sizeof a, e->ndim, e->shape);
@@ -266,13 +279,16 @@ static bool fits(const tensor_ref_t *r, const safetensors_entry_t *e, char *why,
 /* Whether name is on the comma-separated list (entries trimmed; "prefix*" matches a prefix). */
 static bool is_listed(const char *list, const char *name) {
     for (const char *p = list; p && *p;) {
-        while (*p == ' ' || *p == ',') p++;
+        while (*p == ' ' || *p == ',')
+            p++;
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
-        while (n && p[n - 1] == ' ') n--;
+        while (n && p[n - 1] == ' ')
+            n--;
         bool is_prefix = n && p[n - 1] == '*';
         size_t k = n - is_prefix;
-        if (n && (is_prefix ? strncmp(name, p, k) == 0 : strlen(name) == k && strncmp(name, p, k) == 0))
+        if (n &&
+            (is_prefix ? strncmp(name, p, k) == 0 : strlen(name) == k && strncmp(name, p, k) == 0))
             return true;
         p = end ? end + 1 : p + n;
     }
@@ -294,7 +310,8 @@ static void describe_problems(char *buf, size_t len, const problem_t *p, int n) 
     size_t at = 0;
     buf[0] = '\0';
     for (int i = 0; i < n && i < 3 && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%stensor '%s': %s", i ? "; " : "", p[i].name, p[i].why);
+        at += (size_t)snprintf(buf + at, len - at, "%stensor '%s': %s", i ? "; " : "", p[i].name,
+                               p[i].why);
     if (n > 3 && at < len) snprintf(buf + at, len - at, "; and %d more", n - 3);
 }
 
@@ -308,22 +325,28 @@ static void list_names(char *buf, size_t len, const char *const *names, int n) {
 }
 
 /* Every list entry must name a tensor of the model or of the file: a typo would skip nothing. */
-static int check_list(const char *list, const tensor_ref_t *refs, int n, const safetensors_index_t *ix,
-                      const char *path, char *err, size_t err_len) {
+static int check_list(const char *list, const tensor_ref_t *refs, int n,
+                      const safetensors_index_t *ix, const char *path, char *err, size_t err_len) {
     for (const char *p = list; p && *p;) {
-        while (*p == ' ' || *p == ',') p++;
+        while (*p == ' ' || *p == ',')
+            p++;
         const char *end = strchr(p, ',');
         size_t k = end ? (size_t)(end - p) : strlen(p);
-        while (k && p[k - 1] == ' ') k--;
+        while (k && p[k - 1] == ' ')
+            k--;
         char entry[256];
         snprintf(entry, sizeof entry, "%.*s", (int)(k < sizeof entry ? k : sizeof entry - 1), p);
         bool is_used = !k;
-        for (int i = 0; i < n && !is_used; i++) is_used = is_listed(entry, refs[i].name);
-        for (int i = 0; i < ix->n && !is_used; i++) is_used = is_listed(entry, ix->entries[i].name);
+        for (int i = 0; i < n && !is_used; i++)
+            is_used = is_listed(entry, refs[i].name);
+        for (int i = 0; i < ix->n && !is_used; i++)
+            is_used = is_listed(entry, ix->entries[i].name);
         if (!is_used)
-            return ddp_errf(err, err_len, "model.init_skip: '%s' names no tensor of the model nor of %s "
+            return ddp_errf(err, err_len,
+                            "model.init_skip: '%s' names no tensor of the model nor of %s "
                             "(names are torchvision's state_dict keys, e.g. classifier.6.weight; "
-                            "'classifier.*' names a prefix)", entry, path);
+                            "'classifier.*' names a prefix)",
+                            entry, path);
         p = end ? end + 1 : p + k;
     }
     return 0;
@@ -335,8 +358,8 @@ int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *lo
     return weights_load_init(m, path, &skip, log, err, err_len);
 }
 
-int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log, char *err,
-                      size_t err_len) {
+int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log,
+                      char *err, size_t err_len) {
     weights_skip_t none = {0};
     if (!skip) skip = &none;
     safetensors_index_t ix;
@@ -349,7 +372,9 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
     bool *is_loading = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof *is_loading);
     problem_t *problems = calloc((size_t)(n > 0 ? n : 0) + (size_t)ix.n + 1, sizeof *problems);
     const char **skipped = calloc((size_t)(n > 0 ? n : 0) + (size_t)ix.n + 1, sizeof *skipped);
-    int rc = host && is_used && is_loading && problems && skipped ? 0 : ddp_errf(err, err_len, "%s: out of memory", path);
+    int rc = host && is_used && is_loading && problems && skipped
+                 ? 0
+                 : ddp_errf(err, err_len, "%s: out of memory", path);
     if (rc == 0) rc = check_list(skip->skip, refs, n, &ix, path, err, err_len);
     /* the final layer: the last one with parameters (torchvision's fc, classifier.6) */
     int head = -1;
@@ -357,7 +382,8 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
         if (m->layers[i].n_params) head = i;
     int n_problems = 0, n_refused = 0, n_skipped = 0, n_listed = 0, n_loaded = 0, n_absent = 0;
     char why[320];
-    /* which tensors load, which are skipped (listed, or the head's that do not fit), which refuse */
+    /* which tensors load, which are skipped (listed, or the head's that do not fit), which refuse
+     */
     for (int i = 0; i < n && rc == 0; i++) {
         const tensor_ref_t *r = &refs[i];
         const safetensors_entry_t *e = safetensors_find(&ix, r->name);
@@ -380,8 +406,10 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
         p->name = r->name;
         p->is_head = r->layer == head;
         snprintf(p->why, sizeof p->why, "%s", e ? why : "not in the file");
-        if (p->is_head && skip->is_skip_head) skipped[n_skipped++] = r->name;
-        else n_refused++;
+        if (p->is_head && skip->is_skip_head)
+            skipped[n_skipped++] = r->name;
+        else
+            n_refused++;
     }
     int n_ignored = 0; /* the file's tensors that the model lacks, listed */
     for (int i = 0; i < ix.n && rc == 0; i++) {
@@ -396,9 +424,12 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
         n_refused++;
     }
     int n_values = 0; /* tensors that will load and carry values (not just a num_batches_tracked) */
-    for (int i = 0; i < n; i++) n_values += is_loading[i] && refs[i].part != PART_STEPS;
+    for (int i = 0; i < n; i++)
+        n_values += is_loading[i] && refs[i].part != PART_STEPS;
     if (rc == 0 && n_values == 0 && n > 0)
-        rc = ddp_errf(err, err_len, "%s: no tensor of the file fits model %s (another architecture?)", path, m->name);
+        rc = ddp_errf(err, err_len,
+                      "%s: no tensor of the file fits model %s (another architecture?)", path,
+                      m->name);
     if (rc == 0 && n_refused) {
         /* the refused ones first: they are what the user must look at */
         problem_t *sorted = calloc((size_t)n_problems + 1, sizeof *sorted);
@@ -412,7 +443,8 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
         describe_problems(list, sizeof list, sorted ? sorted : problems, n_refused);
         free(sorted);
         bool is_head_only = true;
-        for (int i = 0; i < n_problems; i++) is_head_only &= problems[i].is_head;
+        for (int i = 0; i < n_problems; i++)
+            is_head_only &= problems[i].is_head;
         const char *hint =
             is_head_only ? "model.init_skip_mismatched = true keeps the final layer's drawn values "
                            "instead (a new classifier head)"
@@ -422,9 +454,11 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
                   "tensors to skip in model.init_skip"
                 : "check model.name, model.width and model.fc_width against the file, or list the "
                   "tensors to skip in model.init_skip";
-        rc = ddp_errf(err, err_len, "%s: %s (%d of the model's %d tensors and the file's %d do not fit "
-                      "model %s%s%s): %s", path, list, n_refused, n, ix.n, m->name,
-                      head >= 0 ? ", final layer " : "", head >= 0 ? m->layers[head].name : "", hint);
+        rc = ddp_errf(err, err_len,
+                      "%s: %s (%d of the model's %d tensors and the file's %d do not fit "
+                      "model %s%s%s): %s",
+                      path, list, n_refused, n, ix.n, m->name, head >= 0 ? ", final layer " : "",
+                      head >= 0 ? m->layers[head].name : "", hint);
     }
     for (int i = 0; i < n && rc == 0; i++) {
         const tensor_ref_t *r = &refs[i];
@@ -440,26 +474,29 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
         } else {
             float *dst = values_of(m, host, r);
             size_t count = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
-            for (size_t j = 0; j < count; j++) dst[ours_of(m, r, j)] = element(raw, e->dtype, j);
+            for (size_t j = 0; j < count; j++)
+                dst[ours_of(m, r, j)] = element(raw, e->dtype, j);
         }
         free(raw);
     }
     if (rc == 0 && log) {
         char names[1024];
         list_names(names, sizeof names, skipped, n_skipped);
-        fprintf(log, "ddpworker: model.init: %s: loaded %d of the model's %d tensors", path, n_loaded,
-                n - n_absent);
+        fprintf(log, "ddpworker: model.init: %s: loaded %d of the model's %d tensors", path,
+                n_loaded, n - n_absent);
         if (n_skipped)
             fprintf(log, "; skipped %d, which keep their drawn initial values (%s): %s", n_skipped,
-                    !n_listed ? "model.init_skip_mismatched"
-                    : n_skipped > n_listed ? "model.init_skip, model.init_skip_mismatched" : "model.init_skip",
+                    !n_listed              ? "model.init_skip_mismatched"
+                    : n_skipped > n_listed ? "model.init_skip, model.init_skip_mismatched"
+                                           : "model.init_skip",
                     names);
-        if (n_ignored) fprintf(log, "; ignored %d of the file's tensors (model.init_skip)", n_ignored);
+        if (n_ignored)
+            fprintf(log, "; ignored %d of the file's tensors (model.init_skip)", n_ignored);
         fputc('\n', log);
         for (int i = 0, shown = 0; i < n_problems && shown < NAMED_MAX; i++)
             if (problems[i].is_head && skip->is_skip_head) {
-                fprintf(log, "ddpworker: model.init: %s: skipping tensor '%s': %s\n", path, problems[i].name,
-                        problems[i].why);
+                fprintf(log, "ddpworker: model.init: %s: skipping tensor '%s': %s\n", path,
+                        problems[i].name, problems[i].why);
                 shown++;
             }
     }

@@ -36,7 +36,8 @@ int weights_read_tag(const char *path, const char *key, char *out, size_t out_le
  * model.init_skip). */
 typedef struct {
     /* the final layer's tensors (the last layer with parameters: torchvision's fc, classifier.6),
-     * when the file lacks them or has them in another shape, keep m's values: a new classifier head */
+     * when the file lacks them or has them in another shape, keep m's values: a new classifier head
+     */
     bool is_skip_head;
     /* NULL, or comma-separated state_dict names, "prefix*" for all that begin so: those of m are
      * not loaded (they keep m's values) whether they fit or not; those of the file only are
@@ -52,8 +53,8 @@ typedef struct {
  * of which no tensor fits is an error too. With log, one line says how many tensors loaded and
  * which were skipped (names, the first few), then a line per skipped head tensor saying why.
  * Returns 0 or -1. */
-int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log, char *err,
-                      size_t err_len);
+int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log,
+                      char *err, size_t err_len);
 /* weights_load_init with skip = {.is_skip_head = is_skip_mismatched}. */
 int weights_load(model_t *m, const char *path, bool is_skip_mismatched, FILE *log, char *err,
                  size_t err_len);

@@ -26,9 +26,12 @@ double lr_at(const lr_schedule_t *s, int64_t step) {
     double progress = span > 0 ? (double)after / (double)span : 1.0;
     if (progress > 1.0) progress = 1.0;
     switch (s->schedule) {
-    case SCHEDULE_CONSTANT: return s->base_lr;
-    case SCHEDULE_STEP: return s->base_lr * pow(s->step_gamma, (double)(step / s->step_every));
-    case SCHEDULE_COSINE: return s->base_lr * 0.5 * (1.0 + cos(M_PI * progress));
+    case SCHEDULE_CONSTANT:
+        return s->base_lr;
+    case SCHEDULE_STEP:
+        return s->base_lr * pow(s->step_gamma, (double)(step / s->step_every));
+    case SCHEDULE_COSINE:
+        return s->base_lr * 0.5 * (1.0 + cos(M_PI * progress));
     case SCHEDULE_ONE_CYCLE: {
         double floor_lr = s->base_lr / 1e4;
         return floor_lr + (s->base_lr - floor_lr) * 0.5 * (1.0 + cos(M_PI * progress));

@@ -9,11 +9,11 @@
 #include "train_conf.h"
 
 typedef struct {
-    double base_lr;        /* after world-size scaling */
+    double base_lr; /* after world-size scaling */
     schedule_t schedule;
     int64_t warmup_steps;
-    int64_t total_steps;   /* of the whole run (cosine and one-cycle need it) */
-    int64_t step_every;    /* step schedule: steps between decays */
+    int64_t total_steps; /* of the whole run (cosine and one-cycle need it) */
+    int64_t step_every;  /* step schedule: steps between decays */
     double step_gamma;
 } lr_schedule_t;
 

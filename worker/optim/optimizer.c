@@ -42,8 +42,12 @@ void optimizer_step(optimizer_t *o, float *params, const float *grads, float *mo
                          (float)o->weight_decay, o->is_nesterov, grad_scale, ls);
         return;
     }
-    adam_hparams_t h = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
-                        .weight_decay = o->weight_decay, .is_decoupled = o->kind == OPTIM_ADAMW};
+    adam_hparams_t h = {.lr = lr,
+                        .beta1 = o->beta1,
+                        .beta2 = o->beta2,
+                        .eps = o->eps,
+                        .weight_decay = o->weight_decay,
+                        .is_decoupled = o->kind == OPTIM_ADAMW};
     b->ops->adam_step(b, params, grads, momentum, o->exp_avg_sq, o->n_params, &h, grad_scale, ls,
                       o->count);
 }
@@ -63,9 +67,12 @@ void optimizer_set_steps(optimizer_t *o, uint64_t steps) {
 
 const char *optimizer_name(uint32_t kind) {
     switch (kind) {
-    case OPTIM_SGD: return "sgd";
-    case OPTIM_ADAM: return "adam";
-    case OPTIM_ADAMW: return "adamw";
+    case OPTIM_SGD:
+        return "sgd";
+    case OPTIM_ADAM:
+        return "adam";
+    case OPTIM_ADAMW:
+        return "adamw";
     }
     return "unknown";
 }

@@ -23,7 +23,8 @@ status_report_t *status_report_open(int rank) {
     if (!host || !*host || p <= 0 || p > 65535 || !run_id || !*run_id) return NULL;
     status_report_t *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    store_client_opts_t so = {.host = host, .port = (uint16_t)p,
+    store_client_opts_t so = {.host = host,
+                              .port = (uint16_t)p,
                               .connect_timeout_ms = STATUS_TIMEOUT_MS,
                               .op_timeout_ms = STATUS_TIMEOUT_MS};
     if (store_client_connect(&so, &s->store) < 0) {

@@ -21,7 +21,8 @@ int tb_events_open(const char *dir, int64_t first_step, const char *conf_path,
                    const char *overrides, tb_events_t **out, char *err, size_t err_len) {
     (void)dir, (void)first_step, (void)conf_path, (void)overrides;
     *out = NULL;
-    snprintf(err, err_len, "train.tensorboard_dir: this ddpworker was built without TensorBoard "
+    snprintf(err, err_len,
+             "train.tensorboard_dir: this ddpworker was built without TensorBoard "
              "support (it needs protobuf-c and ISA-L: libprotobuf-c-dev, protobuf-c-compiler and "
              "libisal-dev, which deploy/setup.sh installs)");
     return -1;
@@ -49,7 +50,7 @@ void tb_events_close(tb_events_t *w) {
 #pragma GCC diagnostic ignored "-Wcast-qual"
 
 #define FILE_PREFIX "events.out.tfevents."
-#define MAX_VALUES 8 /* scalars in one metrics line's event */
+#define MAX_VALUES  8 /* scalars in one metrics line's event */
 
 struct tb_events {
     int fd;
@@ -77,13 +78,15 @@ uint32_t tb_masked_crc32c(const void *data, size_t len) {
 }
 
 static void put_u32_le(uint8_t *out, uint32_t v) {
-    for (int i = 0; i < 4; i++) out[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        out[i] = (uint8_t)(v >> (8 * i));
 }
 
 void tb_record_frame(const void *payload, size_t len, uint8_t header[TB_RECORD_HEADER_BYTES],
                      uint8_t footer[TB_RECORD_FOOTER_BYTES]) {
     uint64_t n = len;
-    for (int i = 0; i < 8; i++) header[i] = (uint8_t)(n >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        header[i] = (uint8_t)(n >> (8 * i));
     put_u32_le(header + 8, tb_masked_crc32c(header, 8));
     put_u32_le(footer, tb_masked_crc32c(payload, len));
 }
@@ -97,8 +100,10 @@ static double wall_time_s(void) {
 static void fail_once(tb_events_t *w, const char *what, int err) {
     w->last_errno = err;
     if (!w->has_failed && !w->is_opening)
-        fprintf(stderr, "ddpworker: warning: train.tensorboard_dir: %s %s: %s; no more TensorBoard "
-                "events in this attempt (training goes on)\n", what, w->path, strerror(err));
+        fprintf(stderr,
+                "ddpworker: warning: train.tensorboard_dir: %s %s: %s; no more TensorBoard "
+                "events in this attempt (training goes on)\n",
+                what, w->path, strerror(err));
     w->has_failed = true;
 }
 
@@ -153,7 +158,8 @@ int tb_events_scalar(tb_events_t *w, const char *tag, int64_t step, double value
 
 int tb_events_text(tb_events_t *w, const char *tag, int64_t step, const char *text) {
     /* the text plugin's form: a DT_STRING scalar tensor, its metadata naming the plugin */
-    Tensorboard__SummaryMetadata__PluginData plugin = TENSORBOARD__SUMMARY_METADATA__PLUGIN_DATA__INIT;
+    Tensorboard__SummaryMetadata__PluginData plugin =
+        TENSORBOARD__SUMMARY_METADATA__PLUGIN_DATA__INIT;
     plugin.plugin_name = "text";
     Tensorboard__SummaryMetadata meta = TENSORBOARD__SUMMARY_METADATA__INIT;
     meta.plugin_data = &plugin;
@@ -177,12 +183,18 @@ typedef struct {
 } mapping_t;
 
 static const mapping_t mappings[] = {
-    {"train", "loss", "train/loss"},          {"train", "lr", "train/lr"},
-    {"train", "img_per_s", "train/img_per_s"}, {"train", "loss_scale", "train/loss_scale"},
-    {"eval", "loss", NULL},                    {"eval", "top1", NULL},
-    {"eval", "top5", NULL},                    {"final", "loss", "final/loss"},
-    {"final", "top1", "final/top1"},           {"final", "top5", "final/top5"},
-    {"epoch", "img_per_s", "epoch/img_per_s"}, {"epoch", "wall_s", "epoch/wall_s"},
+    {"train", "loss", "train/loss"},
+    {"train", "lr", "train/lr"},
+    {"train", "img_per_s", "train/img_per_s"},
+    {"train", "loss_scale", "train/loss_scale"},
+    {"eval", "loss", NULL},
+    {"eval", "top1", NULL},
+    {"eval", "top5", NULL},
+    {"final", "loss", "final/loss"},
+    {"final", "top1", "final/top1"},
+    {"final", "top5", "final/top5"},
+    {"epoch", "img_per_s", "epoch/img_per_s"},
+    {"epoch", "wall_s", "epoch/wall_s"},
 };
 
 /* A metrics line's number: json_lines writes numbers as raw text (exact digits), cJSON's own as
@@ -278,7 +290,8 @@ static char *config_text(const char *conf_path, const char *overrides) {
     }
     file[n] = '\0';
     size_t lines = 1;
-    for (size_t i = 0; i < n; i++) lines += file[i] == '\n';
+    for (size_t i = 0; i < n; i++)
+        lines += file[i] == '\n';
     size_t cap = strlen(conf_path) + 4 * lines + n + (overrides ? strlen(overrides) : 0) + 128;
     char *text = malloc(cap), *o = text;
     if (!text) {
@@ -301,7 +314,8 @@ int tb_events_open(const char *dir, int64_t first_step, const char *conf_path,
     *out = NULL;
     int rc_dir = fs_mkdir_p(dir);
     if (rc_dir < 0) {
-        snprintf(err, err_len, "train.tensorboard_dir: cannot create %s: %s", dir, strerror(-rc_dir));
+        snprintf(err, err_len, "train.tensorboard_dir: cannot create %s: %s", dir,
+                 strerror(-rc_dir));
         return -1;
     }
     long long seconds = next_file_seconds(dir, err, err_len);

@@ -43,7 +43,8 @@ void tb_events_close(tb_events_t *w);
 /* The TFRecord framing, for the tests. */
 #define TB_RECORD_HEADER_BYTES 12 /* u64 length LE, u32 masked CRC-32C of those 8 bytes */
 #define TB_RECORD_FOOTER_BYTES 4  /* u32 masked CRC-32C of the payload */
-/* CRC-32C (Castagnoli) of data, masked as TFRecord does: ((crc >> 15) | (crc << 17)) + 0xa282ead8. */
+/* CRC-32C (Castagnoli) of data, masked as TFRecord does: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
+ */
 uint32_t tb_masked_crc32c(const void *data, size_t len);
 /* The plain CRC-32C (iSCSI: reflected, init and final xor 0xffffffff). */
 uint32_t tb_crc32c(const void *data, size_t len);

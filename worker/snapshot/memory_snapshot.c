@@ -17,24 +17,24 @@
 
 #include "ddp_error.h"
 
-#define SLOTS 2
+#define SLOTS         2
 #define PROGRESS_FILE "progress"
 
 typedef struct {
-    uint8_t *map;      /* the whole slot file, MAP_SHARED */
-    int64_t step;      /* sealed step, -1: invalid */
+    uint8_t *map; /* the whole slot file, MAP_SHARED */
+    int64_t step; /* sealed step, -1: invalid */
 } slot_t;
 
 struct memory_snapshot {
     char dir[4096];
     size_t n_params, n_buffers, bytes;
     bool has_second_moment;
-    bool has_slots;            /* false: the progress record alone */
+    bool has_slots; /* false: the progress record alone */
     memory_snapshot_wait_t wait;
     slot_t slots[SLOTS];
-    int filling;               /* the slot being filled or sealed, -1: none */
-    snapshot_data_t data;      /* pointers into slots[filling] */
-    uint64_t *progress;        /* {step, ~step}, mapped */
+    int filling;          /* the slot being filled or sealed, -1: none */
+    snapshot_data_t data; /* pointers into slots[filling] */
+    uint64_t *progress;   /* {step, ~step}, mapped */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -42,18 +42,19 @@ struct memory_snapshot {
     snapshot_header_t job;
     memory_snapshot_copy_t copies[MEMORY_SNAPSHOT_MAX_COPIES]; /* the job's, done by the thread */
     int n_copies;
-    bool is_copied;            /* the job's copies are done: their sources may change */
+    bool is_copied; /* the job's copies are done: their sources may change */
 };
 
 static int map_file(const char *path, size_t bytes, uint8_t **out, char *err, size_t err_len) {
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return ddp_errf(err, err_len, "memory snapshot: cannot open %s: %s", path, strerror(errno));
+    if (fd < 0)
+        return ddp_errf(err, err_len, "memory snapshot: cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) < 0 || ((size_t)st.st_size != bytes && ftruncate(fd, (off_t)bytes) < 0)) {
         int e = errno;
         close(fd);
-        return ddp_errf(err, err_len, "memory snapshot: cannot size %s to %zu bytes: %s", path, bytes,
-                        strerror(e));
+        return ddp_errf(err, err_len, "memory snapshot: cannot size %s to %zu bytes: %s", path,
+                        bytes, strerror(e));
     }
     /* populated now: the first snapshot must not pay the page faults of the whole state */
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -90,7 +91,8 @@ static void *writer_main(void *arg) {
     memory_snapshot_t *m = arg;
     pthread_mutex_lock(&m->lock);
     for (;;) {
-        while (!m->has_job && !m->is_stopping) pthread_cond_wait(&m->cond, &m->lock);
+        while (!m->has_job && !m->is_stopping)
+            pthread_cond_wait(&m->cond, &m->lock);
         if (!m->has_job) break;
         snapshot_header_t h = m->job;
         int slot = m->filling;
@@ -174,7 +176,8 @@ int memory_snapshot_create_progress(const char *dir, memory_snapshot_t **out, ch
 
 snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m) {
     pthread_mutex_lock(&m->lock);
-    while (m->has_job) pthread_cond_wait(&m->cond, &m->lock);
+    while (m->has_job)
+        pthread_cond_wait(&m->cond, &m->lock);
     int slot = m->slots[0].step <= m->slots[1].step ? 0 : 1; /* never the newest sealed one */
     m->slots[slot].step = -1;
     m->filling = slot;
@@ -203,14 +206,16 @@ void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t
 
 void memory_snapshot_wait_copied(memory_snapshot_t *m) {
     pthread_mutex_lock(&m->lock);
-    while (m->has_job && !m->is_copied) pthread_cond_wait(&m->cond, &m->lock);
+    while (m->has_job && !m->is_copied)
+        pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
 }
 
 void memory_snapshot_flush(memory_snapshot_t *m) {
     if (!m) return;
     pthread_mutex_lock(&m->lock);
-    while (m->has_job) pthread_cond_wait(&m->cond, &m->lock);
+    while (m->has_job)
+        pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -229,7 +234,8 @@ void memory_snapshot_mark_reached(memory_snapshot_t *m, int64_t step) {
 
 void memory_snapshot_each_slot(memory_snapshot_t *m, void (*cb)(void *arg, void *p, size_t n_bytes),
                                void *arg) {
-    for (int i = 0; m->has_slots && i < SLOTS; i++) cb(arg, m->slots[i].map, m->bytes);
+    for (int i = 0; m->has_slots && i < SLOTS; i++)
+        cb(arg, m->slots[i].map, m->bytes);
 }
 
 void memory_snapshot_destroy(memory_snapshot_t *m) {
@@ -240,7 +246,8 @@ void memory_snapshot_destroy(memory_snapshot_t *m) {
     pthread_mutex_unlock(&m->lock);
     if (m->has_slots) {
         pthread_join(m->thread, NULL);
-        for (int i = 0; i < SLOTS; i++) munmap(m->slots[i].map, m->bytes);
+        for (int i = 0; i < SLOTS; i++)
+            munmap(m->slots[i].map, m->bytes);
     }
     munmap(m->progress, 2 * sizeof(uint64_t));
     pthread_mutex_destroy(&m->lock);

@@ -57,7 +57,8 @@ static int write_atomically(const char *dir, const char *name, const void *const
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return ddp_errf(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
     int rc = 0;
-    for (int i = 0; i < n_parts && rc == 0; i++) rc = write_all(fd, parts[i], sizes[i], progress);
+    for (int i = 0; i < n_parts && rc == 0; i++)
+        rc = write_all(fd, parts[i], sizes[i], progress);
     const char *step = "write";
     if (rc == 0 && fsync(fd) < 0) {
         rc = -errno;
@@ -74,7 +75,7 @@ static int write_atomically(const char *dir, const char *name, const void *const
     if (rc < 0) {
         unlink(tmp);
         return ddp_errf(err, err_len, "cannot %s %s: %s", step, strcmp(step, "rename") ? tmp : path,
-                     strerror(-rc));
+                        strerror(-rc));
     }
     rc = fsync_dir(dir);
     if (rc < 0) return ddp_errf(err, err_len, "cannot fsync directory %s: %s", dir, strerror(-rc));
@@ -167,7 +168,9 @@ uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d) {
     uint64_t offset = sizeof *h;
     for (uint32_t i = 0; i < h->n_sections; i++) {
         uint64_t bytes = section_floats(h, kinds[i]) * sizeof(float);
-        h->sections[i] = (snapshot_section_t){.kind = kinds[i], .offset = offset, .n_bytes = bytes,
+        h->sections[i] = (snapshot_section_t){.kind = kinds[i],
+                                              .offset = offset,
+                                              .n_bytes = bytes,
                                               .checksum = XXH3_64bits(arrays[i], bytes)};
         offset += bytes;
     }
@@ -180,21 +183,26 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
     snapshot_header_t h = d->header;
     const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
     if (has_second_moment(&h) && !d->second_moment)
-        return ddp_errf(err, err_len, "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
-                     "moment", h.step, h.optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw");
+        return ddp_errf(err, err_len,
+                        "snapshot of step %" PRIu64 ": an %s snapshot needs the second "
+                        "moment",
+                        h.step, h.optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw");
     snapshot_seal(&h, d);
     char name[128];
     snprintf(name, sizeof name, SNAPSHOT_FILE_PREFIX "%012" PRIu64 SNAPSHOT_FILE_SUFFIX, h.step);
     const void *parts[5] = {&h, arrays[0], arrays[1], arrays[2], arrays[3]};
     size_t sizes[5] = {sizeof h};
-    for (uint32_t i = 0; i < h.n_sections; i++) sizes[i + 1] = h.sections[i].n_bytes;
-    if (write_atomically(dir, name, parts, sizes, (int)h.n_sections + 1, progress, err, err_len) < 0)
+    for (uint32_t i = 0; i < h.n_sections; i++)
+        sizes[i + 1] = h.sections[i].n_bytes;
+    if (write_atomically(dir, name, parts, sizes, (int)h.n_sections + 1, progress, err, err_len) <
+        0)
         return -1;
     char manifest[160];
     int len = snprintf(manifest, sizeof manifest, "%s\n", name);
     const void *mparts[1] = {manifest};
     size_t msizes[1] = {(size_t)len};
-    if (write_atomically(dir, SNAPSHOT_MANIFEST, mparts, msizes, 1, NULL, err, err_len) < 0) return -1;
+    if (write_atomically(dir, SNAPSHOT_MANIFEST, mparts, msizes, 1, NULL, err, err_len) < 0)
+        return -1;
     prune(dir, keep);
     return 0;
 }
@@ -224,12 +232,13 @@ static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
  * loss scale: version 2 added the optimizer's (kind, Adam's step count), version 3 the run's (best
  * value and step, elapsed time). Everything else, sections included, is where it was. */
 #define OPTIM_BLOCK_AT offsetof(snapshot_header_t, optimizer)
-#define RUN_BLOCK_AT offsetof(snapshot_header_t, best_value)
-#define TAIL_AT offsetof(snapshot_header_t, loss_scale)
+#define RUN_BLOCK_AT   offsetof(snapshot_header_t, best_value)
+#define TAIL_AT        offsetof(snapshot_header_t, loss_scale)
 
 static size_t header_bytes_of(uint32_t version) {
-    size_t missing = version >= 3 ? 0 : (TAIL_AT - RUN_BLOCK_AT) +
-                                            (version == 1 ? RUN_BLOCK_AT - OPTIM_BLOCK_AT : 0);
+    size_t missing = version >= 3 ? 0
+                                  : (TAIL_AT - RUN_BLOCK_AT) +
+                                        (version == 1 ? RUN_BLOCK_AT - OPTIM_BLOCK_AT : 0);
     return sizeof(snapshot_header_t) - missing;
 }
 
@@ -261,23 +270,28 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
         uint32_t version, header_bytes;
     } id;
     if (file_bytes < sizeof id || read_at(fd, &id, sizeof id, 0) < 0)
-        return ddp_errf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
-                     path, file_bytes);
+        return ddp_errf(err, err_len,
+                        "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)", path,
+                        file_bytes);
     if (memcmp(id.magic, SNAPSHOT_MAGIC, sizeof id.magic) != 0)
         return ddp_errf(err, err_len, "%s: not a ddpworker snapshot (bad magic)", path);
     if (id.version > SNAPSHOT_VERSION && id.version < 1000) {
-        ddp_errf(err, err_len, "%s: snapshot version %u, written by a newer ddpworker; this one reads "
-              "versions 1 to %u: run the newer ddpworker, or move the file away", path, id.version,
-              SNAPSHOT_VERSION);
+        ddp_errf(err, err_len,
+                 "%s: snapshot version %u, written by a newer ddpworker; this one reads "
+                 "versions 1 to %u: run the newer ddpworker, or move the file away",
+                 path, id.version, SNAPSHOT_VERSION);
         return SNAPSHOT_E_NEWER;
     }
-    if (id.version < 1 || id.version > SNAPSHOT_VERSION || id.header_bytes != header_bytes_of(id.version))
-        return ddp_errf(err, err_len, "%s: snapshot version %u (header %u bytes); this ddpworker "
-                     "reads versions 1 to %u (corrupt)", path, id.version, id.header_bytes,
-                     SNAPSHOT_VERSION);
+    if (id.version < 1 || id.version > SNAPSHOT_VERSION ||
+        id.header_bytes != header_bytes_of(id.version))
+        return ddp_errf(err, err_len,
+                        "%s: snapshot version %u (header %u bytes); this ddpworker "
+                        "reads versions 1 to %u (corrupt)",
+                        path, id.version, id.header_bytes, SNAPSHOT_VERSION);
     if (file_bytes < id.header_bytes)
-        return ddp_errf(err, err_len, "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)",
-                     path, file_bytes);
+        return ddp_errf(err, err_len,
+                        "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)", path,
+                        file_bytes);
     if (id.version < SNAPSHOT_VERSION) {
         if (read_legacy_header(fd, path, id.version, h, err, err_len) < 0) return -1;
     } else {
@@ -290,27 +304,32 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
         return ddp_errf(err, err_len, "%s: unknown optimizer %u (corrupt)", path, h->optimizer);
     /* Adam counts only the steps it took: never more than the run's */
     if (has_second_moment(h) ? h->optim_steps > h->step : h->optim_steps != 0)
-        return ddp_errf(err, err_len, "%s: %" PRIu64 " optimizer steps at step %" PRIu64 " (corrupt)",
-                     path, h->optim_steps, h->step);
+        return ddp_errf(err, err_len,
+                        "%s: %" PRIu64 " optimizer steps at step %" PRIu64 " (corrupt)", path,
+                        h->optim_steps, h->step);
     if (h->n_sections != (has_second_moment(h) ? 4u : 3u) || h->n_params > (1ull << 40) ||
         h->n_buffers > (1ull << 40))
-        return ddp_errf(err, err_len, "%s: unexpected section table (%u sections)", path, h->n_sections);
+        return ddp_errf(err, err_len, "%s: unexpected section table (%u sections)", path,
+                        h->n_sections);
     for (uint32_t i = 0; i < h->n_sections; i++) {
         const snapshot_section_t *s = &h->sections[i];
         if (s->kind < SNAPSHOT_SECTION_PARAMS || s->kind > SNAPSHOT_SECTION_SECOND_MOMENT ||
             s->n_bytes != section_floats(h, s->kind) * sizeof(float) || s->offset > file_bytes ||
             s->n_bytes > file_bytes - s->offset)
-            return ddp_errf(err, err_len, "%s: section %u lies outside the file's %" PRIu64
-                         " bytes (truncated)", path, i, file_bytes);
+            return ddp_errf(err, err_len,
+                            "%s: section %u lies outside the file's %" PRIu64 " bytes (truncated)",
+                            path, i, file_bytes);
     }
     /* 0 is "no loss scaling"; a scale the run cannot multiply by is damage, not state */
     if (!(h->loss_scale >= 0 && h->loss_scale <= 3.0e38) || h->loss_scale_good_steps > UINT32_MAX)
-        return ddp_errf(err, err_len, "%s: loss scale %g (%" PRIu64 " good steps) is out of range "
-                     "(corrupt)", path, h->loss_scale, h->loss_scale_good_steps);
+        return ddp_errf(err, err_len,
+                        "%s: loss scale %g (%" PRIu64 " good steps) is out of range "
+                        "(corrupt)",
+                        path, h->loss_scale, h->loss_scale_good_steps);
     /* train.hours resumes from elapsed_s, and best_by says what best_value measures */
     if (!(h->elapsed_s >= 0 && h->elapsed_s < 1e12) || h->best_by > 2)
         return ddp_errf(err, err_len, "%s: elapsed %g s, best_by %u (corrupt)", path, h->elapsed_s,
-                     h->best_by);
+                        h->best_by);
     return 0;
 }
 
@@ -334,25 +353,27 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    int rc = fstat(fd, &st) < 0    ? ddp_errf(err, err_len, "%s: %s", path, strerror(errno))
-             : !S_ISREG(st.st_mode) ? ddp_errf(err, err_len, "%s: not a regular file", path)
-                                   : read_header(fd, path, (uint64_t)st.st_size, &d->header, err,
-                                                 err_len);
+    int rc = fstat(fd, &st) < 0 ? ddp_errf(err, err_len, "%s: %s", path, strerror(errno))
+             : !S_ISREG(st.st_mode)
+                 ? ddp_errf(err, err_len, "%s: not a regular file", path)
+                 : read_header(fd, path, (uint64_t)st.st_size, &d->header, err, err_len);
     for (uint32_t i = 0; rc == 0 && i < d->header.n_sections; i++) {
         const snapshot_section_t *s = &d->header.sections[i];
         float **slot = section_slot(d, s->kind);
         if (*slot) {
-            rc = ddp_errf(err, err_len, "%s: section %s appears twice", path, section_name(s->kind));
+            rc =
+                ddp_errf(err, err_len, "%s: section %s appears twice", path, section_name(s->kind));
             break;
         }
         *slot = malloc(s->n_bytes ? s->n_bytes : 1);
-        if (!*slot) rc = ddp_errf(err, err_len, "%s: out of memory", path);
+        if (!*slot)
+            rc = ddp_errf(err, err_len, "%s: out of memory", path);
         else if (read_at(fd, *slot, s->n_bytes, s->offset) < 0)
-            rc = ddp_errf(err, err_len, "%s: cannot read section %s: %s", path, section_name(s->kind),
-                       strerror(errno));
+            rc = ddp_errf(err, err_len, "%s: cannot read section %s: %s", path,
+                          section_name(s->kind), strerror(errno));
         else if (XXH3_64bits(*slot, s->n_bytes) != s->checksum)
             rc = ddp_errf(err, err_len, "%s: section %s checksum mismatch (corrupt or torn)", path,
-                       section_name(s->kind));
+                          section_name(s->kind));
     }
     if (rc == 0 && (!d->params || !d->momentum || !d->buffers ||
                     (has_second_moment(&d->header) && !d->second_moment)))
@@ -392,7 +413,8 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
     size_t n;
     int rc = list_snapshots(dir, &list, &n);
     if (rc == -ENOENT) return 0;
-    if (rc < 0) return ddp_errf(err, err_len, "snapshot.dir %s: cannot list: %s", dir, strerror(-rc));
+    if (rc < 0)
+        return ddp_errf(err, err_len, "snapshot.dir %s: cannot list: %s", dir, strerror(-rc));
     int found = 0;
     for (size_t i = 0; i < n && !found; i++) {
         snprintf(path_out, path_len, "%s/%s", dir, list[i].name);
@@ -444,14 +466,17 @@ int snapshot_inspect(const char *path, FILE *out) {
     fprintf(out, "file:        %s\nversion:     %u%s\ntaken:       %s\n", path, h->version,
             h->version < SNAPSHOT_VERSION ? " (an older format: read without what it lacks)" : "",
             when);
-    fprintf(out, "step:        %" PRIu64 " (next to run)\nepoch:       %" PRIu64
+    fprintf(out,
+            "step:        %" PRIu64 " (next to run)\nepoch:       %" PRIu64
             "\ncursor:      %" PRIu64 " of %" PRIu64 " samples\nseed:        %" PRIu64
-            "\nworld size:  %u\n", h->step, h->epoch + 1 /* from 1, as the logs and metrics */, h->cursor,
-            h->train_samples, h->seed,
-            h->world_size);
-    fprintf(out, "model:       %.32s width %u, input %ux%ux%u, %u classes, %" PRIu64
-            " parameters, %" PRIu64 " buffer values\n", h->model, h->width, h->height, h->img_width,
-            h->channels, h->classes, h->n_params, h->n_buffers);
+            "\nworld size:  %u\n",
+            h->step, h->epoch + 1 /* from 1, as the logs and metrics */, h->cursor,
+            h->train_samples, h->seed, h->world_size);
+    fprintf(out,
+            "model:       %.32s width %u, input %ux%ux%u, %u classes, %" PRIu64
+            " parameters, %" PRIu64 " buffer values\n",
+            h->model, h->width, h->height, h->img_width, h->channels, h->classes, h->n_params,
+            h->n_buffers);
     if (has_second_moment(h))
         fprintf(out, "optimizer:   %s lr %g weight decay %g, %" PRIu64 " steps taken\n",
                 h->optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw", h->lr, h->weight_decay,
@@ -467,9 +492,10 @@ int snapshot_inspect(const char *path, FILE *out) {
     fprintf(out, "loss scale:  %g (%" PRIu64 " good steps)\n", h->loss_scale,
             h->loss_scale_good_steps);
     for (uint32_t i = 0; i < h->n_sections; i++)
-        fprintf(out, "section:     %-8s %12" PRIu64 " bytes at %-10" PRIu64 " xxh3 %016" PRIx64
-                " ok\n", section_name(h->sections[i].kind), h->sections[i].n_bytes,
-                h->sections[i].offset, h->sections[i].checksum);
+        fprintf(out,
+                "section:     %-8s %12" PRIu64 " bytes at %-10" PRIu64 " xxh3 %016" PRIx64 " ok\n",
+                section_name(h->sections[i].kind), h->sections[i].n_bytes, h->sections[i].offset,
+                h->sections[i].checksum);
     fprintf(out, "checksums:   ok\nstate hash:  %016" PRIx64 "\n", snapshot_state_hash(&d));
     snapshot_data_free(&d);
     return 0;
@@ -480,12 +506,12 @@ int snapshot_inspect(const char *path, FILE *out) {
 struct snapshot_writer {
     char dir[2048];
     snapshot_retention_t keep;
-    snapshot_data_t data;    /* host buffers the trainer fills */
+    snapshot_data_t data; /* host buffers the trainer fills */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool is_pending, is_busy, is_stopping;
-    int last_rc;             /* of the last write, until reported */
+    int last_rc; /* of the last write, until reported */
     char last_err[1024];
     char last_path[2300];
     snapshot_progress_t progress;
@@ -500,7 +526,8 @@ static void *writer_main(void *arg) {
     snapshot_writer_t *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->is_pending && !w->is_stopping) pthread_cond_wait(&w->cv, &w->mu);
+        while (!w->is_pending && !w->is_stopping)
+            pthread_cond_wait(&w->cv, &w->mu);
         if (!w->is_pending) break;
         w->is_pending = false;
         w->is_busy = true;
@@ -514,8 +541,9 @@ static void *writer_main(void *arg) {
             snprintf(w->last_err, sizeof w->last_err, "%s", err);
             snprintf(w->failure, sizeof w->failure, "%s", err);
         } else {
-            snprintf(w->last_path, sizeof w->last_path, "%s/" SNAPSHOT_FILE_PREFIX "%012" PRIu64
-                     SNAPSHOT_FILE_SUFFIX, w->dir, w->data.header.step);
+            snprintf(w->last_path, sizeof w->last_path,
+                     "%s/" SNAPSHOT_FILE_PREFIX "%012" PRIu64 SNAPSHOT_FILE_SUFFIX, w->dir,
+                     w->data.header.step);
             w->landed_s = clock_now_s();
             w->landed_step = w->data.header.step;
             w->failure[0] = '\0';
@@ -541,13 +569,15 @@ static void remove_temp_files(const char *dir) {
 }
 
 int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
-                           bool has_second_moment, const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
-                           size_t err_len) {
+                           bool has_second_moment, const snapshot_retention_t *keep,
+                           snapshot_writer_t **out, char *err, size_t err_len) {
     *out = NULL;
     int rc = fs_mkdir_p(dir);
-    if (rc < 0) return ddp_errf(err, err_len, "snapshot.dir: cannot create %s: %s", dir, strerror(-rc));
+    if (rc < 0)
+        return ddp_errf(err, err_len, "snapshot.dir: cannot create %s: %s", dir, strerror(-rc));
     if (access(dir, W_OK) < 0)
-        return ddp_errf(err, err_len, "snapshot.dir: cannot write into %s: %s", dir, strerror(errno));
+        return ddp_errf(err, err_len, "snapshot.dir: cannot write into %s: %s", dir,
+                        strerror(errno));
     remove_temp_files(dir);
     snapshot_writer_t *w = calloc(1, sizeof *w);
     if (!w) return ddp_errf(err, err_len, "out of memory");
@@ -558,7 +588,8 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
     w->data.params = malloc((n_params ? n_params : 1) * sizeof(float));
     w->data.momentum = malloc((n_params ? n_params : 1) * sizeof(float));
     w->data.buffers = malloc((n_buffers ? n_buffers : 1) * sizeof(float));
-    if (has_second_moment) w->data.second_moment = malloc((n_params ? n_params : 1) * sizeof(float));
+    if (has_second_moment)
+        w->data.second_moment = malloc((n_params ? n_params : 1) * sizeof(float));
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (!w->data.params || !w->data.momentum || !w->data.buffers ||
@@ -574,7 +605,8 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
 
 static int wait_idle(snapshot_writer_t *w, char *err, size_t err_len) {
     pthread_mutex_lock(&w->mu);
-    while (w->is_pending || w->is_busy) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->is_pending || w->is_busy)
+        pthread_cond_wait(&w->cv, &w->mu);
     int rc = w->last_rc;
     if (rc < 0) snprintf(err, err_len, "%s", w->last_err);
     w->last_rc = 0;
@@ -600,7 +632,9 @@ int snapshot_writer_flush(snapshot_writer_t *w, char *err, size_t err_len) {
     return wait_idle(w, err, err_len);
 }
 
-const char *snapshot_writer_last_path(const snapshot_writer_t *w) { return w->last_path; }
+const char *snapshot_writer_last_path(const snapshot_writer_t *w) {
+    return w->last_path;
+}
 
 void snapshot_writer_set_progress(snapshot_writer_t *w, const snapshot_progress_t *progress) {
     pthread_mutex_lock(&w->mu);

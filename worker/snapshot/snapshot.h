@@ -21,12 +21,12 @@
 typedef struct {
     snapshot_header_t header;
     float *params, *momentum, *buffers; /* host memory, sizes from the header */
-    float *second_moment; /* adam/adamw (header.optimizer): as params; NULL for sgd */
+    float *second_moment;               /* adam/adamw (header.optimizer): as params; NULL for sgd */
 } snapshot_data_t;
 
 typedef struct {
-    int64_t keep;        /* newest snapshots kept */
-    int64_t keep_every;  /* also keep steps that are multiples of this forever (0: none) */
+    int64_t keep;       /* newest snapshots kept */
+    int64_t keep_every; /* also keep steps that are multiples of this forever (0: none) */
 } snapshot_retention_t;
 
 /* Called after every chunk (4 MiB) a snapshot write puts on disk, from the writing thread. */
@@ -37,8 +37,8 @@ typedef struct {
 
 /* Write one snapshot into dir (which must exist) as snapshot-<step>.ddps; fills in the header's
  * magic, version, sections and checksums (the second moment's when header.optimizer is adam or
- * adamw: d->second_moment must then be set); then rewrites the manifest and prunes. Returns 0, or -1
- * with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
+ * adamw: d->second_moment must then be set); then rewrites the manifest and prunes. Returns 0, or
+ * -1 with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
                    const snapshot_progress_t *progress, char *err, size_t err_len);
 /* Fill in h's magic, version, section table (sections laid out back to back after the header, as
@@ -49,7 +49,8 @@ uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d);
  * a faster source must reach for the disk to be skipped. */
 int64_t snapshot_newest_step(const char *dir);
 /* snapshot_read's and snapshot_find_latest's return for a file of a version newer than this
- * ddpworker's: not damage (nothing is skipped or moved aside for it), but nothing here can use it. */
+ * ddpworker's: not damage (nothing is skipped or moved aside for it), but nothing here can use it.
+ */
 #define SNAPSHOT_E_NEWER (-2)
 
 /* Read and verify path; versions older than SNAPSHOT_VERSION read too, with what they did not
@@ -77,8 +78,8 @@ typedef struct snapshot_writer snapshot_writer_t;
  * n_params when has_second_moment). Creates dir if missing.
  * Returns 0 or -1 with err (cannot create or write into dir, out of memory). */
 int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
-                           bool has_second_moment, const snapshot_retention_t *keep, snapshot_writer_t **out, char *err,
-                           size_t err_len);
+                           bool has_second_moment, const snapshot_retention_t *keep,
+                           snapshot_writer_t **out, char *err, size_t err_len);
 /* Wait until the previous snapshot is written; then its buffers are free to fill. Returns 0, or
  * -1 with the previous write's failure in err (reported once). */
 int snapshot_writer_acquire(snapshot_writer_t *w, snapshot_data_t **buffers, char *err,

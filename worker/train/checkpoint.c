@@ -15,14 +15,16 @@
 #include "json_lines.h"
 #include "trainer.h"
 
-_Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD && (int)OPTIM_ADAM == (int)SNAPSHOT_OPTIM_ADAM &&
+_Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD &&
+                   (int)OPTIM_ADAM == (int)SNAPSHOT_OPTIM_ADAM &&
                    (int)OPTIM_ADAMW == (int)SNAPSHOT_OPTIM_ADAMW,
                "train.conf's optimizer numbers are the snapshot header's");
 
 static volatile sig_atomic_t stop_signal;
 
-static void on_stop_signal(int signum) { stop_signal = signum; }
-
+static void on_stop_signal(int signum) {
+    stop_signal = signum;
+}
 
 /* Bytes reaching the disk are progress: a slow but moving snapshot write is no hang. */
 static void beat(void *arg) {
@@ -113,7 +115,8 @@ double trainer__snapshot_take(trainer_t *t) {
     mem->to_host(t->backend, d->momentum, m->momentum, m->n_params * sizeof(float));
     mem->to_host(t->backend, d->buffers, m->buffers, m->n_buffers * sizeof(float));
     if (optimizer_has_second_moment(&t->optim))
-        mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, m->n_params * sizeof(float));
+        mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq,
+                     m->n_params * sizeof(float));
     return clock_now_s() - start;
 }
 
@@ -123,8 +126,9 @@ void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall) {
     char err[1024];
     snapshot_writer_submit(t->snapshots);
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step, err,
-                    t->has_written_params ? "the final weights are in train.params_file"
+        trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step,
+                    err,
+                    t->has_written_params     ? "the final weights are in train.params_file"
                     : t->conf->params_file[0] ? "the weights of this step are NOT saved"
                                               : "the weights of this step are NOT saved (no "
                                                 "train.params_file)");
@@ -144,7 +148,8 @@ int trainer__agree_step(trainer_t *t, bool *is_out_of_time) {
     /* ranks that received each signal, and rank 0's clock: every rank must stop at the same step,
      * and one reduction answers both questions */
     double got[3] = {stop_signal == SIGTERM, stop_signal == SIGUSR1,
-                     has_budget && t->rank == 0 && trainer__elapsed_s(t) >= t->conf->hours * 3600.0};
+                     has_budget && t->rank == 0 &&
+                         trainer__elapsed_s(t) >= t->conf->hours * 3600.0};
     trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 3),
                         has_signals ? "agreeing on stop signals and the time budget after a step"
                                     : "agreeing on the time budget after a step");
@@ -158,28 +163,32 @@ static void check_compatible(const trainer_t *t, const snapshot_header_t *h, con
     const model_t *m = &t->model;
     if (strncmp(h->model, m->name, sizeof h->model) != 0 || h->width != (uint32_t)t->conf->width ||
         h->n_params != m->n_params || h->n_buffers != m->n_buffers)
-        trainer_die(DDP_EXIT_CONFIG, "snapshot %s holds model %.32s width %u (%" PRIu64
-                    " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
-                    path, h->model, h->width, h->n_params, m->name, (long long)t->conf->width,
-                    m->n_params);
+        trainer_die(
+            DDP_EXIT_CONFIG,
+            "snapshot %s holds model %.32s width %u (%" PRIu64
+            " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
+            path, h->model, h->width, h->n_params, m->name, (long long)t->conf->width, m->n_params);
     if (h->train_samples != (uint64_t)t->data->train.n || h->seed != (uint64_t)t->conf->seed)
-        trainer_die(DDP_EXIT_CONFIG, "snapshot %s was taken with %" PRIu64 " training samples and "
+        trainer_die(DDP_EXIT_CONFIG,
+                    "snapshot %s was taken with %" PRIu64 " training samples and "
                     "seed %" PRIu64 "; this run has %lld and %lld (data.train_limit, train.seed), "
-                    "so its position in the data would be meaningless", path, h->train_samples,
-                    h->seed, (long long)t->data->train.n, (long long)t->conf->seed);
+                    "so its position in the data would be meaningless",
+                    path, h->train_samples, h->seed, (long long)t->data->train.n,
+                    (long long)t->conf->seed);
     /* SGD's momentum is not Adam's first moment, and SGD has no second moment: no carrying over.
      * Adam and AdamW keep the same state (as torch's state_dicts), so either resumes the other. */
     bool was_adam = h->optimizer != SNAPSHOT_OPTIM_SGD, is_adam = t->optim.kind != OPTIM_SGD;
     if (was_adam != is_adam)
-        trainer_die(DDP_EXIT_CONFIG, "snapshot %s was taken with optim.name=%s; train.conf asks for "
+        trainer_die(DDP_EXIT_CONFIG,
+                    "snapshot %s was taken with optim.name=%s; train.conf asks for "
                     "optim.name=%s, which cannot continue %s's state: keep optim.name=%s, or start "
-                    "afresh in another snapshot.dir", path, optimizer_name(h->optimizer),
-                    optimizer_name(t->optim.kind), optimizer_name(h->optimizer),
-                    optimizer_name(h->optimizer));
+                    "afresh in another snapshot.dir",
+                    path, optimizer_name(h->optimizer), optimizer_name(t->optim.kind),
+                    optimizer_name(h->optimizer), optimizer_name(h->optimizer));
     if (h->optimizer != (uint32_t)t->optim.kind)
         printf("ddpworker: note: snapshot %s was taken with optim.name=%s; continuing its moments "
-               "and step count with %s\n", path, optimizer_name(h->optimizer),
-               optimizer_name(t->optim.kind));
+               "and step count with %s\n",
+               path, optimizer_name(h->optimizer), optimizer_name(t->optim.kind));
 }
 
 /* Whether train.conf leaves something to train after the state resumed (step, epoch, cursor,
@@ -189,7 +198,8 @@ static bool asks_for_more(const trainer_t *t) {
     const train_conf_t *c = t->conf;
     bool is_epoch_done = t->cursor >= t->data->train.n;
     if (c->max_steps >= 0 && t->step >= c->max_steps) return false;
-    if (c->epochs && (t->epoch + 1 > c->epochs || (t->epoch + 1 == c->epochs && is_epoch_done))) return false;
+    if (c->epochs && (t->epoch + 1 > c->epochs || (t->epoch + 1 == c->epochs && is_epoch_done)))
+        return false;
     if (c->hours > 0 && t->elapsed_before_s >= c->hours * 3600.0) return false;
     return true;
 }
@@ -210,12 +220,14 @@ static int find_candidate(trainer_t *t, snapshot_data_t *d, char *path, size_t p
     const char *mem_dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
     const char *local_rank = getenv("LOCAL_RANK");
     if (mem_dir && *mem_dir && (!local_rank || strcmp(local_rank, "0") == 0)) {
-        memory_snapshot_source_t m = memory_snapshot_find_latest(mem_dir, stderr, d, path, path_len,
-                                                                 reached);
-        if (m != MEMORY_SNAPSHOT_NONE) source = m == MEMORY_SNAPSHOT_OWN ? SOURCE_MEMORY : SOURCE_PEER;
+        memory_snapshot_source_t m =
+            memory_snapshot_find_latest(mem_dir, stderr, d, path, path_len, reached);
+        if (m != MEMORY_SNAPSHOT_NONE)
+            source = m == MEMORY_SNAPSHOT_OWN ? SOURCE_MEMORY : SOURCE_PEER;
     }
     if (t->rank != 0 || !t->conf->snapshot_dir[0]) return source;
-    if (source != SOURCE_NONE && snapshot_newest_step(t->conf->snapshot_dir) <= (int64_t)d->header.step)
+    if (source != SOURCE_NONE &&
+        snapshot_newest_step(t->conf->snapshot_dir) <= (int64_t)d->header.step)
         return source;
     snapshot_data_t disk = {0};
     char disk_path[4096], err[1024];
@@ -236,7 +248,7 @@ static int find_candidate(trainer_t *t, snapshot_data_t *d, char *path, size_t p
 bool trainer__resume(trainer_t *t) {
     bool has_memory = getenv(MEMORY_SNAPSHOT_DIR_ENV) && *getenv(MEMORY_SNAPSHOT_DIR_ENV);
     if (!t->conf->snapshot_dir[0] && !has_memory) return false;
-    int64_t where[6] = {0}; /* found, step, epoch, cursor, optimizer steps, is finished */
+    int64_t where[6] = {0};       /* found, step, epoch, cursor, optimizer steps, is finished */
     double run[3] = {NAN, -1, 0}; /* best value, its step, elapsed seconds */
     loss_scale_t ls = {0};
     snapshot_data_t d = {0};
@@ -273,8 +285,10 @@ bool trainer__resume(trainer_t *t) {
             t->resume_rank = -1;
             t->steps_lost = (int64_t)max_reached - 1;
             if (t->rank == 0) {
-                printf("ddpworker: no snapshot to resume from (memory, peers, disk): starting again "
-                       "from step 0; source none, %lld steps lost\n", (long long)t->steps_lost);
+                printf(
+                    "ddpworker: no snapshot to resume from (memory, peers, disk): starting again "
+                    "from step 0; source none, %lld steps lost\n",
+                    (long long)t->steps_lost);
                 fflush(stdout);
             }
         }
@@ -304,7 +318,8 @@ bool trainer__resume(trainer_t *t) {
         run[0] = best_value;
         run[1] = (double)best_step;
     }
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0), "broadcasting the run's state");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0),
+                        "broadcasting the run's state");
     t->step = t->last_snapshot_step = where[1];
     t->epoch = where[2];
     t->cursor = where[3];
@@ -320,10 +335,11 @@ bool trainer__resume(trainer_t *t) {
         t->is_already_finished = true;
         snapshot_data_free(&d);
         if (t->rank == 0) {
-            printf("ddpworker: already finished at step %lld, epoch %lld (snapshot.dir %s): nothing "
-                   "to train; a larger train.max_steps, train.epochs or train.hours continues it, "
-                   "another snapshot.dir starts a new run\n", (long long)t->step,
-                   (long long)t->epoch + 1, t->conf->snapshot_dir);
+            printf(
+                "ddpworker: already finished at step %lld, epoch %lld (snapshot.dir %s): nothing "
+                "to train; a larger train.max_steps, train.epochs or train.hours continues it, "
+                "another snapshot.dir starts a new run\n",
+                (long long)t->step, (long long)t->epoch + 1, t->conf->snapshot_dir);
             fflush(stdout);
         }
         return true;
@@ -336,30 +352,38 @@ bool trainer__resume(trainer_t *t) {
         mem->to_device(t->backend, m->buffers, d.buffers, m->n_buffers * sizeof(float));
         if (optimizer_has_second_moment(&t->optim))
             mem->to_device(t->backend, t->optim.exp_avg_sq, d.second_moment,
-                         m->n_params * sizeof(float));
+                           m->n_params * sizeof(float));
         char lost[64] = "";
-        if (t->steps_lost >= 0) snprintf(lost, sizeof lost, ", %lld steps lost", (long long)t->steps_lost);
+        if (t->steps_lost >= 0)
+            snprintf(lost, sizeof lost, ", %lld steps lost", (long long)t->steps_lost);
         printf("ddpworker: resuming from %s: step %lld, epoch %lld, %lld samples into it (saved by "
-               "%u ranks, now %d)%s; source %s (rank %d)%s\n", path, (long long)where[1],
-               (long long)where[2] + 1, (long long)where[3], d.header.world_size, t->world,
+               "%u ranks, now %d)%s; source %s (rank %d)%s\n",
+               path, (long long)where[1], (long long)where[2] + 1, (long long)where[3],
+               d.header.world_size, t->world,
                t->was_finished ? "; that run had finished, train.conf now asks for more" : "",
                t->resume_source, root, lost);
         fflush(stdout);
     }
     snapshot_data_free(&d);
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), root),
-          "broadcasting the snapshot's parameters");
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), root),
-          "broadcasting the snapshot's momentum");
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), root),
-          "broadcasting the snapshot's statistics");
+    trainer__check_comm(
+        t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), root),
+        "broadcasting the snapshot's parameters");
+    trainer__check_comm(
+        t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), root),
+        "broadcasting the snapshot's momentum");
+    trainer__check_comm(
+        t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), root),
+        "broadcasting the snapshot's statistics");
     if (optimizer_has_second_moment(&t->optim)) {
-        trainer__check_comm(t, t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq, m->n_params * sizeof(float), root),
-              "broadcasting the snapshot's second moment");
+        trainer__check_comm(t,
+                            t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq,
+                                                    m->n_params * sizeof(float), root),
+                            "broadcasting the snapshot's second moment");
         optimizer_set_steps(&t->optim, (uint64_t)where[4]);
     }
     /* a snapshot without a scaler's state (0) leaves this run's initial scale */
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, root), "broadcasting the loss scale");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, root),
+                        "broadcasting the loss scale");
     if (t->loss_scale && ls.scale > 0) mem->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
     t->best_value = run[0];
     t->best_step = (int64_t)run[1];

@@ -20,8 +20,10 @@ static void wait_copies(void *arg) {
 static void pin(void *arg, void *p, size_t n_bytes) {
     backend_t *b = arg;
     if (b->mem->pin_host(b, p, n_bytes) < 0)
-        fprintf(stderr, "ddpworker: warning: memory snapshot slot of %zu bytes not page-locked: its "
-                "copies are slower\n", n_bytes);
+        fprintf(stderr,
+                "ddpworker: warning: memory snapshot slot of %zu bytes not page-locked: its "
+                "copies are slower\n",
+                n_bytes);
 }
 
 static void unpin(void *arg, void *p, size_t n_bytes) {
@@ -45,14 +47,15 @@ void trainer__memory_init(trainer_t *t) {
         return;
     }
     if (memory_snapshot_create(dir, t->model.n_params, t->model.n_buffers,
-                               optimizer_has_second_moment(&t->optim),
-                               is_async(t) ? &wait : NULL, &t->memory, err, sizeof err) < 0) {
+                               optimizer_has_second_moment(&t->optim), is_async(t) ? &wait : NULL,
+                               &t->memory, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: warning: no memory snapshots (restarts use snapshot.dir): %s\n",
                 err);
         t->memory = NULL;
         return;
     }
-    if (is_async(t) && t->backend->mem->pin_host) memory_snapshot_each_slot(t->memory, pin, t->backend);
+    if (is_async(t) && t->backend->mem->pin_host)
+        memory_snapshot_each_slot(t->memory, pin, t->backend);
 }
 
 /* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */
@@ -124,8 +127,10 @@ void trainer__memory_snapshot(trainer_t *t) {
 void trainer__memory_fence(trainer_t *t) {
     if (!t->is_memory_copying) return;
     double start = clock_now_s();
-    if (is_async(t)) t->backend->mem->copy_out_fence(t->backend);
-    else memory_snapshot_wait_copied(t->memory);
+    if (is_async(t))
+        t->backend->mem->copy_out_fence(t->backend);
+    else
+        memory_snapshot_wait_copied(t->memory);
     t->is_memory_copying = false;
     t->memory_stall_s += clock_now_s() - start; /* a copy the step outran is a stall too */
 }
@@ -141,7 +146,8 @@ void trainer__memory_free(trainer_t *t) {
         json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
         json_line_write(t->metrics, event);
     }
-    if (is_async(t) && t->backend->mem->unpin_host) memory_snapshot_each_slot(t->memory, unpin, t->backend);
+    if (is_async(t) && t->backend->mem->unpin_host)
+        memory_snapshot_each_slot(t->memory, unpin, t->backend);
     memory_snapshot_destroy(t->memory);
     t->memory = NULL;
 }

@@ -1,7 +1,8 @@
 /* trainer_eval: what the trainer reports and keeps from evaluations: "eval", "epoch" and "final"
  * events, the best weights by train.best_by (train.best_file, safetensors written atomically; the
- * value lives in snapshots), the test at the end with them, and the weights files (nn/weights). Internal to the trainer
- * (trainer.h's trainer__ functions); the worker's main thread, every rank at the same step. */
+ * value lives in snapshots), the test at the end with them, and the weights files (nn/weights).
+ * Internal to the trainer (trainer.h's trainer__ functions); the worker's main thread, every rank
+ * at the same step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,10 @@
 
 void trainer__write_metrics(trainer_t *t, cJSON *o) {
     tb_events_metrics(t->tb, o); /* the same numbers as TensorBoard scalars (rank 0) */
-    if (t->metrics) json_line_write(t->metrics, o);
-    else cJSON_Delete(o);
+    if (t->metrics)
+        json_line_write(t->metrics, o);
+    else
+        cJSON_Delete(o);
 }
 
 static void add_eval(cJSON *o, const char *prefix, const eval_result_t *r) {
@@ -27,7 +30,8 @@ static void add_eval(cJSON *o, const char *prefix, const eval_result_t *r) {
     }
 }
 
-static void report_eval(trainer_t *t, const eval_result_t *r, const char *event, const char *weights) {
+static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
+                        const char *weights) {
     if (t->rank != 0) return;
     cJSON *o = json_line_new(event);
     json_line_str(o, "split", data_split_name(r->split));
@@ -51,10 +55,12 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
         if (line) printf("%s\n", line);
         cJSON_free(line);
         if (is_best && r->split == t->eval_split)
-            printf("ddpworker: note: the final evaluation is on %s, the split that also chose these "
-                   "weights (train.best_by), so it flatters them; a test split of its own (an image "
-                   "folder's test/, or the dataset's test set with data.val_split) measures them "
-                   "fairly\n", data_split_name(r->split));
+            printf(
+                "ddpworker: note: the final evaluation is on %s, the split that also chose these "
+                "weights (train.best_by), so it flatters them; a test split of its own (an image "
+                "folder's test/, or the dataset's test set with data.val_split) measures them "
+                "fairly\n",
+                data_split_name(r->split));
     } else {
         trainer__end_progress_line();
         printf("eval  step %lld  %s loss %.4f  top1 %.2f%%  top5 %.2f%%\n", (long long)t->step,
@@ -64,7 +70,8 @@ static void report_eval(trainer_t *t, const eval_result_t *r, const char *event,
     trainer__write_metrics(t, o);
 }
 
-void trainer__write_weights(trainer_t *t, const char *path, const char *key, const char *const *tags) {
+void trainer__write_weights(trainer_t *t, const char *path, const char *key,
+                            const char *const *tags) {
     char err[2048];
     if (weights_save_tagged(&t->model, path, t->step, tags, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_IO, "%s: %s", key, err);
@@ -72,10 +79,10 @@ void trainer__write_weights(trainer_t *t, const char *path, const char *key, con
 
 /* What train.best_file says of itself in its metadata: which measure, its value (exact), the step,
  * and the run (seed; the model is weights' own "model" tag). */
-#define TAG_BY "ddpworker.best_by"
+#define TAG_BY    "ddpworker.best_by"
 #define TAG_VALUE "ddpworker.best_value"
-#define TAG_STEP "ddpworker.best_step"
-#define TAG_SEED "ddpworker.seed"
+#define TAG_STEP  "ddpworker.best_step"
+#define TAG_SEED  "ddpworker.seed"
 
 static const char *best_by_name(best_by_t by) {
     return by == BEST_BY_VAL_LOSS ? "val_loss" : by == BEST_BY_VAL_TOP1 ? "val_top1" : "none";
@@ -86,14 +93,16 @@ static void write_best(trainer_t *t) {
     snprintf(value, sizeof value, "%.17g", t->best_value);
     snprintf(step, sizeof step, "%lld", (long long)t->best_step);
     snprintf(seed, sizeof seed, "%lld", (long long)t->conf->seed);
-    const char *tags[] = {TAG_BY, best_by_name(t->conf->best_by), TAG_VALUE, value, TAG_STEP, step,
-                          TAG_SEED, seed, NULL};
+    const char *tags[] = {
+        TAG_BY, best_by_name(t->conf->best_by), TAG_VALUE, value, TAG_STEP, step, TAG_SEED, seed,
+        NULL};
     trainer__write_weights(t, t->conf->best_file, "train.best_file", tags);
 }
 
 /* The best file's own record, if it has one and it is this run's (measure, seed, model): 0, or -1
  * (absent, another run's, unreadable: err says which when it matters). */
-static int read_best_tags(const trainer_t *t, double *value, int64_t *step, char *err, size_t err_len) {
+static int read_best_tags(const trainer_t *t, double *value, int64_t *step, char *err,
+                          size_t err_len) {
     const char *path = t->conf->best_file;
     char by[32], v[64], s[32], seed[32], model[64];
     const char *keys[] = {TAG_BY, TAG_VALUE, TAG_STEP, TAG_SEED, "model"};
@@ -109,10 +118,12 @@ static int read_best_tags(const trainer_t *t, double *value, int64_t *step, char
     char *end_v, *end_s;
     *value = strtod(v, &end_v);
     *step = strtoll(s, &end_s, 10);
-    if (strcmp(by, best_by_name(t->conf->best_by)) != 0 || strtoll(seed, NULL, 10) != t->conf->seed ||
-        strcmp(model, t->model.name) != 0 || *end_v || *end_s || !isfinite(*value) || *step < 0) {
-        snprintf(err, err_len, "%s: the best %s of another run (%s %s at step %s, seed %s, model %s)",
-                 path, by, by, v, s, seed, model);
+    if (strcmp(by, best_by_name(t->conf->best_by)) != 0 ||
+        strtoll(seed, NULL, 10) != t->conf->seed || strcmp(model, t->model.name) != 0 || *end_v ||
+        *end_s || !isfinite(*value) || *step < 0) {
+        snprintf(err, err_len,
+                 "%s: the best %s of another run (%s %s at step %s, seed %s, model %s)", path, by,
+                 by, v, s, seed, model);
         return -1;
     }
     return 0;
@@ -128,7 +139,8 @@ void trainer__recall_best(const trainer_t *t, double *value, int64_t *step) {
         if (file_step > *step) {
             printf("ddpworker: train.best_file holds the best %s of step %lld (%.6g), later than "
                    "this snapshot's (step %lld): it stays the best so far\n",
-                   best_by_name(t->conf->best_by), (long long)file_step, file_value, (long long)*step);
+                   best_by_name(t->conf->best_by), (long long)file_step, file_value,
+                   (long long)*step);
             fflush(stdout);
             *value = file_value;
             *step = file_step;
@@ -137,8 +149,10 @@ void trainer__recall_best(const trainer_t *t, double *value, int64_t *step) {
     }
     if (*step < 0) return; /* nothing kept yet: whatever is there gets replaced */
     if (!is_there) {
-        fprintf(stderr, "ddpworker: warning: train.best_file %s is gone: the best weights (step %lld) "
-                "are lost; the best so far starts afresh\n", t->conf->best_file, (long long)*step);
+        fprintf(stderr,
+                "ddpworker: warning: train.best_file %s is gone: the best weights (step %lld) "
+                "are lost; the best so far starts afresh\n",
+                t->conf->best_file, (long long)*step);
         *value = NAN;
         *step = -1;
     } else {
@@ -182,21 +196,26 @@ static void load_best(trainer_t *t) {
                     (long long)t->best_step, err);
     double value;
     int64_t step;
-    if (t->rank == 0 && (read_best_tags(t, &value, &step, err, sizeof err) < 0 || step != t->best_step))
-        fprintf(stderr, "ddpworker: warning: train.best_file %s does not say it holds the best "
-                "weights of step %lld (replaced since?): testing it anyway\n", t->conf->best_file,
-                (long long)t->best_step);
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
+    if (t->rank == 0 &&
+        (read_best_tags(t, &value, &step, err, sizeof err) < 0 || step != t->best_step))
+        fprintf(stderr,
+                "ddpworker: warning: train.best_file %s does not say it holds the best "
+                "weights of step %lld (replaced since?): testing it anyway\n",
+                t->conf->best_file, (long long)t->best_step);
+    trainer__check_comm(t,
+                        t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
                         "broadcasting the best weights");
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
-                        "broadcasting the best weights' statistics");
+    trainer__check_comm(
+        t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
+        "broadcasting the best weights' statistics");
 }
 
 eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation) {
     data_split_t split = t->data->test.n ? SPLIT_TEST : t->eval_split;
     bool use_best = t->conf->best_by != BEST_BY_NONE && t->best_step >= 0;
     if (use_best) load_best(t);
-    return use_best || split != last_validation->split ? trainer_evaluate(t, split) : *last_validation;
+    return use_best || split != last_validation->split ? trainer_evaluate(t, split)
+                                                       : *last_validation;
 }
 
 void trainer__report_final(trainer_t *t, const eval_result_t *r) {

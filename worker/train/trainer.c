@@ -19,7 +19,7 @@
 #include "weights.h"
 
 #define BUCKET_BYTES (4u << 20)
-#define TOPK 5
+#define TOPK         5
 
 static int die_rank = -1;
 static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
@@ -36,10 +36,12 @@ static void progress_beat(void) {
     if (pwrite(progress_fd, &beats, sizeof beats, 0) < 0) atomic_store(&is_progress_broken, true);
 }
 
-void trainer__progress_beat(void) { progress_beat(); }
+void trainer__progress_beat(void) {
+    progress_beat();
+}
 
-static int is_tty = -1;        /* stdout is a terminal (-1: not asked yet) */
-static bool is_line_open;      /* a progress line waits for its newline (terminals only) */
+static int is_tty = -1;   /* stdout is a terminal (-1: not asked yet) */
+static bool is_line_open; /* a progress line waits for its newline (terminals only) */
 
 void trainer__end_progress_line(void) {
     if (!is_line_open) return;
@@ -50,8 +52,10 @@ void trainer__end_progress_line(void) {
 _Noreturn void trainer_die(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (die_rank >= 0) fprintf(stderr, "ddpworker: rank %d: ", die_rank);
-    else fputs("ddpworker: ", stderr);
+    if (die_rank >= 0)
+        fprintf(stderr, "ddpworker: rank %d: ", die_rank);
+    else
+        fputs("ddpworker: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -70,11 +74,15 @@ void trainer__check_comm(trainer_t *t, int rc, const char *what) {
     /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
      * not that this rank's question (a stop signal, the loss) failed */
     if (rc == DDP_ECLOSED)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "a peer is gone (it exited, was killed, or its node "
-                    "failed): %s; noticed at: %s", why, what);
+        trainer_die(DDP_EXIT_PEER_FAILURE,
+                    "a peer is gone (it exited, was killed, or its node "
+                    "failed): %s; noticed at: %s",
+                    why, what);
     if (rc == DDP_ETIMEOUT)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "a peer stopped answering (hung, stopped, or its node "
-                    "is unreachable): %s; noticed at: %s", why, what);
+        trainer_die(DDP_EXIT_PEER_FAILURE,
+                    "a peer stopped answering (hung, stopped, or its node "
+                    "is unreachable): %s; noticed at: %s",
+                    why, what);
     trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what, why);
 }
 
@@ -142,21 +150,26 @@ void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t
         trainer_die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
                     (long long)conf->model_classes, tr->classes);
     if (conf->best_by != BEST_BY_NONE && !conf->best_file[0])
-        trainer_die(DDP_EXIT_CONFIG, "train.best_by: set train.best_file, where the best weights go");
+        trainer_die(DDP_EXIT_CONFIG,
+                    "train.best_by: set train.best_file, where the best weights go");
     t->eval_split = data->val.n ? SPLIT_VAL : SPLIT_TEST;
     t->best_value = NAN;
     t->best_step = -1;
     char err[512];
-    model_opts_t mo = {.name = conf->model, .width = (int)conf->width, .stem = (model_stem_t)conf->model_stem,
-                       .fc_width = (int)conf->fc_width, .dropout = (float)conf->dropout,
+    model_opts_t mo = {.name = conf->model,
+                       .width = (int)conf->width,
+                       .stem = (model_stem_t)conf->model_stem,
+                       .fc_width = (int)conf->fc_width,
+                       .dropout = (float)conf->dropout,
                        .is_zero_init_residual = conf->is_zero_init_residual};
-    if (model_init_opts(&t->model, backend, &mo, tr->h, tr->w, tr->c, tr->classes, (int)conf->batch_size,
-                        err, sizeof err) < 0)
+    if (model_init_opts(&t->model, backend, &mo, tr->h, tr->w, tr->c, tr->classes,
+                        (int)conf->batch_size, err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
     if (optimizer_init(&t->optim, conf, backend, t->model.n_params) < 0)
         trainer_die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
                     optimizer_name(conf->optimizer), t->model.n_params);
-    t->augment_train = (augment_t){.is_random = conf->is_augmented, .padding = (int)conf->crop_padding,
+    t->augment_train = (augment_t){.is_random = conf->is_augmented,
+                                   .padding = (int)conf->crop_padding,
                                    .seed = (uint64_t)conf->seed};
     memcpy(t->augment_train.mean, data->mean, sizeof data->mean);
     memcpy(t->augment_train.std, data->std, sizeof data->std);
@@ -206,15 +219,17 @@ void trainer_start(trainer_t *t, comm_t *comm) {
                                      "unlimited: nothing says when to stop");
     if (conf->epochs == 0 && !has_max_steps &&
         (conf->schedule == SCHEDULE_COSINE || conf->schedule == SCHEDULE_ONE_CYCLE))
-        trainer_die(DDP_EXIT_CONFIG, "optim.schedule: a cosine or one-cycle schedule needs the run's "
-                                     "length: set train.epochs or train.max_steps besides train.hours");
-    t->total_steps = has_max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps
-                                                                                : by_epochs;
+        trainer_die(DDP_EXIT_CONFIG,
+                    "optim.schedule: a cosine or one-cycle schedule needs the run's "
+                    "length: set train.epochs or train.max_steps besides train.hours");
+    t->total_steps =
+        has_max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps : by_epochs;
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
     if (t->world > 1) {
         int rc = grad_sync_init(&t->sync, comm, t->model.grads, t->model.n_params, BUCKET_BYTES);
-        if (rc < 0) trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
+        if (rc < 0)
+            trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
         t->has_sync = true;
     }
     trainer__snapshot_init(t);
@@ -226,18 +241,22 @@ void trainer_start(trainer_t *t, comm_t *comm) {
          * rank 0 draws them (a resumed run has the snapshot's) */
         if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
             trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
-        weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched, .skip = conf->model_init_skip};
+        weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched,
+                               .skip = conf->model_init_skip};
         if (t->rank == 0 && conf->model_init[0] &&
             weights_load_init(&t->model, conf->model_init, &skip, stderr, err, sizeof err) < 0)
             trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
-        trainer__check_comm(t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
-                   "broadcasting the initial parameters");
-        trainer__check_comm(t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
-                   "broadcasting the initial buffers");
+        trainer__check_comm(
+            t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
+            "broadcasting the initial parameters");
+        trainer__check_comm(
+            t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
+            "broadcasting the initial buffers");
     }
     open_metrics(t, is_resumed);
-    if (t->rank == 0 && conf->tensorboard_dir[0] && tb_events_open(conf->tensorboard_dir, t->step,
-            conf->source_path, conf->overrides, &t->tb, err, sizeof err) < 0)
+    if (t->rank == 0 && conf->tensorboard_dir[0] &&
+        tb_events_open(conf->tensorboard_dir, t->step, conf->source_path, conf->overrides, &t->tb,
+                       err, sizeof err) < 0)
         trainer_die(DDP_EXIT_CONFIG, "%s", err);
     t->status = status_report_open(t->rank);
     trainer__report_resume(t);
@@ -274,8 +293,8 @@ static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, i
                        const int64_t *indices, int n) {
     const dataset_t *d = data_split(t->data, split);
     for (int i = 0; i < n; i++) {
-        t->host_jobs[i] = (augment_job_t){.index = indices[i],
-                                          .choice = augment_choose(aug, epoch, indices[i])};
+        t->host_jobs[i] =
+            (augment_job_t){.index = indices[i], .choice = augment_choose(aug, epoch, indices[i])};
         t->host_labels[i] = d->labels[indices[i]];
     }
     const backend_i *o = t->backend->ops;
@@ -290,12 +309,15 @@ int trainer_step(trainer_t *t) {
     const train_conf_t *c = t->conf;
     int64_t left = sampler_rank_count(&t->sampler, t->cursor);
     int n = (int)(left < c->batch_size ? left : c->batch_size);
-    for (int i = 0; i < n; i++) t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
+    for (int i = 0; i < n; i++)
+        t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
     if (t->loader) {
         /* the next batch of this epoch, to decode while this one trains */
-        int64_t next = t->cursor + (int64_t)n * t->world, next_left = sampler_rank_count(&t->sampler, next);
+        int64_t next = t->cursor + (int64_t)n * t->world,
+                next_left = sampler_rank_count(&t->sampler, next);
         int next_n = (int)(next_left < c->batch_size ? next_left : c->batch_size);
-        for (int i = 0; i < next_n; i++) t->next_indices[i] = sampler_index(&t->sampler, next, i);
+        for (int i = 0; i < next_n; i++)
+            t->next_indices[i] = sampler_index(&t->sampler, next, i);
         trainer__folder_batch(t, SPLIT_TRAIN, t->epoch, (uint64_t)t->step, t->indices, n,
                               t->next_indices, next_n);
     } else {
@@ -324,7 +346,8 @@ int trainer_step(trainer_t *t) {
         o->loss_scale_update(t->backend, t->loss_scale, (uint32_t)c->loss_scale_growth_interval);
     t->step++;
     progress_beat();
-    t->cursor += (int64_t)n * t->world; /* every rank took n: the same count, by the sampler's padding */
+    t->cursor +=
+        (int64_t)n * t->world; /* every rank took n: the same count, by the sampler's padding */
     return n;
 }
 
@@ -343,7 +366,7 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     model_t *m = &t->model;
     /* the running statistics are rank 0's, as DDP's buffer broadcast makes them */
     trainer__check_comm(t, comm->ops->broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0),
-               "broadcasting the batch-norm statistics");
+                        "broadcasting the batch-norm statistics");
     const dataset_t *d = data_split(t->data, split);
     int batch = (int)t->conf->batch_size, k = m->classes;
     double sums[4] = {0}; /* loss, top1, top5, samples */
@@ -352,10 +375,12 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     uint64_t id = t->eval_batches;
     for (int64_t pos = t->rank; pos < d->n; id++) {
         int n = 0;
-        for (; n < batch && pos < d->n; pos += t->world) indices[n++] = pos;
+        for (; n < batch && pos < d->n; pos += t->world)
+            indices[n++] = pos;
         if (t->loader) {
             int next_n = 0;
-            for (int64_t q = pos; next_n < batch && q < d->n; q += t->world) t->next_indices[next_n++] = q;
+            for (int64_t q = pos; next_n < batch && q < d->n; q += t->world)
+                t->next_indices[next_n++] = q;
             trainer__folder_batch(t, split, 0, id, indices, n, t->next_indices, next_n);
         } else {
             load_batch(t, split, &t->augment_eval, 0, indices, n);
@@ -368,8 +393,10 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
             const float *z = t->host_logits + (size_t)i * k;
             int label = t->host_labels[i];
             double zmax = z[0], sum_exp = 0;
-            for (int j = 1; j < k; j++) zmax = z[j] > zmax ? z[j] : zmax;
-            for (int j = 0; j < k; j++) sum_exp += exp(z[j] - zmax);
+            for (int j = 1; j < k; j++)
+                zmax = z[j] > zmax ? z[j] : zmax;
+            for (int j = 0; j < k; j++)
+                sum_exp += exp(z[j] - zmax);
             sums[0] += log(sum_exp) + zmax - z[label];
             count_hits(z, k, label, &sums[1], &sums[2]);
         }
@@ -378,14 +405,19 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     t->eval_batches = id + 1; /* past the last one prefetched */
     trainer__check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
     double n = sums[3] > 0 ? sums[3] : 1;
-    return (eval_result_t){.loss = sums[0] / n, .top1 = sums[1] / n, .top5 = sums[2] / n,
-                           .n = (int64_t)sums[3], .split = split};
+    return (eval_result_t){.loss = sums[0] / n,
+                           .top1 = sums[1] / n,
+                           .top5 = sums[2] / n,
+                           .n = (int64_t)sums[3],
+                           .split = split};
 }
 
 static void format_duration(double s, char *buf, size_t len) {
     long total = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
-    if (total >= 3600) snprintf(buf, len, "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
-    else snprintf(buf, len, "%ld:%02ld", total / 60, total % 60);
+    if (total >= 3600)
+        snprintf(buf, len, "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
+    else
+        snprintf(buf, len, "%ld:%02ld", total / 60, total % 60);
 }
 
 double trainer__elapsed_s(const trainer_t *t) {
@@ -398,17 +430,21 @@ double trainer__elapsed_s(const trainer_t *t) {
 static bool is_out_of_time(trainer_t *t) {
     if (t->conf->hours <= 0) return false;
     uint8_t is_over = trainer__elapsed_s(t) > t->conf->hours * 3600.0;
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0), "agreeing on the time budget");
+    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0),
+                        "agreeing on the time budget");
     return is_over;
 }
 
-static bool is_epoch_over(trainer_t *t) { return sampler_rank_count(&t->sampler, t->cursor) == 0; }
+static bool is_epoch_over(trainer_t *t) {
+    return sampler_rank_count(&t->sampler, t->cursor) == 0;
+}
 
 /* Whether the run has nothing left: max_steps reached, or the last epoch's samples all used. */
 static bool is_run_over(trainer_t *t) {
     const train_conf_t *c = t->conf;
     return (c->max_steps >= 0 && t->step >= c->max_steps) ||
-           (c->epochs && (t->epoch >= c->epochs || (t->epoch + 1 == c->epochs && is_epoch_over(t))));
+           (c->epochs &&
+            (t->epoch >= c->epochs || (t->epoch + 1 == c->epochs && is_epoch_over(t))));
 }
 
 /* The age of the last snapshot that actually landed, and the failure while writes fail. */
@@ -423,8 +459,10 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
     /* the system's reason ends the message ("cannot write PATH: No space left on device") */
     const char *reason = strrchr(failure, ':');
     reason = reason ? reason + 1 + (reason[1] == ' ') : failure;
-    if (failure[0]) snprintf(out, len, "  snapshot FAILING: %.80s; last landed %s", reason, landed);
-    else if (landed_s > 0) snprintf(out, len, "  snapshot %s", landed);
+    if (failure[0])
+        snprintf(out, len, "  snapshot FAILING: %.80s; last landed %s", reason, landed);
+    else if (landed_s > 0)
+        snprintf(out, len, "  snapshot %s", landed);
 }
 
 /* Without loss scaling nothing skips a bad step: a training loss that is NaN or inf on any rank
@@ -435,11 +473,15 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
 static void check_diverged(trainer_t *t, double loss) {
     if (t->loss_scale) return;
     double is_bad = !isfinite(loss);
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
+    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1),
+                        "agreeing on the loss");
     if (is_bad > 0)
-        trainer_die(DDP_EXIT_DIVERGED, "the training loss is %s by step %lld (on %.0f of %d "
+        trainer_die(DDP_EXIT_DIVERGED,
+                    "the training loss is %s by step %lld (on %.0f of %d "
                     "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
-                    isnan(loss) ? "NaN" : isfinite(loss) ? "NaN or inf on another rank" : "inf",
+                    isnan(loss)      ? "NaN"
+                    : isfinite(loss) ? "NaN or inf on another rank"
+                                     : "inf",
                     (long long)t->step, is_bad, t->world);
 }
 
@@ -471,7 +513,8 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
     loss_scale_t ls = {0};
     if (t->loss_scale) {
         ls = trainer__loss_scale(t);
-        snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale, ls.skipped_steps);
+        snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale,
+                 ls.skipped_steps);
     }
     double lr = lr_at(&t->lr, t->step - 1);
     /* "step 10/0" says nothing: a run without a step count shows none, and a time budget shows
@@ -479,12 +522,14 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
     char where[96], total[32] = "", hours[48] = "";
     if (t->total_steps) snprintf(total, sizeof total, "/%lld", (long long)t->total_steps);
     if (t->conf->hours > 0)
-        snprintf(hours, sizeof hours, "  hours %.2f/%.2f", trainer__elapsed_s(t) / 3600, t->conf->hours);
+        snprintf(hours, sizeof hours, "  hours %.2f/%.2f", trainer__elapsed_s(t) / 3600,
+                 t->conf->hours);
     snprintf(where, sizeof where, "step %lld%s%s", (long long)t->step, total, hours);
     /* on a terminal, one line that updates; piped (ddprun, a file), a line per log interval */
     if (is_tty < 0) is_tty = isatty(STDOUT_FILENO);
-    printf("%sepoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s%s", is_tty ? "\r\033[K" : "",
-           (long long)t->epoch + 1, where, loss, lr, rate, eta, scaling, snap, is_tty ? "" : "\n");
+    printf("%sepoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s%s",
+           is_tty ? "\r\033[K" : "", (long long)t->epoch + 1, where, loss, lr, rate, eta, scaling,
+           snap, is_tty ? "" : "\n");
     is_line_open = is_tty;
     fflush(stdout);
     if (t->metrics || t->tb) {
@@ -505,7 +550,8 @@ static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seco
 /* Rank 0's closing lines: how long, how fast, how far, the best validation, restarts, snapshots. */
 static void report_summary(trainer_t *t, double this_attempt_s) {
     if (t->rank != 0) return;
-    double total_s = trainer__elapsed_s(t), rate = this_attempt_s > 0 ? t->samples_trained * t->world / this_attempt_s : 0;
+    double total_s = trainer__elapsed_s(t),
+           rate = this_attempt_s > 0 ? t->samples_trained * t->world / this_attempt_s : 0;
     char total[32], attempt[32], best[128] = "";
     format_duration(total_s, total, sizeof total);
     format_duration(this_attempt_s, attempt, sizeof attempt);
@@ -516,10 +562,11 @@ static void report_summary(trainer_t *t, double this_attempt_s) {
                  t->conf->best_by == BEST_BY_VAL_LOSS ? "val_loss" : "val_top1", t->best_value,
                  (long long)t->best_step);
     trainer__end_progress_line();
-    printf("ddpworker: done: %lld steps, %lld epochs, %s of training (%s in this attempt, %.0f img/s)"
-           "%s; %ld restart%s; %lld snapshot%s written in this attempt\n", (long long)t->step,
-           (long long)t->epoch + 1, total, attempt, rate, best, n_restarts, n_restarts == 1 ? "" : "s",
-           (long long)t->n_snapshots, t->n_snapshots == 1 ? "" : "s");
+    printf(
+        "ddpworker: done: %lld steps, %lld epochs, %s of training (%s in this attempt, %.0f img/s)"
+        "%s; %ld restart%s; %lld snapshot%s written in this attempt\n",
+        (long long)t->step, (long long)t->epoch + 1, total, attempt, rate, best, n_restarts,
+        n_restarts == 1 ? "" : "s", (long long)t->n_snapshots, t->n_snapshots == 1 ? "" : "s");
     fflush(stdout);
 }
 
@@ -534,10 +581,10 @@ eval_result_t trainer_run(trainer_t *t) {
     bool is_done = is_run_over(t);
     if (t->rank == 0) {
         printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
-               "batch %lld per rank, lr %g%s%s\n", t->model.name, t->model.n_params,
-               t->backend->mem->name, t->world, (long long)t->data->train.n,
-               (long long)t->steps_per_epoch, (long long)c->batch_size, t->lr.base_lr,
-               t->step ? ", resumed" : "", t->was_spare ? ", warm spare" : "");
+               "batch %lld per rank, lr %g%s%s\n",
+               t->model.name, t->model.n_params, t->backend->mem->name, t->world,
+               (long long)t->data->train.n, (long long)t->steps_per_epoch, (long long)c->batch_size,
+               t->lr.base_lr, t->step ? ", resumed" : "", t->was_spare ? ", warm spare" : "");
         fflush(stdout);
         /* what this start trains with: lr after optim.lr_scaling, the splits' sizes */
         cJSON *o = json_line_new("start");
@@ -575,7 +622,8 @@ eval_result_t trainer_run(trainer_t *t) {
         epoch_samples += n;
         window_steps++;
         bool is_out_of_time_now;
-        int signum = trainer__agree_step(t, &is_out_of_time_now); /* acted on after the evaluation */
+        int signum =
+            trainer__agree_step(t, &is_out_of_time_now); /* acted on after the evaluation */
         is_done = is_run_over(t) || is_out_of_time_now;
         if (t->step % c->log_interval == 0 || is_done) {
             log_window(t, window_samples, window_steps, clock_now_s() - window_s);
@@ -596,8 +644,9 @@ eval_result_t trainer_run(trainer_t *t) {
             if (!is_log_step) check_diverged_now(t);
             trainer__snapshot(t, true);
             trainer__end_progress_line();
-            if (t->rank == 0) printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n",
-                                     signum, (long long)t->step);
+            if (t->rank == 0)
+                printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n", signum,
+                       (long long)t->step);
             fflush(stdout);
             exit(128 + signum);
         }
@@ -610,8 +659,10 @@ eval_result_t trainer_run(trainer_t *t) {
     /* max_steps 0, or a run resumed at its end: the weights as they are */
     if (last_eval_step != t->step) last = trainer__validate(t);
     if (!isfinite(last.loss))
-        trainer_die(DDP_EXIT_DIVERGED, "the validation loss is %s at step %lld: the weights "
-                    "diverged", isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
+        trainer_die(DDP_EXIT_DIVERGED,
+                    "the validation loss is %s at step %lld: the weights "
+                    "diverged",
+                    isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
     if (t->rank == 0 && c->params_file[0]) {
         trainer__write_weights(t, c->params_file, "train.params_file", NULL);
@@ -631,7 +682,8 @@ eval_result_t trainer_run(trainer_t *t) {
         trainer__end_progress_line();
         if (t->rank == 0 && skipped > 0)
             printf("ddpworker: %lld image files could not be decoded and were replaced by the next "
-                   "that could (data.on_bad_image = skip)\n", (long long)t->skipped_images);
+                   "that could (data.on_bad_image = skip)\n",
+                   (long long)t->skipped_images);
     }
     eval_result_t final = trainer__final(t, &last);
     trainer__snapshot_commit(t, true, stall);

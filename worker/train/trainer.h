@@ -1,7 +1,8 @@
 /* trainer: ddpworker's training loop on one rank: batches from the sampler through augmentation
- * into the model, DDP gradient averaging (grad_sync), the optimizer, the learning-rate schedule, sharded
- * evaluation, the progress line and the metrics file. Runs on the worker's main thread; a failure
- * ends the process with the exit code that tells the agent what happened (proto/exit_codes.h). */
+ * into the model, DDP gradient averaging (grad_sync), the optimizer, the learning-rate schedule,
+ * sharded evaluation, the progress line and the metrics file. Runs on the worker's main thread; a
+ * failure ends the process with the exit code that tells the agent what happened
+ * (proto/exit_codes.h). */
 #ifndef DDP_WORKER_TRAINER_H
 #define DDP_WORKER_TRAINER_H
 
@@ -37,7 +38,7 @@ typedef struct {
     comm_t *comm;
     backend_t *backend;
     model_t model;
-    optimizer_t optim;       /* its state beyond the model's momentum arena */
+    optimizer_t optim; /* its state beyond the model's momentum arena */
     const data_splits_t *data;
     sampler_t sampler;
     augment_t augment_train, augment_eval;
@@ -50,30 +51,30 @@ typedef struct {
     uint8_t *images[SPLIT_COUNT];
     int32_t *labels[SPLIT_COUNT];
     bool is_uploaded;
-    int64_t *indices;        /* (batch) dataset indices of the batch being assembled */
-    int64_t *next_indices;   /* (batch) the batch after it, decoded ahead (image folders) */
-    int32_t *host_labels;    /* (batch) the labels of the batch in the model, on the host */
-    loader_t *loader;        /* image folders: the decode threads; NULL otherwise */
-    uint64_t eval_batches;   /* batch numbers used by evaluations so far (the loader's ids) */
-    int64_t skipped_images;  /* data.on_bad_image = skip: files replaced, all ranks (at the end) */
+    int64_t *indices;       /* (batch) dataset indices of the batch being assembled */
+    int64_t *next_indices;  /* (batch) the batch after it, decoded ahead (image folders) */
+    int32_t *host_labels;   /* (batch) the labels of the batch in the model, on the host */
+    loader_t *loader;       /* image folders: the decode threads; NULL otherwise */
+    uint64_t eval_batches;  /* batch numbers used by evaluations so far (the loader's ids) */
+    int64_t skipped_images; /* data.on_bad_image = skip: files replaced, all ranks (at the end) */
     augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
-    float *host_logits;      /* (batch, classes), evaluation */
-    FILE *metrics;           /* rank 0, or NULL */
-    tb_events_t *tb;         /* rank 0 with train.tensorboard_dir: its event file, or NULL */
+    float *host_logits;              /* (batch, classes), evaluation */
+    FILE *metrics;                   /* rank 0, or NULL */
+    tb_events_t *tb; /* rank 0 with train.tensorboard_dir: its event file, or NULL */
     int64_t steps_per_epoch, total_steps;
-    int64_t step, epoch;     /* the next step to run, the epoch it belongs to */
-    int64_t cursor;          /* global sample positions of this epoch already trained on */
+    int64_t step, epoch;          /* the next step to run, the epoch it belongs to */
+    int64_t cursor;               /* global sample positions of this epoch already trained on */
     snapshot_writer_t *snapshots; /* rank 0 with snapshot.dir set, else NULL */
     memory_snapshot_t *memory; /* rank 0 under ddprun (snapshot.every_memory 0: progress alone) */
-    bool is_memory_copying;  /* copies out to memory are in flight: fence before the optimizer */
+    bool is_memory_copying;    /* copies out to memory are in flight: fence before the optimizer */
     double memory_stall_s, memory_stall_max_s; /* the trainer's time in memory snapshots */
-    int64_t n_memory;        /* memory snapshots taken by this process */
+    int64_t n_memory;                          /* memory snapshots taken by this process */
     const char *resume_source; /* "memory", "peer", "disk", "none" (lost all); NULL: first start */
-    int64_t steps_lost;      /* steps trained before the restart and lost (-1: unknown) */
-    int resume_rank;         /* the rank that sent the state resumed from */
+    int64_t steps_lost;        /* steps trained before the restart and lost (-1: unknown) */
+    int resume_rank;           /* the rank that sent the state resumed from */
     int64_t last_snapshot_step;
-    bool has_written_params; /* train.params_file holds the final weights */
-    status_report_t *status; /* progress for `ddprun status`, or NULL */
+    bool has_written_params;              /* train.params_file holds the final weights */
+    status_report_t *status;              /* progress for `ddprun status`, or NULL */
     int64_t samples_trained, n_snapshots; /* by this rank in this process, for the summary */
     /* train.best_by: the best validation value so far (NaN: none yet) and its step (-1); the
      * weights are in train.best_file */
@@ -83,7 +84,7 @@ typedef struct {
      * process began training (CLOCK_MONOTONIC) */
     double elapsed_before_s, start_s;
     data_split_t eval_split;
-    bool was_spare;          /* this process waited as ddprun's warm spare before its round */
+    bool was_spare; /* this process waited as ddprun's warm spare before its round */
     /* the snapshot resumed from was a finished run's; the run has ended (snapshots say so) */
     bool was_finished, is_finished;
     bool is_already_finished; /* resumed a finished run that train.conf asks nothing more of */
@@ -179,7 +180,8 @@ void trainer__report_epoch(trainer_t *t, double wall_s, int64_t samples, const e
 /* The model's weights as a safetensors file (nn/weights, atomic), with tags (weights_save_tagged:
  * key/value pairs, NULL-terminated, or NULL) in its metadata; exit "io" naming key if not. Every
  * weights file the trainer writes goes through here. */
-void trainer__write_weights(trainer_t *t, const char *path, const char *key, const char *const *tags);
+void trainer__write_weights(trainer_t *t, const char *path, const char *key,
+                            const char *const *tags);
 /* Rank 0 at a resume: the best validation the snapshot recorded (*value NaN and *step -1: none),
  * replaced by what train.best_file says of itself when that is a later best of this run (a crash
  * came between writing it and the next snapshot), so the best is never forgotten nor replaced by a
