@@ -2,7 +2,7 @@
 # Install what ddprun needs from Debian (only what is missing), then configure and build.
 #   deploy/setup.sh [--tests] [--build-dir DIR] [-- extra cmake args]
 # --tests also installs the test tools (Criterion, pytest, Debian's torch for the interop tests,
-# clang + libFuzzer, etcd for the etcd backend, Slurm and munge for a real one-node Slurm, venv for
+# clang + libFuzzer, clang-format (tests/tools/check_format.sh), etcd for the etcd backend, Slurm and munge for a real one-node Slurm, venv for
 # the tests that pip-install ddprun and TensorBoard from PyPI into virtual environments). Safe to run again: installed packages are left alone, the build is incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ packages=(build-essential cmake pkg-config libuv1-dev libsodium-dev libxxhash-de
           zlib1g-dev libopenblas-dev libturbojpeg0-dev libcjson-dev libpng-dev libcurl4-openssl-dev
           libprotobuf-c-dev protobuf-c-compiler libisal-dev libdnnl-dev dataset-fashion-mnist)
 if [ "$with_tests" = 1 ]; then
-    packages+=(libcriterion-dev python3 python3-pytest python3-torch python3-torchvision python3-matplotlib python3-yaml python3-venv clang libclang-rt-14-dev iproute2
+    packages+=(libcriterion-dev python3 python3-pytest python3-torch python3-torchvision python3-matplotlib python3-yaml python3-venv clang clang-format libclang-rt-14-dev iproute2
               etcd-server etcd-client openssl slurmctld slurmd slurm-client munge)
 fi
 

@@ -13,7 +13,13 @@ if ! command -v "$clang_format" >/dev/null; then
     echo "check_format.sh: $clang_format not found (Debian: apt-get install clang-format)" >&2
     exit 2
 fi
-mapfile -t files < <(git ls-files -- '*.c' '*.h' '*.cu' '*.cuh' '*.cpp')
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    mapfile -t files < <(git ls-files -- '*.c' '*.h' '*.cu' '*.cuh' '*.cpp')
+else # a source tree without .git (an unpacked sdist or archive): the same files, found
+    mapfile -t files < <(find . \( -path './build*' -o -path './.deps' -o -path './.git' \) -prune -o \
+        -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' \) \
+        -print | sed 's|^\./||' | sort)
+fi
 if [ "${1:-}" = "--fix" ]; then
     "$clang_format" -i --style=file "${files[@]}"
     echo "check_format.sh: formatted ${#files[@]} files"
