@@ -135,17 +135,20 @@ void trainer__memory_fence(trainer_t *t) {
     t->memory_stall_s += clock_now_s() - start; /* a copy the step outran is a stall too */
 }
 
+void trainer__report_memory(trainer_t *t) {
+    if (!t->memory || !t->metrics || !t->n_memory) return;
+    memory_snapshot_flush(t->memory); /* the sealed step of the last generation */
+    cJSON *event = json_line_new("memory_snapshots");
+    json_line_int(event, "count", t->n_memory);
+    json_line_num(event, "stall_ms_mean", t->memory_stall_s * 1e3 / (double)t->n_memory);
+    json_line_num(event, "stall_ms_max", t->memory_stall_max_s * 1e3);
+    json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
+    json_line_write(t->metrics, event);
+}
+
 void trainer__memory_free(trainer_t *t) {
     if (!t->memory) return;
     memory_snapshot_flush(t->memory);
-    if (t->metrics && t->n_memory) { /* what they cost the training thread (tests/bench) */
-        cJSON *event = json_line_new("memory_snapshots");
-        json_line_int(event, "count", t->n_memory);
-        json_line_num(event, "stall_ms_mean", t->memory_stall_s * 1e3 / (double)t->n_memory);
-        json_line_num(event, "stall_ms_max", t->memory_stall_max_s * 1e3);
-        json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
-        json_line_write(t->metrics, event);
-    }
     if (is_async(t) && t->backend->mem->unpin_host)
         memory_snapshot_each_slot(t->memory, unpin, t->backend);
     memory_snapshot_destroy(t->memory);

@@ -687,6 +687,7 @@ eval_result_t trainer_run(trainer_t *t) {
     }
     eval_result_t final = trainer__final(t, &last);
     trainer__snapshot_commit(t, true, stall);
+    trainer__report_memory(t);
     trainer__report_final(t, &final);
     report_summary(t, clock_now_s() - t->start_s);
     if (!isfinite(final.loss))

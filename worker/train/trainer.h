@@ -146,6 +146,9 @@ void trainer__memory_init(trainer_t *t);
 void trainer__memory_snapshot(trainer_t *t);
 /* Before anything overwrites the state (the optimizer, the loss scaler): wait for the copies. */
 void trainer__memory_fence(trainer_t *t);
+/* The "memory_snapshots" metrics event (count, the training thread's stall: tests/bench), written
+ * before the "final" event, which stays the last line of a finished run. */
+void trainer__report_memory(trainer_t *t);
 void trainer__memory_free(trainer_t *t);
 /* Rank 0 after a resume: its source and steps lost as a "resume" metrics event and for
  * `ddprun status`. */
