@@ -175,7 +175,9 @@ def test_a_kill_9_and_resume_is_one_run_without_repeated_steps(ddprun, tb_python
     job = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "1", "--max-restarts", "2",
                             str(conf), f"train.tensorboard_dir={logdir}",
                             f"train.metrics_file={jsonl}", f"snapshot.dir={snap}",
-                            "snapshot.every=16"],
+                            # from the disk only: a memory snapshot of every step would resume
+                            # at the killed step, and no step would be logged twice
+                            "snapshot.every=16", "snapshot.every_memory=0"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=clean_env(), start_new_session=True)
     try:
