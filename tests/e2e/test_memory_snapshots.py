@@ -145,6 +145,18 @@ def finish(job):
     return out
 
 
+def kill_rank0_with_damaged_copies(job, metrics, to_damage):
+    """Past step 20, stop rank 0 holding two sealed generations, damage the slots to_damage(steps)
+    names ({slot name: step}), kill -9 it and let the job finish: (its output, steps)."""
+    seen = read_until_step(job, 20)
+    mem_dir, pid = memory_dir(job.pid), rank0_pid(metrics)
+    steps = stop_with_two_generations(pid, mem_dir)
+    for name in to_damage(steps):
+        damage(os.path.join(mem_dir, name))
+    os.kill(pid, signal.SIGKILL)
+    return seen + finish(job), steps
+
+
 def test_kill_9_of_rank_0_resumes_from_memory_losing_at_most_one_step(ddprun, ddpworker,
                                                                      tmp_path):
     """No disk snapshot before the end (every = 1000): only memory can resume it."""
@@ -175,13 +187,10 @@ def test_a_torn_newest_copy_is_skipped_for_the_generation_before(ddprun, ddpwork
     snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
     job = start_job(ddprun, conf, snap, metrics)
     try:
-        seen = read_until_step(job, 20)
-        mem_dir, pid = memory_dir(job.pid), rank0_pid(metrics)
-        steps = stop_with_two_generations(pid, mem_dir)
+        # the newest copy's parameters damaged, its header intact: a torn copy
+        out, steps = kill_rank0_with_damaged_copies(job, metrics,
+                                                    lambda steps: [max(steps, key=steps.get)])
         newest = max(steps, key=steps.get)
-        damage(os.path.join(mem_dir, newest))  # its parameters, header intact: a torn copy
-        os.kill(pid, signal.SIGKILL)
-        out = seen + finish(job)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
@@ -199,13 +208,7 @@ def test_corrupt_memory_copies_fall_back_to_the_disk(ddprun, ddpworker, tmp_path
     snap, metrics = tmp_path / "snap", tmp_path / "m.jsonl"
     job = start_job(ddprun, conf, snap, metrics)
     try:
-        seen = read_until_step(job, 20)
-        mem_dir, pid = memory_dir(job.pid), rank0_pid(metrics)
-        steps = stop_with_two_generations(pid, mem_dir)
-        for name in steps:
-            damage(os.path.join(mem_dir, name))
-        os.kill(pid, signal.SIGKILL)
-        out = seen + finish(job)
+        out, steps = kill_rank0_with_damaged_copies(job, metrics, list)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
