@@ -12,18 +12,16 @@
 #include <unistd.h>
 
 #include "memory_snapshot.h"
+#include "temp_dir.h"
 
 static char dir[256];
 
 static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/test_memory_snapshot.XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    temp_dir_make(dir, sizeof dir, "test_memory_snapshot");
 }
 
 static void remove_dir(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(dir);
 }
 
 TestSuite(memory_snapshot, .init = make_dir, .fini = remove_dir, .timeout = 30);

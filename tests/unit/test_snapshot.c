@@ -11,18 +11,16 @@
 #include <unistd.h>
 
 #include "snapshot.h"
+#include "temp_dir.h"
 
 static char dir[256];
 
 static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/test_snapshot.XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    temp_dir_make(dir, sizeof dir, "test_snapshot");
 }
 
 static void remove_dir(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(dir);
 }
 
 TestSuite(snapshot, .init = make_dir, .fini = remove_dir, .timeout = 30);
