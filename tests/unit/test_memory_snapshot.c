@@ -5,6 +5,7 @@
  * the progress record. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,8 +197,12 @@ Test(memory_snapshot, the_progress_record_alone_counts_steps_without_slots) {
     cr_assert_eq(reached, 57);
 }
 
-Test(memory_snapshot, copies_handed_to_the_writer_land_before_the_seal) {
+/* The cpu backend's hand-off: the copies land before the seal and before wait_copied returns,
+ * whether the writer's thread makes them (inline_bytes 0) or the submitting call (a small state).
+ */
+static void copies_land_before_the_seal(size_t inline_bytes) {
     memory_snapshot_t *m = open_slots();
+    memory_snapshot_set_inline_bytes(m, inline_bytes);
     static float params[N_PARAMS], momentum[N_PARAMS];
     for (int i = 0; i < N_PARAMS; i++) {
         params[i] = (float)i * 0.5f + 9.0f; /* fill()'s values for step 9 */
@@ -216,4 +221,61 @@ Test(memory_snapshot, copies_handed_to_the_writer_land_before_the_seal) {
     memory_snapshot_destroy(m);
     memory_snapshot_source_t source;
     cr_assert_eq(found_step(&source, NULL), 9); /* checks params[3] == 1.5 + 9 */
+}
+
+Test(memory_snapshot, copies_handed_to_the_writer_land_before_the_seal) {
+    copies_land_before_the_seal(0);
+}
+
+Test(memory_snapshot, copies_of_a_small_state_are_made_in_the_call) {
+    copies_land_before_the_seal(SIZE_MAX);
+}
+
+/* A state of several hash chunks (128 KiB each, the last one partial), copied and hashed in one
+ * pass: the checksums a reader computes over each whole section match, on either thread, and a
+ * copy that does not fill a whole section is made too. */
+static void a_large_state_verifies(size_t inline_bytes) {
+    enum { N = 100003, NB = 77 };
+    memory_snapshot_t *m;
+    char err[512];
+    cr_assert_eq(memory_snapshot_create(dir, N, NB, true, NULL, &m, err, sizeof err), 0, "%s", err);
+    memory_snapshot_set_inline_bytes(m, inline_bytes);
+    static float params[N], momentum[N], second[N];
+    for (int i = 0; i < N; i++) {
+        params[i] = (float)i * 0.25f;
+        momentum[i] = (float)i * -0.5f;
+        second[i] = (float)(i % 977);
+    }
+    snapshot_data_t *d = memory_snapshot_begin(m);
+    snapshot_header_t h = {.step = 12, .n_params = N, .n_buffers = NB, .optimizer = 1};
+    h.optim_steps = 12;
+    memory_snapshot_copy_t copies[4] = {
+        {d->params, params, sizeof params},
+        {d->momentum, momentum, sizeof momentum},
+        {d->second_moment, second, N / 2 * sizeof(float)},
+        {d->second_moment + N / 2, second + N / 2, (N - N / 2) * sizeof(float)}};
+    for (int i = 0; i < NB; i++)
+        d->buffers[i] = (float)i;
+    memory_snapshot_submit_copies(m, &h, copies, 4);
+    memory_snapshot_flush(m);
+    memory_snapshot_destroy(m);
+    snapshot_data_t r;
+    char path[4096];
+    int64_t reached;
+    cr_assert_eq(memory_snapshot_find_latest(dir, stderr, &r, path, sizeof path, &reached),
+                 MEMORY_SNAPSHOT_OWN);
+    cr_assert_eq(r.header.step, 12);
+    cr_assert_eq(memcmp(r.params, params, sizeof params), 0);
+    cr_assert_eq(memcmp(r.momentum, momentum, sizeof momentum), 0);
+    cr_assert_eq(memcmp(r.second_moment, second, sizeof second), 0);
+    cr_assert_float_eq(r.buffers[NB - 1], (float)(NB - 1), 0);
+    snapshot_data_free(&r);
+}
+
+Test(memory_snapshot, a_large_state_hashed_as_it_is_copied_verifies_on_the_writers_thread) {
+    a_large_state_verifies(0);
+}
+
+Test(memory_snapshot, a_large_state_hashed_as_it_is_copied_verifies_in_the_call) {
+    a_large_state_verifies(SIZE_MAX);
 }

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -19,6 +20,14 @@
 
 #define SLOTS         2
 #define PROGRESS_FILE "progress"
+/* Copies and hashes go chunk by chunk: the hash reads what the copy just wrote while it is still
+ * in the cache, one pass over the state instead of two. */
+#define CHUNK_BYTES ((size_t)128 << 10)
+/* A state this small is copied and sealed on the trainer's thread, in the call: handing it to the
+ * writer's thread costs two wake-ups and a switch, and where every core trains (2 ranks on 2
+ * cores) the thread runs on a training core anyway. The cnn (0.6 MB): 0.36 ms of stall per
+ * snapshot through the thread, about 0.1 ms in the call. */
+#define INLINE_BYTES ((size_t)1 << 20)
 
 typedef struct {
     uint8_t *map; /* the whole slot file, MAP_SHARED */
@@ -30,6 +39,8 @@ struct memory_snapshot {
     size_t n_params, n_buffers, bytes;
     bool has_second_moment;
     bool has_slots; /* false: the progress record alone */
+    size_t inline_bytes;
+    XXH3_state_t *hash; /* the sealing's (one sealing at a time) */
     memory_snapshot_wait_t wait;
     slot_t slots[SLOTS];
     int filling;          /* the slot being filled or sealed, -1: none */
@@ -87,6 +98,48 @@ static void point_data(memory_snapshot_t *m, int slot) {
     m->data.second_moment = m->has_second_moment ? m->data.buffers + m->n_buffers : NULL;
 }
 
+/* The section of h that copy c fills whole, or -1. */
+static int section_filled_by(const snapshot_header_t *h, const uint8_t *base,
+                             const memory_snapshot_copy_t *c) {
+    for (uint32_t i = 0; i < h->n_sections; i++)
+        if ((uint8_t *)c->dst == base + h->sections[i].offset &&
+            c->n_bytes == h->sections[i].n_bytes)
+            return (int)i;
+    return -1;
+}
+
+/* Make the copies into slot, hash every section and write h last, after every section byte: until
+ * it lands the slot reads as invalid, so a generation torn anywhere never replaces a sealed one. */
+static void fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
+                          const memory_snapshot_copy_t *copies, int n_copies) {
+    uint8_t *base = m->slots[slot].map;
+    uint64_t bytes = snapshot_layout(h);
+    assert(bytes <= m->bytes); /* the header describes the state the slots were sized for */
+    (void)bytes;
+    const uint8_t *src_of[SNAPSHOT_MAX_SECTIONS] = {0};
+    for (int c = 0; c < n_copies; c++) {
+        int i = section_filled_by(h, base, &copies[c]);
+        if (i >= 0)
+            src_of[i] = copies[c].src;
+        else
+            memcpy(copies[c].dst, copies[c].src, copies[c].n_bytes);
+    }
+    for (uint32_t i = 0; i < h->n_sections; i++) {
+        uint8_t *dst = base + h->sections[i].offset;
+        size_t n = h->sections[i].n_bytes;
+        XXH3_64bits_reset(m->hash);
+        for (size_t off = 0; off < n; off += CHUNK_BYTES) {
+            size_t k = n - off < CHUNK_BYTES ? n - off : CHUNK_BYTES;
+            if (src_of[i]) memcpy(dst + off, src_of[i] + off, k);
+            XXH3_64bits_update(m->hash, dst + off, k);
+        }
+        h->sections[i].checksum = XXH3_64bits_digest(m->hash);
+    }
+    snapshot_seal_header(h);
+    atomic_thread_fence(memory_order_release);
+    memcpy(base, h, sizeof *h);
+}
+
 static void *writer_main(void *arg) {
     memory_snapshot_t *m = arg;
     pthread_mutex_lock(&m->lock);
@@ -97,18 +150,10 @@ static void *writer_main(void *arg) {
         snapshot_header_t h = m->job;
         int slot = m->filling;
         pthread_mutex_unlock(&m->lock);
-        for (int i = 0; i < m->n_copies; i++)
-            memcpy(m->copies[i].dst, m->copies[i].src, m->copies[i].n_bytes);
+        if (m->wait.cb) m->wait.cb(m->wait.arg);
+        fill_and_seal(m, slot, &h, m->copies, m->n_copies);
         pthread_mutex_lock(&m->lock);
         m->is_copied = true;
-        pthread_cond_broadcast(&m->cond);
-        pthread_mutex_unlock(&m->lock);
-        if (m->wait.cb) m->wait.cb(m->wait.arg);
-        snapshot_seal(&h, &m->data);
-        /* the header last, after every section byte: until it lands the slot reads as invalid */
-        atomic_thread_fence(memory_order_release);
-        memcpy(m->slots[slot].map, &h, sizeof h);
-        pthread_mutex_lock(&m->lock);
         m->slots[slot].step = (int64_t)h.step;
         m->has_job = false;
         m->filling = -1;
@@ -129,6 +174,7 @@ static int open_region(const char *dir, bool has_slots, size_t n_params, size_t 
     m->n_buffers = n_buffers;
     m->has_second_moment = has_second_moment;
     m->has_slots = has_slots;
+    m->inline_bytes = INLINE_BYTES;
     m->slots[0].step = m->slots[1].step = -1;
     m->bytes = sizeof(snapshot_header_t) +
                ((has_second_moment ? 3 : 2) * n_params + n_buffers) * sizeof(float);
@@ -136,6 +182,11 @@ static int open_region(const char *dir, bool has_slots, size_t n_params, size_t 
     m->filling = -1;
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
+    m->hash = has_slots ? XXH3_createState() : NULL;
+    if (has_slots && !m->hash) {
+        ddp_errf(err, err_len, "memory snapshot: out of memory");
+        goto fail;
+    }
     char path[4200];
     for (int i = 0; has_slots && i < SLOTS; i++) {
         snprintf(path, sizeof path, "%s/own-%d" SNAPSHOT_FILE_SUFFIX, dir, i);
@@ -157,6 +208,7 @@ static int open_region(const char *dir, bool has_slots, size_t n_params, size_t 
 fail:
     for (int i = 0; i < SLOTS; i++)
         if (m->slots[i].map) munmap(m->slots[i].map, m->bytes);
+    XXH3_freeState(m->hash);
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);
     free(m);
@@ -194,9 +246,19 @@ void memory_snapshot_submit(memory_snapshot_t *m, const snapshot_header_t *h) {
 
 void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t *h,
                                    const memory_snapshot_copy_t *copies, int n_copies) {
+    n_copies = n_copies < MEMORY_SNAPSHOT_MAX_COPIES ? n_copies : MEMORY_SNAPSHOT_MAX_COPIES;
+    if (!m->wait.cb && m->bytes <= m->inline_bytes) {
+        snapshot_header_t sealed = *h;
+        fill_and_seal(m, m->filling, &sealed, copies, n_copies);
+        pthread_mutex_lock(&m->lock);
+        m->slots[m->filling].step = (int64_t)sealed.step;
+        m->filling = -1;
+        pthread_mutex_unlock(&m->lock);
+        return;
+    }
     pthread_mutex_lock(&m->lock);
     m->job = *h;
-    m->n_copies = n_copies < MEMORY_SNAPSHOT_MAX_COPIES ? n_copies : MEMORY_SNAPSHOT_MAX_COPIES;
+    m->n_copies = n_copies;
     if (m->n_copies > 0) memcpy(m->copies, copies, (size_t)m->n_copies * sizeof *copies);
     m->is_copied = false;
     m->has_job = true;
@@ -217,6 +279,10 @@ void memory_snapshot_flush(memory_snapshot_t *m) {
     while (m->has_job)
         pthread_cond_wait(&m->cond, &m->lock);
     pthread_mutex_unlock(&m->lock);
+}
+
+void memory_snapshot_set_inline_bytes(memory_snapshot_t *m, size_t n_bytes) {
+    m->inline_bytes = n_bytes;
 }
 
 int64_t memory_snapshot_sealed_step(memory_snapshot_t *m) {
@@ -249,6 +315,7 @@ void memory_snapshot_destroy(memory_snapshot_t *m) {
         for (int i = 0; i < SLOTS; i++)
             munmap(m->slots[i].map, m->bytes);
     }
+    XXH3_freeState(m->hash);
     munmap(m->progress, 2 * sizeof(uint64_t));
     pthread_mutex_destroy(&m->lock);
     pthread_cond_destroy(&m->cond);

@@ -13,8 +13,9 @@
  *
  * The checksums and the header are written by the writer's own thread, after an optional wait
  * (a GPU's side-stream copies); the trainer's thread fills the sections, or hands the writer's
- * thread host copies to make first (the cpu backend: the copy overlaps the next step's forward and
- * backward, and the trainer waits for it before the optimizer changes the sources). */
+ * thread host copies to make, each hashed as it is copied (the cpu backend: the copy overlaps the
+ * next step's forward and backward, and the trainer waits for it before the optimizer changes the
+ * sources). A small state (memory_snapshot_set_inline_bytes) is copied and sealed in the call. */
 #ifndef DDP_WORKER_MEMORY_SNAPSHOT_H
 #define DDP_WORKER_MEMORY_SNAPSHOT_H
 
@@ -65,7 +66,10 @@ typedef struct {
 } memory_snapshot_copy_t;
 void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t *h,
                                    const memory_snapshot_copy_t *copies, int n_copies);
-/* Wait until the copies of the generation in flight are made (not its checksums). */
+/* Slots of at most n_bytes (default 1 MiB) are filled and sealed by the submitting call itself,
+ * on the caller's thread, unless a wait was given; larger ones by the writer's thread. */
+void memory_snapshot_set_inline_bytes(memory_snapshot_t *m, size_t n_bytes);
+/* Wait until the copies of the generation in flight are made. */
 void memory_snapshot_wait_copied(memory_snapshot_t *m);
 /* Wait for the generation in flight to be sealed. */
 void memory_snapshot_flush(memory_snapshot_t *m);

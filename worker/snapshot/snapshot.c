@@ -157,25 +157,33 @@ static bool has_second_moment(const snapshot_header_t *h) {
     return h->optimizer == SNAPSHOT_OPTIM_ADAM || h->optimizer == SNAPSHOT_OPTIM_ADAMW;
 }
 
-uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d) {
+uint64_t snapshot_layout(snapshot_header_t *h) {
     memcpy(h->magic, SNAPSHOT_MAGIC, sizeof h->magic);
     h->version = SNAPSHOT_VERSION;
     h->header_bytes = sizeof *h;
-    const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
     static const uint32_t kinds[4] = {SNAPSHOT_SECTION_PARAMS, SNAPSHOT_SECTION_MOMENTUM,
                                       SNAPSHOT_SECTION_BUFFERS, SNAPSHOT_SECTION_SECOND_MOMENT};
     h->n_sections = has_second_moment(h) ? 4 : 3;
     uint64_t offset = sizeof *h;
     for (uint32_t i = 0; i < h->n_sections; i++) {
         uint64_t bytes = section_floats(h, kinds[i]) * sizeof(float);
-        h->sections[i] = (snapshot_section_t){.kind = kinds[i],
-                                              .offset = offset,
-                                              .n_bytes = bytes,
-                                              .checksum = XXH3_64bits(arrays[i], bytes)};
+        h->sections[i] = (snapshot_section_t){.kind = kinds[i], .offset = offset, .n_bytes = bytes};
         offset += bytes;
     }
-    h->header_checksum = XXH3_64bits(h, HEADER_CHECKED_BYTES);
     return offset;
+}
+
+void snapshot_seal_header(snapshot_header_t *h) {
+    h->header_checksum = XXH3_64bits(h, HEADER_CHECKED_BYTES);
+}
+
+uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d) {
+    uint64_t bytes = snapshot_layout(h);
+    const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
+    for (uint32_t i = 0; i < h->n_sections; i++)
+        h->sections[i].checksum = XXH3_64bits(arrays[i], h->sections[i].n_bytes);
+    snapshot_seal_header(h);
+    return bytes;
 }
 
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,

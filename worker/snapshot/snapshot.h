@@ -45,6 +45,12 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
  * in a file) and every checksum from d's arrays (d->header is not read; d->second_moment is needed
  * when h->optimizer is adam or adamw). Returns the snapshot's size in bytes. */
 uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d);
+/* snapshot_seal in parts, for a writer that hashes the sections as it fills them: the layout fills
+ * h's magic, version and section table (no checksums; sections back to back after the header, in
+ * the order params, momentum, buffers, second moment) and returns the size in bytes; once every
+ * section's checksum is in, snapshot_seal_header sets the header's own. */
+uint64_t snapshot_layout(snapshot_header_t *h);
+void snapshot_seal_header(snapshot_header_t *h);
 /* The step of the newest file in dir named like a snapshot, unverified (-1: none or no dir): what
  * a faster source must reach for the disk to be skipped. */
 int64_t snapshot_newest_step(const char *dir);
