@@ -360,3 +360,37 @@ def test_a_restart_with_nothing_to_resume_says_it_lost_every_step(ddprun, tmp_pa
     assert len(found) == 1 and int(found[0]) >= 11, out
     events = [e for e in map(json.loads, open(metrics)) if e["event"] == "resume"]
     assert [(e["source"], e["steps_lost"]) for e in events] == [("none", int(found[0]))], events
+
+
+def test_a_diverged_step_is_never_sealed_so_a_rerun_resumes_before_it(ddpworker, tmp_path):
+    """lr 1000, the loss logged every 50 steps: the weights turn inf/NaN long before the log step
+    that ends the run (diverged, 80). No memory generation whose parameters or momentum hold inf
+    or NaN is sealed (the disk path takes no snapshot of a non-finite loss either), so a rerun
+    with a sane lr resumes from the last finite one."""
+    conf = write_conf(tmp_path, 0)
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    env = dict(clean_env(), DDPRUN_MEMORY_SNAPSHOT_DIR=str(mem))
+    r = subprocess.run([ddpworker, conf, "optim.lr=1000", "train.log_interval=50",
+                        "train.max_steps=40", "snapshot.every=0"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 80, r.stdout + r.stderr
+    m = re.search(r"memory snapshot of step (\d+) not sealed: the parameters or the optimizer's "
+                  r"state hold inf or NaN", r.stderr)
+    assert m and int(m.group(1)) < 40, r.stderr
+    first_bad = int(m.group(1))
+    sealed = slot_steps(mem)
+    assert all(step < first_bad for step in sealed.values()), (sealed, first_bad)
+    for name in sealed:
+        data = (mem / name).read_bytes()
+        header_bytes = struct.unpack_from("<I", data, 12)[0]
+        n_params = struct.unpack_from("<Q", data, 120)[0]  # params, then momentum: checked
+        floats = struct.unpack_from(f"<{2 * n_params}f", data, header_bytes)
+        assert all(f == f and abs(f) != float("inf") for f in floats), name
+    if not sealed:
+        return  # diverged at the first step: nothing finite to resume
+    r = subprocess.run([ddpworker, conf, "train.max_steps=" + str(max(sealed.values()) + 2),
+                        "snapshot.every=0"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    path, step, source, _ = resume_of(r.stdout + r.stderr)
+    assert source == "memory" and step == max(sealed.values()), r.stdout + r.stderr

@@ -5,6 +5,7 @@
  * the progress record. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,4 +279,50 @@ Test(memory_snapshot, a_large_state_hashed_as_it_is_copied_verifies_on_the_write
 
 Test(memory_snapshot, a_large_state_hashed_as_it_is_copied_verifies_in_the_call) {
     a_large_state_verifies(SIZE_MAX);
+}
+
+/* A diverged step (a NaN or an inf in the parameters or the optimizer's state) is never sealed:
+ * the generation before stays the newest to resume, and training on to a finite state seals
+ * again; an overflowed batch-norm statistic alone does not stop the sealing. */
+static void a_non_finite_state_is_not_sealed(size_t inline_bytes) {
+    memory_snapshot_t *m = open_slots();
+    memory_snapshot_set_inline_bytes(m, inline_bytes);
+    take(m, 3);
+    for (int64_t step = 4; step <= 5; step++) {
+        snapshot_data_t *d = memory_snapshot_begin(m);
+        fill(d, step);
+        if (step == 4)
+            d->momentum[N_PARAMS - 1] = NAN;
+        else
+            d->params[0] = -INFINITY;
+        snapshot_header_t h = {
+            .step = (uint64_t)step, .n_params = N_PARAMS, .n_buffers = N_BUFFERS};
+        memory_snapshot_submit(m, &h);
+        memory_snapshot_flush(m);
+        cr_assert_eq(memory_snapshot_sealed_step(m), 3);
+        memory_snapshot_source_t source;
+        cr_assert_eq(found_step(&source, NULL), 3);
+    }
+    take(m, 6);
+    cr_assert_eq(memory_snapshot_sealed_step(m), 6);
+    /* a running variance overflowed while training goes on: sealed (the disk path takes it too) */
+    snapshot_data_t *d = memory_snapshot_begin(m);
+    fill(d, 7);
+    d->buffers[1] = INFINITY;
+    snapshot_header_t h = {.step = 7, .n_params = N_PARAMS, .n_buffers = N_BUFFERS};
+    memory_snapshot_submit(m, &h);
+    memory_snapshot_flush(m);
+    cr_assert_eq(memory_snapshot_sealed_step(m), 7);
+    memory_snapshot_destroy(m);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 7);
+    cr_assert_neq(strcmp(slot_of(7), slot_of(6)), 0);
+}
+
+Test(memory_snapshot, a_non_finite_state_is_not_sealed_on_the_writers_thread) {
+    a_non_finite_state_is_not_sealed(0);
+}
+
+Test(memory_snapshot, a_non_finite_state_is_not_sealed_in_the_call) {
+    a_non_finite_state_is_not_sealed(SIZE_MAX);
 }

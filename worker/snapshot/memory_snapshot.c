@@ -41,6 +41,7 @@ struct memory_snapshot {
     bool has_slots; /* false: the progress record alone */
     size_t inline_bytes;
     XXH3_state_t *hash; /* the sealing's (one sealing at a time) */
+    bool has_warned_non_finite;
     memory_snapshot_wait_t wait;
     slot_t slots[SLOTS];
     int filling;          /* the slot being filled or sealed, -1: none */
@@ -108,9 +109,25 @@ static int section_filled_by(const snapshot_header_t *h, const uint8_t *base,
     return -1;
 }
 
+typedef uint32_t __attribute__((may_alias)) float_bits_t;
+
+/* Whether n_bytes of floats hold an inf or a NaN (every exponent bit set). */
+static bool has_non_finite(const uint8_t *p, size_t n_bytes) {
+    const float_bits_t *w = (const float_bits_t *)p;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n_bytes / sizeof *w; i++)
+        bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
+    return bad != 0;
+}
+
 /* Make the copies into slot, hash every section and write h last, after every section byte: until
- * it lands the slot reads as invalid, so a generation torn anywhere never replaces a sealed one. */
-static void fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
+ * it lands the slot reads as invalid, so a generation torn anywhere never replaces a sealed one.
+ * Parameters or optimizer state holding an inf or a NaN (a diverged run) are left unsealed, as the
+ * disk path takes no snapshot of a non-finite loss: the previous generation stays the resume
+ * point. (Not the batch-norm statistics: a running variance can overflow while training goes on,
+ * and refusing it would stop memory snapshots for the rest of the run.) Returns whether it was
+ * sealed. */
+static bool fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
                           const memory_snapshot_copy_t *copies, int n_copies) {
     uint8_t *base = m->slots[slot].map;
     uint64_t bytes = snapshot_layout(h);
@@ -124,20 +141,34 @@ static void fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
         else
             memcpy(copies[c].dst, copies[c].src, copies[c].n_bytes);
     }
+    bool is_finite = true;
     for (uint32_t i = 0; i < h->n_sections; i++) {
         uint8_t *dst = base + h->sections[i].offset;
         size_t n = h->sections[i].n_bytes;
+        bool is_checked = h->sections[i].kind != SNAPSHOT_SECTION_BUFFERS;
         XXH3_64bits_reset(m->hash);
         for (size_t off = 0; off < n; off += CHUNK_BYTES) {
             size_t k = n - off < CHUNK_BYTES ? n - off : CHUNK_BYTES;
             if (src_of[i]) memcpy(dst + off, src_of[i] + off, k);
             XXH3_64bits_update(m->hash, dst + off, k);
+            if (is_checked && is_finite && has_non_finite(dst + off, k)) is_finite = false;
         }
         h->sections[i].checksum = XXH3_64bits_digest(m->hash);
+    }
+    if (!is_finite) {
+        if (!m->has_warned_non_finite)
+            fprintf(stderr,
+                    "ddpworker: memory snapshot of step %llu not sealed: the parameters or the "
+                    "optimizer's state hold inf or NaN (the run diverged); the generation before "
+                    "stays the one to resume\n",
+                    (unsigned long long)h->step);
+        m->has_warned_non_finite = true;
+        return false;
     }
     snapshot_seal_header(h);
     atomic_thread_fence(memory_order_release);
     memcpy(base, h, sizeof *h);
+    return true;
 }
 
 static void *writer_main(void *arg) {
@@ -151,10 +182,10 @@ static void *writer_main(void *arg) {
         int slot = m->filling;
         pthread_mutex_unlock(&m->lock);
         if (m->wait.cb) m->wait.cb(m->wait.arg);
-        fill_and_seal(m, slot, &h, m->copies, m->n_copies);
+        bool is_sealed = fill_and_seal(m, slot, &h, m->copies, m->n_copies);
         pthread_mutex_lock(&m->lock);
         m->is_copied = true;
-        m->slots[slot].step = (int64_t)h.step;
+        m->slots[slot].step = is_sealed ? (int64_t)h.step : -1;
         m->has_job = false;
         m->filling = -1;
         pthread_cond_broadcast(&m->cond);
@@ -249,9 +280,9 @@ void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t
     n_copies = n_copies < MEMORY_SNAPSHOT_MAX_COPIES ? n_copies : MEMORY_SNAPSHOT_MAX_COPIES;
     if (!m->wait.cb && m->bytes <= m->inline_bytes) {
         snapshot_header_t sealed = *h;
-        fill_and_seal(m, m->filling, &sealed, copies, n_copies);
+        bool is_sealed = fill_and_seal(m, m->filling, &sealed, copies, n_copies);
         pthread_mutex_lock(&m->lock);
-        m->slots[m->filling].step = (int64_t)sealed.step;
+        m->slots[m->filling].step = is_sealed ? (int64_t)sealed.step : -1;
         m->filling = -1;
         pthread_mutex_unlock(&m->lock);
         return;

@@ -53,7 +53,9 @@ int memory_snapshot_create_progress(const char *dir, memory_snapshot_t **out, ch
  * invalidates the slot that does not hold the newest sealed generation and makes it writable. */
 snapshot_data_t *memory_snapshot_begin(memory_snapshot_t *m);
 /* Seal the generation begun last with header h (its step, epoch, ...): on the writer's thread,
- * after the wait. Returns at once. */
+ * after the wait. Returns at once. A generation whose parameters or optimizer state hold an inf
+ * or a NaN is not sealed (a warning on stderr, once): a diverged step never becomes the resume
+ * point. */
 void memory_snapshot_submit(memory_snapshot_t *m, const snapshot_header_t *h);
 /* As memory_snapshot_submit, with up to MEMORY_SNAPSHOT_MAX_COPIES host copies into the sections
  * that the writer's thread makes first (the trainer's thread goes on with the next step): their
