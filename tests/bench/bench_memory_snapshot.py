@@ -10,6 +10,10 @@
              loaded machine the step times' difference is noise; the CPU seconds of the whole run
              (workers and agent, from getrusage of the children), on against off, are the
              steadier measure of what the snapshots cost, and the stall of what training waits.
+             "seal CPU" is the thread CPU time of each snapshot's copies, checksums and checks
+             (CLOCK_THREAD_CPUTIME_ID, whichever thread made them: a load-independent cost),
+             against a rank's CPU time per step in the off runs (the run's CPU seconds / ranks /
+             steps, start-up included).
   recovery : kill -9 of one of 2 workers mid-run, from the kill to the first training step the
              restarted workers complete; resumed from memory (every_memory = 1) against today's
              disk path (every_memory = 0, snapshot.every = 20, killed half-way between two disk
@@ -54,7 +58,7 @@ def write_conf(tmp, model, width, size, channels, batch, steps, every):
 
 def one_run(model, width, size, channels, batch, steps, memory):
     """(step times in ms past the warm-up, rank 0's memory snapshot stall per snapshot in ms, CPU
-    seconds of the run)."""
+    seconds of the run, CPU ms per snapshot's sealing)."""
     with tempfile.TemporaryDirectory() as tmp:
         conf, metrics = write_conf(tmp, model, width, size, channels, batch, steps, 0)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,26 +74,31 @@ def one_run(model, width, size, channels, batch, steps, memory):
         mem = [e for e in events if e["event"] == "memory_snapshots"]
         if memory and not mem:
             sys.exit("bench_memory_snapshot: no memory_snapshots event: not under ddprun?")
-        return step_ms, (mem[0]["stall_ms_mean"] if mem else 0.0), cpu_s
+        return (step_ms, (mem[0]["stall_ms_mean"] if mem else 0.0), cpu_s,
+                mem[0].get("seal_cpu_ms_mean", 0.0) if mem else 0.0)
 
 
 def overhead(spec, rounds):
-    on, off, stalls, cpu = [], [], [], {0: [], 1: []}
+    on, off, stalls, seals, cpu = [], [], [], [], {0: [], 1: []}
     for r in range(rounds):
         for memory in ((1, 0) if r % 2 == 0 else (0, 1)):
-            steps, stall, cpu_s = one_run(*spec, memory)
+            steps, stall, cpu_s, seal = one_run(*spec, memory)
             (on if memory else off).extend(steps)
             cpu[memory].append(cpu_s)
             if memory:
                 stalls.append(stall)
+                seals.append(seal)
     m_on, m_off = statistics.median(on), statistics.median(off)
-    model, width, size, channels, batch, _ = spec
+    model, width, size, channels, batch, n_steps = spec
+    step_cpu_ms = statistics.median(cpu[0]) / (RANKS * n_steps) * 1e3
     return {"model": f"{model} w{width} {size}x{size}x{channels} b{batch}", "step_ms_off": m_off,
             "step_ms_on": m_on, "overhead_pct": (m_on / m_off - 1) * 100,
             "stall_ms": statistics.median(stalls),
             "stall_pct": statistics.median(stalls) / m_off * 100,
             "cpu_s_off": statistics.median(cpu[0]), "cpu_s_on": statistics.median(cpu[1]),
-            "cpu_pct": (statistics.median(cpu[1]) / statistics.median(cpu[0]) - 1) * 100}
+            "cpu_pct": (statistics.median(cpu[1]) / statistics.median(cpu[0]) - 1) * 100,
+            "seal_cpu_ms": statistics.median(seals),
+            "seal_cpu_pct": statistics.median(seals) / step_cpu_ms * 100}
 
 
 def wait_for_restart_step(metrics, starts_before, timeout=120):
@@ -154,14 +163,16 @@ def main():
           f"{' ' + args.precision if args.precision else ''}; median step time over "
           f"{args.rounds} alternating on/off runs each)")
     print(f"{'model':30} {'off ms':>8} {'on ms':>8} {'overhead':>9} {'stall ms':>9} "
-          f"{'stall/step':>10} {'CPU s off':>9} {'CPU s on':>9} {'CPU +':>7}")
+          f"{'stall/step':>10} {'CPU s off':>9} {'CPU s on':>9} {'CPU +':>7} {'seal CPU ms':>11} "
+          f"{'/step CPU':>9}")
     rows = []
     for spec in models:
         r = overhead(spec, args.rounds)
         rows.append(r)
         print(f"{r['model']:30} {r['step_ms_off']:8.2f} {r['step_ms_on']:8.2f} "
               f"{r['overhead_pct']:8.2f}% {r['stall_ms']:9.3f} {r['stall_pct']:9.3f}% "
-              f"{r['cpu_s_off']:9.2f} {r['cpu_s_on']:9.2f} {r['cpu_pct']:6.2f}%", flush=True)
+              f"{r['cpu_s_off']:9.2f} {r['cpu_s_on']:9.2f} {r['cpu_pct']:6.2f}% "
+              f"{r['seal_cpu_ms']:11.3f} {r['seal_cpu_pct']:8.3f}%", flush=True)
     runs = {"memory": [], "disk": []}
     if args.no_recovery:
         if args.json:

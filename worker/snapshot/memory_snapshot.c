@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -42,6 +43,7 @@ struct memory_snapshot {
     size_t inline_bytes;
     XXH3_state_t *hash; /* the sealing's (one sealing at a time) */
     bool has_warned_non_finite;
+    double seal_cpu_s; /* the CPU time of every fill_and_seal, on either thread */
     memory_snapshot_wait_t wait;
     slot_t slots[SLOTS];
     int filling;          /* the slot being filled or sealed, -1: none */
@@ -127,8 +129,14 @@ static bool has_non_finite(const uint8_t *p, size_t n_bytes) {
  * point. (Not the batch-norm statistics: a running variance can overflow while training goes on,
  * and refusing it would stop memory snapshots for the rest of the run.) Returns whether it was
  * sealed. */
-static bool fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
-                          const memory_snapshot_copy_t *copies, int n_copies) {
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool seal_generation(memory_snapshot_t *m, int slot, snapshot_header_t *h,
+                            const memory_snapshot_copy_t *copies, int n_copies) {
     uint8_t *base = m->slots[slot].map;
     uint64_t bytes = snapshot_layout(h);
     assert(bytes <= m->bytes); /* the header describes the state the slots were sized for */
@@ -169,6 +177,18 @@ static bool fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
     atomic_thread_fence(memory_order_release);
     memcpy(base, h, sizeof *h);
     return true;
+}
+
+/* seal_generation, its CPU time counted (what a snapshot costs, whichever thread pays it). */
+static bool fill_and_seal(memory_snapshot_t *m, int slot, snapshot_header_t *h,
+                          const memory_snapshot_copy_t *copies, int n_copies) {
+    double start = thread_cpu_s();
+    bool is_sealed = seal_generation(m, slot, h, copies, n_copies);
+    double cpu_s = thread_cpu_s() - start;
+    pthread_mutex_lock(&m->lock);
+    m->seal_cpu_s += cpu_s;
+    pthread_mutex_unlock(&m->lock);
+    return is_sealed;
 }
 
 static void *writer_main(void *arg) {
@@ -314,6 +334,13 @@ void memory_snapshot_flush(memory_snapshot_t *m) {
 
 void memory_snapshot_set_inline_bytes(memory_snapshot_t *m, size_t n_bytes) {
     m->inline_bytes = n_bytes;
+}
+
+double memory_snapshot_seal_cpu_s(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    double cpu_s = m->seal_cpu_s;
+    pthread_mutex_unlock(&m->lock);
+    return cpu_s;
 }
 
 int64_t memory_snapshot_sealed_step(memory_snapshot_t *m) {

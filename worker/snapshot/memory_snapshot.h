@@ -75,6 +75,9 @@ void memory_snapshot_set_inline_bytes(memory_snapshot_t *m, size_t n_bytes);
 void memory_snapshot_wait_copied(memory_snapshot_t *m);
 /* Wait for the generation in flight to be sealed. */
 void memory_snapshot_flush(memory_snapshot_t *m);
+/* The CPU seconds every generation's copies, checksums and checks took so far, on whichever thread
+ * made them (the writer's or the caller's): what the snapshots cost, apart from any wait. */
+double memory_snapshot_seal_cpu_s(memory_snapshot_t *m);
 /* The newest step sealed (-1: none yet). */
 int64_t memory_snapshot_sealed_step(memory_snapshot_t *m);
 /* Record that training reached step (every step: one 8-byte store into the shared mapping). */

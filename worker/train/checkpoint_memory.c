@@ -142,6 +142,8 @@ void trainer__report_memory(trainer_t *t) {
     json_line_int(event, "count", t->n_memory);
     json_line_num(event, "stall_ms_mean", t->memory_stall_s * 1e3 / (double)t->n_memory);
     json_line_num(event, "stall_ms_max", t->memory_stall_max_s * 1e3);
+    json_line_num(event, "seal_cpu_ms_mean",
+                  memory_snapshot_seal_cpu_s(t->memory) * 1e3 / (double)t->n_memory);
     json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
     json_line_write(t->metrics, event);
 }
