@@ -13,6 +13,8 @@
 #include "clock.h"
 #include "exit_codes.h"
 #include "json_lines.h"
+#include "die.h"
+#include "train_state.h"
 #include "trainer.h"
 
 _Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD &&
@@ -45,7 +47,7 @@ void trainer__snapshot_init(trainer_t *t) {
     if (snapshot_writer_create(c->snapshot_dir, t->model.n_params, t->model.n_buffers,
                                optimizer_has_second_moment(&t->optim), &keep, &t->snapshots, err,
                                sizeof err) < 0)
-        trainer_die(DDP_EXIT_IO, "%s", err);
+        die(DDP_EXIT_IO, "%s", err);
     snapshot_writer_set_progress(t->snapshots, &(snapshot_progress_t){.cb = beat});
 }
 
@@ -126,12 +128,11 @@ void trainer__snapshot_commit(trainer_t *t, bool is_blocking, double stall) {
     char err[1024];
     snapshot_writer_submit(t->snapshots);
     if (is_blocking && snapshot_writer_flush(t->snapshots, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step,
-                    err,
-                    t->has_written_params     ? "the final weights are in train.params_file"
-                    : t->conf->params_file[0] ? "the weights of this step are NOT saved"
-                                              : "the weights of this step are NOT saved (no "
-                                                "train.params_file)");
+        die(DDP_EXIT_IO, "the snapshot of step %lld failed: %s; %s", (long long)t->step, err,
+            t->has_written_params     ? "the final weights are in train.params_file"
+            : t->conf->params_file[0] ? "the weights of this step are NOT saved"
+                                      : "the weights of this step are NOT saved (no "
+                                        "train.params_file)");
     if (t->metrics) {
         cJSON *event = json_line_new("snapshot");
         json_line_int(event, "step", t->step);
@@ -150,9 +151,9 @@ int trainer__agree_step(trainer_t *t, bool *is_out_of_time) {
     double got[3] = {stop_signal == SIGTERM, stop_signal == SIGUSR1,
                      has_budget && t->rank == 0 &&
                          trainer__elapsed_s(t) >= t->conf->hours * 3600.0};
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, got, 3),
-                        has_signals ? "agreeing on stop signals and the time budget after a step"
-                                    : "agreeing on the time budget after a step");
+    die_comm(t->comm, t->comm->ops->allreduce_sum_f64(t->comm, got, 3),
+             has_signals ? "agreeing on stop signals and the time budget after a step"
+                         : "agreeing on the time budget after a step");
     *is_out_of_time = got[2] > 0;
     if (!has_signals) return 0;
     return got[0] > 0 ? SIGTERM : got[1] > 0 ? SIGUSR1 : 0; /* termination wins over a checkpoint */
@@ -163,28 +164,26 @@ static void check_compatible(const trainer_t *t, const snapshot_header_t *h, con
     const model_t *m = &t->model;
     if (strncmp(h->model, m->name, sizeof h->model) != 0 || h->width != (uint32_t)t->conf->width ||
         h->n_params != m->n_params || h->n_buffers != m->n_buffers)
-        trainer_die(
-            DDP_EXIT_CONFIG,
+        die(DDP_EXIT_CONFIG,
             "snapshot %s holds model %.32s width %u (%" PRIu64
             " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
             path, h->model, h->width, h->n_params, m->name, (long long)t->conf->width, m->n_params);
     if (h->train_samples != (uint64_t)t->data->train.n || h->seed != (uint64_t)t->conf->seed)
-        trainer_die(DDP_EXIT_CONFIG,
-                    "snapshot %s was taken with %" PRIu64 " training samples and "
-                    "seed %" PRIu64 "; this run has %lld and %lld (data.train_limit, train.seed), "
-                    "so its position in the data would be meaningless",
-                    path, h->train_samples, h->seed, (long long)t->data->train.n,
-                    (long long)t->conf->seed);
+        die(DDP_EXIT_CONFIG,
+            "snapshot %s was taken with %" PRIu64 " training samples and "
+            "seed %" PRIu64 "; this run has %lld and %lld (data.train_limit, train.seed), "
+            "so its position in the data would be meaningless",
+            path, h->train_samples, h->seed, (long long)t->data->train.n, (long long)t->conf->seed);
     /* SGD's momentum is not Adam's first moment, and SGD has no second moment: no carrying over.
      * Adam and AdamW keep the same state (as torch's state_dicts), so either resumes the other. */
     bool was_adam = h->optimizer != SNAPSHOT_OPTIM_SGD, is_adam = t->optim.kind != OPTIM_SGD;
     if (was_adam != is_adam)
-        trainer_die(DDP_EXIT_CONFIG,
-                    "snapshot %s was taken with optim.name=%s; train.conf asks for "
-                    "optim.name=%s, which cannot continue %s's state: keep optim.name=%s, or start "
-                    "afresh in another snapshot.dir",
-                    path, optimizer_name(h->optimizer), optimizer_name(t->optim.kind),
-                    optimizer_name(h->optimizer), optimizer_name(h->optimizer));
+        die(DDP_EXIT_CONFIG,
+            "snapshot %s was taken with optim.name=%s; train.conf asks for "
+            "optim.name=%s, which cannot continue %s's state: keep optim.name=%s, or start "
+            "afresh in another snapshot.dir",
+            path, optimizer_name(h->optimizer), optimizer_name(t->optim.kind),
+            optimizer_name(h->optimizer), optimizer_name(h->optimizer));
     if (h->optimizer != (uint32_t)t->optim.kind)
         printf("ddpworker: note: snapshot %s was taken with optim.name=%s; continuing its moments "
                "and step count with %s\n",
@@ -233,8 +232,8 @@ static int find_candidate(trainer_t *t, snapshot_data_t *d, char *path, size_t p
     char disk_path[4096], err[1024];
     int found = snapshot_find_latest(t->conf->snapshot_dir, stderr, &disk, disk_path,
                                      sizeof disk_path, err, sizeof err);
-    if (found == SNAPSHOT_E_NEWER) trainer_die(DDP_EXIT_DATA, "snapshot.dir: %s", err);
-    if (found < 0) trainer_die(DDP_EXIT_IO, "%s", err);
+    if (found == SNAPSHOT_E_NEWER) die(DDP_EXIT_DATA, "snapshot.dir: %s", err);
+    if (found < 0) die(DDP_EXIT_IO, "%s", err);
     if (found && (source == SOURCE_NONE || disk.header.step > d->header.step)) {
         snapshot_data_free(d);
         *d = disk;
@@ -259,14 +258,14 @@ bool trainer__resume(trainer_t *t) {
     /* every rank's candidate (step + 1, source, reached + 1; zeros: none): the newest step wins,
      * then the fastest source, then the lowest rank, which sends it to everyone */
     double *all = calloc((size_t)t->world * 3, sizeof *all);
-    if (!all) trainer_die(DDP_EXIT_BUG, "out of memory agreeing on a snapshot");
+    if (!all) die(DDP_EXIT_BUG, "out of memory agreeing on a snapshot");
     if (source != SOURCE_NONE) {
         all[3 * t->rank] = (double)d.header.step + 1;
         all[3 * t->rank + 1] = source;
     }
     all[3 * t->rank + 2] = (double)(reached + 1);
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, all, (size_t)t->world * 3),
-                        "agreeing on the snapshot to resume from");
+    die_comm(t->comm, t->comm->ops->allreduce_sum_f64(t->comm, all, (size_t)t->world * 3),
+             "agreeing on the snapshot to resume from");
     int root = -1;
     double max_reached = 0;
     for (int r = 0; r < t->world; r++) {
@@ -295,8 +294,8 @@ bool trainer__resume(trainer_t *t) {
         return false;
     }
     snapshot_header_t h = d.header;
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &h, sizeof h, root),
-                        "broadcasting the snapshot's header");
+    die_comm(t->comm, t->comm->ops->broadcast(t->comm, &h, sizeof h, root),
+             "broadcasting the snapshot's header");
     where[0] = 1;
     where[1] = (int64_t)h.step;
     where[2] = (int64_t)h.epoch;
@@ -318,8 +317,8 @@ bool trainer__resume(trainer_t *t) {
         run[0] = best_value;
         run[1] = (double)best_step;
     }
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, run, sizeof run, 0),
-                        "broadcasting the run's state");
+    die_comm(t->comm, t->comm->ops->broadcast(t->comm, run, sizeof run, 0),
+             "broadcasting the run's state");
     t->step = t->last_snapshot_step = where[1];
     t->epoch = where[2];
     t->cursor = where[3];
@@ -365,25 +364,14 @@ bool trainer__resume(trainer_t *t) {
         fflush(stdout);
     }
     snapshot_data_free(&d);
-    trainer__check_comm(
-        t, t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), root),
-        "broadcasting the snapshot's parameters");
-    trainer__check_comm(
-        t, t->comm->ops->broadcast(t->comm, m->momentum, m->n_params * sizeof(float), root),
-        "broadcasting the snapshot's momentum");
-    trainer__check_comm(
-        t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), root),
-        "broadcasting the snapshot's statistics");
-    if (optimizer_has_second_moment(&t->optim)) {
-        trainer__check_comm(t,
-                            t->comm->ops->broadcast(t->comm, t->optim.exp_avg_sq,
-                                                    m->n_params * sizeof(float), root),
-                            "broadcasting the snapshot's second moment");
-        optimizer_set_steps(&t->optim, (uint64_t)where[4]);
-    }
+    train_state_bcast(t->comm, m, &t->optim,
+                      TRAIN_STATE_PARAMS | TRAIN_STATE_MOMENTUM | TRAIN_STATE_BUFFERS |
+                          TRAIN_STATE_SECOND_MOMENT,
+                      root, "the snapshot's");
+    if (optimizer_has_second_moment(&t->optim)) optimizer_set_steps(&t->optim, (uint64_t)where[4]);
     /* a snapshot without a scaler's state (0) leaves this run's initial scale */
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, root),
-                        "broadcasting the loss scale");
+    die_comm(t->comm, t->comm->ops->broadcast(t->comm, &ls, sizeof ls, root),
+             "broadcasting the loss scale");
     if (t->loss_scale && ls.scale > 0) mem->to_device(t->backend, t->loss_scale, &ls, sizeof ls);
     t->best_value = run[0];
     t->best_step = (int64_t)run[1];

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "exit_codes.h"
+#include "die.h"
+#include "train_state.h"
 #include "trainer.h"
 #include "weights.h"
 
@@ -74,7 +76,7 @@ void trainer__write_weights(trainer_t *t, const char *path, const char *key,
                             const char *const *tags) {
     char err[2048];
     if (weights_save_tagged(&t->model, path, t->step, tags, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_IO, "%s: %s", key, err);
+        die(DDP_EXIT_IO, "%s: %s", key, err);
 }
 
 /* What train.best_file says of itself in its metadata: which measure, its value (exact), the step,
@@ -192,8 +194,8 @@ static void load_best(trainer_t *t) {
     model_t *m = &t->model;
     char err[2048];
     if (t->rank == 0 && weights_load(m, t->conf->best_file, false, stderr, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_DATA, "train.best_file (the best weights, of step %lld): %s",
-                    (long long)t->best_step, err);
+        die(DDP_EXIT_DATA, "train.best_file (the best weights, of step %lld): %s",
+            (long long)t->best_step, err);
     double value;
     int64_t step;
     if (t->rank == 0 &&
@@ -202,12 +204,8 @@ static void load_best(trainer_t *t) {
                 "ddpworker: warning: train.best_file %s does not say it holds the best "
                 "weights of step %lld (replaced since?): testing it anyway\n",
                 t->conf->best_file, (long long)t->best_step);
-    trainer__check_comm(t,
-                        t->comm->ops->broadcast(t->comm, m->params, m->n_params * sizeof(float), 0),
-                        "broadcasting the best weights");
-    trainer__check_comm(
-        t, t->comm->ops->broadcast(t->comm, m->buffers, m->n_buffers * sizeof(float), 0),
-        "broadcasting the best weights' statistics");
+    train_state_bcast(t->comm, m, &t->optim, TRAIN_STATE_PARAMS | TRAIN_STATE_BUFFERS, 0,
+                      "the best weights'");
 }
 
 eval_result_t trainer__final(trainer_t *t, const eval_result_t *last_validation) {

@@ -5,7 +5,6 @@
 
 #include <math.h>
 #include <stdatomic.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +13,8 @@
 #include <unistd.h>
 #include <time.h>
 #include "clock.h"
+#include "die.h"
+#include "train_state.h"
 #include "exit_codes.h"
 #include "json_lines.h"
 #include "weights.h"
@@ -21,7 +22,6 @@
 #define BUCKET_BYTES (4u << 20)
 #define TOPK         5
 
-static int die_rank = -1;
 static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
 /* atomic: the snapshot writer's thread beats too, while it writes */
 static _Atomic uint64_t progress_beats;
@@ -49,77 +49,13 @@ void trainer__end_progress_line(void) {
     is_line_open = false;
 }
 
-_Noreturn void trainer_die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (die_rank >= 0)
-        fprintf(stderr, "ddpworker: rank %d: ", die_rank);
-    else
-        fputs("ddpworker: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(code);
-}
-
-static void *xcalloc(size_t n, size_t size, const char *what) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) trainer_die(DDP_EXIT_BUG, "out of memory for %s", what);
-    return p;
-}
-
-void trainer__check_comm(trainer_t *t, int rc, const char *what) {
-    if (rc >= 0) return;
-    const char *why = t->comm->err[0] ? comm_error(t->comm) : "collective error";
-    /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
-     * not that this rank's question (a stop signal, the loss) failed */
-    if (rc == DDP_ECLOSED)
-        trainer_die(DDP_EXIT_PEER_FAILURE,
-                    "a peer is gone (it exited, was killed, or its node "
-                    "failed): %s; noticed at: %s",
-                    why, what);
-    if (rc == DDP_ETIMEOUT)
-        trainer_die(DDP_EXIT_PEER_FAILURE,
-                    "a peer stopped answering (hung, stopped, or its node "
-                    "is unreachable): %s; noticed at: %s",
-                    why, what);
-    trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what, why);
-}
-
 /* A resumed run appends: its metrics continue the interrupted run's. */
 static void open_metrics(trainer_t *t, bool is_resumed) {
     if (t->rank != 0 || !t->conf->metrics_file[0]) return;
     t->metrics = fopen(t->conf->metrics_file, is_resumed ? "a" : "w");
     if (!t->metrics)
-        trainer_die(DDP_EXIT_CONFIG, "train.metrics_file: cannot open %s: %s",
-                    t->conf->metrics_file, strerror(errno));
-}
-
-/* The datasets where augment_batch reads them: on a GPU, uploaded once (uint8, so even CIFAR's
- * 150 MB is cheap); the cpu backend reads the host's arrays. */
-static void place_data(trainer_t *t) {
-    backend_t *b = t->backend;
-    t->is_uploaded = b->mem->is_device(b, t->model.params);
-    for (int s = 0; s < SPLIT_COUNT; s++) {
-        const dataset_t *d = data_split(t->data, (data_split_t)s);
-        if (d->n == 0 || d->paths) continue; /* an image folder: the loader decodes its files */
-        if (!t->is_uploaded) {
-            t->images[s] = d->images;
-            t->labels[s] = d->labels;
-            continue;
-        }
-        size_t n_bytes = (size_t)d->n * d->h * d->w * d->c;
-        size_t label_bytes = (size_t)d->n * sizeof *d->labels;
-        uint8_t *images = b->mem->alloc(b, n_bytes);
-        int32_t *labels = b->mem->alloc(b, label_bytes);
-        if (!images || !labels)
-            trainer_die(DDP_EXIT_BUG, "out of GPU memory for the %s set (%zu bytes)",
-                        data_split_name((data_split_t)s), n_bytes);
-        b->mem->to_device(b, images, d->images, n_bytes);
-        b->mem->to_device(b, labels, d->labels, label_bytes);
-        t->images[s] = images;
-        t->labels[s] = labels;
-    }
+        die(DDP_EXIT_CONFIG, "train.metrics_file: cannot open %s: %s", t->conf->metrics_file,
+            strerror(errno));
 }
 
 static void init_loss_scale(trainer_t *t) {
@@ -128,7 +64,7 @@ static void init_loss_scale(trainer_t *t) {
         (c->loss_scaling == LOSS_SCALING_AUTO && c->precision != PRECISION_FP16))
         return;
     t->loss_scale = t->backend->mem->alloc(t->backend, sizeof *t->loss_scale);
-    if (!t->loss_scale) trainer_die(DDP_EXIT_BUG, "out of memory for the loss scale");
+    if (!t->loss_scale) die(DDP_EXIT_BUG, "out of memory for the loss scale");
     loss_scale_t start = {.scale = (float)c->loss_scale_init};
     t->backend->mem->to_device(t->backend, t->loss_scale, &start, sizeof start);
 }
@@ -147,11 +83,10 @@ void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t
     t->backend = backend;
     const dataset_t *tr = &data->train;
     if (conf->model_classes && conf->model_classes != tr->classes)
-        trainer_die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
-                    (long long)conf->model_classes, tr->classes);
+        die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
+            (long long)conf->model_classes, tr->classes);
     if (conf->best_by != BEST_BY_NONE && !conf->best_file[0])
-        trainer_die(DDP_EXIT_CONFIG,
-                    "train.best_by: set train.best_file, where the best weights go");
+        die(DDP_EXIT_CONFIG, "train.best_by: set train.best_file, where the best weights go");
     t->eval_split = data->val.n ? SPLIT_VAL : SPLIT_TEST;
     t->best_value = NAN;
     t->best_step = -1;
@@ -164,27 +99,15 @@ void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t
                        .is_zero_init_residual = conf->is_zero_init_residual};
     if (model_init_opts(&t->model, backend, &mo, tr->h, tr->w, tr->c, tr->classes,
                         (int)conf->batch_size, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
+        die(DDP_EXIT_CONFIG, "model.name: %s", err);
     if (optimizer_init(&t->optim, conf, backend, t->model.n_params) < 0)
-        trainer_die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
-                    optimizer_name(conf->optimizer), t->model.n_params);
-    t->augment_train = (augment_t){.is_random = conf->is_augmented,
-                                   .padding = (int)conf->crop_padding,
-                                   .seed = (uint64_t)conf->seed};
-    memcpy(t->augment_train.mean, data->mean, sizeof data->mean);
-    memcpy(t->augment_train.std, data->std, sizeof data->std);
-    t->augment_eval = t->augment_train;
-    t->augment_eval.is_random = false;
-
-    t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
-    t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
-    t->jobs = backend->mem->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
-    if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
-    place_data(t);
-    trainer__folder_init(t);
-    t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
+        die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
+            optimizer_name(conf->optimizer), t->model.n_params);
+    t->indices = die_calloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->next_indices = die_calloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    feed_init(&t->feed, conf, data, &t->model, backend);
+    t->host_logits =
+        die_calloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
     init_loss_scale(t);
 }
 
@@ -205,31 +128,29 @@ void trainer_start(trainer_t *t, comm_t *comm) {
     t->comm = comm;
     t->rank = comm->rank;
     t->world = comm->world;
-    die_rank = t->rank;
+    die_set_rank(t->rank);
     const char *progress = getenv("DDPRUN_PROGRESS_FILE");
     if (progress && *progress) progress_fd = open(progress, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
-        trainer_die(DDP_EXIT_DATA, "the training set is empty");
+        die(DDP_EXIT_DATA, "the training set is empty");
     int64_t per_rank = sampler_rank_count(&t->sampler, 0);
     t->steps_per_epoch = (per_rank + conf->batch_size - 1) / conf->batch_size;
     int64_t by_epochs = conf->epochs * t->steps_per_epoch;
     bool has_max_steps = conf->max_steps >= 0;
     if (conf->epochs == 0 && !has_max_steps && conf->hours == 0)
-        trainer_die(DDP_EXIT_CONFIG, "train.epochs and train.hours are 0 and train.max_steps is "
-                                     "unlimited: nothing says when to stop");
+        die(DDP_EXIT_CONFIG, "train.epochs and train.hours are 0 and train.max_steps is "
+                             "unlimited: nothing says when to stop");
     if (conf->epochs == 0 && !has_max_steps &&
         (conf->schedule == SCHEDULE_COSINE || conf->schedule == SCHEDULE_ONE_CYCLE))
-        trainer_die(DDP_EXIT_CONFIG,
-                    "optim.schedule: a cosine or one-cycle schedule needs the run's "
-                    "length: set train.epochs or train.max_steps besides train.hours");
+        die(DDP_EXIT_CONFIG, "optim.schedule: a cosine or one-cycle schedule needs the run's "
+                             "length: set train.epochs or train.max_steps besides train.hours");
     t->total_steps =
         has_max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps : by_epochs;
     lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
 
     if (t->world > 1) {
         int rc = grad_sync_init(&t->sync, comm, t->model.grads, t->model.n_params, BUCKET_BYTES);
-        if (rc < 0)
-            trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
+        if (rc < 0) die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
         t->has_sync = true;
     }
     trainer__snapshot_init(t);
@@ -240,24 +161,20 @@ void trainer_start(trainer_t *t, comm_t *comm) {
         /* DDP's construction: every rank starts from rank 0's parameters and buffers, so only
          * rank 0 draws them (a resumed run has the snapshot's) */
         if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
-            trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+            die(DDP_EXIT_BUG, "out of memory for the initial parameters");
         weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched,
                                .skip = conf->model_init_skip};
         if (t->rank == 0 && conf->model_init[0] &&
             weights_load_init(&t->model, conf->model_init, &skip, stderr, err, sizeof err) < 0)
-            trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
-        trainer__check_comm(
-            t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
-            "broadcasting the initial parameters");
-        trainer__check_comm(
-            t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
-            "broadcasting the initial buffers");
+            die(DDP_EXIT_CONFIG, "model.init: %s", err);
+        train_state_bcast(comm, &t->model, &t->optim, TRAIN_STATE_PARAMS | TRAIN_STATE_BUFFERS, 0,
+                          "the initial");
     }
     open_metrics(t, is_resumed);
     if (t->rank == 0 && conf->tensorboard_dir[0] &&
         tb_events_open(conf->tensorboard_dir, t->step, conf->source_path, conf->overrides, &t->tb,
                        err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_CONFIG, "%s", err);
+        die(DDP_EXIT_CONFIG, "%s", err);
     t->status = status_report_open(t->rank);
     trainer__report_resume(t);
 }
@@ -270,59 +187,33 @@ void trainer_free(trainer_t *t) {
     optimizer_free(&t->optim);
     model_free(&t->model);
     sampler_free(&t->sampler);
-    for (int s = 0; s < SPLIT_COUNT && t->is_uploaded; s++) {
-        if (t->images[s]) t->backend->mem->release(t->backend, t->images[s]);
-        if (t->labels[s]) t->backend->mem->release(t->backend, t->labels[s]);
-    }
-    if (t->jobs) t->backend->mem->release(t->backend, t->jobs);
-    free(t->host_jobs);
+    feed_free(&t->feed);
     free(t->indices);
     free(t->host_logits);
     free(t->next_indices);
-    free(t->host_labels);
-    trainer__folder_free(t);
     if (t->metrics) fclose(t->metrics);
     tb_events_close(t->tb);
     status_report_close(t->status);
     memset(t, 0, sizeof *t);
 }
 
-/* The samples at indices[0..n) of split, augmented, into the model's input and labels. The host
- * only makes the choices; the backend moves the pixels where they live. */
-static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, int64_t epoch,
-                       const int64_t *indices, int n) {
-    const dataset_t *d = data_split(t->data, split);
-    for (int i = 0; i < n; i++) {
-        t->host_jobs[i] =
-            (augment_job_t){.index = indices[i], .choice = augment_choose(aug, epoch, indices[i])};
-        t->host_labels[i] = d->labels[indices[i]];
-    }
-    const backend_i *o = t->backend->ops;
-    t->backend->mem->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
-    o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
-                     augment_norm(aug, d->c),
-                     tensor_desc(model_input(&t->model), t->model.act_dtype, n, d->h, d->w, d->c),
-                     t->model.labels);
+/* The indices of this rank's next batch of the epoch from cursor; returns its size (0: the epoch
+ * is over). */
+static int batch_at(const trainer_t *t, int64_t cursor, int64_t *indices) {
+    int64_t left = sampler_rank_count(&t->sampler, cursor);
+    int n = (int)(left < t->conf->batch_size ? left : t->conf->batch_size);
+    for (int i = 0; i < n; i++)
+        indices[i] = sampler_index(&t->sampler, cursor, i);
+    return n;
 }
 
 int trainer_step(trainer_t *t) {
     const train_conf_t *c = t->conf;
-    int64_t left = sampler_rank_count(&t->sampler, t->cursor);
-    int n = (int)(left < c->batch_size ? left : c->batch_size);
-    for (int i = 0; i < n; i++)
-        t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
-    if (t->loader) {
-        /* the next batch of this epoch, to decode while this one trains */
-        int64_t next = t->cursor + (int64_t)n * t->world,
-                next_left = sampler_rank_count(&t->sampler, next);
-        int next_n = (int)(next_left < c->batch_size ? next_left : c->batch_size);
-        for (int i = 0; i < next_n; i++)
-            t->next_indices[i] = sampler_index(&t->sampler, next, i);
-        trainer__folder_batch(t, SPLIT_TRAIN, t->epoch, (uint64_t)t->step, t->indices, n,
-                              t->next_indices, next_n);
-    } else {
-        load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
-    }
+    int n = batch_at(t, t->cursor, t->indices);
+    /* the batch after it: an image folder decodes it while this one trains */
+    int next_n = batch_at(t, t->cursor + (int64_t)n * t->world, t->next_indices);
+    feed_batch(&t->feed, &t->model, SPLIT_TRAIN, t->epoch, (uint64_t)t->step, t->indices, n,
+               t->next_indices, next_n);
 
     model_t *m = &t->model;
     model_set_step(m, (uint64_t)c->seed, t->step, t->rank);
@@ -332,7 +223,7 @@ int trainer_step(trainer_t *t) {
     if (t->has_sync) {
         grad_sync_begin(&t->sync);
         model_backward(m, n, grad_sync_ready, &t->sync);
-        trainer__check_comm(t, grad_sync_finish(&t->sync), "the gradient all-reduce");
+        die_comm(t->comm, grad_sync_finish(&t->sync), "the gradient all-reduce");
     } else {
         model_backward(m, n, NULL, NULL);
     }
@@ -365,8 +256,7 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
     comm_t *comm = t->comm;
     model_t *m = &t->model;
     /* the running statistics are rank 0's, as DDP's buffer broadcast makes them */
-    trainer__check_comm(t, comm->ops->broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0),
-                        "broadcasting the batch-norm statistics");
+    train_state_bcast(comm, m, &t->optim, TRAIN_STATE_BUFFERS, 0, "rank 0's");
     const dataset_t *d = data_split(t->data, split);
     int batch = (int)t->conf->batch_size, k = m->classes;
     double sums[4] = {0}; /* loss, top1, top5, samples */
@@ -377,21 +267,17 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
         int n = 0;
         for (; n < batch && pos < d->n; pos += t->world)
             indices[n++] = pos;
-        if (t->loader) {
-            int next_n = 0;
-            for (int64_t q = pos; next_n < batch && q < d->n; q += t->world)
-                t->next_indices[next_n++] = q;
-            trainer__folder_batch(t, split, 0, id, indices, n, t->next_indices, next_n);
-        } else {
-            load_batch(t, split, &t->augment_eval, 0, indices, n);
-        }
+        int next_n = 0;
+        for (int64_t q = pos; next_n < batch && q < d->n; q += t->world)
+            t->next_indices[next_n++] = q;
+        feed_batch(&t->feed, m, split, 0, id, indices, n, t->next_indices, next_n);
         model_forward(m, n, false);
         progress_beat();
         t->backend->mem->to_host(t->backend, t->host_logits, model_logits(m),
                                  (size_t)n * k * sizeof(float));
         for (int i = 0; i < n; i++) {
             const float *z = t->host_logits + (size_t)i * k;
-            int label = t->host_labels[i];
+            int label = t->feed.host_labels[i];
             double zmax = z[0], sum_exp = 0;
             for (int j = 1; j < k; j++)
                 zmax = z[j] > zmax ? z[j] : zmax;
@@ -403,7 +289,7 @@ eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
         sums[3] += n;
     }
     t->eval_batches = id + 1; /* past the last one prefetched */
-    trainer__check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
+    die_comm(t->comm, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
     double n = sums[3] > 0 ? sums[3] : 1;
     return (eval_result_t){.loss = sums[0] / n,
                            .top1 = sums[1] / n,
@@ -430,8 +316,8 @@ double trainer__elapsed_s(const trainer_t *t) {
 static bool is_out_of_time(trainer_t *t) {
     if (t->conf->hours <= 0) return false;
     uint8_t is_over = trainer__elapsed_s(t) > t->conf->hours * 3600.0;
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0),
-                        "agreeing on the time budget");
+    die_comm(t->comm, t->comm->ops->broadcast(t->comm, &is_over, 1, 0),
+             "agreeing on the time budget");
     return is_over;
 }
 
@@ -473,16 +359,15 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
 static void check_diverged(trainer_t *t, double loss) {
     if (t->loss_scale) return;
     double is_bad = !isfinite(loss);
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1),
-                        "agreeing on the loss");
+    die_comm(t->comm, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1), "agreeing on the loss");
     if (is_bad > 0)
-        trainer_die(DDP_EXIT_DIVERGED,
-                    "the training loss is %s by step %lld (on %.0f of %d "
-                    "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
-                    isnan(loss)      ? "NaN"
-                    : isfinite(loss) ? "NaN or inf on another rank"
-                                     : "inf",
-                    (long long)t->step, is_bad, t->world);
+        die(DDP_EXIT_DIVERGED,
+            "the training loss is %s by step %lld (on %.0f of %d "
+            "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
+            isnan(loss)      ? "NaN"
+            : isfinite(loss) ? "NaN or inf on another rank"
+                             : "inf",
+            (long long)t->step, is_bad, t->world);
 }
 
 /* check_diverged before a snapshot between log steps: the loss so far in the window, read back
@@ -659,10 +544,10 @@ eval_result_t trainer_run(trainer_t *t) {
     /* max_steps 0, or a run resumed at its end: the weights as they are */
     if (last_eval_step != t->step) last = trainer__validate(t);
     if (!isfinite(last.loss))
-        trainer_die(DDP_EXIT_DIVERGED,
-                    "the validation loss is %s at step %lld: the weights "
-                    "diverged",
-                    isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
+        die(DDP_EXIT_DIVERGED,
+            "the validation loss is %s at step %lld: the weights "
+            "diverged",
+            isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
     if (t->rank == 0 && c->params_file[0]) {
         trainer__write_weights(t, c->params_file, "train.params_file", NULL);
@@ -674,10 +559,11 @@ eval_result_t trainer_run(trainer_t *t) {
      * snapshot before, and the final result is not lost to a run that says it finished */
     t->is_finished = true;
     double stall = trainer__snapshot_take(t); /* rank 0 with snapshot.dir */
-    if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
-        double skipped = (double)loader_skipped(t->loader);
-        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
-                            "counting the skipped images");
+    if (feed_is_files(
+            &t->feed)) { /* the files data.on_bad_image = skip went without, on every rank */
+        double skipped = (double)feed_skipped(&t->feed);
+        die_comm(t->comm, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
+                 "counting the skipped images");
         t->skipped_images = (int64_t)skipped;
         trainer__end_progress_line();
         if (t->rank == 0 && skipped > 0)
@@ -691,7 +577,7 @@ eval_result_t trainer_run(trainer_t *t) {
     trainer__report_final(t, &final);
     report_summary(t, clock_now_s() - t->start_s);
     if (!isfinite(final.loss))
-        trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",
-                    isnan(final.loss) ? "NaN" : "inf");
+        die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",
+            isnan(final.loss) ? "NaN" : "inf");
     return final;
 }

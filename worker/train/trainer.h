@@ -13,6 +13,7 @@
 #include "backend.h"
 #include "comm.h"
 #include "dataset.h"
+#include "feed.h"
 #include "grad_sync.h"
 #include "json_lines.h"
 #include "loader.h"
@@ -41,26 +42,18 @@ typedef struct {
     optimizer_t optim; /* its state beyond the model's momentum arena */
     const data_splits_t *data;
     sampler_t sampler;
-    augment_t augment_train, augment_eval;
     lr_schedule_t lr;
     grad_sync_t sync;
     bool has_sync;
     loss_scale_t *loss_scale; /* the backend's copy of the dynamic loss scale; NULL: no scaling */
-    /* each split's images and labels (data_split_t) where the backend reads them: uploaded once
-     * to a GPU (is_uploaded), the host's own on the cpu backend; NULL for an absent split */
-    uint8_t *images[SPLIT_COUNT];
-    int32_t *labels[SPLIT_COUNT];
-    bool is_uploaded;
-    int64_t *indices;       /* (batch) dataset indices of the batch being assembled */
-    int64_t *next_indices;  /* (batch) the batch after it, decoded ahead (image folders) */
-    int32_t *host_labels;   /* (batch) the labels of the batch in the model, on the host */
-    loader_t *loader;       /* image folders: the decode threads; NULL otherwise */
-    uint64_t eval_batches;  /* batch numbers used by evaluations so far (the loader's ids) */
-    int64_t skipped_images; /* data.on_bad_image = skip: files replaced, all ranks (at the end) */
-    augment_job_t *host_jobs, *jobs; /* (batch) that batch's samples and choices; jobs: backend's */
-    float *host_logits;              /* (batch, classes), evaluation */
-    FILE *metrics;                   /* rank 0, or NULL */
-    tb_events_t *tb; /* rank 0 with train.tensorboard_dir: its event file, or NULL */
+    feed_t feed;              /* the batches, from either kind of dataset */
+    int64_t *indices;         /* (batch) dataset indices of the batch being assembled */
+    int64_t *next_indices;    /* (batch) the batch after it, decoded ahead (image folders) */
+    uint64_t eval_batches;    /* batch numbers used by evaluations so far (the loader's ids) */
+    int64_t skipped_images;   /* data.on_bad_image = skip: files replaced, all ranks (at the end) */
+    float *host_logits;       /* (batch, classes), evaluation */
+    FILE *metrics;            /* rank 0, or NULL */
+    tb_events_t *tb;          /* rank 0 with train.tensorboard_dir: its event file, or NULL */
     int64_t steps_per_epoch, total_steps;
     int64_t step, epoch;          /* the next step to run, the epoch it belongs to */
     int64_t cursor;               /* global sample positions of this epoch already trained on */
@@ -155,18 +148,8 @@ void trainer__memory_free(trainer_t *t);
 void trainer__report_resume(trainer_t *t);
 /* The header of the state after the last step (trainer_snapshot.c): everything but checksums. */
 void trainer__describe(const trainer_t *t, snapshot_header_t *h);
-/* A collective's result: on failure the worker exits with DDP_EXIT_PEER_FAILURE naming what. */
-void trainer__check_comm(trainer_t *t, int rc, const char *what);
 /* Training wall time of the whole run so far, restarts included (train.hours). */
 double trainer__elapsed_s(const trainer_t *t);
-
-/* trainer_folder.c, internal to the trainer: an image folder's batches through the loader. */
-void trainer__folder_init(trainer_t *t);
-/* Batch id (the step, or the batch's number in an evaluation) of split into the model, submitting
- * it if it is not yet, and the next one (next_n > 0) to decode meanwhile. */
-void trainer__folder_batch(trainer_t *t, data_split_t split, int64_t epoch, uint64_t id,
-                           const int64_t *indices, int n, const int64_t *next_indices, int next_n);
-void trainer__folder_free(trainer_t *t);
 
 /* trainer_eval.c, internal to the trainer: */
 /* Validate (on val, else test), report an "eval" event, and keep the weights when train.best_by
@@ -200,8 +183,5 @@ loss_scale_t trainer__loss_scale(trainer_t *t);
 void trainer__end_progress_line(void);
 /* One unit of progress for ddprun --hang-timeout; any thread (the snapshot writer beats too). */
 void trainer__progress_beat(void);
-
-/* Print "ddpworker: rank R: <message>" to stderr and exit with code. */
-_Noreturn void trainer_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif
