@@ -2,14 +2,15 @@
  * state after every snapshot.every_memory steps into the agent's shared memory. The copy overlaps
  * the next step's forward and backward: on the cpu backend the memory writer's thread makes it, on
  * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
- * waits for it (trainer__memory_fence), and the batch-norm statistics, which the next forward
+ * waits for it (checkpoint_memory_fence), and the batch-norm statistics, which the next forward
  * changes, are copied first. The checksums are the writer thread's. The trainer's thread. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "clock.h"
-#include "trainer.h"
+#include "checkpoint.h"
+#include "checkpoint_memory.h"
 
 /* The writer's thread waits for the side stream before it hashes. */
 static void wait_copies(void *arg) {
@@ -32,137 +33,127 @@ static void unpin(void *arg, void *p, size_t n_bytes) {
     b->mem->unpin_host(b, p);
 }
 
-static bool is_async(const trainer_t *t) {
-    const backend_memory_i *mem = t->backend->mem;
+static bool is_async(const train_parts_t *p) {
+    const backend_memory_i *mem = p->backend->mem;
     return mem->copy_out_begin && mem->copy_out && mem->copy_out_fence && mem->copy_out_wait;
 }
 
-void trainer__memory_init(trainer_t *t) {
+void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p) {
     const char *dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
-    if (!dir || !*dir || t->rank != 0) return;
-    memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = t->backend};
+    if (!dir || !*dir || p->rank != 0) return;
+    memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = p->backend};
     char err[1024];
-    if (t->conf->snapshot_every_memory == 0) { /* how far training got, for the steps lost */
-        if (memory_snapshot_create_progress(dir, &t->memory, err, sizeof err) < 0) t->memory = NULL;
+    if (p->conf->snapshot_every_memory == 0) { /* how far training got, for the steps lost */
+        if (memory_snapshot_create_progress(dir, &cm->memory, err, sizeof err) < 0)
+            cm->memory = NULL;
         return;
     }
-    if (memory_snapshot_create(dir, t->model.n_params, t->model.n_buffers,
-                               optimizer_has_second_moment(&t->optim), is_async(t) ? &wait : NULL,
-                               &t->memory, err, sizeof err) < 0) {
+    if (memory_snapshot_create(dir, p->model->n_params, p->model->n_buffers,
+                               optimizer_has_second_moment(p->optim), is_async(p) ? &wait : NULL,
+                               &cm->memory, err, sizeof err) < 0) {
         fprintf(stderr, "ddpworker: warning: no memory snapshots (restarts use snapshot.dir): %s\n",
                 err);
-        t->memory = NULL;
+        cm->memory = NULL;
         return;
     }
-    if (is_async(t) && t->backend->mem->pin_host)
-        memory_snapshot_each_slot(t->memory, pin, t->backend);
+    if (is_async(p) && p->backend->mem->pin_host)
+        memory_snapshot_each_slot(cm->memory, pin, p->backend);
 }
 
 /* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */
-static void account(trainer_t *t, double start) {
+static void account(checkpoint_memory_t *cm, double start) {
     double stall = clock_now_s() - start;
-    t->memory_stall_s += stall;
-    if (stall > t->memory_stall_max_s) t->memory_stall_max_s = stall;
-    t->n_memory++;
+    cm->stall_s += stall;
+    if (stall > cm->stall_max_s) cm->stall_max_s = stall;
+    cm->n_taken++;
 }
 
-void trainer__memory_snapshot(trainer_t *t) {
-    if (!t->memory) return;
-    int64_t every = t->conf->snapshot_every_memory;
-    if (every == 0 || t->step % every != 0) {
-        memory_snapshot_mark_reached(t->memory, t->step);
+void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
+                            const train_state_t *s) {
+    if (!cm->memory) return;
+    int64_t every = p->conf->snapshot_every_memory;
+    if (every == 0 || s->step % every != 0) {
+        memory_snapshot_mark_reached(cm->memory, s->step);
         return;
     }
     double start = clock_now_s();
-    snapshot_data_t *d = memory_snapshot_begin(t->memory); /* the previous one is sealed */
+    snapshot_data_t *d = memory_snapshot_begin(cm->memory); /* the previous one is sealed */
     /* recorded only now: a kill from here on finds the previous step sealed (at most this one
      * lost), even when the writer's thread ran behind the training */
-    memory_snapshot_mark_reached(t->memory, t->step);
+    memory_snapshot_mark_reached(cm->memory, s->step);
     snapshot_header_t h;
     memset(&h, 0, sizeof h);
-    trainer__describe(t, &h);
-    h.optim_steps = optimizer_steps(&t->optim);
+    checkpoint_describe(p, s, &h);
+    h.optim_steps = optimizer_steps(p->optim);
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
     h.unix_time_ms = (uint64_t)wall.tv_sec * 1000 + (uint64_t)wall.tv_nsec / 1000000;
-    const model_t *m = &t->model;
-    const backend_memory_i *mem = t->backend->mem;
+    const model_t *m = p->model;
+    const backend_memory_i *mem = p->backend->mem;
     size_t p_bytes = m->n_params * sizeof(float), b_bytes = m->n_buffers * sizeof(float);
-    bool has_second = optimizer_has_second_moment(&t->optim);
-    if (t->loss_scale) { /* a read-back (a synchronization): only fp16 runs scale */
-        loss_scale_t ls = trainer__loss_scale(t);
+    bool has_second = optimizer_has_second_moment(p->optim);
+    if (s->loss_scale) { /* a read-back (a synchronization): only fp16 runs scale */
+        loss_scale_t ls = train_state_loss_scale(s, p->backend);
         h.loss_scale = ls.scale;
         h.loss_scale_good_steps = ls.good_steps;
     }
-    if (is_async(t)) {
-        mem->copy_out_begin(t->backend);
+    if (is_async(p)) {
+        mem->copy_out_begin(p->backend);
         /* the running statistics change in the next forward: it waits for their (small) copy */
-        mem->copy_out(t->backend, d->buffers, m->buffers, b_bytes);
-        mem->copy_out_fence(t->backend);
-        mem->copy_out(t->backend, d->params, m->params, p_bytes);
-        mem->copy_out(t->backend, d->momentum, m->momentum, p_bytes);
-        if (has_second) mem->copy_out(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
-        t->is_memory_copying = true;
-    } else if (!mem->is_device(t->backend, m->params)) {
+        mem->copy_out(p->backend, d->buffers, m->buffers, b_bytes);
+        mem->copy_out_fence(p->backend);
+        mem->copy_out(p->backend, d->params, m->params, p_bytes);
+        mem->copy_out(p->backend, d->momentum, m->momentum, p_bytes);
+        if (has_second) mem->copy_out(p->backend, d->second_moment, p->optim->exp_avg_sq, p_bytes);
+        cm->is_copying = true;
+    } else if (!mem->is_device(p->backend, m->params)) {
         /* host arenas (cpu): the writer's thread copies what the next forward does not change,
          * overlapped with it; the running statistics change in the forward: copied now */
-        mem->to_host(t->backend, d->buffers, m->buffers, b_bytes);
+        mem->to_host(p->backend, d->buffers, m->buffers, b_bytes);
         memory_snapshot_copy_t copies[3] = {{d->params, m->params, p_bytes},
                                             {d->momentum, m->momentum, p_bytes},
-                                            {d->second_moment, t->optim.exp_avg_sq, p_bytes}};
-        memory_snapshot_submit_copies(t->memory, &h, copies, has_second ? 3 : 2);
-        t->is_memory_copying = true;
-        account(t, start);
+                                            {d->second_moment, p->optim->exp_avg_sq, p_bytes}};
+        memory_snapshot_submit_copies(cm->memory, &h, copies, has_second ? 3 : 2);
+        cm->is_copying = true;
+        account(cm, start);
         return;
     } else {
-        mem->to_host(t->backend, d->params, m->params, p_bytes);
-        mem->to_host(t->backend, d->momentum, m->momentum, p_bytes);
-        mem->to_host(t->backend, d->buffers, m->buffers, b_bytes);
-        if (has_second) mem->to_host(t->backend, d->second_moment, t->optim.exp_avg_sq, p_bytes);
+        mem->to_host(p->backend, d->params, m->params, p_bytes);
+        mem->to_host(p->backend, d->momentum, m->momentum, p_bytes);
+        mem->to_host(p->backend, d->buffers, m->buffers, b_bytes);
+        if (has_second) mem->to_host(p->backend, d->second_moment, p->optim->exp_avg_sq, p_bytes);
     }
-    memory_snapshot_submit(t->memory, &h);
-    account(t, start);
+    memory_snapshot_submit(cm->memory, &h);
+    account(cm, start);
 }
 
-void trainer__memory_fence(trainer_t *t) {
-    if (!t->is_memory_copying) return;
+void checkpoint_memory_fence(checkpoint_memory_t *cm, const train_parts_t *p) {
+    if (!cm->is_copying) return;
     double start = clock_now_s();
-    if (is_async(t))
-        t->backend->mem->copy_out_fence(t->backend);
+    if (is_async(p))
+        p->backend->mem->copy_out_fence(p->backend);
     else
-        memory_snapshot_wait_copied(t->memory);
-    t->is_memory_copying = false;
-    t->memory_stall_s += clock_now_s() - start; /* a copy the step outran is a stall too */
+        memory_snapshot_wait_copied(cm->memory);
+    cm->is_copying = false;
+    cm->stall_s += clock_now_s() - start; /* a copy the step outran is a stall too */
 }
 
-void trainer__report_memory(trainer_t *t) {
-    if (!t->memory || !t->metrics || !t->n_memory) return;
-    memory_snapshot_flush(t->memory); /* the sealed step of the last generation */
+void checkpoint_memory_report(checkpoint_memory_t *cm, run_log_t *log) {
+    if (!cm->memory || !log->metrics || !cm->n_taken) return;
+    memory_snapshot_flush(cm->memory); /* the sealed step of the last generation */
     cJSON *event = json_line_new("memory_snapshots");
-    json_line_int(event, "count", t->n_memory);
-    json_line_num(event, "stall_ms_mean", t->memory_stall_s * 1e3 / (double)t->n_memory);
-    json_line_num(event, "stall_ms_max", t->memory_stall_max_s * 1e3);
-    json_line_int(event, "sealed_step", memory_snapshot_sealed_step(t->memory));
-    json_line_write(t->metrics, event);
+    json_line_int(event, "count", cm->n_taken);
+    json_line_num(event, "stall_ms_mean", cm->stall_s * 1e3 / (double)cm->n_taken);
+    json_line_num(event, "stall_ms_max", cm->stall_max_s * 1e3);
+    json_line_int(event, "sealed_step", memory_snapshot_sealed_step(cm->memory));
+    json_line_write(log->metrics, event);
 }
 
-void trainer__memory_free(trainer_t *t) {
-    if (!t->memory) return;
-    memory_snapshot_flush(t->memory);
-    if (is_async(t) && t->backend->mem->unpin_host)
-        memory_snapshot_each_slot(t->memory, unpin, t->backend);
-    memory_snapshot_destroy(t->memory);
-    t->memory = NULL;
-}
-
-void trainer__report_resume(trainer_t *t) {
-    if (t->rank != 0 || !t->resume_source) return;
-    status_report_resume(t->status, t->step, t->resume_source, t->resume_rank, t->steps_lost);
-    if (!t->metrics) return;
-    cJSON *event = json_line_new("resume");
-    json_line_int(event, "step", t->step);
-    json_line_str(event, "source", t->resume_source);
-    json_line_int(event, "rank", t->resume_rank);
-    json_line_int(event, "steps_lost", t->steps_lost);
-    json_line_write(t->metrics, event);
+void checkpoint_memory_free(checkpoint_memory_t *cm, const train_parts_t *p) {
+    if (!cm->memory) return;
+    memory_snapshot_flush(cm->memory);
+    if (is_async(p) && p->backend->mem->unpin_host)
+        memory_snapshot_each_slot(cm->memory, unpin, p->backend);
+    memory_snapshot_destroy(cm->memory);
+    cm->memory = NULL;
 }

@@ -33,6 +33,14 @@ typedef struct {
     bool is_finished;         /* the run has ended (its last snapshot says so) */
 } train_state_t;
 
+/* An evaluation of a split, reduced over all ranks: mean loss, top-1 and top-5 accuracy, samples.
+ */
+typedef struct {
+    double loss, top1, top5;
+    int64_t n;
+    data_split_t split;
+} eval_result_t;
+
 /* What a run trains with, borrowed from the trainer by its parts (checkpoint, evaluation): the
  * configuration, the data, this rank in the world and the arenas. */
 typedef struct {
