@@ -1,4 +1,4 @@
-/* Unit tests of worker/data_cifar on hand-made files in the CIFAR binary layout. */
+/* Unit tests of worker/decode/data_cifar on hand-made files in the CIFAR binary layout. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>

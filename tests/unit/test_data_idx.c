@@ -1,4 +1,4 @@
-/* Unit tests of worker/data_idx: real Fashion-MNIST when installed, and hand-made IDX files
+/* Unit tests of worker/decode/data_idx: real Fashion-MNIST when installed, and hand-made IDX files
  * (plain and gzipped) for every way a file can be wrong. */
 #include <criterion/criterion.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Unit tests of worker/data/loader on JPEG files written here: batches come back in submission
+/* Unit tests of worker/loader/loader on JPEG files written here: batches come back in submission
  * order with their labels, a sample's pixels depend only on (seed, epoch, index) (not on the
  * batch it is in, the rank, or the number of threads), bad files stop the batch naming the file
  * or are replaced deterministically and counted, a full ring makes submit wait for a release,
