@@ -9,12 +9,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "best.h"
 #include "clock.h"
+#include "die.h"
 #include "exit_codes.h"
 #include "json_lines.h"
-#include "best.h"
 #include "memory_snapshot.h"
-#include "die.h"
 
 _Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD &&
                    (int)OPTIM_ADAM == (int)SNAPSHOT_OPTIM_ADAM &&

@@ -4,13 +4,14 @@
  * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
  * waits for it (checkpoint_memory_fence), and the batch-norm statistics, which the next forward
  * changes, are copied first. The checksums are the writer thread's. The trainer's thread. */
+#include "checkpoint_memory.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
 #include "checkpoint.h"
-#include "checkpoint_memory.h"
+#include "clock.h"
 
 /* The writer's thread waits for the side stream before it hashes. */
 static void wait_copies(void *arg) {
