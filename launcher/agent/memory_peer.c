@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "agent/memory_peer_impl.h"
+#include "agent/memory_peer_internal.h"
 #include "ddp_error.h"
 #include "log.h"
 

@@ -1,8 +1,8 @@
-/* memory_peer_impl: what memory_peer.c (the successor, start and stop), memory_peer_recv.c (peers'
- * generations into this node's region) and memory_peer_send.c (this node's generations to the
- * next node) share: the state and the functions one calls in another. The agent's loop thread. */
-#ifndef DDP_LAUNCHER_MEMORY_PEER_IMPL_H
-#define DDP_LAUNCHER_MEMORY_PEER_IMPL_H
+/* memory_peer_internal: what memory_peer.c (the successor, start and stop), memory_peer_recv.c
+ * (peers' generations into this node's region) and memory_peer_send.c (this node's generations to
+ * the next node) share: the state, and the functions one file calls in another. Loop thread. */
+#ifndef DDP_LAUNCHER_MEMORY_PEER_INTERNAL_H
+#define DDP_LAUNCHER_MEMORY_PEER_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
