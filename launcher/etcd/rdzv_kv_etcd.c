@@ -1,7 +1,8 @@
 /* rdzv_kv_etcd: rdzv_kv over etcd's v3 API (etcd_client). TCPStore's meanings are built from
  * compare-and-swap transactions on a key's mod_revision: ADD reads, then puts the sum only if
- * nobody wrote in between, else reads again; a wait is a range, then a watch from the revision
- * after it. An agent's ephemeral keys carry its lease (rdzv_lease_t, one per agent). */
+ * nobody wrote in between, else reads again; a ticket (a join's ADD) is a key of its own and a
+ * count at its revision instead, with no retries; a wait is a range, then a watch from the
+ * revision after it. An agent's ephemeral keys carry its lease (rdzv_lease_t, one per agent). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -62,6 +63,7 @@ typedef struct {
     etcd_t *c;
     rdzv_lease_t *lease;
     int64_t op_timeout_ms;
+    int64_t slice_ms; /* a wait for one owed key looks at its owner's lease this often */
     char error[1024];
 } etcd_kv_t;
 
@@ -220,6 +222,61 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
     }
 }
 
+static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
+                        const size_t *lens, size_t n) {
+    etcd_kv_t *e = self(kv);
+    for (size_t i = 0; i < n; i += ETCD_TXN_OPS_MAX) {
+        size_t m = n - i < ETCD_TXN_OPS_MAX ? n - i : ETCD_TXN_OPS_MAX;
+        int rc = etcd_put_many(e->c, keys + i, vals + i, lens + i, m);
+        if (rc < 0) return failed(e, rc);
+    }
+    return 0;
+}
+
+/* A key of this ticket's own, key/<random>, created without a lease (a ticket that vanished
+ * would lower the count of every later one), and the number of keys under key/ as of its
+ * creation, in the same transaction: those created up to it, this one included. One proposal
+ * per ticket, where ADD's compare-and-swap lets one of N concurrent agents win per round of
+ * N^2/2 proposals. */
+static int kv_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
+    etcd_kv_t *e = self(kv);
+    uint64_t id;
+    randombytes_buf(&id, sizeof id);
+    size_t n = strlen(key) + 32;
+    char *prefix = malloc(n), *ticket = malloc(n);
+    int rc = prefix && ticket ? 0 : -ENOMEM;
+    int64_t revision = 0, count = 0;
+    if (rc == 0) {
+        snprintf(prefix, n, "%s/", key);
+        snprintf(ticket, n, "%s%016" PRIx64, prefix, id);
+        rc = etcd_put_new(e->c, ticket, "1", 1, prefix, &revision, &count);
+        if (rc == 0 && count < 0) /* a retry found it created: count as of its creation */
+            rc = etcd_count_prefix(e->c, prefix, revision, &count);
+        if (rc < 0) failed(e, rc);
+    }
+    if (rc == 0 && count < 1) {
+        snprintf(e->error, sizeof e->error,
+                 "etcd %s: %s counts no key at its own revision %" PRId64, etcd_endpoints(e->c),
+                 ticket, revision);
+        rc = DDP_EPROTO;
+    }
+    *index = count - 1;
+    free(prefix);
+    free(ticket);
+    return rc;
+}
+
+static int kv_count_tickets(rdzv_kv_t *kv, const char *key, int64_t *count) {
+    etcd_kv_t *e = self(kv);
+    size_t n = strlen(key) + 2;
+    char *prefix = malloc(n);
+    if (!prefix) return -ENOMEM;
+    snprintf(prefix, n, "%s/", key);
+    int rc = etcd_count_prefix(e->c, prefix, 0, count);
+    free(prefix);
+    return rc < 0 ? failed(e, rc) : 0;
+}
+
 /* The longest prefix the n keys share (malloc'd). */
 static char *common_prefix(const char *const *keys, size_t n) {
     size_t common = n ? strlen(keys[0]) : 0;
@@ -323,12 +380,41 @@ static bool owed_event(void *arg, etcd_event_type_t type, const char *key, const
     return o->lost >= 0 || o->n_have == o->n;
 }
 
+/* One owed key (a member's rank, node 0's store address): a watch of that key alone, in slices,
+ * and a look at its owner's alive key after each. A range and a watch over both keys' common
+ * prefix (the round's) would read every key of the round, N^2 for the N members of a round. */
+static int wait_live_one(etcd_kv_t *e, const char *key, const char *alive, int64_t grace_ms,
+                         int64_t timeout_ms, int *lost) {
+    uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
+    bool was_alive = false;
+    for (;;) {
+        uint64_t now = clock_now_ms(), until = now + (uint64_t)e->slice_ms;
+        int rc = wait_key(e, key, until < deadline ? until : deadline, NULL);
+        if (rc != DDP_ETIMEOUT) return rc;
+        etcd_value_t v;
+        if ((rc = etcd_get(e->c, alive, &v, NULL)) < 0) return failed(e, rc);
+        bool is_alive = v.is_found;
+        etcd_value_free(&v);
+        was_alive |= is_alive;
+        now = clock_now_ms();
+        if (!is_alive && (was_alive || now - start >= (uint64_t)grace_ms)) {
+            /* it may have written the key just before it left: one more look */
+            if ((rc = wait_key(e, key, now, NULL)) != DDP_ETIMEOUT) return rc;
+            *lost = 0;
+            snprintf(e->error, sizeof e->error, "%s lost its lease before it wrote %s", alive, key);
+            return DDP_ELOST;
+        }
+        if (now >= deadline) return DDP_ETIMEOUT; /* wait_key said which key */
+    }
+}
+
 /* One range over everything's common prefix, then one watch from the revision after it: the
  * events update what is there; every grace check ends a slice of the watch. */
 static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *const *alive, size_t n,
                         int64_t grace_ms, int64_t timeout_ms, int *lost) {
     etcd_kv_t *e = self(kv);
     *lost = -1;
+    if (n == 1) return wait_live_one(e, keys[0], alive[0], grace_ms, timeout_ms, lost);
     const char **all = calloc(2 * n + 1, sizeof *all);
     bool *flags = calloc(3 * n + 1, sizeof *flags);
     char *prefix = NULL;
@@ -620,6 +706,9 @@ static const rdzv_kv_ops_t etcd_ops = {.set = kv_set,
                                        .compare_set = kv_compare_set,
                                        .wait = kv_wait,
                                        .multi_get = kv_multi_get,
+                                       .multi_set = kv_multi_set,
+                                       .take_ticket = kv_take_ticket,
+                                       .count_tickets = kv_count_tickets,
                                        .set_ephemeral = kv_set_ephemeral,
                                        .keep_alive = kv_keep_alive,
                                        .wait_live = kv_wait_live,
@@ -637,6 +726,8 @@ int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t co
     e->kv.ops = &etcd_ops;
     e->lease = lease;
     e->op_timeout_ms = op_timeout_ms;
+    e->slice_ms = (int64_t)(o->lease_ttl_s * 1000 / 3);
+    if (e->slice_ms < 100) e->slice_ms = 100;
     etcd_opts_t eo = {.endpoints = o->rdzv_endpoints,
                       .cacert = o->etcd_cacert,
                       .cert = o->etcd_cert,

@@ -121,7 +121,7 @@ def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
     ttl_s = 2
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         prefix = f"/ddprun/died-{died}/r0"
-        etcd.put(f"{prefix}/joined", "1")
+        etcd.put(f"{prefix}/joined/0000000000000000", "1")  # its ticket: join index 0
         if died != "before_alive":
             r = etcd.etcdctl("lease", "grant", "5")
             assert r.returncode == 0, r.stderr
