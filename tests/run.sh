@@ -26,6 +26,9 @@ echo "== the layers and the formatting"
 # no include circle between files, modules or folders, and docs/architecture.md's layer picture is
 # the code's (tests/tools/check_layers.py --write redraws it)
 /usr/bin/python3 tests/tools/check_layers.py
+# docs/architecture.md's tables of the agent's states and transitions name agent_sm.h's states,
+# events and actions, no more and no fewer
+/usr/bin/python3 tests/tools/check_agent_sm_doc.py
 # clang-format --dry-run -Werror over the C sources: switched on (1) in the commit that formats
 # the whole tree once (tests/tools/check_format.sh --fix)
 check_format=1

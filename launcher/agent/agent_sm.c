@@ -141,6 +141,11 @@ static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
         if (is_membership_change)
             say(out, AGENT_SAY_INFO, "membership changes: every node joins round %d",
                 sm->round.round + 1);
+        else if (sm->is_budget_pending)
+            say(out, AGENT_SAY_WARN,
+                "a peer failure past the restart budget (%d of %d): the next round's size decides "
+                "(a node fewer: it was lost, no restart; else the job fails)",
+                why.failures, sm->cfg.max_restarts);
         else
             say(out, AGENT_SAY_WARN, "restarting every worker (restart %d of %d)", why.failures,
                 sm->cfg.max_restarts);
@@ -376,6 +381,9 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
         on_restart_seen(sm, ev, out);
         return;
     case AGENT_EV_STORE_SILENT:
+        /* this node's workers succeeded: as with a watch that lost the store, the barrier (bounded
+         * by the join timeout) decides, not which of the two noticed the loss first */
+        if (sm->state == AGENT_SM_FINISHING) return;
         restart_store_lost(sm);
         round_ended(sm);
         stop_workers(sm, out, SIGTERM, sm->cfg.shutdown_timeout_s);

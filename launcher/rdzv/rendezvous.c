@@ -133,11 +133,6 @@ static int member_order(const void *a, const void *b) {
     return x->join_index - y->join_index;
 }
 
-static void sleep_ms(int64_t ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void free_records(uint8_t **vals, size_t *lens, int n) {
     for (int i = 0; vals && i < n; i++)
         free(vals[i]);
@@ -300,12 +295,18 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     if ((rc = c->ops->set(c, node_key, record, strlen(record))) < 0) goto fail;
     char closed_key[256];
     key(r, closed_key, sizeof closed_key, round, "closed");
-    if (joined >= (int64_t)o->min_nodes) {
-        /* MAX closes at once; MIN after a last call that lets more nodes in. */
-        if (joined < (int64_t)o->max_nodes) {
-            sleep_ms((int64_t)(o->last_call_timeout_s * 1000));
-            if ((rc = c->ops->count_tickets(c, k, &joined)) < 0) goto fail;
-        }
+    const char *keys[] = {closed_key};
+    bool is_closed = false;
+    if (joined >= (int64_t)o->min_nodes && joined < (int64_t)o->max_nodes) {
+        /* MIN: a last call that lets more nodes in, which ends early when one of them closes the
+         * round at MAX (a member learning its round later than the others beats late) */
+        int64_t last_call_ms = (int64_t)(o->last_call_timeout_s * 1000);
+        rc = last_call_ms > 0 ? c->ops->wait(c, keys, 1, last_call_ms) : DDP_ETIMEOUT;
+        if (rc < 0 && rc != DDP_ETIMEOUT) goto fail;
+        is_closed = rc == 0;
+        if (!is_closed && (rc = c->ops->count_tickets(c, k, &joined)) < 0) goto fail;
+    }
+    if (joined >= (int64_t)o->min_nodes && !is_closed) { /* at MAX at once, at MIN after the call */
         char count[16];
         int n = (int)(joined < (int64_t)o->max_nodes ? joined : (int64_t)o->max_nodes);
         snprintf(count, sizeof count, "%d", n);
@@ -315,7 +316,6 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         if (rc < 0) goto fail;
         free(cur);
     }
-    const char *keys[] = {closed_key};
     rc = c->ops->wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
     if (rc == DDP_ETIMEOUT) {
         snprintf(err, err_len,

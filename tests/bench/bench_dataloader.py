@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ddpworker's image-folder input pipeline (decode + augment, worker/data/loader) against PyTorch's
+"""ddpworker's image-folder input pipeline (decode + augment, worker/loader/loader) against PyTorch's
 DataLoader over torchvision's ImageFolder with the same transforms and the same number of workers,
 on the same JPEG folder, in one run; prints both rates and the ratio.
 

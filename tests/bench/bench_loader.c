@@ -1,8 +1,7 @@
-/* bench_loader: ddpworker's image-folder loader alone (worker/data/loader), for the comparison with
- * PyTorch's DataLoader (tests/bench/bench_dataloader.py):
- *   bench_loader ROOT SIZE BATCH WORKERS EPOCHS TRANSFORM(rrc|resize|center)
- * decodes and transforms every training image EPOCHS times, a batch ahead as the trainer does, and
- * prints "images N seconds S". */
+/* bench_loader: ddpworker's image-folder loader alone (worker/loader/loader), for the comparison
+ * with PyTorch's DataLoader (tests/bench/bench_dataloader.py): bench_loader ROOT SIZE BATCH WORKERS
+ * EPOCHS TRANSFORM(rrc|resize|center) decodes and transforms every training image EPOCHS times, a
+ * batch ahead as the trainer does, and prints "images N seconds S". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

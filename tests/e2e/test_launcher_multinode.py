@@ -311,7 +311,8 @@ def test_a_lost_node_costs_no_restart(ddprun, tmp_path, lose_a_node):
     worker.chmod(0o755)
     port = free_port()
     env = dict(os.environ, OUT_DIR=str(tmp_path))
-    conf = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    # last call 2 s: all three must make round 0 even when a loaded machine starts them slowly
+    conf = "join_timeout=30,last_call_timeout=2,keep_alive_interval=0.1,heartbeat_timeout=1"
     agents = []
     for _ in range(3):
         agents.append(subprocess.Popen(

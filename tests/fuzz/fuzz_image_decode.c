@@ -1,4 +1,4 @@
-/* libFuzzer harness over worker/data/image_decode: the bytes of an image file from disk (JPEG
+/* libFuzzer harness over worker/decode/image_decode: the bytes of an image file from disk (JPEG
  * through libjpeg-turbo, PNG through libpng). Checks that header parsing and decoding never crash
  * or read out of bounds, that a decoded image is within the promised bounds and fills its pixels,
  * and that the transform of what decoded works too. The first byte picks the requested minimum

@@ -1,4 +1,4 @@
-/* libFuzzer harness over the safetensors reader (worker/nn/safetensors.c), the parser of the
+/* libFuzzer harness over the safetensors reader (worker/weights/safetensors.c), the parser of the
  * weight files model.init takes from outside: the input is a whole file, read through the real
  * path (a memfd: length prefix, header, then every tensor the header lists) and parsed again from
  * memory. Any crash, leak, sanitizer report or tensor read outside the file is a bug. */

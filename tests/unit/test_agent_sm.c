@@ -439,6 +439,18 @@ Test(agent_sm_nodes, membership_change_during_the_exit_barrier_is_no_rerun) {
     expect_exit(0);
 }
 
+/* The same store lost, noticed by the heartbeats instead of the watch: the same exit. */
+Test(agent_sm_nodes, silent_store_in_the_exit_barrier_is_no_failure) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    expect_state(AGENT_SM_FINISHING);
+    EV(.kind = AGENT_EV_STORE_SILENT);
+    expect(END);
+    EV(.kind = AGENT_EV_FINISH_DONE);
+    expect_exit(0);
+}
+
 Test(agent_sm_nodes, join_failure) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
@@ -503,6 +515,10 @@ Test(agent_sm_lost_node, past_the_budget_the_next_round_decides) {
     expect(AGENT_ACT_SAY, AGENT_ACT_DESTROY_WORKERS, AGENT_ACT_STOP_HEARTBEATS, AGENT_ACT_JOIN,
            END);
     cr_assert(sm.is_budget_pending);
+    cr_assert(
+        said("a peer failure past the restart budget (2 of 1): the next round's size decides"),
+        "%s", acts.a[0].text);
+    cr_assert_not(said("restarting every worker"), "no restart is promised past the budget");
     EV(.kind = AGENT_EV_JOIN_DONE, .joined = {.round = 1, .group_world_size = 2, .is_member = true},
        .is_refunded = true);
     cr_assert(said("has a node fewer"));

@@ -1,5 +1,5 @@
-/* The fused batch norm + residual add + ReLU kernels (worker/cuda/cuda_bn_act_kernels.cuh) run as
- * host C++ on CPU threads, one std::thread per CUDA thread of a block (a barrier for
+/* The fused batch norm + residual add + ReLU kernels (worker/cuda/ops/cuda_bn_act_kernels.cuh) run
+ * as host C++ on CPU threads, one std::thread per CUDA thread of a block (a barrier for
  * __syncthreads, an exchange array for the warp shuffles), launched with the grids
  * cuda_bn_act.cu computes, against a plain double-precision reference: statistics, y, dx, the
  * residual's gradient, dgamma, dbeta, in fp32 (16-byte and scalar paths), bf16 and fp16, with and

@@ -1,23 +1,21 @@
-/* Unit tests of worker/data_cifar on hand-made files in the CIFAR binary layout. */
+/* Unit tests of worker/decode/data_cifar on hand-made files in the CIFAR binary layout. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "temp_dir.h"
 #include "data_cifar.h"
 
 static char dir[64];
 
 static void make_dir(void) {
-    strcpy(dir, "/tmp/cifar_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    temp_dir_make(dir, sizeof dir, "cifar_test");
 }
 
 static void remove_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(dir);
 }
 
 TestSuite(data_cifar, .init = make_dir, .fini = remove_dir);

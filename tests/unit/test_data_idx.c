@@ -1,4 +1,4 @@
-/* Unit tests of worker/data_idx: real Fashion-MNIST when installed, and hand-made IDX files
+/* Unit tests of worker/decode/data_idx: real Fashion-MNIST when installed, and hand-made IDX files
  * (plain and gzipped) for every way a file can be wrong. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "temp_dir.h"
 #include "data_idx.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -14,14 +15,11 @@
 static char dir[64];
 
 static void make_dir(void) {
-    strcpy(dir, "/tmp/idx_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    temp_dir_make(dir, sizeof dir, "idx_test");
 }
 
 static void remove_dir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(dir);
 }
 
 TestSuite(data_idx, .init = make_dir, .fini = remove_dir);

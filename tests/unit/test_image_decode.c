@@ -1,4 +1,4 @@
-/* Unit tests of worker/data/image_decode: JPEG and PNG bytes made here with libjpeg-turbo and
+/* Unit tests of worker/decode/image_decode: JPEG and PNG bytes made here with libjpeg-turbo and
  * libpng decode to the pixels written (exactly for lossless cases), DCT scaling picks the
  * smallest factor that still covers the size asked, CMYK and interlaced files decode, damaged
  * or foreign bytes are errors with a message, and the buffers grow only to the largest image. */

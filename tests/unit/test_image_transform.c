@@ -1,4 +1,4 @@
-/* Unit tests of worker/data/image_transform: the geometry of each transform (torchvision's
+/* Unit tests of worker/loader/image_transform: the geometry of each transform (torchvision's
  * numbers for Resize + CenterCrop, RandomResizedCrop's constraints and its central fallback),
  * plans as pure functions of (seed, epoch, index), DCT-scaled plans, and the resampling on
  * images whose result is known (identity, flat colours, a flip, a 2:1 reduction). The pixels

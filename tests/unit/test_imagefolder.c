@@ -10,19 +10,17 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include "temp_dir.h"
 #include "imagefolder.h"
 
 static char root[64];
 
 static void setup(void) {
-    strcpy(root, "/tmp/imagefolder_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(root));
+    temp_dir_make(root, sizeof root, "imagefolder_test");
 }
 
 static void cleanup(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(root);
 }
 
 TestSuite(imagefolder, .init = setup, .fini = cleanup);

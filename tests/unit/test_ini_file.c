@@ -7,21 +7,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "temp_dir.h"
 #include "ini_file.h"
 #include "train_conf.h"
 
 static char dir[64], path[128];
 
 static void setup(void) {
-    strcpy(dir, "/tmp/ini_file_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    temp_dir_make(dir, sizeof dir, "ini_file_test");
     snprintf(path, sizeof path, "%s/train.conf", dir);
 }
 
 static void cleanup(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(dir);
 }
 
 TestSuite(ini_file, .init = setup, .fini = cleanup);

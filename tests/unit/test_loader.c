@@ -1,4 +1,4 @@
-/* Unit tests of worker/data/loader on JPEG files written here: batches come back in submission
+/* Unit tests of worker/loader/loader on JPEG files written here: batches come back in submission
  * order with their labels, a sample's pixels depend only on (seed, epoch, index) (not on the
  * batch it is in, the rank, or the number of threads), bad files stop the batch naming the file
  * or are replaced deterministically and counted, a full ring makes submit wait for a release,
@@ -13,20 +13,18 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include "temp_dir.h"
 #include "imagefolder.h"
 #include "loader.h"
 
 static char root[64];
 
 static void setup(void) {
-    strcpy(root, "/tmp/loader_test_XXXXXX");
-    cr_assert_not_null(mkdtemp(root));
+    temp_dir_make(root, sizeof root, "loader_test");
 }
 
 static void cleanup(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    cr_assert_eq(system(cmd), 0);
+    temp_dir_remove(root);
 }
 
 TestSuite(loader, .init = setup, .fini = cleanup, .timeout = 60);

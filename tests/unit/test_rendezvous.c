@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "agent/agent_sm.h"
@@ -312,6 +314,45 @@ Test(rendezvous, late_agent_leaves_a_living_round_alone) {
     agent_dies(&a);
     agent_dies(&b);
     agent_dies(&c);
+    server_stop(&srv);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* --nnodes 2:3: the second agent's last call ends when the third closes the round at the maximum,
+ * not after the whole last_call_timeout. A member that learned its round that much later than the
+ * others sent no heartbeat meanwhile, and they ended the round without it (found with
+ * last_call_timeout 2 s > heartbeat_timeout 1 s in test_a_lost_node_costs_no_restart). */
+Test(rendezvous, the_last_call_ends_when_the_round_is_full) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = 2;
+    opts.max_nodes = 3;
+    opts.last_call_timeout_s = 5;
+    agent_t m[3];
+    pthread_t t[2];
+    for (int i = 0; i < 3; i++)
+        agent_start(&m[i], i == 0);
+    double t0 = now_s();
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    usleep(300 * 1000); /* both are in, the last call runs */
+    join(&m[2], 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    double took = now_s() - t0;
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(m[i].rc, 0, "join %d: %s", i, m[i].err);
+        cr_assert(m[i].out.is_member && m[i].out.group_world_size == 3);
+    }
+    cr_assert_lt(took, 4.0, "the joins took %.2f s: the last call ran its full 5 s", took);
+    for (int i = 0; i < 3; i++)
+        agent_dies(&m[i]);
     server_stop(&srv);
 }
 

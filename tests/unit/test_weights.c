@@ -9,24 +9,23 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "temp_dir.h"
 #include "rng.h"
 #include "safetensors.h"
 #include "weights.h"
 
 static backend_t *backend;
-static char dir[] = "/tmp/test_weights_XXXXXX";
+static char dir[64];
 
 static void setup(void) {
     backend = backend_cpu_create(1);
     cr_assert_not_null(backend);
-    cr_assert_not_null(mkdtemp(dir));
+    temp_dir_make(dir, sizeof dir, "test_weights");
 }
 
 static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
     backend->mem->destroy(backend);
+    temp_dir_remove(dir);
 }
 
 TestSuite(weights, .init = setup, .fini = teardown, .timeout = 60);

@@ -1,8 +1,9 @@
-/* cuda_common: what every file of the CUDA backend shares (backend_cuda.cu, cuda_memory.cu,
- * cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_bn_act.cu, cuda_pool.cu,
- * cuda_linear.cu, cuda_loss_optim.cu): the backend's state (gpu_t), the narrow-type dispatch, the
- * checked-call macros, the element access and launch helpers, and each file's ops for the table
- * that backend_cuda.cu assembles. Files are split by op family, as llm.c splits its llmc/ headers.
+/* cuda_common: what every file of the CUDA backend shares (backend_cuda.cu, cuda_memory.cu and
+ * ops/: cuda_elementwise.cu, cuda_data.cu, cuda_conv.cu, cuda_norm.cu, cuda_bn_act.cu,
+ * cuda_pool.cu, cuda_linear.cu, cuda_loss_optim.cu, cuda_conv_fusion.cu): the backend's state
+ * (gpu_t), the narrow-type dispatch, the checked-call macros, the element access and launch
+ * helpers, and each file's ops for the table that backend_cuda.cu assembles. Files are split by op
+ * family, as llm.c splits its llmc/ headers.
  */
 #ifndef DDP_WORKER_CUDA_COMMON_CUH
 #define DDP_WORKER_CUDA_COMMON_CUH
