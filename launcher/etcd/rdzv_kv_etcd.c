@@ -16,6 +16,7 @@
 #include "clock.h"
 #include "ddp_error.h"
 #include "etcd/etcd_client.h"
+#include "log.h"
 #include "rdzv/rdzv_kv.h"
 #include "rdzv/rdzv_kv_impl.h"
 
@@ -64,6 +65,11 @@ typedef struct {
     rdzv_lease_t *lease;
     int64_t op_timeout_ms;
     int64_t slice_ms; /* a wait for one owed key looks at its owner's lease this often */
+    /* The value the last wait found (seen_key NULL: none): the GET that follows a WAIT of the
+     * same key (a round's closed, a member's rank) takes it instead of another range. Any write
+     * through this kv forgets it. */
+    char *seen_key;
+    etcd_value_t seen;
     char error[1024];
 } etcd_kv_t;
 
@@ -76,22 +82,50 @@ static int failed(etcd_kv_t *e, int rc) {
     return rc;
 }
 
+static void forget_seen(etcd_kv_t *e) {
+    free(e->seen_key);
+    e->seen_key = NULL;
+    etcd_value_free(&e->seen);
+}
+
+static void remember_seen(etcd_kv_t *e, const char *key, etcd_value_t *v) {
+    forget_seen(e);
+    if ((e->seen_key = strdup(key)))
+        e->seen = *v;
+    else
+        etcd_value_free(v);
+}
+
 static int kv_set(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
+    forget_seen(self(kv));
     int rc = etcd_put(self(kv)->c, key, val, len, 0);
     return rc < 0 ? failed(self(kv), rc) : 0;
 }
 
 typedef struct {
     const char *key;
+    etcd_value_t got; /* the put's value */
+    bool is_short;
 } put_seen_t;
 
 static bool is_put_of(void *arg, etcd_event_type_t type, const char *key, const uint8_t *v,
                       size_t n, int64_t rev) {
-    (void)v, (void)n, (void)rev;
-    return type == ETCD_EVENT_PUT && strcmp(key, ((put_seen_t *)arg)->key) == 0;
+    put_seen_t *s = arg;
+    if (type != ETCD_EVENT_PUT || strcmp(key, s->key) != 0) return false;
+    if (!(s->got.value = malloc(n + 1))) {
+        s->is_short = true;
+        return true;
+    }
+    memcpy(s->got.value, v, n);
+    s->got.value[n] = 0;
+    s->got.len = n;
+    s->got.mod_revision = rev;
+    s->got.is_found = true;
+    return true;
 }
 
-/* Until key exists or deadline_ms (clock_now_ms) passes; the value when asked for. */
+/* Until key exists or deadline_ms (clock_now_ms) passes; the value into *value, else kept for
+ * the GET that follows (remember_seen). */
 static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_value_t *value) {
     for (;;) {
         etcd_value_t v;
@@ -102,7 +136,7 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
             if (value)
                 *value = v;
             else
-                etcd_value_free(&v);
+                remember_seen(e, key, &v);
             return 0;
         }
         uint64_t now = clock_now_ms();
@@ -111,7 +145,7 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
                      etcd_endpoints(e->c), key);
             return DDP_ETIMEOUT;
         }
-        put_seen_t seen = {key};
+        put_seen_t seen = {.key = key};
         rc = etcd_watch(e->c, key, false, revision + 1, (int64_t)(deadline_ms - now), is_put_of,
                         &seen);
         if (rc == DDP_ETIMEOUT) {
@@ -120,6 +154,14 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
             return rc;
         }
         if (rc < 0) return failed(e, rc);
+        if (seen.is_short) return -ENOMEM;
+        if (seen.got.is_found) { /* the watch brought the value: no range again */
+            if (value)
+                *value = seen.got;
+            else
+                remember_seen(e, key, &seen.got);
+            return 0;
+        }
     }
 }
 
@@ -134,7 +176,14 @@ static int kv_wait(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t tim
 static int kv_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
     etcd_kv_t *e = self(kv);
     etcd_value_t v;
-    TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
+    if (e->seen_key && strcmp(e->seen_key, key) == 0) { /* a wait has just read it */
+        v = e->seen;
+        e->seen = (etcd_value_t){0};
+        forget_seen(e);
+    } else {
+        forget_seen(e);
+        TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
+    }
     *val = v.value;
     *len = v.len;
     return 0;
@@ -151,6 +200,7 @@ static void contention_pause(int lost) {
 
 static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     for (int lost = 0;; contention_pause(++lost)) { /* someone else's ADD landed first */
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -200,6 +250,7 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
                           const void *desired, size_t desired_len, uint8_t **current,
                           size_t *current_len) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     for (int lost = 0;; contention_pause(++lost)) {
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -225,6 +276,7 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
 static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
                         const size_t *lens, size_t n) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     for (size_t i = 0; i < n; i += ETCD_TXN_OPS_MAX) {
         size_t m = n - i < ETCD_TXN_OPS_MAX ? n - i : ETCD_TXN_OPS_MAX;
         int rc = etcd_put_many(e->c, keys + i, vals + i, lens + i, m);
@@ -240,6 +292,7 @@ static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *cons
  * N^2/2 proposals. */
 static int kv_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     uint64_t id;
     randombytes_buf(&id, sizeof id);
     size_t n = strlen(key) + 32;
@@ -514,10 +567,11 @@ static bool is_lease_gone(const etcd_kv_t *e) {
 /* The lease `expired` is gone (its TTL passed without a refresh: a frozen agent, an etcd that
  * took no refresh in time): a new one, and every key this agent put under the old one again
  * under it. Whoever comes first renews; the other finds the id changed and uses the new one. */
-static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id) {
+static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id, bool *is_mine) {
     rdzv_lease_t *l = e->lease;
     pthread_mutex_lock(&l->mu);
     int rc = 0;
+    *is_mine = l->id == expired;
     if (l->id == expired) {
         int64_t fresh;
         rc = etcd_lease_grant(e->c, l->ttl_s, &fresh);
@@ -532,13 +586,23 @@ static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id) {
 
 static int kv_set_ephemeral(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     int64_t id;
     TRY(lease_id(e, &id));
     TRY(lease_note_key(e->lease, key, val, len));
     int rc = etcd_put(e->c, key, val, len, id);
     if (rc < 0 && is_lease_gone(e)) { /* expired since: renew, which puts key too */
-        rc = lease_renew(e, id, &id);
-        return rc < 0 ? DDP_ELEASE : 0;
+        int64_t expired = id;
+        bool is_mine;
+        if ((rc = lease_renew(e, expired, &id, &is_mine)) < 0) return DDP_ELEASE;
+        /* another thread renewed it, maybe before this key was noted: put it under the new one */
+        if (!is_mine && (rc = etcd_put(e->c, key, val, len, id)) < 0) return failed(e, rc);
+        /* said here too: a join can find the lease gone before the agent's next keep-alive */
+        if (is_mine)
+            LOG_WARN("etcd %s: lease %" PRIx64 " expired (the other nodes consider this one lost "
+                     "and end its round): this agent's keys are under lease %" PRIx64 " now",
+                     etcd_endpoints(e->c), (uint64_t)expired, (uint64_t)id);
+        return 0;
     }
     return rc < 0 ? failed(e, rc) : 0;
 }
@@ -555,7 +619,8 @@ static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
     if (rc < 0 && !is_lease_gone(e)) return failed(e, rc);
     if (rc == 0 && ttl > 0) return 0;
     int64_t fresh;
-    if ((rc = lease_renew(e, id, &fresh)) < 0) {
+    bool is_mine;
+    if ((rc = lease_renew(e, id, &fresh, &is_mine)) < 0) {
         char why[sizeof e->error];
         memcpy(why, e->error, sizeof why);
         snprintf(e->error, sizeof e->error,
@@ -564,6 +629,7 @@ static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
                  (uint64_t)id, why);
         return DDP_ELEASE;
     }
+    if (!is_mine) return 0; /* a join renewed it first, and said so */
     *is_renewed = true;
     snprintf(e->error, sizeof e->error,
              "etcd %s: lease %" PRIx64 " expired (the other nodes "
@@ -696,6 +762,7 @@ static const char *kv_error(const rdzv_kv_t *kv) {
 }
 
 static void kv_destroy(rdzv_kv_t *kv) {
+    forget_seen(self(kv));
     etcd_destroy(self(kv)->c);
     free(kv);
 }
