@@ -25,6 +25,7 @@
 #include "spare.h"
 #include "startup_trace.h"
 #include "exit_codes.h"
+#include "die.h"
 #include "trainer.h"
 
 static const char usage[] =
@@ -70,8 +71,8 @@ static long env_long(const char *name, long def, long min, long max) {
     errno = 0;
     long x = strtol(v, &end, 10);
     if (*end || errno || x < min || x > max)
-        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a whole number in [%ld, %ld]",
-                    name, v, min, max);
+        die(DDP_EXIT_USAGE, "environment: %s='%s' is not a whole number in [%ld, %ld]", name, v,
+            min, max);
     return x;
 }
 
@@ -82,33 +83,31 @@ static int cuda_devices;
 static comm_t *make_nccl(int rank, int world, store_client_t *store, const char *prefix,
                          int64_t timeout_ms, backend_t *backend) {
     if (!cuda_api->nccl_id_bytes || !cuda_api->nccl_unique_id || !cuda_api->nccl_create)
-        trainer_die(DDP_EXIT_CONFIG,
-                    "train.collective: nccl, but this libddpworker_cuda.so was built "
-                    "without NCCL (CMake did not find nccl.h and libnccl)");
+        die(DDP_EXIT_CONFIG, "train.collective: nccl, but this libddpworker_cuda.so was built "
+                             "without NCCL (CMake did not find nccl.h and libnccl)");
     unsigned char id[1024];
     size_t n = cuda_api->nccl_id_bytes();
     char err[512], key[600];
-    if (n > sizeof id) trainer_die(DDP_EXIT_BUG, "an ncclUniqueId of %zu bytes", n);
+    if (n > sizeof id) die(DDP_EXIT_BUG, "an ncclUniqueId of %zu bytes", n);
     snprintf(key, sizeof key, "%snccl_id", prefix);
     if (rank == 0) {
         if (cuda_api->nccl_unique_id(id, err, sizeof err) < 0)
-            trainer_die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
+            die(DDP_EXIT_PEER_FAILURE, "NCCL: %s", err);
         if (store && store_client_set(store, key, id, n) < 0)
-            trainer_die(DDP_EXIT_PEER_FAILURE, "publishing the NCCL id: %s",
-                        store_client_error(store));
+            die(DDP_EXIT_PEER_FAILURE, "publishing the NCCL id: %s", store_client_error(store));
     } else {
         uint8_t *val = NULL;
         size_t len = 0;
         if (store_client_get(store, key, &val, &len) < 0)
-            trainer_die(DDP_EXIT_PEER_FAILURE, "waiting for rank 0's NCCL id: %s",
-                        store_client_error(store));
-        if (len != n) trainer_die(DDP_EXIT_PEER_FAILURE, "%s: %zu bytes, not an NCCL id", key, len);
+            die(DDP_EXIT_PEER_FAILURE, "waiting for rank 0's NCCL id: %s",
+                store_client_error(store));
+        if (len != n) die(DDP_EXIT_PEER_FAILURE, "%s: %zu bytes, not an NCCL id", key, len);
         memcpy(id, val, n);
         free(val);
     }
     comm_t *comm = NULL;
     if (cuda_api->nccl_create(backend, id, rank, world, timeout_ms, &comm, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the NCCL communicator: %s", err);
+        die(DDP_EXIT_PEER_FAILURE, "cannot join the NCCL communicator: %s", err);
     return comm;
 }
 
@@ -117,28 +116,27 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
     comm_t *comm = NULL;
     bool is_nccl = conf->collective == COLLECTIVE_NCCL;
     if (is_nccl && conf->backend != BACKEND_CUDA)
-        trainer_die(DDP_EXIT_CONFIG, "train.collective: nccl needs train.backend=cuda");
+        die(DDP_EXIT_CONFIG, "train.collective: nccl needs train.backend=cuda");
     int64_t timeout_ms = (int64_t)(conf->collective_timeout_s * 1000);
     if (world == 1) {
         if (is_nccl) return make_nccl(0, 1, NULL, "", timeout_ms, backend);
-        if (comm_null_create(&comm) < 0) trainer_die(DDP_EXIT_BUG, "out of memory");
+        if (comm_null_create(&comm) < 0) die(DDP_EXIT_BUG, "out of memory");
         return comm;
     }
     const char *host = getenv("MASTER_ADDR");
     long port = env_long("MASTER_PORT", 0, 1, 65535);
     if (!host || !*host || port == 0)
-        trainer_die(DDP_EXIT_USAGE,
-                    "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
-                    "(run it with ddprun)",
-                    world);
+        die(DDP_EXIT_USAGE,
+            "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
+            "(run it with ddprun)",
+            world);
     store_client_opts_t so = {.host = host,
                               .port = (uint16_t)port,
                               .connect_timeout_ms = 60000,
                               .op_timeout_ms = timeout_ms};
     store_client_t *store = NULL;
     if (store_client_connect(&so, &store) < 0)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "cannot reach the job's store: %s",
-                    store_client_error(store));
+        die(DDP_EXIT_PEER_FAILURE, "cannot reach the job's store: %s", store_client_error(store));
     const char *run_id = getenv("TORCHELASTIC_RUN_ID");
     char prefix[512];
     snprintf(prefix, sizeof prefix, "/ddpworker/%s/%ld/", run_id && *run_id ? run_id : "none",
@@ -150,7 +148,7 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
         char err[512];
         if (comm_agree_all(store, prefix, "nccl_possible", rank, world, local_world <= cuda_devices,
                            &is_nccl, err, sizeof err) < 0)
-            trainer_die(DDP_EXIT_PEER_FAILURE, "agreeing on the collective: %s", err);
+            die(DDP_EXIT_PEER_FAILURE, "agreeing on the collective: %s", err);
     }
     if (is_nccl) {
         comm = make_nccl(rank, world, store, prefix, timeout_ms, backend);
@@ -165,12 +163,11 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
                            .timeout_ms = timeout_ms};
     char err[512];
     if (comm_ring_create(&ro, &comm, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_PEER_FAILURE, "cannot join the ring of %d workers: %s", world, err);
+        die(DDP_EXIT_PEER_FAILURE, "cannot join the ring of %d workers: %s", world, err);
     store_client_destroy(store);
     if (conf->backend == BACKEND_CUDA) { /* gradients live on the GPU: through host memory */
         comm_t *staged = NULL;
-        if (comm_staged_create(comm, backend, &staged) < 0)
-            trainer_die(DDP_EXIT_BUG, "out of memory");
+        if (comm_staged_create(comm, backend, &staged) < 0) die(DDP_EXIT_BUG, "out of memory");
         comm = staged;
     }
     return comm;
@@ -236,7 +233,7 @@ static void cuda_lib_path(char *path, size_t len) {
 static backend_t *make_backend(const train_conf_t *conf, int threads) {
     if (conf->backend == BACKEND_CPU) {
         backend_t *b = backend_cpu_create(threads);
-        if (!b) trainer_die(DDP_EXIT_BUG, "out of memory for the cpu backend");
+        if (!b) die(DDP_EXIT_BUG, "out of memory for the cpu backend");
         return b;
     }
     char path[PATH_MAX];
@@ -245,23 +242,23 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     startup_trace_end("loading libddpworker_cuda.so (CUDA, cuDNN, cuBLAS, NCCL)", t);
     if (!lib)
-        trainer_die(DDP_EXIT_CONFIG,
-                    "train.backend: cuda needs %s (built when CMake finds CUDA and "
-                    "cuDNN; packaged as ddprun-cuda): %s",
-                    path, dlerror());
+        die(DDP_EXIT_CONFIG,
+            "train.backend: cuda needs %s (built when CMake finds CUDA and "
+            "cuDNN; packaged as ddprun-cuda): %s",
+            path, dlerror());
     const ddpworker_cuda_api_t *api = dlsym(lib, DDPWORKER_CUDA_API_SYMBOL);
     if (!api)
-        trainer_die(DDP_EXIT_CONFIG, "%s: not a ddpworker backend (no %s)", path,
-                    DDPWORKER_CUDA_API_SYMBOL);
+        die(DDP_EXIT_CONFIG, "%s: not a ddpworker backend (no %s)", path,
+            DDPWORKER_CUDA_API_SYMBOL);
     if (api->version != DDPWORKER_CUDA_API_VERSION || api->size != sizeof *api)
-        trainer_die(DDP_EXIT_CONFIG,
-                    "%s is from another build of ddprun (its table is version %u "
-                    "of %u bytes; this ddpworker needs version %u of %zu): install the matching "
-                    "ddprun-cuda",
-                    path, api->version, api->size, DDPWORKER_CUDA_API_VERSION, sizeof *api);
+        die(DDP_EXIT_CONFIG,
+            "%s is from another build of ddprun (its table is version %u "
+            "of %u bytes; this ddpworker needs version %u of %zu): install the matching "
+            "ddprun-cuda",
+            path, api->version, api->size, DDPWORKER_CUDA_API_VERSION, sizeof *api);
     cuda_api = api;
     int devices = cuda_devices = api->device_count();
-    if (devices == 0) trainer_die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
+    if (devices == 0) die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
     char err[512];
     int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
     char cache[PATH_MAX];
@@ -271,7 +268,7 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
                      : conf->precision == PRECISION_FP16 ? 4u /* BACKEND_CUDA_FP16 */
                                                          : 0u;
     backend_t *b = api->backend_create(device, flags, cache[0] ? cache : NULL, err, sizeof err);
-    if (!b) trainer_die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
+    if (!b) die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
     return b;
 }
 
@@ -315,12 +312,12 @@ int main(int argc, char **argv) {
         return DDP_EXIT_CONFIG;
     }
     if (conf.precision != PRECISION_FP32 && conf.backend != BACKEND_CUDA)
-        trainer_die(DDP_EXIT_CONFIG,
-                    "precision.mode: %s needs train.backend=cuda (the cpu backend "
-                    "is the fp32 reference)",
-                    conf.precision == PRECISION_TF32   ? "tf32"
-                    : conf.precision == PRECISION_BF16 ? "bf16"
-                                                       : "fp16");
+        die(DDP_EXIT_CONFIG,
+            "precision.mode: %s needs train.backend=cuda (the cpu backend "
+            "is the fp32 reference)",
+            conf.precision == PRECISION_TF32   ? "tf32"
+            : conf.precision == PRECISION_BF16 ? "bf16"
+                                               : "fp16");
     data_load_t load = {.conf = &conf};
     pthread_t loader;
     bool is_loading = pthread_create(&loader, NULL, load_data, &load) == 0;

@@ -12,7 +12,7 @@
 
 #include "exit_codes.h"
 #include "spare_handoff.h"
-#include "trainer.h"
+#include "die.h"
 
 int spare_fd_from_env(void) {
     const char *v = getenv(DDP_SPARE_FD_ENV);
@@ -21,8 +21,7 @@ int spare_fd_from_env(void) {
     errno = 0;
     long fd = strtol(v, &end, 10);
     if (*end || errno || fd < 3 || fd > 1 << 20)
-        trainer_die(DDP_EXIT_USAGE, "environment: %s='%s' is not a descriptor", DDP_SPARE_FD_ENV,
-                    v);
+        die(DDP_EXIT_USAGE, "environment: %s='%s' is not a descriptor", DDP_SPARE_FD_ENV, v);
     return (int)fd;
 }
 
@@ -44,11 +43,10 @@ static size_t read_header(int fd, uint8_t header[DDP_SPARE_HEADER_BYTES], int fd
                              .msg_controllen = sizeof control.buf};
         ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0)
-            trainer_die(DDP_EXIT_BUG, "warm spare: reading the handoff: %s", strerror(errno));
+        if (n < 0) die(DDP_EXIT_BUG, "warm spare: reading the handoff: %s", strerror(errno));
         if (msg.msg_flags & MSG_CTRUNC)
-            trainer_die(DDP_EXIT_BUG, "warm spare: the handoff carried more descriptors than %d",
-                        DDP_SPARE_N_FDS);
+            die(DDP_EXIT_BUG, "warm spare: the handoff carried more descriptors than %d",
+                DDP_SPARE_N_FDS);
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
             int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -72,8 +70,8 @@ static void read_exactly(int fd, char *p, size_t len) {
         ssize_t n = read(fd, p, len);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0)
-            trainer_die(DDP_EXIT_BUG, "warm spare: the handoff's environment ended early (%s)",
-                        n < 0 ? strerror(errno) : "end of file");
+            die(DDP_EXIT_BUG, "warm spare: the handoff's environment ended early (%s)",
+                n < 0 ? strerror(errno) : "end of file");
         p += n;
         len -= (size_t)n;
     }
@@ -93,29 +91,29 @@ void spare_wait_for_round(int fd) {
     size_t got = read_header(fd, header, fds, &n_fds);
     if (got == 0) exit(0); /* retired before any round needed it */
     if (got < DDP_SPARE_HEADER_BYTES)
-        trainer_die(DDP_EXIT_BUG, "warm spare: a handoff header of %zu bytes, not %d", got,
-                    DDP_SPARE_HEADER_BYTES);
+        die(DDP_EXIT_BUG, "warm spare: a handoff header of %zu bytes, not %d", got,
+            DDP_SPARE_HEADER_BYTES);
     char err[256];
     uint32_t env_bytes;
     if (spare_handoff_header_decode(header, &env_bytes, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_BUG, "warm spare: %s", err);
+        die(DDP_EXIT_BUG, "warm spare: %s", err);
     if (n_fds != DDP_SPARE_N_FDS)
-        trainer_die(DDP_EXIT_BUG, "warm spare: the handoff carried %d descriptors, not %d", n_fds,
-                    DDP_SPARE_N_FDS);
+        die(DDP_EXIT_BUG, "warm spare: the handoff carried %d descriptors, not %d", n_fds,
+            DDP_SPARE_N_FDS);
     char *block = malloc(env_bytes ? env_bytes : 1);
-    if (!block) trainer_die(DDP_EXIT_BUG, "out of memory for the round's environment");
+    if (!block) die(DDP_EXIT_BUG, "out of memory for the round's environment");
     read_exactly(fd, block, env_bytes);
     close(fd);
     if (spare_handoff_env_check(block, env_bytes, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_BUG, "warm spare: %s", err);
+        die(DDP_EXIT_BUG, "warm spare: %s", err);
     /* the block stays allocated: putenv keeps pointers into it */
     clearenv();
     for (size_t at = 0; at < env_bytes; at += strlen(block + at) + 1)
-        if (putenv(block + at) != 0) trainer_die(DDP_EXIT_BUG, "out of memory for the environment");
+        if (putenv(block + at) != 0) die(DDP_EXIT_BUG, "out of memory for the environment");
     fflush(stdout);
     fflush(stderr);
     if (dup2(fds[0], STDOUT_FILENO) < 0 || dup2(fds[1], STDERR_FILENO) < 0)
-        trainer_die(DDP_EXIT_BUG, "warm spare: taking the round's output: %s", strerror(errno));
+        die(DDP_EXIT_BUG, "warm spare: taking the round's output: %s", strerror(errno));
     close(fds[0]);
     close(fds[1]);
 }

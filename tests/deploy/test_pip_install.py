@@ -55,7 +55,7 @@ def venv(tmp_path_factory):
     with tarfile.open(dist / sdist) as t:
         names = t.getnames()
     top = f"ddprun-{project_version()}/"
-    for rel in ("pyproject.toml", "CMakeLists.txt", "worker/proto/tb_event.proto",
+    for rel in ("pyproject.toml", "CMakeLists.txt", "worker/report/tb_event.proto",
                 "python/ddprun/__main__.py", "docs/ddprun.1"):
         assert top + rel in names, f"{rel} is not in the sdist"
     assert not [n for n in names if n.startswith(top + "build")], "a build tree went into the sdist"

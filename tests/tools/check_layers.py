@@ -128,6 +128,7 @@ def calls(build):
     (main) are no one's."""
     import subprocess
     defined, needed = {}, {}
+    module_of_obj = {}
     for dirpath, dirnames, filenames in os.walk(build):
         rel = os.path.relpath(dirpath, build)
         if rel.split(os.sep)[0] not in TOPS or "CMakeFiles" not in rel:
@@ -135,7 +136,6 @@ def calls(build):
         for name in filenames:
             if not name.endswith(".o"):
                 continue
-            obj = os.path.join(dirpath, name)
             # build/<top>/.../CMakeFiles/<target>.dir/<path in the source folder>.o
             head, _, inner = rel.partition("CMakeFiles" + os.sep)
             src_dir = head.rstrip(os.sep)
@@ -143,14 +143,24 @@ def calls(build):
             source = os.path.normpath(os.path.join(src_dir, inner, name[:-2]))
             if not source.endswith(SUFFIXES) or not os.path.exists(os.path.join(ROOT, source)):
                 continue  # generated (build_info.c, tb_event.pb-c.c)
-            mod = module_of(source)
-            out = subprocess.run(["nm", "--defined-only", "-g", "-P", obj], capture_output=True,
-                                 text=True).stdout
-            for line in out.splitlines():
-                defined.setdefault(line.split()[0], set()).add(mod)
-            out = subprocess.run(["nm", "--undefined-only", "-P", obj], capture_output=True,
-                                 text=True).stdout
-            needed.setdefault(mod, set()).update(line.split()[0] for line in out.splitlines())
+            module_of_obj[os.path.join(dirpath, name)] = module_of(source)
+    # one nm for every object (a process per object took seconds): "OBJ: SYMBOL TYPE ...", the
+    # external symbols only; U, and w/v (weak, undefined), are needed, the others defined here
+    objs = sorted(module_of_obj)
+    for at in range(0, len(objs), 200):
+        out = subprocess.run(["nm", "-g", "-P", "-A", *objs[at:at + 200]], capture_output=True,
+                             text=True).stdout
+        for line in out.splitlines():
+            obj, _, rest = line.partition(": ")
+            fields = rest.split()
+            if obj not in module_of_obj or len(fields) < 2:
+                continue
+            mod = module_of_obj[obj]
+            needed.setdefault(mod, set())
+            if fields[1] in ("U", "w", "v"):
+                needed[mod].add(fields[0])
+            else:
+                defined.setdefault(fields[0], set()).add(mod)
     g = {m: set() for m in needed}
     for mod, symbols in needed.items():
         for sym in symbols:

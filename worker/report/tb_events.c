@@ -1,4 +1,4 @@
-/* tb_events: see tb_events.h. The Event messages come from worker/proto/tb_event.proto through
+/* tb_events: see tb_events.h. The Event messages come from report/tb_event.proto through
  * protoc-c; this file fills them, frames them and appends them to the file with one write(2) per
  * record, so that a process killed mid-run leaves whole records (and at worst a partial last one,
  * which TensorBoard's reader stops at). */

@@ -1,160 +1,58 @@
 /* trainer: see trainer.h. The loop is llm.c-style: everything allocated in trainer_prepare and
  * trainer_start, a step is assemble batch -> forward -> loss -> backward (buckets all-reduced as
- * they complete) -> the optimizer (optim.name). */
+ * they complete) -> the optimizer (optim.name); trainer_run is the steps of a run, each part of a
+ * step a call that takes the state and the parts it needs. */
 #include "trainer.h"
 
+#include <errno.h>
 #include <math.h>
-#include <stdatomic.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <errno.h>
-#include <fcntl.h>
 #include <unistd.h>
-#include <time.h>
+
+#include "best.h"
 #include "clock.h"
+#include "die.h"
 #include "exit_codes.h"
-#include "json_lines.h"
 #include "weights.h"
 
 #define BUCKET_BYTES (4u << 20)
-#define TOPK         5
-
-static int die_rank = -1;
-static int progress_fd = -1; /* DDPRUN_PROGRESS_FILE: the agent's hang detector reads it */
-/* atomic: the snapshot writer's thread beats too, while it writes */
-static _Atomic uint64_t progress_beats;
-static atomic_bool is_progress_broken;
-
-/* One more unit of progress (a training step, an evaluation batch) for ddprun --hang-timeout. */
-static void progress_beat(void) {
-    if (progress_fd < 0 || atomic_load(&is_progress_broken)) return;
-    uint64_t beats = atomic_fetch_add(&progress_beats, 1) + 1;
-    /* the agent's run directory went away: stop reporting (the fd stays open for the other
-     * thread, which may be in pwrite) */
-    if (pwrite(progress_fd, &beats, sizeof beats, 0) < 0) atomic_store(&is_progress_broken, true);
-}
-
-void trainer__progress_beat(void) {
-    progress_beat();
-}
-
-static int is_tty = -1;   /* stdout is a terminal (-1: not asked yet) */
-static bool is_line_open; /* a progress line waits for its newline (terminals only) */
-
-void trainer__end_progress_line(void) {
-    if (!is_line_open) return;
-    putchar('\n');
-    is_line_open = false;
-}
-
-_Noreturn void trainer_die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (die_rank >= 0)
-        fprintf(stderr, "ddpworker: rank %d: ", die_rank);
-    else
-        fputs("ddpworker: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(code);
-}
-
-static void *xcalloc(size_t n, size_t size, const char *what) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) trainer_die(DDP_EXIT_BUG, "out of memory for %s", what);
-    return p;
-}
-
-void trainer__check_comm(trainer_t *t, int rc, const char *what) {
-    if (rc >= 0) return;
-    const char *why = t->comm->err[0] ? comm_error(t->comm) : "collective error";
-    /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
-     * not that this rank's question (a stop signal, the loss) failed */
-    if (rc == DDP_ECLOSED)
-        trainer_die(DDP_EXIT_PEER_FAILURE,
-                    "a peer is gone (it exited, was killed, or its node "
-                    "failed): %s; noticed at: %s",
-                    why, what);
-    if (rc == DDP_ETIMEOUT)
-        trainer_die(DDP_EXIT_PEER_FAILURE,
-                    "a peer stopped answering (hung, stopped, or its node "
-                    "is unreachable): %s; noticed at: %s",
-                    why, what);
-    trainer_die(DDP_EXIT_PEER_FAILURE, "%s failed: %s", what, why);
-}
 
 /* A resumed run appends: its metrics continue the interrupted run's. */
 static void open_metrics(trainer_t *t, bool is_resumed) {
-    if (t->rank != 0 || !t->conf->metrics_file[0]) return;
-    t->metrics = fopen(t->conf->metrics_file, is_resumed ? "a" : "w");
-    if (!t->metrics)
-        trainer_die(DDP_EXIT_CONFIG, "train.metrics_file: cannot open %s: %s",
-                    t->conf->metrics_file, strerror(errno));
-}
-
-/* The datasets where augment_batch reads them: on a GPU, uploaded once (uint8, so even CIFAR's
- * 150 MB is cheap); the cpu backend reads the host's arrays. */
-static void place_data(trainer_t *t) {
-    backend_t *b = t->backend;
-    t->is_uploaded = b->mem->is_device(b, t->model.params);
-    for (int s = 0; s < SPLIT_COUNT; s++) {
-        const dataset_t *d = data_split(t->data, (data_split_t)s);
-        if (d->n == 0 || d->paths) continue; /* an image folder: the loader decodes its files */
-        if (!t->is_uploaded) {
-            t->images[s] = d->images;
-            t->labels[s] = d->labels;
-            continue;
-        }
-        size_t n_bytes = (size_t)d->n * d->h * d->w * d->c;
-        size_t label_bytes = (size_t)d->n * sizeof *d->labels;
-        uint8_t *images = b->mem->alloc(b, n_bytes);
-        int32_t *labels = b->mem->alloc(b, label_bytes);
-        if (!images || !labels)
-            trainer_die(DDP_EXIT_BUG, "out of GPU memory for the %s set (%zu bytes)",
-                        data_split_name((data_split_t)s), n_bytes);
-        b->mem->to_device(b, images, d->images, n_bytes);
-        b->mem->to_device(b, labels, d->labels, label_bytes);
-        t->images[s] = images;
-        t->labels[s] = labels;
-    }
+    const train_conf_t *c = t->p.conf;
+    if (t->p.rank != 0 || !c->metrics_file[0]) return;
+    t->log.metrics = fopen(c->metrics_file, is_resumed ? "a" : "w");
+    if (!t->log.metrics)
+        die(DDP_EXIT_CONFIG, "train.metrics_file: cannot open %s: %s", c->metrics_file,
+            strerror(errno));
 }
 
 static void init_loss_scale(trainer_t *t) {
-    const train_conf_t *c = t->conf;
+    const train_conf_t *c = t->p.conf;
+    backend_t *b = t->p.backend;
     if (c->loss_scaling == LOSS_SCALING_OFF ||
         (c->loss_scaling == LOSS_SCALING_AUTO && c->precision != PRECISION_FP16))
         return;
-    t->loss_scale = t->backend->mem->alloc(t->backend, sizeof *t->loss_scale);
-    if (!t->loss_scale) trainer_die(DDP_EXIT_BUG, "out of memory for the loss scale");
+    t->state.loss_scale = b->mem->alloc(b, sizeof *t->state.loss_scale);
+    if (!t->state.loss_scale) die(DDP_EXIT_BUG, "out of memory for the loss scale");
     loss_scale_t start = {.scale = (float)c->loss_scale_init};
-    t->backend->mem->to_device(t->backend, t->loss_scale, &start, sizeof start);
-}
-
-loss_scale_t trainer__loss_scale(trainer_t *t) {
-    loss_scale_t s = {0};
-    if (t->loss_scale) t->backend->mem->to_host(t->backend, &s, t->loss_scale, sizeof s);
-    return s;
+    b->mem->to_device(b, t->state.loss_scale, &start, sizeof start);
 }
 
 void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t *data,
                      backend_t *backend) {
     memset(t, 0, sizeof *t);
-    t->conf = conf;
-    t->data = data;
-    t->backend = backend;
+    t->p = (train_parts_t){
+        .conf = conf, .data = data, .backend = backend, .model = &t->model, .optim = &t->optim};
     const dataset_t *tr = &data->train;
     if (conf->model_classes && conf->model_classes != tr->classes)
-        trainer_die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
-                    (long long)conf->model_classes, tr->classes);
+        die(DDP_EXIT_CONFIG, "model.classes = %lld, but the dataset has %d classes",
+            (long long)conf->model_classes, tr->classes);
     if (conf->best_by != BEST_BY_NONE && !conf->best_file[0])
-        trainer_die(DDP_EXIT_CONFIG,
-                    "train.best_by: set train.best_file, where the best weights go");
-    t->eval_split = data->val.n ? SPLIT_VAL : SPLIT_TEST;
-    t->best_value = NAN;
-    t->best_step = -1;
+        die(DDP_EXIT_CONFIG, "train.best_by: set train.best_file, where the best weights go");
+    t->state.best_value = NAN;
+    t->state.best_step = -1;
     char err[512];
     model_opts_t mo = {.name = conf->model,
                        .width = (int)conf->width,
@@ -164,294 +62,191 @@ void trainer_prepare(trainer_t *t, const train_conf_t *conf, const data_splits_t
                        .is_zero_init_residual = conf->is_zero_init_residual};
     if (model_init_opts(&t->model, backend, &mo, tr->h, tr->w, tr->c, tr->classes,
                         (int)conf->batch_size, err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_CONFIG, "model.name: %s", err);
+        die(DDP_EXIT_CONFIG, "model.name: %s", err);
     if (optimizer_init(&t->optim, conf, backend, t->model.n_params) < 0)
-        trainer_die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
-                    optimizer_name(conf->optimizer), t->model.n_params);
-    t->augment_train = (augment_t){.is_random = conf->is_augmented,
-                                   .padding = (int)conf->crop_padding,
-                                   .seed = (uint64_t)conf->seed};
-    memcpy(t->augment_train.mean, data->mean, sizeof data->mean);
-    memcpy(t->augment_train.std, data->std, sizeof data->std);
-    t->augment_eval = t->augment_train;
-    t->augment_eval.is_random = false;
-
-    t->indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->next_indices = xcalloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
-    t->host_labels = xcalloc((size_t)conf->batch_size, sizeof(int32_t), "the batch labels");
-    t->host_jobs = xcalloc((size_t)conf->batch_size, sizeof(augment_job_t), "the batch's jobs");
-    t->jobs = backend->mem->alloc(backend, (size_t)conf->batch_size * sizeof(augment_job_t));
-    if (!t->jobs) trainer_die(DDP_EXIT_BUG, "out of memory for the batch's jobs");
-    place_data(t);
-    trainer__folder_init(t);
-    t->host_logits = xcalloc((size_t)conf->batch_size * tr->classes, sizeof(float), "the logits");
+        die(DDP_EXIT_BUG, "out of memory for %s's state (%zu parameters)",
+            optimizer_name(conf->optimizer), t->model.n_params);
+    t->indices = die_calloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    t->next_indices = die_calloc((size_t)conf->batch_size, sizeof(int64_t), "the batch indices");
+    feed_init(&t->feed, conf, data, &t->model, backend);
+    eval_init(&t->eval, &t->p, &t->feed, &t->log);
     init_loss_scale(t);
 }
 
 void trainer_warm_up(trainer_t *t) {
     model_t *m = &t->model;
-    int n = (int)t->conf->batch_size;
-    model_set_step(m, (uint64_t)t->conf->seed, 0, 0);
+    int n = (int)t->p.conf->batch_size;
+    model_set_step(m, (uint64_t)t->p.conf->seed, 0, 0);
     model_forward(m, n, true);
     model_loss(m, n, 0.0f, 1.0f, NULL);
     model_backward(m, n, NULL, NULL);
     model_take_loss(m); /* waits for the device, and leaves no loss behind */
 }
 
-void trainer_start(trainer_t *t, comm_t *comm) {
-    const train_conf_t *conf = t->conf;
-    const dataset_t *tr = &t->data->train;
-    char err[512];
-    t->comm = comm;
-    t->rank = comm->rank;
-    t->world = comm->world;
-    die_rank = t->rank;
-    const char *progress = getenv("DDPRUN_PROGRESS_FILE");
-    if (progress && *progress) progress_fd = open(progress, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (sampler_init(&t->sampler, tr->n, t->world, t->rank, (uint64_t)conf->seed, true) < 0)
-        trainer_die(DDP_EXIT_DATA, "the training set is empty");
+/* The sampler, the run's length and the learning-rate schedule for this world. */
+static void plan_run(trainer_t *t) {
+    const train_conf_t *conf = t->p.conf;
+    const dataset_t *tr = &t->p.data->train;
+    if (sampler_init(&t->sampler, tr->n, t->p.world, t->p.rank, (uint64_t)conf->seed, true) < 0)
+        die(DDP_EXIT_DATA, "the training set is empty");
     int64_t per_rank = sampler_rank_count(&t->sampler, 0);
     t->steps_per_epoch = (per_rank + conf->batch_size - 1) / conf->batch_size;
     int64_t by_epochs = conf->epochs * t->steps_per_epoch;
     bool has_max_steps = conf->max_steps >= 0;
     if (conf->epochs == 0 && !has_max_steps && conf->hours == 0)
-        trainer_die(DDP_EXIT_CONFIG, "train.epochs and train.hours are 0 and train.max_steps is "
-                                     "unlimited: nothing says when to stop");
+        die(DDP_EXIT_CONFIG, "train.epochs and train.hours are 0 and train.max_steps is "
+                             "unlimited: nothing says when to stop");
     if (conf->epochs == 0 && !has_max_steps &&
         (conf->schedule == SCHEDULE_COSINE || conf->schedule == SCHEDULE_ONE_CYCLE))
-        trainer_die(DDP_EXIT_CONFIG,
-                    "optim.schedule: a cosine or one-cycle schedule needs the run's "
-                    "length: set train.epochs or train.max_steps besides train.hours");
+        die(DDP_EXIT_CONFIG, "optim.schedule: a cosine or one-cycle schedule needs the run's "
+                             "length: set train.epochs or train.max_steps besides train.hours");
     t->total_steps =
         has_max_steps && (!by_epochs || conf->max_steps < by_epochs) ? conf->max_steps : by_epochs;
-    lr_schedule_init(&t->lr, conf, t->world, t->steps_per_epoch, t->total_steps);
+    lr_schedule_init(&t->lr, conf, t->p.world, t->steps_per_epoch, t->total_steps);
+}
 
-    if (t->world > 1) {
+/* DDP's construction: every rank starts from rank 0's parameters and buffers, so only rank 0
+ * draws them (or loads model.init). */
+static void init_params(trainer_t *t) {
+    const train_conf_t *conf = t->p.conf;
+    char err[512];
+    if (t->p.rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
+        die(DDP_EXIT_BUG, "out of memory for the initial parameters");
+    weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched,
+                           .skip = conf->model_init_skip};
+    if (t->p.rank == 0 && conf->model_init[0] &&
+        weights_load_init(&t->model, conf->model_init, &skip, stderr, err, sizeof err) < 0)
+        die(DDP_EXIT_CONFIG, "model.init: %s", err);
+    train_state_bcast(t->p.comm, &t->model, &t->optim, TRAIN_STATE_PARAMS | TRAIN_STATE_BUFFERS, 0,
+                      "the initial");
+}
+
+void trainer_start(trainer_t *t, comm_t *comm) {
+    const train_conf_t *conf = t->p.conf;
+    char err[512];
+    t->p.comm = comm;
+    t->p.rank = comm->rank;
+    t->p.world = comm->world;
+    die_set_rank(t->p.rank);
+    run_log_open_beats();
+    plan_run(t);
+    if (t->p.world > 1) {
         int rc = grad_sync_init(&t->sync, comm, t->model.grads, t->model.n_params, BUCKET_BYTES);
-        if (rc < 0)
-            trainer_die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
+        if (rc < 0) die(DDP_EXIT_BUG, "cannot start the gradient thread: %s", strerror(-rc));
         t->has_sync = true;
     }
-    trainer__snapshot_init(t);
-    bool is_resumed = trainer__resume(t);
-    trainer__memory_init(t);
-    if (t->is_already_finished) return; /* trainer_run does nothing: the metrics stay as they are */
-    if (!is_resumed) {
-        /* DDP's construction: every rank starts from rank 0's parameters and buffers, so only
-         * rank 0 draws them (a resumed run has the snapshot's) */
-        if (t->rank == 0 && model_init_params(&t->model, (uint64_t)conf->seed) < 0)
-            trainer_die(DDP_EXIT_BUG, "out of memory for the initial parameters");
-        weights_skip_t skip = {.is_skip_head = conf->is_init_skip_mismatched,
-                               .skip = conf->model_init_skip};
-        if (t->rank == 0 && conf->model_init[0] &&
-            weights_load_init(&t->model, conf->model_init, &skip, stderr, err, sizeof err) < 0)
-            trainer_die(DDP_EXIT_CONFIG, "model.init: %s", err);
-        trainer__check_comm(
-            t, comm->ops->broadcast(comm, t->model.params, t->model.n_params * sizeof(float), 0),
-            "broadcasting the initial parameters");
-        trainer__check_comm(
-            t, comm->ops->broadcast(comm, t->model.buffers, t->model.n_buffers * sizeof(float), 0),
-            "broadcasting the initial buffers");
-    }
+    checkpoint_init(&t->ckpt, &t->p);
+    bool is_resumed = checkpoint_resume(&t->ckpt, &t->p, &t->state);
+    checkpoint_memory_init(&t->memory, &t->p);
+    /* trainer_run does nothing: the metrics stay as they are */
+    if (t->ckpt.is_already_finished) return;
+    if (!is_resumed) init_params(t); /* a resumed run has the snapshot's */
     open_metrics(t, is_resumed);
-    if (t->rank == 0 && conf->tensorboard_dir[0] &&
-        tb_events_open(conf->tensorboard_dir, t->step, conf->source_path, conf->overrides, &t->tb,
-                       err, sizeof err) < 0)
-        trainer_die(DDP_EXIT_CONFIG, "%s", err);
-    t->status = status_report_open(t->rank);
-    trainer__report_resume(t);
+    if (t->p.rank == 0 && conf->tensorboard_dir[0] &&
+        tb_events_open(conf->tensorboard_dir, t->state.step, conf->source_path, conf->overrides,
+                       &t->log.tb, err, sizeof err) < 0)
+        die(DDP_EXIT_CONFIG, "%s", err);
+    t->status = status_report_open(t->p.rank);
+    if (t->p.rank == 0 && t->ckpt.resume_source)
+        run_log_resume(&t->log, t->status, t->state.step, t->ckpt.resume_source,
+                       t->ckpt.resume_rank, t->ckpt.steps_lost);
 }
 
 void trainer_free(trainer_t *t) {
-    trainer__memory_free(t);
-    trainer__snapshot_free(t);
+    checkpoint_memory_free(&t->memory, &t->p);
+    checkpoint_free(&t->ckpt);
     if (t->has_sync) grad_sync_free(&t->sync);
-    if (t->loss_scale) t->backend->mem->release(t->backend, t->loss_scale);
+    if (t->state.loss_scale) t->p.backend->mem->release(t->p.backend, t->state.loss_scale);
     optimizer_free(&t->optim);
     model_free(&t->model);
     sampler_free(&t->sampler);
-    for (int s = 0; s < SPLIT_COUNT && t->is_uploaded; s++) {
-        if (t->images[s]) t->backend->mem->release(t->backend, t->images[s]);
-        if (t->labels[s]) t->backend->mem->release(t->backend, t->labels[s]);
-    }
-    if (t->jobs) t->backend->mem->release(t->backend, t->jobs);
-    free(t->host_jobs);
+    feed_free(&t->feed);
+    eval_free(&t->eval);
     free(t->indices);
-    free(t->host_logits);
     free(t->next_indices);
-    free(t->host_labels);
-    trainer__folder_free(t);
-    if (t->metrics) fclose(t->metrics);
-    tb_events_close(t->tb);
+    if (t->log.metrics) fclose(t->log.metrics);
+    tb_events_close(t->log.tb);
     status_report_close(t->status);
     memset(t, 0, sizeof *t);
 }
 
-/* The samples at indices[0..n) of split, augmented, into the model's input and labels. The host
- * only makes the choices; the backend moves the pixels where they live. */
-static void load_batch(trainer_t *t, data_split_t split, const augment_t *aug, int64_t epoch,
-                       const int64_t *indices, int n) {
-    const dataset_t *d = data_split(t->data, split);
-    for (int i = 0; i < n; i++) {
-        t->host_jobs[i] =
-            (augment_job_t){.index = indices[i], .choice = augment_choose(aug, epoch, indices[i])};
-        t->host_labels[i] = d->labels[indices[i]];
-    }
-    const backend_i *o = t->backend->ops;
-    t->backend->mem->to_device(t->backend, t->jobs, t->host_jobs, (size_t)n * sizeof *t->jobs);
-    o->augment_batch(t->backend, t->images[split], t->labels[split], d->h, d->w, d->c, t->jobs, n,
-                     augment_norm(aug, d->c),
-                     tensor_desc(model_input(&t->model), t->model.act_dtype, n, d->h, d->w, d->c),
-                     t->model.labels);
-}
-
-int trainer_step(trainer_t *t) {
-    const train_conf_t *c = t->conf;
-    int64_t left = sampler_rank_count(&t->sampler, t->cursor);
-    int n = (int)(left < c->batch_size ? left : c->batch_size);
+/* The indices of this rank's next batch of the epoch from cursor; returns its size (0: the epoch
+ * is over). */
+static int batch_at(const trainer_t *t, int64_t cursor, int64_t *indices) {
+    int64_t left = sampler_rank_count(&t->sampler, cursor);
+    int n = (int)(left < t->p.conf->batch_size ? left : t->p.conf->batch_size);
     for (int i = 0; i < n; i++)
-        t->indices[i] = sampler_index(&t->sampler, t->cursor, i);
-    if (t->loader) {
-        /* the next batch of this epoch, to decode while this one trains */
-        int64_t next = t->cursor + (int64_t)n * t->world,
-                next_left = sampler_rank_count(&t->sampler, next);
-        int next_n = (int)(next_left < c->batch_size ? next_left : c->batch_size);
-        for (int i = 0; i < next_n; i++)
-            t->next_indices[i] = sampler_index(&t->sampler, next, i);
-        trainer__folder_batch(t, SPLIT_TRAIN, t->epoch, (uint64_t)t->step, t->indices, n,
-                              t->next_indices, next_n);
-    } else {
-        load_batch(t, SPLIT_TRAIN, &t->augment_train, t->epoch, t->indices, n);
-    }
-
-    model_t *m = &t->model;
-    model_set_step(m, (uint64_t)c->seed, t->step, t->rank);
-    model_forward(m, n, true);
-    const backend_i *o = t->backend->ops;
-    model_loss(m, n, (float)c->label_smoothing, 1.0f, t->loss_scale);
-    if (t->has_sync) {
-        grad_sync_begin(&t->sync);
-        model_backward(m, n, grad_sync_ready, &t->sync);
-        trainer__check_comm(t, grad_sync_finish(&t->sync), "the gradient all-reduce");
-    } else {
-        model_backward(m, n, NULL, NULL);
-    }
-    trainer__memory_fence(t); /* the last memory snapshot's copies, before the state changes */
-    /* the summed gradients: every rank finds the same inf or NaN */
-    if (t->loss_scale) o->loss_scale_check(t->backend, m->grads, m->n_params, t->loss_scale);
-    /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
-    optimizer_step(&t->optim, m->params, m->grads, m->momentum, lr_at(&t->lr, t->step),
-                   1.0f / (float)t->world, t->loss_scale);
-    if (t->loss_scale)
-        o->loss_scale_update(t->backend, t->loss_scale, (uint32_t)c->loss_scale_growth_interval);
-    t->step++;
-    progress_beat();
-    t->cursor +=
-        (int64_t)n * t->world; /* every rank took n: the same count, by the sampler's padding */
+        indices[i] = sampler_index(&t->sampler, cursor, i);
     return n;
 }
 
-static void count_hits(const float *logits, int classes, int label, double *top1, double *top5) {
-    int above = 0; /* classes scoring higher than the label (ties count for the label) */
-    for (int j = 0; j < classes; j++) {
-        if (isnan(logits[j])) return; /* NaN compares false: it would look like a hit */
-        if (logits[j] > logits[label]) above++;
-    }
-    if (above == 0) *top1 += 1;
-    if (above < TOPK) *top5 += 1;
-}
+int trainer_step(trainer_t *t) {
+    const train_conf_t *c = t->p.conf;
+    train_state_t *s = &t->state;
+    int world = t->p.world;
+    int n = batch_at(t, s->cursor, t->indices);
+    /* the batch after it: an image folder decodes it while this one trains */
+    int next_n = batch_at(t, s->cursor + (int64_t)n * world, t->next_indices);
+    feed_batch(&t->feed, &t->model, SPLIT_TRAIN, s->epoch, (uint64_t)s->step, t->indices, n,
+               t->next_indices, next_n);
 
-eval_result_t trainer_evaluate(trainer_t *t, data_split_t split) {
-    comm_t *comm = t->comm;
     model_t *m = &t->model;
-    /* the running statistics are rank 0's, as DDP's buffer broadcast makes them */
-    trainer__check_comm(t, comm->ops->broadcast(comm, m->buffers, m->n_buffers * sizeof(float), 0),
-                        "broadcasting the batch-norm statistics");
-    const dataset_t *d = data_split(t->data, split);
-    int batch = (int)t->conf->batch_size, k = m->classes;
-    double sums[4] = {0}; /* loss, top1, top5, samples */
-    int64_t *indices = t->indices;
-    /* each evaluation numbers its batches afresh above the last one's, for the loader */
-    uint64_t id = t->eval_batches;
-    for (int64_t pos = t->rank; pos < d->n; id++) {
-        int n = 0;
-        for (; n < batch && pos < d->n; pos += t->world)
-            indices[n++] = pos;
-        if (t->loader) {
-            int next_n = 0;
-            for (int64_t q = pos; next_n < batch && q < d->n; q += t->world)
-                t->next_indices[next_n++] = q;
-            trainer__folder_batch(t, split, 0, id, indices, n, t->next_indices, next_n);
-        } else {
-            load_batch(t, split, &t->augment_eval, 0, indices, n);
-        }
-        model_forward(m, n, false);
-        progress_beat();
-        t->backend->mem->to_host(t->backend, t->host_logits, model_logits(m),
-                                 (size_t)n * k * sizeof(float));
-        for (int i = 0; i < n; i++) {
-            const float *z = t->host_logits + (size_t)i * k;
-            int label = t->host_labels[i];
-            double zmax = z[0], sum_exp = 0;
-            for (int j = 1; j < k; j++)
-                zmax = z[j] > zmax ? z[j] : zmax;
-            for (int j = 0; j < k; j++)
-                sum_exp += exp(z[j] - zmax);
-            sums[0] += log(sum_exp) + zmax - z[label];
-            count_hits(z, k, label, &sums[1], &sums[2]);
-        }
-        sums[3] += n;
+    model_set_step(m, (uint64_t)c->seed, s->step, t->p.rank);
+    model_forward(m, n, true);
+    backend_t *b = t->p.backend;
+    model_loss(m, n, (float)c->label_smoothing, 1.0f, s->loss_scale);
+    if (t->has_sync) {
+        grad_sync_begin(&t->sync);
+        model_backward(m, n, grad_sync_ready, &t->sync);
+        die_comm(t->p.comm, grad_sync_finish(&t->sync), "the gradient all-reduce");
+    } else {
+        model_backward(m, n, NULL, NULL);
     }
-    t->eval_batches = id + 1; /* past the last one prefetched */
-    trainer__check_comm(t, comm->ops->allreduce_sum_f64(comm, sums, 4), "reducing the evaluation");
-    double n = sums[3] > 0 ? sums[3] : 1;
-    return (eval_result_t){.loss = sums[0] / n,
-                           .top1 = sums[1] / n,
-                           .top5 = sums[2] / n,
-                           .n = (int64_t)sums[3],
-                           .split = split};
-}
-
-static void format_duration(double s, char *buf, size_t len) {
-    long total = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
-    if (total >= 3600)
-        snprintf(buf, len, "%ld:%02ld:%02ld", total / 3600, total / 60 % 60, total % 60);
-    else
-        snprintf(buf, len, "%ld:%02ld", total / 60, total % 60);
-}
-
-double trainer__elapsed_s(const trainer_t *t) {
-    return t->elapsed_before_s + (t->start_s > 0 ? clock_now_s() - t->start_s : 0);
+    /* the last memory snapshot's copies, before the state changes */
+    checkpoint_memory_fence(&t->memory, &t->p);
+    /* the summed gradients: every rank finds the same inf or NaN */
+    if (s->loss_scale) b->ops->loss_scale_check(b, m->grads, m->n_params, s->loss_scale);
+    /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
+    optimizer_step(&t->optim, m->params, m->grads, m->momentum, lr_at(&t->lr, s->step),
+                   1.0f / (float)world, s->loss_scale);
+    if (s->loss_scale)
+        b->ops->loss_scale_update(b, s->loss_scale, (uint32_t)c->loss_scale_growth_interval);
+    s->step++;
+    run_log_beat();
+    s->cursor +=
+        (int64_t)n * world; /* every rank took n: the same count, by the sampler's padding */
+    return n;
 }
 
 /* Every rank must stop at the same step: rank 0's clock decides, shared by a broadcast. The budget
  * counts the whole run's wall time, restarts included (the elapsed time is in snapshots). At the
- * start only: after each step trainer__agree_step asks it with the stop signals. */
+ * start only: after each step checkpoint_agree_step asks it with the stop signals. */
 static bool is_out_of_time(trainer_t *t) {
-    if (t->conf->hours <= 0) return false;
-    uint8_t is_over = trainer__elapsed_s(t) > t->conf->hours * 3600.0;
-    trainer__check_comm(t, t->comm->ops->broadcast(t->comm, &is_over, 1, 0),
-                        "agreeing on the time budget");
+    if (t->p.conf->hours <= 0) return false;
+    uint8_t is_over = train_state_elapsed_s(&t->state) > t->p.conf->hours * 3600.0;
+    die_comm(t->p.comm, t->p.comm->ops->broadcast(t->p.comm, &is_over, 1, 0),
+             "agreeing on the time budget");
     return is_over;
 }
 
-static bool is_epoch_over(trainer_t *t) {
-    return sampler_rank_count(&t->sampler, t->cursor) == 0;
+static bool is_epoch_over(const trainer_t *t) {
+    return sampler_rank_count(&t->sampler, t->state.cursor) == 0;
 }
 
 /* Whether the run has nothing left: max_steps reached, or the last epoch's samples all used. */
-static bool is_run_over(trainer_t *t) {
-    const train_conf_t *c = t->conf;
-    return (c->max_steps >= 0 && t->step >= c->max_steps) ||
+static bool is_run_over(const trainer_t *t) {
+    const train_conf_t *c = t->p.conf;
+    const train_state_t *s = &t->state;
+    return (c->max_steps >= 0 && s->step >= c->max_steps) ||
            (c->epochs &&
-            (t->epoch >= c->epochs || (t->epoch + 1 == c->epochs && is_epoch_over(t))));
+            (s->epoch >= c->epochs || (s->epoch + 1 == c->epochs && is_epoch_over(t))));
 }
 
 /* The age of the last snapshot that actually landed, and the failure while writes fail. */
-static void describe_snapshots(trainer_t *t, char *out, size_t len) {
+static void describe_snapshots(snapshot_writer_t *writer, char *out, size_t len) {
     uint64_t step;
     char failure[1024];
-    double landed_s = snapshot_writer_landed(t->snapshots, &step, failure, sizeof failure);
+    double landed_s = snapshot_writer_landed(writer, &step, failure, sizeof failure);
     char landed[64] = "none yet";
     if (landed_s > 0)
         snprintf(landed, sizeof landed, "%.0fs ago (step %llu)", clock_now_s() - landed_s,
@@ -471,227 +266,249 @@ static void describe_snapshots(trainer_t *t, char *out, size_t len) {
  * the steps since the last log, so one bad step anywhere in them shows. A collective: every rank
  * calls it at the same step. */
 static void check_diverged(trainer_t *t, double loss) {
-    if (t->loss_scale) return;
+    if (t->state.loss_scale) return;
     double is_bad = !isfinite(loss);
-    trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &is_bad, 1),
-                        "agreeing on the loss");
+    die_comm(t->p.comm, t->p.comm->ops->allreduce_sum_f64(t->p.comm, &is_bad, 1),
+             "agreeing on the loss");
     if (is_bad > 0)
-        trainer_die(DDP_EXIT_DIVERGED,
-                    "the training loss is %s by step %lld (on %.0f of %d "
-                    "ranks): the run diverged; lower optim.lr, or use precision.loss_scaling",
-                    isnan(loss)      ? "NaN"
-                    : isfinite(loss) ? "NaN or inf on another rank"
-                                     : "inf",
-                    (long long)t->step, is_bad, t->world);
+        die(DDP_EXIT_DIVERGED,
+            "the training loss is %s by step %lld (on %.0f of %d ranks): the run diverged; lower "
+            "optim.lr, or use precision.loss_scaling",
+            isnan(loss)      ? "NaN"
+            : isfinite(loss) ? "NaN or inf on another rank"
+                             : "inf",
+            (long long)t->state.step, is_bad, t->p.world);
 }
 
 /* check_diverged before a snapshot between log steps: the loss so far in the window, read back
  * without taking it (one float, at a snapshot, which reads the arenas back anyway). */
 static void check_diverged_now(trainer_t *t) {
-    if (t->loss_scale) return;
+    if (t->state.loss_scale) return;
     float loss_sum = 0.0f;
-    t->backend->mem->to_host(t->backend, &loss_sum, t->model.loss_sum, sizeof loss_sum);
+    t->p.backend->mem->to_host(t->p.backend, &loss_sum, t->model.loss_sum, sizeof loss_sum);
     check_diverged(t, loss_sum);
 }
 
-static void log_window(trainer_t *t, int64_t samples, int64_t steps, double seconds) {
-    double loss = model_take_loss(&t->model) / (double)samples;
-    double rate = seconds > 0 ? (double)samples * t->world / seconds : 0;
-    double steps_left = t->total_steps > t->step ? (double)(t->total_steps - t->step) : 0;
+/* Samples and steps since a mark (a log interval's, an epoch's start). */
+typedef struct {
+    double start_s;
+    int64_t samples, steps;
+} window_t;
+
+static void window_reset(window_t *w) {
+    *w = (window_t){.start_s = clock_now_s()};
+}
+
+/* Seconds until the run ends, at the pace of the last window: by its steps, or train.hours'
+ * budget, whichever ends it first (INFINITY: unknown). */
+static double eta_s(const trainer_t *t, double seconds, int64_t steps) {
+    int64_t step = t->state.step;
+    double steps_left = t->total_steps > step ? (double)(t->total_steps - step) : 0;
+    double eta = t->total_steps ? steps_left * seconds / (double)steps : INFINITY;
+    if (t->p.conf->hours > 0) {
+        double budget_left_s = t->p.conf->hours * 3600 - train_state_elapsed_s(&t->state);
+        eta = fmin(eta, budget_left_s > 0 ? budget_left_s : 0);
+    }
+    return eta;
+}
+
+/* Rank 0's progress line and "train" event of the window. */
+static void report_progress(trainer_t *t, double loss, double rate, double eta) {
+    const train_state_t *s = &t->state;
+    char snap[256] = "";
+    if (t->ckpt.writer) describe_snapshots(t->ckpt.writer, snap, sizeof snap);
+    run_log_progress_t p = {.step = s->step,
+                            .epoch = s->epoch + 1,
+                            .total_steps = t->total_steps,
+                            .budget_h = t->p.conf->hours,
+                            .loss = loss,
+                            .lr = lr_at(&t->lr, s->step - 1),
+                            .img_per_s = rate,
+                            .eta_s = eta,
+                            .snapshot = snap};
+    if (s->loss_scale) {
+        loss_scale_t ls = train_state_loss_scale(s, t->p.backend);
+        p.has_scale = true;
+        p.scale = ls.scale;
+        p.skipped_steps = ls.skipped_steps;
+    }
+    if (p.budget_h > 0) p.hours = train_state_elapsed_s(s) / 3600;
+    run_log_progress(&t->log, &p);
+}
+
+/* The end of a log interval: the window's loss checked on every rank (it ends a diverged run), its
+ * pace for `ddprun status`, and rank 0's progress line. */
+static void log_window(trainer_t *t, const window_t *w) {
+    double seconds = clock_now_s() - w->start_s;
+    double loss = model_take_loss(&t->model) / (double)w->samples;
+    double rate = seconds > 0 ? (double)w->samples * t->p.world / seconds : 0;
     check_diverged(t, loss);
-    char eta[32], snap[256] = "", scaling[64] = "";
-    double eta_s = t->total_steps ? steps_left * seconds / (double)steps : INFINITY;
-    if (t->conf->hours > 0) { /* whichever ends the run first */
-        double budget_left_s = t->conf->hours * 3600 - trainer__elapsed_s(t);
-        eta_s = fmin(eta_s, budget_left_s > 0 ? budget_left_s : 0);
-    }
-    format_duration(isfinite(eta_s) ? eta_s : 0, eta, sizeof eta);
-    if (t->snapshots) describe_snapshots(t, snap, sizeof snap);
-    status_report_publish(t->status, t->step, t->epoch + 1, loss, rate,
-                          t->last_snapshot_step > 0 ? t->last_snapshot_step : -1);
-    if (t->rank != 0) return;
-    loss_scale_t ls = {0};
-    if (t->loss_scale) {
-        ls = trainer__loss_scale(t);
-        snprintf(scaling, sizeof scaling, "  scale %g (%u skipped)", (double)ls.scale,
-                 ls.skipped_steps);
-    }
-    double lr = lr_at(&t->lr, t->step - 1);
-    /* "step 10/0" says nothing: a run without a step count shows none, and a time budget shows
-     * the whole run's hours against it */
-    char where[96], total[32] = "", hours[48] = "";
-    if (t->total_steps) snprintf(total, sizeof total, "/%lld", (long long)t->total_steps);
-    if (t->conf->hours > 0)
-        snprintf(hours, sizeof hours, "  hours %.2f/%.2f", trainer__elapsed_s(t) / 3600,
-                 t->conf->hours);
-    snprintf(where, sizeof where, "step %lld%s%s", (long long)t->step, total, hours);
-    /* on a terminal, one line that updates; piped (ddprun, a file), a line per log interval */
-    if (is_tty < 0) is_tty = isatty(STDOUT_FILENO);
-    printf("%sepoch %lld  %s  loss %.4f  lr %.5f  %.0f img/s  ETA %s%s%s%s",
-           is_tty ? "\r\033[K" : "", (long long)t->epoch + 1, where, loss, lr, rate, eta, scaling,
-           snap, is_tty ? "" : "\n");
-    is_line_open = is_tty;
-    fflush(stdout);
-    if (t->metrics || t->tb) {
-        cJSON *o = json_line_new("train");
-        json_line_int(o, "step", t->step);
-        json_line_int(o, "epoch", t->epoch + 1);
-        json_line_num(o, "loss", loss);
-        json_line_num(o, "lr", lr);
-        json_line_num(o, "img_per_s", rate);
-        if (t->loss_scale) {
-            json_line_num(o, "loss_scale", ls.scale);
-            json_line_int(o, "skipped_steps", ls.skipped_steps);
-        }
-        trainer__write_metrics(t, o);
-    }
+    double eta = eta_s(t, seconds, w->steps);
+    status_report_publish(t->status, t->state.step, t->state.epoch + 1, loss, rate,
+                          t->ckpt.last_step > 0 ? t->ckpt.last_step : -1);
+    if (t->p.rank == 0) report_progress(t, loss, rate, eta);
 }
 
-/* Rank 0's closing lines: how long, how fast, how far, the best validation, restarts, snapshots. */
-static void report_summary(trainer_t *t, double this_attempt_s) {
-    if (t->rank != 0) return;
-    double total_s = trainer__elapsed_s(t),
-           rate = this_attempt_s > 0 ? t->samples_trained * t->world / this_attempt_s : 0;
-    char total[32], attempt[32], best[128] = "";
-    format_duration(total_s, total, sizeof total);
-    format_duration(this_attempt_s, attempt, sizeof attempt);
-    const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT");
-    long n_restarts = restarts ? strtol(restarts, NULL, 10) : 0;
-    if (t->best_step >= 0 && t->conf->best_by != BEST_BY_NONE)
-        snprintf(best, sizeof best, "; best %s %.4f at step %lld",
-                 t->conf->best_by == BEST_BY_VAL_LOSS ? "val_loss" : "val_top1", t->best_value,
-                 (long long)t->best_step);
-    trainer__end_progress_line();
-    printf(
-        "ddpworker: done: %lld steps, %lld epochs, %s of training (%s in this attempt, %.0f img/s)"
-        "%s; %ld restart%s; %lld snapshot%s written in this attempt\n",
-        (long long)t->step, (long long)t->epoch + 1, total, attempt, rate, best, n_restarts,
-        n_restarts == 1 ? "" : "s", (long long)t->n_snapshots, t->n_snapshots == 1 ? "" : "s");
-    fflush(stdout);
+/* Rank 0: what this start trains with. */
+static void report_start(trainer_t *t) {
+    if (t->p.rank != 0) return;
+    run_log_start_t v = {.model = t->model.name,
+                         .backend = t->p.backend->mem->name,
+                         .n_params = t->model.n_params,
+                         .world = t->p.world,
+                         .step = t->state.step,
+                         .epoch = t->state.epoch + 1,
+                         .batch_size = t->p.conf->batch_size,
+                         .steps_per_epoch = t->steps_per_epoch,
+                         .lr = t->lr.base_lr,
+                         .was_spare = t->was_spare};
+    for (int s = 0; s < SPLIT_COUNT; s++)
+        v.split_samples[s] = data_split(t->p.data, (data_split_t)s)->n;
+    run_log_start(&t->log, &v);
 }
 
-eval_result_t trainer_run(trainer_t *t) {
-    const train_conf_t *c = t->conf;
-    if (t->is_already_finished) return (eval_result_t){.loss = NAN, .top1 = NAN, .top5 = NAN};
-    t->start_s = clock_now_s();
-    double window_s = t->start_s, epoch_s = t->start_s;
-    int64_t window_samples = 0, window_steps = 0, epoch_samples = 0;
-    eval_result_t last = {0};
-    int64_t last_eval_step = -1;
-    bool is_done = is_run_over(t);
-    if (t->rank == 0) {
-        printf("ddpworker: %s (%zu parameters) on %s, world %d, %lld samples, %lld steps/epoch, "
-               "batch %lld per rank, lr %g%s%s\n",
-               t->model.name, t->model.n_params, t->backend->mem->name, t->world,
-               (long long)t->data->train.n, (long long)t->steps_per_epoch, (long long)c->batch_size,
-               t->lr.base_lr, t->step ? ", resumed" : "", t->was_spare ? ", warm spare" : "");
-        fflush(stdout);
-        /* what this start trains with: lr after optim.lr_scaling, the splits' sizes */
-        cJSON *o = json_line_new("start");
-        json_line_int(o, "step", t->step);
-        json_line_int(o, "pid", getpid());
-        json_line_int(o, "world", t->world);
-        json_line_int(o, "global_batch", c->batch_size * t->world);
-        json_line_int(o, "steps_per_epoch", t->steps_per_epoch);
-        json_line_num(o, "lr", t->lr.base_lr);
-        for (int s = 0; s < SPLIT_COUNT; s++) {
-            char key[24];
-            snprintf(key, sizeof key, "%s_samples", data_split_name((data_split_t)s));
-            json_line_int(o, key, data_split(t->data, (data_split_t)s)->n);
-        }
-        json_line_bool(o, "resumed", t->step > 0);
-        if (t->was_spare) json_line_bool(o, "warm_spare", true);
-        json_line_int(o, "epoch", t->epoch + 1);
-        const char *restarts = getenv("TORCHELASTIC_RESTART_COUNT"); /* `ddprun plot` marks these */
-        if (restarts) json_line_int(o, "restart_count", strtoll(restarts, NULL, 10));
-        trainer__write_metrics(t, o);
-    }
-    sampler_set_epoch(&t->sampler, t->epoch);
-    if (!is_done && is_out_of_time(t)) is_done = true; /* resumed with the budget spent */
-    while (!is_done) {
-        if (is_epoch_over(t)) {
-            t->epoch++;
-            t->cursor = 0;
-            sampler_set_epoch(&t->sampler, t->epoch);
-            epoch_s = clock_now_s();
-            epoch_samples = 0;
-        }
-        int n = trainer_step(t);
-        t->samples_trained += n;
-        window_samples += n;
-        epoch_samples += n;
-        window_steps++;
-        bool is_out_of_time_now;
-        int signum =
-            trainer__agree_step(t, &is_out_of_time_now); /* acted on after the evaluation */
-        is_done = is_run_over(t) || is_out_of_time_now;
-        if (t->step % c->log_interval == 0 || is_done) {
-            log_window(t, window_samples, window_steps, clock_now_s() - window_s);
-            window_s = clock_now_s();
-            window_samples = window_steps = 0;
-        }
-        bool is_epoch_end = is_epoch_over(t);
-        bool is_eval_due = c->eval_interval ? t->step % c->eval_interval == 0 : is_epoch_end;
-        if (is_eval_due || is_done) {
-            last = trainer__validate(t);
-            last_eval_step = t->step;
-        }
-        if (is_epoch_end)
-            trainer__report_epoch(t, clock_now_s() - epoch_s, epoch_samples,
-                                  last_eval_step == t->step ? &last : NULL);
-        bool is_log_step = t->step % c->log_interval == 0 || is_done; /* the loss was checked */
-        if (signum) {
-            if (!is_log_step) check_diverged_now(t);
-            trainer__snapshot(t, true);
-            trainer__end_progress_line();
-            if (t->rank == 0)
-                printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n", signum,
-                       (long long)t->step);
-            fflush(stdout);
-            exit(128 + signum);
-        }
-        if (c->snapshot_every && t->step % c->snapshot_every == 0 && !is_done) {
-            if (!is_log_step) check_diverged_now(t);
-            trainer__snapshot(t, false);
-        }
-        if (!is_done) trainer__memory_snapshot(t);
-    }
+/* A snapshot of the state after the last step, whole (asynchronous unless is_blocking). */
+static void snapshot(trainer_t *t, bool is_blocking) {
+    double stall = checkpoint_take(&t->ckpt, &t->p, &t->state);
+    checkpoint_commit(&t->ckpt, &t->p, &t->state, &t->log, is_blocking, stall,
+                      t->has_written_params);
+}
+
+/* SIGTERM or SIGUSR1, agreed on by every rank: a blocking snapshot, then exit 128 + signum. */
+static _Noreturn void stop_on_signal(trainer_t *t, int signum, bool is_log_step) {
+    if (!is_log_step) check_diverged_now(t); /* a log step checked the loss already */
+    snapshot(t, true);
+    run_log_end_line();
+    if (t->p.rank == 0)
+        printf("ddpworker: signal %d: snapshot at step %lld taken, exiting\n", signum,
+               (long long)t->state.step);
+    fflush(stdout);
+    exit(128 + signum);
+}
+
+/* The epoch's end: one "epoch" event with its pace, and its validation when one ran (val). */
+static void report_epoch(trainer_t *t, const window_t *epoch, const eval_result_t *val) {
+    if (t->p.rank != 0) return;
+    double wall_s = clock_now_s() - epoch->start_s;
+    double rate = wall_s > 0 ? (double)epoch->samples * t->p.world / wall_s : 0;
+    run_log_epoch(&t->log, t->state.epoch + 1, t->state.step, wall_s, rate, val);
+}
+
+/* The files data.on_bad_image = skip went without, on every rank (image folders; else 0). */
+static int64_t count_skipped_images(trainer_t *t) {
+    if (!feed_is_files(&t->feed)) return 0;
+    double skipped = (double)feed_skipped(&t->feed);
+    die_comm(t->p.comm, t->p.comm->ops->allreduce_sum_f64(t->p.comm, &skipped, 1),
+             "counting the skipped images");
+    run_log_end_line();
+    if (t->p.rank == 0 && skipped > 0)
+        printf("ddpworker: %lld image files could not be decoded and were replaced by the next "
+               "that could (data.on_bad_image = skip)\n",
+               (long long)skipped);
+    return (int64_t)skipped;
+}
+
+static void die_if_diverged(const eval_result_t *r, const char *what, int64_t step) {
+    if (isfinite(r->loss)) return;
+    die(DDP_EXIT_DIVERGED, "the %s loss is %s at step %lld: the weights diverged", what,
+        isnan(r->loss) ? "NaN" : "inf", (long long)step);
+}
+
+/* Rank 0's closing line. */
+static void report_summary(trainer_t *t, double attempt_s) {
+    if (t->p.rank != 0) return;
+    const train_state_t *s = &t->state;
+    const train_conf_t *c = t->p.conf;
+    bool has_best = s->best_step >= 0 && c->best_by != BEST_BY_NONE;
+    run_log_summary(&(run_log_summary_t){
+        .step = s->step,
+        .epoch = s->epoch + 1,
+        .total_s = train_state_elapsed_s(s),
+        .attempt_s = attempt_s,
+        .img_per_s = attempt_s > 0 ? t->samples_trained * t->p.world / attempt_s : 0,
+        .best_by = has_best ? best_by_name(c->best_by) : NULL,
+        .best_value = s->best_value,
+        .best_step = s->best_step,
+        .n_snapshots = t->ckpt.n_taken});
+}
+
+/* The run's end: the weights as they are validated (unless the last step was), written, the last
+ * snapshot taken, the final test (with the best weights when train.best_by kept any), reported. */
+static eval_result_t finish(trainer_t *t, eval_result_t last, int64_t last_eval_step) {
+    const train_conf_t *c = t->p.conf;
+    train_state_t *s = &t->state;
     /* max_steps 0, or a run resumed at its end: the weights as they are */
-    if (last_eval_step != t->step) last = trainer__validate(t);
-    if (!isfinite(last.loss))
-        trainer_die(DDP_EXIT_DIVERGED,
-                    "the validation loss is %s at step %lld: the weights "
-                    "diverged",
-                    isnan(last.loss) ? "NaN" : "inf", (long long)t->step);
+    if (last_eval_step != s->step) last = eval_validate(&t->eval, s);
+    die_if_diverged(&last, "validation", s->step);
     /* the weights first: a final snapshot that fails (a full disk) must not take them along */
-    if (t->rank == 0 && c->params_file[0]) {
-        trainer__write_weights(t, c->params_file, "train.params_file", NULL);
+    if (t->p.rank == 0 && c->params_file[0]) {
+        train_state_save_weights(&t->model, s->step, c->params_file, "train.params_file", NULL);
         t->has_written_params = true;
     }
     /* the run's last snapshot says it finished, so the same command does not train it again. Its
      * state is taken now (the final evaluation may load the best weights into the model) but it
      * lands only once the final evaluation is done: a crash during that evaluation resumes the
      * snapshot before, and the final result is not lost to a run that says it finished */
-    t->is_finished = true;
-    double stall = trainer__snapshot_take(t); /* rank 0 with snapshot.dir */
-    if (t->loader) { /* the files data.on_bad_image = skip went without, on every rank */
-        double skipped = (double)loader_skipped(t->loader);
-        trainer__check_comm(t, t->comm->ops->allreduce_sum_f64(t->comm, &skipped, 1),
-                            "counting the skipped images");
-        t->skipped_images = (int64_t)skipped;
-        trainer__end_progress_line();
-        if (t->rank == 0 && skipped > 0)
-            printf("ddpworker: %lld image files could not be decoded and were replaced by the next "
-                   "that could (data.on_bad_image = skip)\n",
-                   (long long)t->skipped_images);
-    }
-    eval_result_t final = trainer__final(t, &last);
-    trainer__snapshot_commit(t, true, stall);
-    trainer__report_memory(t);
-    trainer__report_final(t, &final);
-    report_summary(t, clock_now_s() - t->start_s);
+    s->is_finished = true;
+    double stall = checkpoint_take(&t->ckpt, &t->p, s); /* rank 0 with snapshot.dir */
+    int64_t skipped_images = count_skipped_images(t);
+    eval_result_t final = eval_final(&t->eval, s, &last);
+    checkpoint_commit(&t->ckpt, &t->p, s, &t->log, true, stall, t->has_written_params);
+    checkpoint_memory_report(&t->memory, &t->log);
+    eval_report_final(&t->eval, s, &final, skipped_images);
+    report_summary(t, clock_now_s() - s->start_s);
     if (!isfinite(final.loss))
-        trainer_die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",
-                    isnan(final.loss) ? "NaN" : "inf");
+        die(DDP_EXIT_DIVERGED, "the final evaluation's loss is %s: the weights diverged",
+            isnan(final.loss) ? "NaN" : "inf");
     return final;
+}
+
+eval_result_t trainer_run(trainer_t *t) {
+    const train_conf_t *c = t->p.conf;
+    train_state_t *s = &t->state;
+    if (t->ckpt.is_already_finished) return (eval_result_t){.loss = NAN, .top1 = NAN, .top5 = NAN};
+    s->start_s = clock_now_s();
+    window_t window, epoch;
+    window_reset(&window);
+    epoch = window;
+    eval_result_t last = {0};
+    int64_t last_eval_step = -1;
+    bool is_done = is_run_over(t);
+    report_start(t);
+    sampler_set_epoch(&t->sampler, s->epoch);
+    if (!is_done && is_out_of_time(t)) is_done = true; /* resumed with the budget spent */
+    while (!is_done) {
+        if (is_epoch_over(t)) {
+            s->epoch++;
+            s->cursor = 0;
+            sampler_set_epoch(&t->sampler, s->epoch);
+            window_reset(&epoch);
+        }
+        int n = trainer_step(t);
+        t->samples_trained += n;
+        window.samples += n;
+        window.steps++;
+        epoch.samples += n;
+        bool is_out_of_time_now; /* the signal is acted on after the evaluation */
+        int signum = checkpoint_agree_step(&t->p, s, &is_out_of_time_now);
+        is_done = is_run_over(t) || is_out_of_time_now;
+        bool is_log_step = s->step % c->log_interval == 0 || is_done; /* checks the loss */
+        if (is_log_step) {
+            log_window(t, &window);
+            window_reset(&window);
+        }
+        bool is_epoch_end = is_epoch_over(t);
+        if ((c->eval_interval ? s->step % c->eval_interval == 0 : is_epoch_end) || is_done) {
+            last = eval_validate(&t->eval, s);
+            last_eval_step = s->step;
+        }
+        if (is_epoch_end) report_epoch(t, &epoch, last_eval_step == s->step ? &last : NULL);
+        if (signum) stop_on_signal(t, signum, is_log_step);
+        if (c->snapshot_every && s->step % c->snapshot_every == 0 && !is_done) {
+            if (!is_log_step) check_diverged_now(t);
+            snapshot(t, false);
+        }
+        if (!is_done) checkpoint_memory_take(&t->memory, &t->p, s);
+    }
+    return finish(t, last, last_eval_step);
 }

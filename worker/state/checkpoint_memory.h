@@ -1,0 +1,36 @@
+/* checkpoint_memory: memory snapshots for the trainer (memory_snapshot.h), given its state and
+ * parts: rank 0 copies its state after every snapshot.every_memory steps into the agent's shared
+ * memory, overlapped with the next step's forward and backward. The trainer's thread. */
+#ifndef DDP_WORKER_CHECKPOINT_MEMORY_H
+#define DDP_WORKER_CHECKPOINT_MEMORY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memory_snapshot.h"
+#include "run_log.h"
+#include "train_state.h"
+
+typedef struct {
+    memory_snapshot_t *memory; /* rank 0 under ddprun (snapshot.every_memory 0: progress alone) */
+    bool is_copying;           /* copies out to memory are in flight: fence before the optimizer */
+    double stall_s, stall_max_s; /* the trainer's time in memory snapshots */
+    int64_t n_taken;             /* memory snapshots taken by this process */
+} checkpoint_memory_t;
+
+/* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
+ * A failure is a warning: training goes on without them. */
+void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p);
+/* After every step: record the step reached; every snapshot.every_memory steps copy the state
+ * into the next slot (a GPU: on a side stream, while the next step runs) to be sealed by the
+ * writer's thread. */
+void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
+                            const train_state_t *s);
+/* Before anything overwrites the state (the optimizer, the loss scaler): wait for the copies. */
+void checkpoint_memory_fence(checkpoint_memory_t *cm, const train_parts_t *p);
+/* The "memory_snapshots" metrics event (count, the training thread's stall: tests/bench), written
+ * before the "final" event, which stays the last line of a finished run. */
+void checkpoint_memory_report(checkpoint_memory_t *cm, run_log_t *log);
+void checkpoint_memory_free(checkpoint_memory_t *cm, const train_parts_t *p);
+
+#endif
