@@ -37,6 +37,7 @@ int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_l
     cJSON *o = cJSON_CreateObject();
     if (r->error[0]) {
         cJSON_AddStringToObject(o, "error", r->error);
+        cJSON_AddBoolToObject(o, "lost", r->is_lost);
     } else {
         cJSON_AddNumberToObject(o, "node", r->group_rank);
         cJSON_AddNumberToObject(o, "first_rank", r->rank_offset);
@@ -103,7 +104,7 @@ bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t
         for (const char *p = e->valuestring; *p && n < sizeof out->error - 1; p++)
             out->error[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
         out->error[n] = '\0';
-        is_ok = n > 0 && cJSON_GetArraySize(o) == 1;
+        is_ok = n > 0 && cJSON_GetArraySize(o) == 2 && get_bool(o, "lost", &out->is_lost);
     } else {
         is_ok = get_int(o, "node", 0, RDZV_MAX_NODES - 1, &out->group_rank) &&
                 get_int(o, "world_size", 1, INT_MAX, &out->world_size) &&

@@ -40,6 +40,8 @@ typedef struct {
     int world_size;      /* workers in the round */
     int host_join_index; /* the join index of node 0 (etcd: whose lease owes the store address) */
     char error[160];     /* non-empty: the round cannot start, and why (a malformed node record) */
+    bool is_lost;        /* with error: a member was lost before it wrote its record (etcd), so
+                            the next round may start without it */
 } rdzv_rank_record_t;
 
 /* Why a round ended, as every agent reads it from the round's restart key. */
@@ -58,7 +60,8 @@ int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_l
  * returns false otherwise (out then unspecified). */
 bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out);
 bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out);
-/* Either the four numbers (error empty) or an error text alone (printable ASCII, cut to fit). */
+/* Either the four numbers (error empty) or an error text (printable ASCII, cut to fit) and
+ * whether it is a lost member. */
 bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t *out);
 /* For people: "exit 75 on node 1 rank 3 (failure 2)", "a membership change", ... */
 void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len);

@@ -193,7 +193,12 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
         rc != DDP_ELOST) /* DDP_ELOST: err says whose lease */
         snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
     char error[sizeof ranks[0].error] = "";
-    for (int i = 0; rc == 0 && i < n; i++) {
+    bool is_lost = rc == DDP_ELOST;
+    if (is_lost) { /* the others wait for their ranks: they must leave this round too */
+        snprintf(error, sizeof error, "%s", err);
+        rc = 0;
+    }
+    for (int i = 0; rc == 0 && !is_lost && i < n; i++) {
         rdzv_node_record_t rec;
         /* never echoed: the bytes may be anything */
         if (!rdzv_record_node_parse((const char *)records[i], record_lens[i], &rec)) {
@@ -219,6 +224,7 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
         for (int i = 0; i < n && rc == 0; i++) {
             ranks[i].world_size = world_size;
             snprintf(ranks[i].error, sizeof ranks[i].error, "%s", error);
+            ranks[i].is_lost = is_lost;
             int len = rdzv_record_rank_format(&ranks[i], texts[i], sizeof texts[i]);
             snprintf(names[i], sizeof names[i], "%s/r%d/rank/%d", r->prefix, round, i);
             keys[i] = names[i];
@@ -344,7 +350,7 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     if (rc < 0) return rc;
     if (place.error[0]) {
         snprintf(err, err_len, "%s", place.error);
-        return DDP_EPROTO;
+        return place.is_lost ? DDP_ELOST : DDP_EPROTO;
     }
     out->group_rank = place.group_rank;
     out->rank_offset = place.rank_offset;

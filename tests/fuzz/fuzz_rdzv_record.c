@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             assert(n > 0 && rdzv_record_rank_parse(again, (size_t)n, &r2));
             assert(r.group_rank == r2.group_rank && r.rank_offset == r2.rank_offset &&
                    r.world_size == r2.world_size && r.host_join_index == r2.host_join_index &&
-                   strcmp(r.error, r2.error) == 0);
+                   strcmp(r.error, r2.error) == 0 && (!r.error[0] || r.is_lost == r2.is_lost));
         }
     } else if (data[0] & 1) {
         rdzv_why_t w, w2;

@@ -80,9 +80,11 @@ Test(rdzv_record, rank_records_round_trip_and_bad_ones_are_refused) {
     cr_assert_gt(rdzv_record_rank_format(&e, text, sizeof text), 0);
     cr_assert(rdzv_record_rank_parse(text, strlen(text), &r2), "%s", text);
     cr_assert_str_eq(r2.error, e.error);
-    const char *bell = "{\"error\":\"a\\u0007b\"}";
+    cr_assert_not(r2.is_lost);
+    const char *bell = "{\"error\":\"a\\u0007b\",\"lost\":true}";
     cr_assert(rdzv_record_rank_parse(bell, strlen(bell), &r2));
     cr_assert_str_eq(r2.error, "a?b", "only printable bytes reach a log");
+    cr_assert(r2.is_lost);
     const char *bad[] = {
         "{}",
         "{\"node\":3,\"first_rank\":24,\"world_size\":8192}",               /* no node0 */
@@ -93,6 +95,8 @@ Test(rdzv_record, rank_records_round_trip_and_bad_ones_are_refused) {
         "{\"error\":\"\"}",
         "{\"error\":7}",
         "{\"error\":\"x\",\"node\":0}", /* both */
+        "{\"error\":\"x\"}",            /* lost or not? */
+        "{\"error\":\"x\",\"lost\":1}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert_not(rdzv_record_rank_parse(bad[i], strlen(bad[i]), &r2), "accepted %s", bad[i]);
