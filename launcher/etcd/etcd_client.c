@@ -361,6 +361,84 @@ int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *va
     return 0;
 }
 
+int etcd_put_new(etcd_t *c, const char *key, const void *val, size_t len, const char *count_prefix,
+                 int64_t *create_revision, int64_t *count) {
+    cJSON *body = cJSON_CreateObject(), *answer;
+    cJSON *cmp = cJSON_CreateObject();
+    add_b64(cmp, "key", key, strlen(key));
+    cJSON_AddStringToObject(cmp, "result", "EQUAL");
+    cJSON_AddStringToObject(cmp, "target", "CREATE");
+    add_i64(cmp, "create_revision", 0); /* 0: the key does not exist */
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "compare"), cmp);
+    cJSON *op = cJSON_CreateObject();
+    cJSON_AddItemToObject(op, "request_put", put_request(key, val, len, 0));
+    cJSON *success = cJSON_AddArrayToObject(body, "success");
+    cJSON_AddItemToArray(success, op);
+    if (count_prefix) { /* a txn's range sees its earlier puts: the count includes this key */
+        cJSON *counting = cJSON_CreateObject(), *all = cJSON_CreateObject();
+        add_b64(all, "key", count_prefix, strlen(count_prefix));
+        add_prefix_end(all, count_prefix);
+        cJSON_AddBoolToObject(all, "count_only", true);
+        cJSON_AddItemToObject(counting, "request_range", all);
+        cJSON_AddItemToArray(success, counting);
+    }
+    cJSON *get = cJSON_CreateObject(), *range = cJSON_CreateObject();
+    add_b64(range, "key", key, strlen(key));
+    cJSON_AddItemToObject(get, "request_range", range);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "failure"), get);
+    int rc = call(c, "/v3/kv/txn", body, &answer);
+    cJSON_Delete(body);
+    if (rc < 0) return rc;
+    const cJSON *responses = cJSON_GetObjectItemCaseSensitive(answer, "responses");
+    if (count) *count = -1;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(answer, "succeeded"))) {
+        *create_revision = etcd_answer_revision(answer);
+        if (count) /* responses[1].response_range.count */
+            *count = etcd_answer_i64(cJSON_GetObjectItemCaseSensitive(
+                                         cJSON_GetArrayItem(responses, 1), "response_range"),
+                                     "count");
+    } else { /* responses[0].response_range.kvs[0].create_revision */
+        const cJSON *resp = cJSON_GetArrayItem(responses, 0);
+        const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(resp, "response_range"), "kvs");
+        *create_revision = etcd_answer_i64(cJSON_GetArrayItem(kvs, 0), "create_revision");
+    }
+    if (*create_revision <= 0)
+        rc = fail(c, DDP_EPROTO, "etcd: creating %s: an answer without its revision", key);
+    cJSON_Delete(answer);
+    return rc;
+}
+
+int etcd_count_prefix(etcd_t *c, const char *prefix, int64_t revision, int64_t *count) {
+    cJSON *body = cJSON_CreateObject(), *answer;
+    add_b64(body, "key", prefix, strlen(prefix));
+    add_prefix_end(body, prefix);
+    if (revision > 0) add_i64(body, "revision", revision);
+    cJSON_AddBoolToObject(body, "count_only", true);
+    int rc = call(c, "/v3/kv/range", body, &answer);
+    cJSON_Delete(body);
+    if (rc < 0) return rc;
+    *count = etcd_answer_i64(answer, "count"); /* absent: 0 (proto3 JSON leaves zeros out) */
+    cJSON_Delete(answer);
+    return 0;
+}
+
+int etcd_put_many(etcd_t *c, const char *const *keys, const void *const *vals, const size_t *lens,
+                  size_t n) {
+    if (n > ETCD_TXN_OPS_MAX) return fail(c, -EINVAL, "etcd: %zu puts in one transaction", n);
+    cJSON *body = cJSON_CreateObject(), *answer;
+    cJSON *ops = cJSON_AddArrayToObject(body, "success");
+    for (size_t i = 0; i < n; i++) {
+        cJSON *op = cJSON_CreateObject();
+        cJSON_AddItemToObject(op, "request_put", put_request(keys[i], vals[i], lens[i], 0));
+        cJSON_AddItemToArray(ops, op);
+    }
+    int rc = call(c, "/v3/kv/txn", body, &answer);
+    cJSON_Delete(body);
+    cJSON_Delete(answer);
+    return rc;
+}
+
 /* ---- leases -------------------------------------------------------------------------------- */
 
 int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id) {

@@ -56,6 +56,20 @@ int etcd_put(etcd_t *c, const char *key, const void *val, size_t len, int64_t le
  * *is_put says whether it did. The compare-and-swap every counter and round is made of. */
 int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *val, size_t len,
                 int64_t lease, bool *is_put);
+/* Creates key (no lease) unless it exists, in one transaction; *create_revision: the revision
+ * that created it (this call's, or, when a lost answer made the call try again, the first
+ * try's). count_prefix (optional): *count = the keys under it right after this call's put, in
+ * the same transaction; -1 when the key existed before (count at *create_revision instead). */
+int etcd_put_new(etcd_t *c, const char *key, const void *val, size_t len, const char *count_prefix,
+                 int64_t *create_revision, int64_t *count);
+/* How many keys under prefix there were at revision (0: now), counted by etcd (count_only):
+ * DDP_EPROTO with etcd's message when revision was compacted. */
+int etcd_count_prefix(etcd_t *c, const char *prefix, int64_t revision, int64_t *count);
+/* Puts n keys (no lease) in one transaction, n <= ETCD_TXN_OPS_MAX (etcd's --max-txn-ops
+ * default). */
+#define ETCD_TXN_OPS_MAX 128
+int etcd_put_many(etcd_t *c, const char *const *keys, const void *const *vals, const size_t *lens,
+                  size_t n);
 int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id);
 /* *ttl_s: the lease's time left after the refresh; 0 when it had already expired. */
 int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s);

@@ -1,7 +1,8 @@
 /* rdzv_kv_etcd: rdzv_kv over etcd's v3 API (etcd_client). TCPStore's meanings are built from
  * compare-and-swap transactions on a key's mod_revision: ADD reads, then puts the sum only if
- * nobody wrote in between, else reads again; a wait is a range, then a watch from the revision
- * after it. An agent's ephemeral keys carry its lease (rdzv_lease_t, one per agent). */
+ * nobody wrote in between, else reads again; a ticket (a join's ADD) is a key of its own and a
+ * count at its revision instead, with no retries; a wait is a range, then a watch from the
+ * revision after it. An agent's ephemeral keys carry its lease (rdzv_lease_t, one per agent). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include "clock.h"
 #include "ddp_error.h"
 #include "etcd/etcd_client.h"
+#include "log.h"
 #include "rdzv/rdzv_kv.h"
 #include "rdzv/rdzv_kv_impl.h"
 
@@ -62,6 +64,12 @@ typedef struct {
     etcd_t *c;
     rdzv_lease_t *lease;
     int64_t op_timeout_ms;
+    int64_t slice_ms; /* a wait for one owed key looks at its owner's lease this often */
+    /* The value the last wait found (seen_key NULL: none): the GET that follows a WAIT of the
+     * same key (a round's closed, a member's rank) takes it instead of another range. Any write
+     * through this kv forgets it. */
+    char *seen_key;
+    etcd_value_t seen;
     char error[1024];
 } etcd_kv_t;
 
@@ -74,22 +82,50 @@ static int failed(etcd_kv_t *e, int rc) {
     return rc;
 }
 
+static void forget_seen(etcd_kv_t *e) {
+    free(e->seen_key);
+    e->seen_key = NULL;
+    etcd_value_free(&e->seen);
+}
+
+static void remember_seen(etcd_kv_t *e, const char *key, etcd_value_t *v) {
+    forget_seen(e);
+    if ((e->seen_key = strdup(key)))
+        e->seen = *v;
+    else
+        etcd_value_free(v);
+}
+
 static int kv_set(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
+    forget_seen(self(kv));
     int rc = etcd_put(self(kv)->c, key, val, len, 0);
     return rc < 0 ? failed(self(kv), rc) : 0;
 }
 
 typedef struct {
     const char *key;
+    etcd_value_t got; /* the put's value */
+    bool is_short;
 } put_seen_t;
 
 static bool is_put_of(void *arg, etcd_event_type_t type, const char *key, const uint8_t *v,
                       size_t n, int64_t rev) {
-    (void)v, (void)n, (void)rev;
-    return type == ETCD_EVENT_PUT && strcmp(key, ((put_seen_t *)arg)->key) == 0;
+    put_seen_t *s = arg;
+    if (type != ETCD_EVENT_PUT || strcmp(key, s->key) != 0) return false;
+    if (!(s->got.value = malloc(n + 1))) {
+        s->is_short = true;
+        return true;
+    }
+    memcpy(s->got.value, v, n);
+    s->got.value[n] = 0;
+    s->got.len = n;
+    s->got.mod_revision = rev;
+    s->got.is_found = true;
+    return true;
 }
 
-/* Until key exists or deadline_ms (clock_now_ms) passes; the value when asked for. */
+/* Until key exists or deadline_ms (clock_now_ms) passes; the value into *value, else kept for
+ * the GET that follows (remember_seen). */
 static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_value_t *value) {
     for (;;) {
         etcd_value_t v;
@@ -100,7 +136,7 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
             if (value)
                 *value = v;
             else
-                etcd_value_free(&v);
+                remember_seen(e, key, &v);
             return 0;
         }
         uint64_t now = clock_now_ms();
@@ -109,7 +145,7 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
                      etcd_endpoints(e->c), key);
             return DDP_ETIMEOUT;
         }
-        put_seen_t seen = {key};
+        put_seen_t seen = {.key = key};
         rc = etcd_watch(e->c, key, false, revision + 1, (int64_t)(deadline_ms - now), is_put_of,
                         &seen);
         if (rc == DDP_ETIMEOUT) {
@@ -118,6 +154,14 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
             return rc;
         }
         if (rc < 0) return failed(e, rc);
+        if (seen.is_short) return -ENOMEM;
+        if (seen.got.is_found) { /* the watch brought the value: no range again */
+            if (value)
+                *value = seen.got;
+            else
+                remember_seen(e, key, &seen.got);
+            return 0;
+        }
     }
 }
 
@@ -132,7 +176,14 @@ static int kv_wait(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t tim
 static int kv_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
     etcd_kv_t *e = self(kv);
     etcd_value_t v;
-    TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
+    if (e->seen_key && strcmp(e->seen_key, key) == 0) { /* a wait has just read it */
+        v = e->seen;
+        e->seen = (etcd_value_t){0};
+        forget_seen(e);
+    } else {
+        forget_seen(e);
+        TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
+    }
     *val = v.value;
     *len = v.len;
     return 0;
@@ -149,6 +200,7 @@ static void contention_pause(int lost) {
 
 static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     for (int lost = 0;; contention_pause(++lost)) { /* someone else's ADD landed first */
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -198,6 +250,7 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
                           const void *desired, size_t desired_len, uint8_t **current,
                           size_t *current_len) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     for (int lost = 0;; contention_pause(++lost)) {
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -218,6 +271,63 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
         if (rc < 0) return failed(e, rc);
         if (is_put) return copy_out(desired, desired_len, current, current_len);
     }
+}
+
+static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
+                        const size_t *lens, size_t n) {
+    etcd_kv_t *e = self(kv);
+    forget_seen(e);
+    for (size_t i = 0; i < n; i += ETCD_TXN_OPS_MAX) {
+        size_t m = n - i < ETCD_TXN_OPS_MAX ? n - i : ETCD_TXN_OPS_MAX;
+        int rc = etcd_put_many(e->c, keys + i, vals + i, lens + i, m);
+        if (rc < 0) return failed(e, rc);
+    }
+    return 0;
+}
+
+/* A key of this ticket's own, key/<random>, created without a lease (a ticket that vanished
+ * would lower the count of every later one), and the number of keys under key/ as of its
+ * creation, in the same transaction: those created up to it, this one included. One proposal
+ * per ticket, where ADD's compare-and-swap lets one of N concurrent agents win per round of
+ * N^2/2 proposals. */
+static int kv_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
+    etcd_kv_t *e = self(kv);
+    forget_seen(e);
+    uint64_t id;
+    randombytes_buf(&id, sizeof id);
+    size_t n = strlen(key) + 32;
+    char *prefix = malloc(n), *ticket = malloc(n);
+    int rc = prefix && ticket ? 0 : -ENOMEM;
+    int64_t revision = 0, count = 0;
+    if (rc == 0) {
+        snprintf(prefix, n, "%s/", key);
+        snprintf(ticket, n, "%s%016" PRIx64, prefix, id);
+        rc = etcd_put_new(e->c, ticket, "1", 1, prefix, &revision, &count);
+        if (rc == 0 && count < 0) /* a retry found it created: count as of its creation */
+            rc = etcd_count_prefix(e->c, prefix, revision, &count);
+        if (rc < 0) failed(e, rc);
+    }
+    if (rc == 0 && count < 1) {
+        snprintf(e->error, sizeof e->error,
+                 "etcd %s: %s counts no key at its own revision %" PRId64, etcd_endpoints(e->c),
+                 ticket, revision);
+        rc = DDP_EPROTO;
+    }
+    *index = count - 1;
+    free(prefix);
+    free(ticket);
+    return rc;
+}
+
+static int kv_count_tickets(rdzv_kv_t *kv, const char *key, int64_t *count) {
+    etcd_kv_t *e = self(kv);
+    size_t n = strlen(key) + 2;
+    char *prefix = malloc(n);
+    if (!prefix) return -ENOMEM;
+    snprintf(prefix, n, "%s/", key);
+    int rc = etcd_count_prefix(e->c, prefix, 0, count);
+    free(prefix);
+    return rc < 0 ? failed(e, rc) : 0;
 }
 
 /* The longest prefix the n keys share (malloc'd). */
@@ -323,12 +433,41 @@ static bool owed_event(void *arg, etcd_event_type_t type, const char *key, const
     return o->lost >= 0 || o->n_have == o->n;
 }
 
+/* One owed key (a member's rank, node 0's store address): a watch of that key alone, in slices,
+ * and a look at its owner's alive key after each. A range and a watch over both keys' common
+ * prefix (the round's) would read every key of the round, N^2 for the N members of a round. */
+static int wait_live_one(etcd_kv_t *e, const char *key, const char *alive, int64_t grace_ms,
+                         int64_t timeout_ms, int *lost) {
+    uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
+    bool was_alive = false;
+    for (;;) {
+        uint64_t now = clock_now_ms(), until = now + (uint64_t)e->slice_ms;
+        int rc = wait_key(e, key, until < deadline ? until : deadline, NULL);
+        if (rc != DDP_ETIMEOUT) return rc;
+        etcd_value_t v;
+        if ((rc = etcd_get(e->c, alive, &v, NULL)) < 0) return failed(e, rc);
+        bool is_alive = v.is_found;
+        etcd_value_free(&v);
+        was_alive |= is_alive;
+        now = clock_now_ms();
+        if (!is_alive && (was_alive || now - start >= (uint64_t)grace_ms)) {
+            /* it may have written the key just before it left: one more look */
+            if ((rc = wait_key(e, key, now, NULL)) != DDP_ETIMEOUT) return rc;
+            *lost = 0;
+            snprintf(e->error, sizeof e->error, "%s lost its lease before it wrote %s", alive, key);
+            return DDP_ELOST;
+        }
+        if (now >= deadline) return DDP_ETIMEOUT; /* wait_key said which key */
+    }
+}
+
 /* One range over everything's common prefix, then one watch from the revision after it: the
  * events update what is there; every grace check ends a slice of the watch. */
 static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *const *alive, size_t n,
                         int64_t grace_ms, int64_t timeout_ms, int *lost) {
     etcd_kv_t *e = self(kv);
     *lost = -1;
+    if (n == 1) return wait_live_one(e, keys[0], alive[0], grace_ms, timeout_ms, lost);
     const char **all = calloc(2 * n + 1, sizeof *all);
     bool *flags = calloc(3 * n + 1, sizeof *flags);
     char *prefix = NULL;
@@ -428,10 +567,11 @@ static bool is_lease_gone(const etcd_kv_t *e) {
 /* The lease `expired` is gone (its TTL passed without a refresh: a frozen agent, an etcd that
  * took no refresh in time): a new one, and every key this agent put under the old one again
  * under it. Whoever comes first renews; the other finds the id changed and uses the new one. */
-static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id) {
+static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id, bool *is_mine) {
     rdzv_lease_t *l = e->lease;
     pthread_mutex_lock(&l->mu);
     int rc = 0;
+    *is_mine = l->id == expired;
     if (l->id == expired) {
         int64_t fresh;
         rc = etcd_lease_grant(e->c, l->ttl_s, &fresh);
@@ -446,13 +586,23 @@ static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id) {
 
 static int kv_set_ephemeral(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
     etcd_kv_t *e = self(kv);
+    forget_seen(e);
     int64_t id;
     TRY(lease_id(e, &id));
     TRY(lease_note_key(e->lease, key, val, len));
     int rc = etcd_put(e->c, key, val, len, id);
     if (rc < 0 && is_lease_gone(e)) { /* expired since: renew, which puts key too */
-        rc = lease_renew(e, id, &id);
-        return rc < 0 ? DDP_ELEASE : 0;
+        int64_t expired = id;
+        bool is_mine;
+        if ((rc = lease_renew(e, expired, &id, &is_mine)) < 0) return DDP_ELEASE;
+        /* another thread renewed it, maybe before this key was noted: put it under the new one */
+        if (!is_mine && (rc = etcd_put(e->c, key, val, len, id)) < 0) return failed(e, rc);
+        /* said here too: a join can find the lease gone before the agent's next keep-alive */
+        if (is_mine)
+            LOG_WARN("etcd %s: lease %" PRIx64 " expired (the other nodes consider this one lost "
+                     "and end its round): this agent's keys are under lease %" PRIx64 " now",
+                     etcd_endpoints(e->c), (uint64_t)expired, (uint64_t)id);
+        return 0;
     }
     return rc < 0 ? failed(e, rc) : 0;
 }
@@ -469,7 +619,8 @@ static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
     if (rc < 0 && !is_lease_gone(e)) return failed(e, rc);
     if (rc == 0 && ttl > 0) return 0;
     int64_t fresh;
-    if ((rc = lease_renew(e, id, &fresh)) < 0) {
+    bool is_mine;
+    if ((rc = lease_renew(e, id, &fresh, &is_mine)) < 0) {
         char why[sizeof e->error];
         memcpy(why, e->error, sizeof why);
         snprintf(e->error, sizeof e->error,
@@ -478,6 +629,7 @@ static int kv_keep_alive(rdzv_kv_t *kv, bool *is_renewed) {
                  (uint64_t)id, why);
         return DDP_ELEASE;
     }
+    if (!is_mine) return 0; /* a join renewed it first, and said so */
     *is_renewed = true;
     snprintf(e->error, sizeof e->error,
              "etcd %s: lease %" PRIx64 " expired (the other nodes "
@@ -610,6 +762,7 @@ static const char *kv_error(const rdzv_kv_t *kv) {
 }
 
 static void kv_destroy(rdzv_kv_t *kv) {
+    forget_seen(self(kv));
     etcd_destroy(self(kv)->c);
     free(kv);
 }
@@ -620,6 +773,9 @@ static const rdzv_kv_ops_t etcd_ops = {.set = kv_set,
                                        .compare_set = kv_compare_set,
                                        .wait = kv_wait,
                                        .multi_get = kv_multi_get,
+                                       .multi_set = kv_multi_set,
+                                       .take_ticket = kv_take_ticket,
+                                       .count_tickets = kv_count_tickets,
                                        .set_ephemeral = kv_set_ephemeral,
                                        .keep_alive = kv_keep_alive,
                                        .wait_live = kv_wait_live,
@@ -637,6 +793,8 @@ int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t co
     e->kv.ops = &etcd_ops;
     e->lease = lease;
     e->op_timeout_ms = op_timeout_ms;
+    e->slice_ms = (int64_t)(o->lease_ttl_s * 1000 / 3);
+    if (e->slice_ms < 100) e->slice_ms = 100;
     etcd_opts_t eo = {.endpoints = o->rdzv_endpoints,
                       .cacert = o->etcd_cacert,
                       .cert = o->etcd_cert,

@@ -30,6 +30,16 @@ typedef struct {
     /* no waiting: a missing key reads as empty */
     int (*multi_get)(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_t **vals,
                      size_t *lens);
+    /* one request where the backend can (the store's MULTI_SET; etcd: a transaction per 128) */
+    int (*multi_set)(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
+                     const size_t *lens, size_t n);
+    /* A ticket of counter key: *index = how many were taken before this one (0, 1, ...), one
+     * request and no retry however many agents take one at once. store: ADD key 1 (minus 1);
+     * etcd: a key of its own created under key/, numbered by its creation's revision (ADD's
+     * compare-and-swap would make N^2/2 raft proposals of N agents). */
+    int (*take_ticket)(rdzv_kv_t *kv, const char *key, int64_t *index);
+    /* How many tickets of key were taken so far. */
+    int (*count_tickets)(rdzv_kv_t *kv, const char *key, int64_t *count);
     int (*set_ephemeral)(rdzv_kv_t *kv, const char *key, const void *val, size_t len);
     /* 0, also when the lease had expired and a new one now holds this agent's keys again
      * (*is_renewed, error() says so: the other members have seen this agent lost); DDP_ELEASE

@@ -44,6 +44,22 @@ static int kv_multi_get(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_
     return store_client_multi_get(client(kv), keys, n, vals, lens);
 }
 
+static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
+                        const size_t *lens, size_t n) {
+    return store_client_multi_set(client(kv), keys, vals, lens, n);
+}
+
+static int kv_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
+    int64_t count;
+    int rc = store_client_add(client(kv), key, 1, &count);
+    *index = count - 1;
+    return rc;
+}
+
+static int kv_count_tickets(rdzv_kv_t *kv, const char *key, int64_t *count) {
+    return store_client_add(client(kv), key, 0, count);
+}
+
 static void kv_interrupt(rdzv_kv_t *kv) {
     store_client_interrupt(client(kv));
 }
@@ -63,6 +79,9 @@ static const rdzv_kv_ops_t store_ops = {.set = kv_set,
                                         .compare_set = kv_compare_set,
                                         .wait = kv_wait,
                                         .multi_get = kv_multi_get,
+                                        .multi_set = kv_multi_set,
+                                        .take_ticket = kv_take_ticket,
+                                        .count_tickets = kv_count_tickets,
                                         .set_ephemeral = kv_set,
                                         .keep_alive = NULL,
                                         .wait_live = NULL,

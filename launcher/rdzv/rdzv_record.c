@@ -33,6 +33,20 @@ int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len) {
     return print_to(o, out, out_len);
 }
 
+int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_len) {
+    cJSON *o = cJSON_CreateObject();
+    if (r->error[0]) {
+        cJSON_AddStringToObject(o, "error", r->error);
+        cJSON_AddBoolToObject(o, "lost", r->is_lost);
+    } else {
+        cJSON_AddNumberToObject(o, "node", r->group_rank);
+        cJSON_AddNumberToObject(o, "first_rank", r->rank_offset);
+        cJSON_AddNumberToObject(o, "world_size", r->world_size);
+        cJSON_AddNumberToObject(o, "node0", r->host_join_index);
+    }
+    return print_to(o, out, out_len);
+}
+
 /* A JSON object from n_bytes of text, or NULL (too long, not JSON, not an object). */
 static cJSON *parse_object(const char *text, size_t n_bytes) {
     if (n_bytes == 0 || n_bytes > RDZV_RECORD_MAX_BYTES) return NULL;
@@ -75,6 +89,28 @@ bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out) {
                  get_int(o, "failures", 0, INT_MAX, &out->failures) &&
                  get_int(o, "node", -1, INT_MAX, &out->node) &&
                  get_int(o, "rank", -1, INT_MAX, &out->rank);
+    cJSON_Delete(o);
+    return is_ok;
+}
+
+bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t *out) {
+    cJSON *o = parse_object(text, n_bytes);
+    if (!o) return false;
+    memset(out, 0, sizeof *out);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    bool is_ok;
+    if (cJSON_IsString(e)) { /* shown to people: printable ASCII only */
+        size_t n = 0;
+        for (const char *p = e->valuestring; *p && n < sizeof out->error - 1; p++)
+            out->error[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+        out->error[n] = '\0';
+        is_ok = n > 0 && cJSON_GetArraySize(o) == 2 && get_bool(o, "lost", &out->is_lost);
+    } else {
+        is_ok = get_int(o, "node", 0, RDZV_MAX_NODES - 1, &out->group_rank) &&
+                get_int(o, "world_size", 1, INT_MAX, &out->world_size) &&
+                get_int(o, "first_rank", 0, out->world_size - 1, &out->rank_offset) &&
+                get_int(o, "node0", 0, RDZV_MAX_NODES - 1, &out->host_join_index);
+    }
     cJSON_Delete(o);
     return is_ok;
 }

@@ -1,5 +1,6 @@
 /* rdzv_record: the rendezvous' records in the store, as JSON objects (cJSON): a node's record in a
- * round (r<R>/node/<i>) and why a round ended (r<R>/restart); and what a join hands back
+ * round (r<R>/node/<i>), a member's place in a closed round (r<R>/rank/<i>) and why a round ended
+ * (r<R>/restart); and what a join hands back
  * (rdzv_result_t), which the agent's pure state machine keeps (agent_sm.h). Parsing is strict and
  * bounded: a record from the store is outside input (another agent, or anyone who can reach the
  * store), so a malformed one is refused, never trusted in part. Pure: no I/O; any thread. */
@@ -31,6 +32,18 @@ typedef struct {
     bool is_host; /* it hosts the store */
 } rdzv_node_record_t;
 
+/* Where a member stands in a closed round, as the round's last member publishes it for each member
+ * (r<R>/rank/<join index>): every other member reads its own instead of every node record. */
+typedef struct {
+    int group_rank;      /* the member's node rank in the round */
+    int rank_offset;     /* its first worker's global rank */
+    int world_size;      /* workers in the round */
+    int host_join_index; /* the join index of node 0 (etcd: whose lease owes the store address) */
+    char error[160];     /* non-empty: the round cannot start, and why (a malformed node record) */
+    bool is_lost;        /* with error: a member was lost before it wrote its record (etcd), so
+                            the next round may start without it */
+} rdzv_rank_record_t;
+
 /* Why a round ended, as every agent reads it from the round's restart key. */
 typedef struct {
     int code;          /* 0: a membership change, not a failure */
@@ -42,10 +55,14 @@ typedef struct {
 /* The record as JSON into out; returns its length, or -1 if it does not fit. */
 int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_len);
 int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len);
+int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_len);
 /* Parse n_bytes of text (not NUL-terminated). Every field must be there with its type and range;
  * returns false otherwise (out then unspecified). */
 bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out);
 bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out);
+/* Either the four numbers (error empty) or an error text (printable ASCII, cut to fit) and
+ * whether it is a lost member. */
+bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t *out);
 /* For people: "exit 75 on node 1 rank 3 (failure 2)", "a membership change", ... */
 void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len);
 

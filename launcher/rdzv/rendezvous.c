@@ -173,14 +173,120 @@ static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***va
     return 0;
 }
 
+/* The round's last member (join index n - 1): every member's node record, the ranks from them,
+ * and each member's place as r<R>/rank/<join index> in one MULTI_SET, so that each other member
+ * reads one key instead of all N records (N^2 reads and parses for a round of N). A malformed
+ * record gives every member an error record instead. *own: this agent's. */
+static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_record_t *own,
+                         char *err, size_t err_len) {
+    member_t *m = calloc((size_t)n, sizeof *m);
+    rdzv_rank_record_t *ranks = calloc((size_t)n, sizeof *ranks);
+    char(*texts)[RDZV_RECORD_MAX_BYTES] = calloc((size_t)n, sizeof *texts);
+    char(*names)[256] = calloc((size_t)n, sizeof *names);
+    const char **keys = calloc((size_t)n, sizeof *keys);
+    const void **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    uint8_t **records = NULL;
+    size_t *record_lens = NULL;
+    int rc = m && ranks && texts && names && keys && vals && lens ? 0 : -ENOMEM;
+    if (rc == 0 && (rc = read_records(r, c, round, n, &records, &record_lens, err, err_len)) < 0 &&
+        rc != DDP_ELOST) /* DDP_ELOST: err says whose lease */
+        snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
+    char error[sizeof ranks[0].error] = "";
+    bool is_lost = rc == DDP_ELOST;
+    if (is_lost) { /* the others wait for their ranks: they must leave this round too */
+        snprintf(error, sizeof error, "%s", err);
+        rc = 0;
+    }
+    for (int i = 0; rc == 0 && !is_lost && i < n; i++) {
+        rdzv_node_record_t rec;
+        /* never echoed: the bytes may be anything */
+        if (!rdzv_record_node_parse((const char *)records[i], record_lens[i], &rec)) {
+            if (!error[0])
+                snprintf(error, sizeof error, "round %d: node record %d (%zu bytes) is malformed",
+                         round, i, record_lens[i]);
+            continue;
+        }
+        m[i] = (member_t){
+            .join_index = i, .nproc = rec.nproc, .hint = rec.hint, .is_host = rec.is_host};
+    }
+    if (records) free_records(records, record_lens, n);
+    if (rc == 0) {
+        qsort(m, (size_t)n, sizeof *m, member_order);
+        int world_size = 0;
+        for (int g = 0; g < n; g++) {
+            rdzv_rank_record_t *x = &ranks[m[g].join_index];
+            x->group_rank = g;
+            x->rank_offset = world_size;
+            x->host_join_index = m[0].join_index;
+            world_size += m[g].nproc;
+        }
+        for (int i = 0; i < n && rc == 0; i++) {
+            ranks[i].world_size = world_size;
+            snprintf(ranks[i].error, sizeof ranks[i].error, "%s", error);
+            ranks[i].is_lost = is_lost;
+            int len = rdzv_record_rank_format(&ranks[i], texts[i], sizeof texts[i]);
+            snprintf(names[i], sizeof names[i], "%s/r%d/rank/%d", r->prefix, round, i);
+            keys[i] = names[i];
+            vals[i] = texts[i];
+            lens[i] = len > 0 ? (size_t)len : 0;
+            if (len < 0) rc = -ENOSPC;
+        }
+    }
+    if (rc == 0 && (rc = c->ops->multi_set(c, keys, vals, lens, (size_t)n)) < 0)
+        snprintf(err, err_len, "rendezvous round %d: publishing the ranks: %s", round,
+                 c->ops->error(c));
+    if (rc == 0) *own = ranks[n - 1];
+    free(m);
+    free(ranks);
+    free(texts);
+    free(names);
+    free(keys);
+    free(vals);
+    free(lens);
+    return rc;
+}
+
+/* Any other member: its own r<R>/rank/<index>, once the last member wrote it (etcd: ended too by
+ * the last member's lost lease). */
+static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, rdzv_rank_record_t *out,
+                     char *err, size_t err_len) {
+    char k[256];
+    snprintf(k, sizeof k, "%s/r%d/rank/%d", r->prefix, round, index);
+    const char *keys[] = {k};
+    int publisher = n - 1, rc = wait_owed(r, c, round, keys, &publisher, 1, err, err_len);
+    if (rc < 0) {
+        if (rc != DDP_ELOST)
+            snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
+        return rc;
+    }
+    uint8_t *v;
+    size_t len;
+    if ((rc = c->ops->get(c, k, &v, &len)) < 0) {
+        snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
+        return rc;
+    }
+    bool is_ok = rdzv_record_rank_parse((const char *)v, len, out);
+    free(v);
+    if (!is_ok) {
+        snprintf(err, err_len,
+                 "round %d: the rank record of join index %d (%zu bytes) is malformed", round,
+                 index, len);
+        return DDP_EPROTO;
+    }
+    return 0;
+}
+
 int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err, size_t err_len) {
     const ddprun_opts_t *o = r->opts;
     char k[256], record[RDZV_RECORD_MAX_BYTES];
     int64_t joined;
     key(r, k, sizeof k, round, "joined");
-    int rc = c->ops->add(c, k, 1, &joined);
+    int64_t ticket;
+    int rc = c->ops->take_ticket(c, k, &ticket);
     if (rc < 0) goto fail;
-    int index = (int)joined - 1;
+    joined = ticket + 1;
+    int index = (int)ticket;
     if (c->ops->keep_alive) { /* etcd: membership lives as long as this agent's lease */
         char alive[256], what[32];
         snprintf(what, sizeof what, "alive/%d", index);
@@ -204,7 +310,7 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         rc = last_call_ms > 0 ? c->ops->wait(c, keys, 1, last_call_ms) : DDP_ETIMEOUT;
         if (rc < 0 && rc != DDP_ETIMEOUT) goto fail;
         is_closed = rc == 0;
-        if (!is_closed && (rc = c->ops->add(c, k, 0, &joined)) < 0) goto fail;
+        if (!is_closed && (rc = c->ops->count_tickets(c, k, &joined)) < 0) goto fail;
     }
     if (joined >= (int64_t)o->min_nodes && !is_closed) { /* at MAX at once, at MIN after the call */
         char count[16];
@@ -236,48 +342,21 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     out->is_member = index < n_members;
     out->join_index = index;
     if (!out->is_member) return 0;
-    member_t *m = calloc((size_t)n_members, sizeof *m);
-    uint8_t **vals = NULL;
-    size_t *lens = NULL;
-    if (!m) return -ENOMEM;
-    /* a WAIT on every member's record and a MULTI_GET of them, a round trip or two each: 2 per
-     * agent instead of one per member (N^2 in all for a round of N) */
-    if ((rc = read_records(r, c, round, (int)n_members, &vals, &lens, err, err_len)) < 0) {
-        free(m);
-        if (rc == DDP_ELOST) return rc;
-        goto fail;
+    rdzv_rank_record_t place;
+    if (index == n_members - 1)
+        rc = publish_ranks(r, c, round, (int)n_members, &place, err, err_len);
+    else
+        rc = read_rank(r, c, round, index, (int)n_members, &place, err, err_len);
+    if (rc < 0) return rc;
+    if (place.error[0]) {
+        snprintf(err, err_len, "%s", place.error);
+        return place.is_lost ? DDP_ELOST : DDP_EPROTO;
     }
-    for (int i = 0; i < n_members; i++) {
-        uint8_t *v = vals[i];
-        size_t vn = lens[i];
-        vals[i] = NULL;
-        rdzv_node_record_t rec;
-        bool is_ok = rdzv_record_node_parse((const char *)v, vn, &rec);
-        free(v);
-        m[i].join_index = i;
-        if (!is_ok) { /* never echoed: the bytes may be anything */
-            snprintf(err, err_len, "round %d: node record %d (%zu bytes) is malformed", round, i,
-                     vn);
-            free(m);
-            free_records(vals, lens, (int)n_members);
-            return DDP_EPROTO;
-        }
-        m[i].nproc = rec.nproc;
-        m[i].hint = rec.hint;
-        m[i].is_host = rec.is_host;
-    }
-    free_records(vals, lens, (int)n_members);
-    qsort(m, (size_t)n_members, sizeof *m, member_order);
-    for (int i = 0; i < n_members; i++) {
-        if (m[i].join_index == index) {
-            out->group_rank = i;
-            out->rank_offset = out->world_size;
-        }
-        out->world_size += m[i].nproc;
-    }
-    int host_join_index = m[0].join_index;
-    free(m);
-    if (r->own_store_host[0] && (rc = round_store(r, c, out, host_join_index, err, err_len)) < 0) {
+    out->group_rank = place.group_rank;
+    out->rank_offset = place.rank_offset;
+    out->world_size = place.world_size;
+    if (r->own_store_host[0] &&
+        (rc = round_store(r, c, out, place.host_join_index, err, err_len)) < 0) {
         if (rc != DDP_EPROTO && rc != DDP_ELOST) goto fail;
         return rc;
     }
@@ -393,9 +472,9 @@ int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
     char k[256], all[256];
     key(r, k, sizeof k, round, "done");
     key(r, all, sizeof all, round, "all_done");
-    int64_t count;
-    TRY(c->ops->add(c, k, 1, &count));
-    if (count >= n) TRY(c->ops->set(c, all, "1", 1));
+    int64_t ticket; /* etcd: a ticket, not an ADD's compare-and-swap, as for a join */
+    TRY(c->ops->take_ticket(c, k, &ticket));
+    if (ticket + 1 >= n) TRY(c->ops->set(c, all, "1", 1));
     const char *keys[] = {all};
     return c->ops->wait(c, keys, 1, timeout_ms);
 }

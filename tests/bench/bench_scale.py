@@ -16,7 +16,10 @@ process starts, workers or heartbeats: the rendezvous protocol's own cost, which
 starting on a 2-core machine hide. Usage:
 
     /usr/bin/python3 tests/bench/bench_scale.py [--agents 256,512,1024] [--backend c10d|etcd]
-        [--protocol] [--json FILE]
+        [--protocol | --torchrun] [--json FILE]
+
+--torchrun: the same job with Debian's torchrun (torch 1.13) as the N agents, on the same
+standalone store (is_host=false), the anchor.
 """
 import argparse
 import json
@@ -36,8 +39,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
 
 WORKER = """#!/bin/sh
-date +%s%N > "$OUT_DIR/start.$DDPRUN_ATTEMPT.$RANK.tmp" && mv "$OUT_DIR/start.$DDPRUN_ATTEMPT.$RANK.tmp" "$OUT_DIR/start.$DDPRUN_ATTEMPT.$RANK"
-echo $$ > "$OUT_DIR/pid.$DDPRUN_ATTEMPT.$RANK"
+A=${DDPRUN_ATTEMPT:-$TORCHELASTIC_RESTART_COUNT}
+date +%s%N > "$OUT_DIR/start.$A.$RANK.tmp" && mv "$OUT_DIR/start.$A.$RANK.tmp" "$OUT_DIR/start.$A.$RANK"
+echo $$ > "$OUT_DIR/pid.$A.$RANK"
 exec sleep 600
 """
 
@@ -58,11 +62,14 @@ def cpu_and_rss(pids):
     return cpu, rss
 
 
-def wait_count(out, attempt, n, timeout):
-    """The latest start time (ns) once n workers of attempt started, or None."""
+def wait_count(out, attempt, n, timeout, agents=()):
+    """The latest start time (ns) once n workers of attempt started, or None (also as soon as
+    every agent has exited)."""
     deadline = time.monotonic() + timeout
     prefix = f"start.{attempt}."
     while time.monotonic() < deadline:
+        if agents and all(a.poll() is not None for a in agents):
+            return None
         names = [f for f in os.listdir(out) if f.startswith(prefix) and not f.endswith(".tmp")]
         if len(names) >= n:
             return max(int(open(os.path.join(out, f)).read()) for f in names)
@@ -111,7 +118,17 @@ def run_protocol(ddprun, n, backend, timeout):
         shutil.rmtree(out, ignore_errors=True)
 
 
-def run(ddprun, n, backend, timeout):
+def torchrun_cmd(endpoint, n, worker):
+    """Debian's torchrun (torch 1.13) as an agent of the same job on the same standalone store
+    (is_host=false; `-r 1 -t 1`: its enum parsing breaks on the defaults on this Python)."""
+    return [sys.executable, "-m", "torch.distributed.run", "-r", "1", "-t", "1", "--nnodes",
+            str(n), "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            endpoint, "--rdzv_id", "scale", "--rdzv_conf",
+            "join_timeout=600,last_call_timeout=1,is_host=false", "--max_restarts", "3",
+            "--monitor_interval", "0.1", "--no_python", worker]
+
+
+def run(ddprun, n, backend, timeout, tool="ddprun"):
     out = tempfile.mkdtemp(prefix=f"bench-scale-{n}-")
     worker = os.path.join(out, "worker.sh")
     with open(worker, "w") as f:
@@ -127,8 +144,8 @@ def run(ddprun, n, backend, timeout):
         while not os.path.exists(port_file):
             time.sleep(0.01)
         time.sleep(0.05)
-        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint",
-                f"127.0.0.1:{int(open(port_file).read())}",
+        endpoint = f"127.0.0.1:{int(open(port_file).read())}"
+        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                 "--rdzv-conf", conf + ",heartbeat_timeout=30,is_host=false"]
         store_pids = [store.pid]
     else:
@@ -140,8 +157,10 @@ def run(ddprun, n, backend, timeout):
     env = dict(os.environ, OUT_DIR=out)
     cmd = [ddprun, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-id", "scale",
            "--max-restarts", "3", "--monitor-interval", "0.1"] + rdzv + [worker]
+    if tool == "torchrun":
+        cmd = torchrun_cmd(endpoint, n, worker)
     agents = []
-    result = {"agents": n, "backend": backend}
+    result = {"agents": n, "backend": backend, "tool": tool}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         t0 = time.time_ns()
@@ -151,7 +170,7 @@ def run(ddprun, n, backend, timeout):
                                            start_new_session=True))
             log.close()
         t_spawned = time.time_ns()
-        last = wait_count(out, 0, n, timeout)
+        last = wait_count(out, 0, n, timeout, agents)
         if last is None:
             result["error"] = "not every worker of round 0 started (agents' logs in " + out + ")"
             out = None
@@ -167,7 +186,7 @@ def run(ddprun, n, backend, timeout):
             result["error"] = "round 0 ended by itself before the kill (agents' logs in " + out + ")"
             out = None  # kept for the logs
             return result
-        last = wait_count(out, 1, n, timeout)
+        last = wait_count(out, 1, n, timeout, agents)
         if last is None:
             result["error"] = "not every worker of round 1 started"
             return result
@@ -199,14 +218,22 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--protocol", action="store_true",
                     help="the N agents as threads of one process (bench_rdzv_agents): the protocol alone")
+    ap.add_argument("--torchrun", action="store_true",
+                    help="the agents are Debian's torchrun (c10d only), on the same store")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.torchrun and (args.protocol or args.backend != "c10d"):
+        sys.exit("bench_scale: --torchrun runs agents as processes on c10d")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     ddprun = build_path("launcher", "ddprun")
     rows = []
     for n in (int(x) for x in args.agents.split(",")):
-        r = (run_protocol if args.protocol else run)(ddprun, n, args.backend, args.timeout)
+        if args.protocol:
+            r = run_protocol(ddprun, n, args.backend, args.timeout)
+        else:
+            r = run(ddprun, n, args.backend, args.timeout,
+                    "torchrun" if args.torchrun else "ddprun")
         r["loadavg"] = os.getloadavg()[0]
         rows.append(r)
         if "error" in r:
@@ -218,7 +245,7 @@ def main():
                   f"{r['store_cpu_s']:.2f} s CPU, {r['store_peak_mib']:.0f} MiB peak "
                   f"(load average {r['loadavg']:.1f})", flush=True)
             continue
-        print(f"{args.backend} {n:5d} agents: rendezvous {r['rendezvous_s']:7.2f} s "
+        print(f"{r['tool']} {args.backend} {n:5d} agents: rendezvous {r['rendezvous_s']:7.2f} s "
               f"(agents spawned in {r['spawn_agents_s']:.2f} s), restart {r['restart_s']:6.2f} s, "
               f"store {r['store_cpu_s']:.2f} s CPU, {r['store_peak_mib']:.0f} MiB peak; all "
               f"processes {r['all_cpu_s']:.1f} s CPU on {os.cpu_count()} cores (load average "

@@ -121,7 +121,7 @@ def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
     ttl_s = 2
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         prefix = f"/ddprun/died-{died}/r0"
-        etcd.put(f"{prefix}/joined", "1")
+        etcd.put(f"{prefix}/joined/0000000000000000", "1")  # its ticket: join index 0
         if died != "before_alive":
             r = etcd.etcdctl("lease", "grant", "5")
             assert r.returncode == 0, r.stderr
@@ -145,4 +145,31 @@ def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
         assert took < 30, f"{took:.1f} s"
         assert "lost its etcd lease before it wrote" in agents[0].err, agents[0].err
         for x in agents:
+            assert "round 1: node" in x.err, x.err
+
+
+def test_a_member_lost_before_its_record_ends_the_round_for_every_member(ddprun, tmp_path):
+    """Round 0 holds a member #0 that died before its node record; two agents join it as #1 and
+    #2 (--nnodes 2:3: #2 closes it at 3). Only the round's last member (#2) reads the records and
+    finds #0 lost; #1 waits for its rank record, which must tell it so (not leave it waiting out
+    join_timeout + read_timeout): both end round 0 and finish in round 1."""
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        prefix = "/ddprun/lost-before-record/r0"
+        etcd.put(f"{prefix}/joined/0000000000000000", "1")  # #0's ticket
+        r = etcd.etcdctl("lease", "grant", "5")
+        assert r.returncode == 0, r.stderr
+        r = etcd.etcdctl("put", "--lease", r.stdout.split()[1], f"{prefix}/alive/0", "1")
+        assert r.returncode == 0, r.stderr
+        args = agent_args(ddprun, etcd, "lost-before-record",
+                          "lease_ttl=2,join_timeout=60,read_timeout=60,last_call_timeout=3",
+                          "sleep 1")
+        args[args.index("--nnodes") + 1] = "2:3"
+        start = time.monotonic()
+        agents = [Agent(args), Agent(args)]
+        codes = [x.finish(50) for x in agents]
+        took = time.monotonic() - start
+        assert codes == [0, 0], agents[0].err + "\n----\n" + agents[1].err
+        assert took < 35, f"{took:.1f} s"
+        for x in agents:
+            assert "lost its etcd lease before it wrote" in x.err, x.err
             assert "round 1: node" in x.err, x.err

@@ -27,6 +27,18 @@ sleep 0.2
 """
 
 
+def wait_listening(port, proc, timeout=20):
+    """Until the first agent's store accepts connections on port (the tests count on that agent
+    hosting the store; a fixed pause let a later agent win the port on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def run_agents(ddprun, tmp_path, n_nodes, nproc, extra=(), env=None, hints=None, timeout=60):
     worker = tmp_path / "worker.sh"
     worker.write_text(WORKER)
@@ -43,7 +55,8 @@ def run_agents(ddprun, tmp_path, n_nodes, nproc, extra=(), env=None, hints=None,
             args += ["--node-rank", str(hints[i])]
         procs.append(subprocess.Popen(args + [str(worker)], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-        time.sleep(0.05)  # the first agent hosts the store
+        if i == 0:
+            wait_listening(port, procs[0])  # the first agent hosts the store
     outs = [p.communicate(timeout=timeout) for p in procs]
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
 
@@ -58,7 +71,8 @@ def spawn_c10d_agents(ddprun, script, tmp_path, n, nproc, extra=()):
             [ddprun, "--nnodes", str(n), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"127.0.0.1:{port}"] + list(extra) + [str(script)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        time.sleep(0.05)
+        if len(agents) == 1:
+            wait_listening(port, agents[0])
     return agents
 
 

@@ -1,5 +1,6 @@
 /* libFuzzer harness over the rendezvous' record parsers (launcher/rdzv/rdzv_record): the bytes
- * another agent, or anyone who reaches the store, may leave under r<R>/node/<i> and r<R>/restart.
+ * another agent, or anyone who reaches the store, may leave under r<R>/node/<i>, r<R>/rank/<i> and
+ * r<R>/restart.
  * Checks that parsing never crashes or reads past the input, and that whatever parses also formats
  * and parses back to the same values. The first byte picks the parser. */
 #include <assert.h>
@@ -16,7 +17,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size - 1 ? size - 1 : 1);
     memcpy(text, data + 1, size - 1);
     char again[RDZV_RECORD_MAX_BYTES];
-    if (data[0] & 1) {
+    if (data[0] % 3 == 2) {
+        rdzv_rank_record_t r, r2;
+        if (rdzv_record_rank_parse(text, size - 1, &r)) {
+            int n = rdzv_record_rank_format(&r, again, sizeof again);
+            assert(n > 0 && rdzv_record_rank_parse(again, (size_t)n, &r2));
+            assert(r.group_rank == r2.group_rank && r.rank_offset == r2.rank_offset &&
+                   r.world_size == r2.world_size && r.host_join_index == r2.host_join_index &&
+                   strcmp(r.error, r2.error) == 0 && (!r.error[0] || r.is_lost == r2.is_lost));
+        }
+    } else if (data[0] & 1) {
         rdzv_why_t w, w2;
         if (rdzv_record_why_parse(text, size - 1, &w)) {
             int n = rdzv_record_why_format(&w, again, sizeof again);

@@ -63,3 +63,41 @@ Test(rdzv_record, descriptions_are_for_people) {
     rdzv_record_why_describe(&w, text, sizeof text);
     cr_assert_str_eq(text, "a membership change");
 }
+
+Test(rdzv_record, rank_records_round_trip_and_bad_ones_are_refused) {
+    char text[RDZV_RECORD_MAX_BYTES];
+    rdzv_rank_record_t r = {.group_rank = 3,
+                            .rank_offset = 24,
+                            .world_size = 8192,
+                            .host_join_index = 17},
+                       r2;
+    cr_assert_gt(rdzv_record_rank_format(&r, text, sizeof text), 0);
+    cr_assert_str_eq(text, "{\"node\":3,\"first_rank\":24,\"world_size\":8192,\"node0\":17}");
+    cr_assert(rdzv_record_rank_parse(text, strlen(text), &r2), "%s", text);
+    cr_assert(r2.group_rank == 3 && r2.rank_offset == 24 && r2.world_size == 8192 &&
+              r2.host_join_index == 17 && !r2.error[0]);
+    rdzv_rank_record_t e = {.error = "round 2: node record 5 (3 bytes) is malformed"};
+    cr_assert_gt(rdzv_record_rank_format(&e, text, sizeof text), 0);
+    cr_assert(rdzv_record_rank_parse(text, strlen(text), &r2), "%s", text);
+    cr_assert_str_eq(r2.error, e.error);
+    cr_assert_not(r2.is_lost);
+    const char *bell = "{\"error\":\"a\\u0007b\",\"lost\":true}";
+    cr_assert(rdzv_record_rank_parse(bell, strlen(bell), &r2));
+    cr_assert_str_eq(r2.error, "a?b", "only printable bytes reach a log");
+    cr_assert(r2.is_lost);
+    const char *bad[] = {
+        "{}",
+        "{\"node\":3,\"first_rank\":24,\"world_size\":8192}",               /* no node0 */
+        "{\"node\":3,\"first_rank\":8192,\"world_size\":8192,\"node0\":0}", /* past the world */
+        "{\"node\":1024,\"first_rank\":0,\"world_size\":8192,\"node0\":0}", /* > RDZV_MAX_NODES */
+        "{\"node\":0,\"first_rank\":0,\"world_size\":0,\"node0\":0}",       /* empty world */
+        "{\"node\":0,\"first_rank\":0,\"world_size\":1,\"node0\":-1}",
+        "{\"error\":\"\"}",
+        "{\"error\":7}",
+        "{\"error\":\"x\",\"node\":0}", /* both */
+        "{\"error\":\"x\"}",            /* lost or not? */
+        "{\"error\":\"x\",\"lost\":1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_not(rdzv_record_rank_parse(bad[i], strlen(bad[i]), &r2), "accepted %s", bad[i]);
+}

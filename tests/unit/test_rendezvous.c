@@ -407,6 +407,180 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     server_stop(&srv);
 }
 
+/* ---- a round of many: what each agent asks of the store ---------------------------------------
+ */
+
+/* The agent's kv with a count of its requests and of the keys it reads (GET, WAIT, MULTI_GET). */
+typedef struct {
+    rdzv_kv_t kv;
+    rdzv_kv_t *inner;
+    int requests;
+    size_t keys_read;
+} counting_kv_t;
+
+static rdzv_kv_t *inner(rdzv_kv_t *kv) {
+    return ((counting_kv_t *)kv)->inner;
+}
+static counting_kv_t *counted(rdzv_kv_t *kv, size_t keys_read) {
+    counting_kv_t *k = (counting_kv_t *)kv;
+    k->requests++;
+    k->keys_read += keys_read;
+    return k;
+}
+static int c_set(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
+    counted(kv, 0);
+    return inner(kv)->ops->set(inner(kv), key, val, len);
+}
+static int c_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
+    counted(kv, 1);
+    return inner(kv)->ops->get(inner(kv), key, val, len);
+}
+static int c_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
+    counted(kv, 0);
+    return inner(kv)->ops->add(inner(kv), key, delta, result);
+}
+static int c_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, size_t expected_len,
+                         const void *desired, size_t desired_len, uint8_t **current,
+                         size_t *current_len) {
+    counted(kv, 0);
+    return inner(kv)->ops->compare_set(inner(kv), key, expected, expected_len, desired, desired_len,
+                                       current, current_len);
+}
+static int c_wait(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t timeout_ms) {
+    counted(kv, n);
+    return inner(kv)->ops->wait(inner(kv), keys, n, timeout_ms);
+}
+static int c_multi_get(rdzv_kv_t *kv, const char *const *keys, size_t n, uint8_t **vals,
+                       size_t *lens) {
+    counted(kv, n);
+    return inner(kv)->ops->multi_get(inner(kv), keys, n, vals, lens);
+}
+static int c_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
+                       const size_t *lens, size_t n) {
+    counted(kv, 0);
+    return inner(kv)->ops->multi_set(inner(kv), keys, vals, lens, n);
+}
+static int c_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
+    counted(kv, 0);
+    return inner(kv)->ops->take_ticket(inner(kv), key, index);
+}
+static int c_count_tickets(rdzv_kv_t *kv, const char *key, int64_t *count) {
+    counted(kv, 0);
+    return inner(kv)->ops->count_tickets(inner(kv), key, count);
+}
+static void c_interrupt(rdzv_kv_t *kv) {
+    inner(kv)->ops->interrupt(inner(kv));
+}
+static const char *c_error(const rdzv_kv_t *kv) {
+    const rdzv_kv_t *in = ((const counting_kv_t *)kv)->inner;
+    return in->ops->error(in);
+}
+static void c_destroy(rdzv_kv_t *kv) {
+    rdzv_kv_destroy(inner(kv));
+    free(kv);
+}
+static const rdzv_kv_ops_t counting_ops = {.set = c_set,
+                                           .get = c_get,
+                                           .add = c_add,
+                                           .compare_set = c_compare_set,
+                                           .wait = c_wait,
+                                           .multi_get = c_multi_get,
+                                           .multi_set = c_multi_set,
+                                           .take_ticket = c_take_ticket,
+                                           .count_tickets = c_count_tickets,
+                                           .set_ephemeral = c_set,
+                                           .interrupt = c_interrupt,
+                                           .error = c_error,
+                                           .destroy = c_destroy};
+
+/* 64 agents join one round at once (the store host among them, and one --node-rank hint): the
+ * ranks are those of the protocol (host first, then hints, then join order), and each agent's
+ * join is a few requests on a few keys, whatever N is; only the round's last member reads every
+ * node record, once, to publish the ranks. Before that, every member read all N records (a WAIT
+ * and a MULTI_GET of N keys each: N^2 in all, 2 s of a restart at 1024 agents). */
+Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
+    enum { N = 64, HOST = 9, HINTED = 20 };
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = opts.max_nodes = N;
+    static agent_t m[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        agent_start(&m[i], i == HOST);
+        if (i == HINTED) m[i].r.node_rank_hint = 1;
+        counting_kv_t *k = calloc(1, sizeof *k);
+        cr_assert_not_null(k);
+        k->kv.ops = &counting_ops;
+        k->inner = m[i].kv;
+        m[i].kv = &k->kv;
+    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    for (int i = 0; i < N; i++)
+        pthread_join(t[i], NULL);
+    bool is_taken[N] = {false};
+    int n_readers_of_all = 0;
+    for (int i = 0; i < N; i++) {
+        const rdzv_result_t *o = &m[i].out;
+        cr_assert_eq(m[i].rc, 0, "agent %d: %s", i, m[i].err);
+        cr_assert(o->is_member && o->group_world_size == N && o->world_size == 2 * N);
+        cr_assert(o->group_rank >= 0 && o->group_rank < N && !is_taken[o->group_rank]);
+        is_taken[o->group_rank] = true;
+        cr_assert_eq(o->rank_offset, 2 * o->group_rank, "nproc 2 each");
+        if (i == HOST) cr_assert_eq(o->group_rank, 0, "the store host is node 0");
+        if (i == HINTED) cr_assert_eq(o->group_rank, 1, "then the --node-rank hint");
+        const counting_kv_t *k = (const counting_kv_t *)m[i].kv;
+        if (o->join_index == N - 1) { /* the last member publishes: it reads every record once */
+            cr_assert_geq(k->keys_read, (size_t)N);
+            cr_assert_leq(k->keys_read, (size_t)(2 * N + 4));
+            n_readers_of_all++;
+            continue;
+        }
+        cr_assert_leq(k->requests, 8, "agent %d (join index %d): %d requests", i, o->join_index,
+                      k->requests);
+        cr_assert_leq(k->keys_read, 4, "agent %d (join index %d) read %zu keys of a round of %d", i,
+                      o->join_index, k->keys_read, N);
+    }
+    cr_assert_eq(n_readers_of_all, 1);
+    /* join order after the host and the hint: the others in the order they joined */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++)
+            if (i != HOST && i != HINTED && j != HOST && j != HINTED &&
+                m[i].out.join_index < m[j].out.join_index)
+                cr_assert_lt(m[i].out.group_rank, m[j].out.group_rank);
+    for (int i = 0; i < N; i++)
+        agent_dies(&m[i]);
+    server_stop(&srv);
+}
+
+/* A malformed node record: the round cannot start, and every member says so (the last member,
+ * which alone reads the records, tells the others through their rank records). */
+Test(rendezvous, a_malformed_record_fails_every_member) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = opts.max_nodes = 3;
+    agent_t m[3];
+    for (int i = 0; i < 3; i++)
+        agent_start(&m[i], i == 0);
+    /* join index 0 is taken by someone who wrote garbage */
+    int64_t ticket;
+    cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", &ticket), 0);
+    cr_assert_eq(m[0].kv->ops->set(m[0].kv, "/ddprun/stale/r0/node/0", "{\"nproc\":", 9), 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(m[i].rc, DDP_EPROTO, "agent %d: %d %s", i, m[i].rc, m[i].err);
+        cr_assert(strstr(m[i].err, "node record 0 (9 bytes) is malformed"), "%s", m[i].err);
+    }
+    for (int i = 0; i < 3; i++)
+        agent_dies(&m[i]);
+    server_stop(&srv);
+}
+
 /* ---- the judge alone ------------------------------------------------------------------------ */
 
 Test(liveness, counters_that_stand_still) {
