@@ -14,7 +14,7 @@
 #define SNAPSHOT_FILE_SUFFIX  ".ddps"
 #define SNAPSHOT_MANIFEST     "latest"
 /* Memory snapshots: the agent names its node's shared-memory folder to its workers in this
- * variable (launcher/agent/memory_region.c makes it, worker/snapshot/memory_snapshot.c writes
+ * variable (launcher/memory/memory_region.c makes it, worker/snapshot/memory_snapshot.c writes
  * there in this format). */
 #define SNAPSHOT_MEMORY_DIR_ENV "DDPRUN_MEMORY_SNAPSHOT_DIR"
 

@@ -232,7 +232,7 @@ static int header_length(const uint8_t *p, uint64_t size, uint64_t *len, char *e
 int safetensors_parse_buffer(const uint8_t *buf, size_t size, safetensors_index_t *out, char *err,
                              size_t err_len) {
     memset(out, 0, sizeof *out);
-    uint64_t n;
+    uint64_t n = 0; /* set by header_length; GCC -O3 cannot see it (maybe-uninitialized) */
     if (header_length(buf, size, &n, err, err_len) < 0) return -1;
     if (safetensors_parse_header((const char *)buf + 8, (size_t)n, size - 8 - n, out, err,
                                  err_len) < 0)

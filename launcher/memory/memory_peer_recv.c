@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "agent/memory_peer_internal.h"
+#include "memory/memory_peer_internal.h"
 #include "log.h"
 
 static void conn_closed(uv_handle_t *h) {

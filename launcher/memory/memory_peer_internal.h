@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "agent/memory_peer.h"
+#include "memory/memory_peer.h"
 #include "snapshot_format.h"
 #include "store_auth.h"
 

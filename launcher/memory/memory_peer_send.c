@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "agent/memory_peer_internal.h"
+#include "memory/memory_peer_internal.h"
 #include "clock.h"
 #include "log.h"
 

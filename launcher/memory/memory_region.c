@@ -1,5 +1,5 @@
 /* memory_region: see memory_region.h. */
-#include "agent/memory_region.h"
+#include "memory/memory_region.h"
 
 #include <dirent.h>
 #include <errno.h>

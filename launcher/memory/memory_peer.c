@@ -5,7 +5,7 @@
  * restart from the copy can say how many steps the lost node had trained beyond it.
  * Little-endian, as the snapshot itself. The receiving side is memory_peer_recv.c, the sending side
  * memory_peer_send.c; this file finds the next node's agent, starts and stops. */
-#include "agent/memory_peer.h"
+#include "memory/memory_peer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "agent/memory_peer_internal.h"
+#include "memory/memory_peer_internal.h"
 #include "ddp_error.h"
 #include "log.h"
 
