@@ -88,6 +88,8 @@ keep = 3
 FAULTS = ["kill9_worker", "kill9_agent", "sigstop_worker", "corrupt_newest", "disk_full",
           "partition", "node_loss_disk"]
 ETCD_FAULTS = ["kill9_etcd_leader", "kill9_etcd_follower", "partition_etcd"]
+# the uninterrupted run is sized to this share of --duration (see main: it must outlast the faults)
+SIZE = 0.9
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tools"))
 
@@ -457,8 +459,10 @@ def main():
     workdir = tempfile.mkdtemp(prefix="ddprun-chaos-")
     print(f"chaos: seed {seed}, work directory {workdir}", flush=True)
 
-    # size the job: the faults must land while it trains, so it should outlast the duration. Each
-    # fault costs some 2-4 s, so an uninterrupted run of 0.6x the duration lasts past it under faults
+    # size the job: the faults must land while it trains, so it should outlast the duration. With
+    # warm spares and memory snapshots a fault costs ~0.7 s (an etcd run of 600 s, 2026-11-27: 72
+    # faults, 375.7 s under faults against 325.4 s uninterrupted, so 0.6x ended before the faults
+    # did); 0.9x the duration uninterrupted lasts past it
     steps = args.steps
     if not steps:  # the rate from two short runs, so start-up time does not count as training
         times = {}
@@ -468,16 +472,16 @@ def main():
             _, times[n] = run_reference(ddprun, ddpworker, probe,
                                         os.path.join(workdir, f"probe{n}"), workdir)
         per_step = max((times[512] - times[64]) / 448, 1e-4)
-        steps = max(64, int(max(args.duration, 10) * 0.6 / per_step))
+        steps = max(64, int(max(args.duration, 10) * SIZE / per_step))
     conf = os.path.join(workdir, "chaos.conf")
     for attempt in range(3):
         open(conf, "w").write(CONF.format(steps=steps))
         want, t_ref = run_reference(ddprun, ddpworker, conf, os.path.join(workdir, "reference"),
                                     workdir, timeout=max(1800, 3 * args.duration))
         # the probes misjudge the rate on a loaded machine: a run far too short is sized again
-        if args.steps or t_ref >= 0.45 * args.duration or attempt == 2:
+        if args.steps or t_ref >= 0.75 * SIZE * args.duration or attempt == 2:
             break
-        steps = int(steps * 0.6 * args.duration / max(t_ref, 1.0))
+        steps = int(steps * SIZE * args.duration / max(t_ref, 1.0))
         print(f"chaos: the reference took {t_ref:.1f} s, too short: {steps} steps", flush=True)
     print(f"chaos: {steps} steps, uninterrupted in {t_ref:.1f} s, state {want}", flush=True)
 
@@ -557,6 +561,7 @@ def main():
         "seed": seed, "steps": steps, "duration_s": args.duration, "warm_spares": args.warm_spares,
         "rdzv_backend": args.rdzv_backend,
         "uninterrupted_s": round(t_ref, 2), "chaos_s": round(elapsed, 2),
+        "faults_window_s": round(min(elapsed, args.duration), 2),
         "faults": faults, "agent_restarts": len(job.exits),
         "lost_s": round(elapsed - t_ref, 2),
         "lost_per_fault_s": round((elapsed - t_ref) / len(faults), 2) if faults else 0,
@@ -564,6 +569,9 @@ def main():
         "memory_snapshots": args.memory_snapshots, "resumes": resumes,
         "steps_lost_by_fault": lost_by_fault(resumes),
     }
+    if ok and elapsed < args.duration:
+        print(f"chaos: the job ended after {elapsed:.1f} s, before the {args.duration:g} s of faults "
+              f"asked: faults covered {elapsed:.1f} s (size it with --steps)", flush=True)
     by_kind = {k: sum(f["fault"] == k for f in faults) for k in faults_of_backend}
     print(f"chaos: {len(faults)} faults {by_kind}, {len(job.exits)} agent restarts, "
           f"{elapsed:.1f} s against {t_ref:.1f} s uninterrupted "
