@@ -114,6 +114,7 @@ typedef struct {
         uv_timer_t timer;
         bool is_timer_open;
         uint64_t ok_ms;         /* last heartbeat the store took */
+        int n_failed;           /* beats that failed since */
         bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
         bool is_job_lease_only; /* ... as the job in flight was queued */
         bool is_lease_lost_said;
@@ -506,7 +507,10 @@ static void hb_after_cb(uv_work_t *req, int status) {
         return;
     }
     if (b->job.rc < 0) {
-        if (now - b->ok_ms <= limit_ms) return;
+        /* one failed beat never decides: this agent may itself have been stopped (SIGSTOP, a
+         * paused VM) with the beat in flight, which then times out as it wakes; the next one
+         * tells whether the store is silent or this agent's lease merely expired (renewed) */
+        if (++b->n_failed < 2 || now - b->ok_ms <= limit_ms) return;
         if (a->is_etcd)
             LOG_ERROR("etcd at %s took no lease refresh for %g s: leaving the job",
                       a->opts->rdzv_endpoints, beat_limit_s(a));
@@ -517,6 +521,7 @@ static void hb_after_cb(uv_work_t *req, int status) {
         return;
     }
     b->ok_ms = now;
+    b->n_failed = 0;
     const rdzv_result_t *round = &a->sm.round;
     if (a->is_etcd && round->is_member) return; /* peers: their leases (liveness_after_cb) */
     int lost =
@@ -636,6 +641,7 @@ static void start_heartbeats(agent_t *a) {
     struct beat_job *b = &a->beat;
     uint64_t now = clock_now_ms();
     b->ok_ms = now;
+    b->n_failed = 0;
     liveness_reset(&b->members, a->sm.round.group_world_size, (uint64_t)(beat_limit_s(a) * 1000),
                    now);
     if (!b->is_timer_open) {
