@@ -968,6 +968,10 @@ int agent_main(ddprun_opts_t *o) {
     static agent_t agent;
     agent_t *a = &agent;
     a->opts = o;
+    /* libuv's pool (4 threads by default) runs every blocking step: the exit barrier, the restart
+     * wait, the peers' liveness watch, a memory snapshot peer's lookup can all wait at once for a
+     * dead node, and the lease refresh queued behind them let this agent's lease expire too */
+    setenv("UV_THREADPOOL_SIZE", "16", 0);
     a->loop = uv_default_loop();
     agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1,
                              .nproc_per_node = o->nproc_per_node,
