@@ -23,6 +23,7 @@
 #include "endpoint.h"
 #include "options.h"
 #include "rdzv/rdzv_kv.h"
+#include "rdzv/rdzv_record.h"
 #include "store_limits.h"
 
 static const char status_usage[] =
@@ -96,21 +97,21 @@ static cJSON *read_progress(reader_t *r, int rank) {
     return read_progress_key(r, rel);
 }
 
-/* etcd: connect to the store node 0 of round `round` serves (HOST:PORT in r<R>/store). */
+/* etcd: connect to the store node 0 of round `round` serves (in every member's rank record
+ * r<R>/rank/<i>; join index 0 is a member of every round that closed). */
 static void open_round_store(reader_t *r, int round) {
     char rel[64];
-    snprintf(rel, sizeof rel, "r%d/store", round);
+    snprintf(rel, sizeof rel, "r%d/rank/0", round);
     size_t n;
     uint8_t *val = read_raw(r, r->kv, rel, &n);
-    if (!val) return;
-    ddprun_opts_t o = *r->opts;
-    char text[300], msg[256];
-    snprintf(text, sizeof text, "%.*s", (int)n, (const char *)val);
+    rdzv_rank_record_t place;
+    bool is_ok = val && rdzv_record_rank_parse((const char *)val, n, &place);
     free(val);
+    if (!is_ok || !place.store_host[0]) return;
+    ddprun_opts_t o = *r->opts;
     strcpy(o.rdzv_backend, "c10d");
-    if (endpoint_parse(text, 29400, o.rdzv_host, sizeof o.rdzv_host, &o.rdzv_port, msg,
-                       sizeof msg) < 0)
-        return;
+    snprintf(o.rdzv_host, sizeof o.rdzv_host, "%s", place.store_host);
+    o.rdzv_port = place.store_port;
     int64_t t = r->timeout_ms < 2000 ? r->timeout_ms : 2000; /* gone when the job ended */
     if (rdzv_kv_connect(&o, NULL, t, t, &r->progress) < 0) {
         rdzv_kv_destroy(r->progress);

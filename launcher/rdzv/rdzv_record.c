@@ -8,6 +8,14 @@
 
 #include <cJSON.h>
 
+/* "store": "HOST:PORT" when host is not empty; false when it does not fit. */
+static bool add_store(cJSON *o, const char *host, uint16_t port) {
+    if (!host[0]) return true;
+    char text[300];
+    int n = snprintf(text, sizeof text, "%s:%u", host, port);
+    return n > 0 && (size_t)n < sizeof text && cJSON_AddStringToObject(o, "store", text);
+}
+
 static int print_to(cJSON *o, char *out, size_t out_len) {
     int rc = -1;
     if (o && cJSON_PrintPreallocated(o, out, (int)out_len, false)) rc = (int)strlen(out);
@@ -20,6 +28,10 @@ int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_l
     cJSON_AddNumberToObject(o, "nproc", n->nproc);
     cJSON_AddNumberToObject(o, "hint", n->hint);
     cJSON_AddBoolToObject(o, "host", n->is_host);
+    if (!add_store(o, n->store_host, n->store_port)) {
+        cJSON_Delete(o);
+        return -1;
+    }
     return print_to(o, out, out_len);
 }
 
@@ -43,6 +55,10 @@ int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_l
         cJSON_AddNumberToObject(o, "first_rank", r->rank_offset);
         cJSON_AddNumberToObject(o, "world_size", r->world_size);
         cJSON_AddNumberToObject(o, "node0", r->host_join_index);
+        if (!add_store(o, r->store_host, r->store_port)) {
+            cJSON_Delete(o);
+            return -1;
+        }
     }
     return print_to(o, out, out_len);
 }
@@ -74,10 +90,34 @@ static bool get_bool(const cJSON *o, const char *key, bool *out) {
     return true;
 }
 
+/* The optional "store": absent (host empty) or "HOST:PORT" as rdzv_record.h says; false else. */
+static bool get_store(const cJSON *o, char *host, size_t host_len, uint16_t *port) {
+    host[0] = '\0';
+    *port = 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "store");
+    if (!v) return true;
+    if (!cJSON_IsString(v)) return false;
+    const char *text = v->valuestring, *colon = strrchr(text, ':');
+    if (!colon || colon == text || (size_t)(colon - text) >= host_len) return false;
+    for (const char *p = text; p < colon; p++)
+        if (*p <= 0x20 || *p >= 0x7f || *p == '"' || *p == '\\') return false; /* no escapes */
+    long value = 0;
+    const char *p = colon + 1;
+    for (; *p >= '0' && *p <= '9' && value <= 65535; p++)
+        value = value * 10 + (*p - '0');
+    if (p == colon + 1 || *p || value < 1 || value > 65535) return false;
+    memcpy(host, text, (size_t)(colon - text));
+    host[colon - text] = '\0';
+    *port = (uint16_t)value;
+    return true;
+}
+
 bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out) {
     cJSON *o = parse_object(text, n_bytes);
     bool is_ok = o && get_int(o, "nproc", 1, INT_MAX, &out->nproc) &&
-                 get_int(o, "hint", -1, INT_MAX, &out->hint) && get_bool(o, "host", &out->is_host);
+                 get_int(o, "hint", -1, INT_MAX, &out->hint) &&
+                 get_bool(o, "host", &out->is_host) &&
+                 get_store(o, out->store_host, sizeof out->store_host, &out->store_port);
     cJSON_Delete(o);
     return is_ok;
 }
@@ -109,7 +149,8 @@ bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t
         is_ok = get_int(o, "node", 0, RDZV_MAX_NODES - 1, &out->group_rank) &&
                 get_int(o, "world_size", 1, INT_MAX, &out->world_size) &&
                 get_int(o, "first_rank", 0, out->world_size - 1, &out->rank_offset) &&
-                get_int(o, "node0", 0, RDZV_MAX_NODES - 1, &out->host_join_index);
+                get_int(o, "node0", 0, RDZV_MAX_NODES - 1, &out->host_join_index) &&
+                get_store(o, out->store_host, sizeof out->store_host, &out->store_port);
     }
     cJSON_Delete(o);
     return is_ok;

@@ -30,18 +30,24 @@ typedef struct {
     int nproc;    /* its workers, >= 1 */
     int hint;     /* --node-rank, -1 when not given */
     bool is_host; /* it hosts the store */
+    /* etcd: the store its agent serves the workers of a round where it is node 0 ("store":
+     * "HOST:PORT"); empty host: none (c10d, whose store is the job's) */
+    char store_host[256];
+    uint16_t store_port;
 } rdzv_node_record_t;
 
 /* Where a member stands in a closed round, as the round's last member publishes it for each member
  * (r<R>/rank/<join index>): every other member reads its own instead of every node record. */
 typedef struct {
-    int group_rank;      /* the member's node rank in the round */
-    int rank_offset;     /* its first worker's global rank */
-    int world_size;      /* workers in the round */
-    int host_join_index; /* the join index of node 0 (etcd: whose lease owes the store address) */
-    char error[160];     /* non-empty: the round cannot start, and why (a malformed node record) */
-    bool is_lost;        /* with error: a member was lost before it wrote its record (etcd), so
-                            the next round may start without it */
+    int group_rank;       /* the member's node rank in the round */
+    int rank_offset;      /* its first worker's global rank */
+    int world_size;       /* workers in the round */
+    int host_join_index;  /* the join index of node 0 (etcd: whose lease owes the store address) */
+    char error[160];      /* non-empty: the round cannot start, and why (a malformed node record) */
+    bool is_lost;         /* with error: a member was lost before it wrote its record (etcd), so
+                             the next round may start without it */
+    char store_host[256]; /* etcd: node 0's store (its node record's), the round's MASTER_ADDR */
+    uint16_t store_port;  /* and MASTER_PORT; empty host: none (c10d) */
 } rdzv_rank_record_t;
 
 /* Why a round ended, as every agent reads it from the round's restart key. */
@@ -57,7 +63,10 @@ int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_l
 int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len);
 int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_len);
 /* Parse n_bytes of text (not NUL-terminated). Every field must be there with its type and range;
- * returns false otherwise (out then unspecified). */
+ * returns false otherwise (out then unspecified). A node or rank record's "store" may be absent
+ * (store_host empty); when there, it is "HOST:PORT": HOST 1-255 printable ASCII characters other
+ * than space, '"' and '\\' (so that a record always fits RDZV_RECORD_MAX_BYTES), PORT 1-65535 in
+ * decimal (the last ':' splits, so an IPv6 address needs no brackets). */
 bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out);
 bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out);
 /* Either the four numbers (error empty) or an error text (printable ASCII, cut to fit) and

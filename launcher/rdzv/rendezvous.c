@@ -76,40 +76,6 @@ static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys
     return rc;
 }
 
-/* etcd: node 0 offers its store for the round's workers; the others read where it is. */
-static int round_store(rdzv_t *r, rdzv_kv_t *c, rdzv_result_t *out, int host_join_index, char *err,
-                       size_t err_len) {
-    char k[256], addr[300];
-    key(r, k, sizeof k, out->round, "store");
-    if (out->group_rank == 0) {
-        snprintf(addr, sizeof addr, "%s:%u", r->own_store_host, r->own_store_port);
-        snprintf(out->store_host, sizeof out->store_host, "%s", r->own_store_host);
-        out->store_port = r->own_store_port;
-        return c->ops->set(c, k, addr, strlen(addr));
-    }
-    const char *keys[] = {k};
-    TRY(wait_owed(r, c, out->round, keys, &host_join_index, 1, err, err_len));
-    uint8_t *v;
-    size_t n;
-    TRY(c->ops->get(c, k, &v, &n));
-    char *colon = n < sizeof addr ? memrchr(v, ':', n) : NULL;
-    char port_text[8] = ""; /* the value has no NUL of its own on every backend */
-    if (colon && (size_t)((char *)v + n - colon - 1) < sizeof port_text)
-        memcpy(port_text, colon + 1, (size_t)((char *)v + n - colon - 1));
-    long port = colon ? strtol(port_text, NULL, 10) : 0;
-    if (!colon || colon == (char *)v || port <= 0 || port > 65535 ||
-        (size_t)(colon - (char *)v) >= sizeof out->store_host) {
-        free(v);
-        snprintf(err, err_len, "round %d: the round's store address is malformed", out->round);
-        return DDP_EPROTO;
-    }
-    memcpy(out->store_host, v, (size_t)(colon - (char *)v));
-    out->store_host[colon - (char *)v] = '\0';
-    out->store_port = (uint16_t)port;
-    free(v);
-    return 0;
-}
-
 int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round) {
     char k[256];
     key(r, k, sizeof k, -1, "round");
@@ -175,11 +141,15 @@ static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***va
 
 /* The round's last member (join index n - 1): every member's node record, the ranks from them,
  * and each member's place as r<R>/rank/<join index> in one MULTI_SET, so that each other member
- * reads one key instead of all N records (N^2 reads and parses for a round of N). A malformed
- * record gives every member an error record instead. *own: this agent's. */
+ * reads one key instead of all N records (N^2 reads and parses for a round of N). On etcd each
+ * node record carries its agent's store and every rank record node 0's: the members learn where
+ * the round's store is from their rank, with no key of its own to wait for. A malformed record
+ * (on etcd also one without a store) gives every member an error record instead. *own: this
+ * agent's. */
 static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_record_t *own,
                          char *err, size_t err_len) {
     member_t *m = calloc((size_t)n, sizeof *m);
+    rdzv_node_record_t *recs = calloc((size_t)n, sizeof *recs);
     rdzv_rank_record_t *ranks = calloc((size_t)n, sizeof *ranks);
     char(*texts)[RDZV_RECORD_MAX_BYTES] = calloc((size_t)n, sizeof *texts);
     char(*names)[256] = calloc((size_t)n, sizeof *names);
@@ -188,7 +158,8 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
     size_t *lens = calloc((size_t)n, sizeof *lens);
     uint8_t **records = NULL;
     size_t *record_lens = NULL;
-    int rc = m && ranks && texts && names && keys && vals && lens ? 0 : -ENOMEM;
+    int rc = m && recs && ranks && texts && names && keys && vals && lens ? 0 : -ENOMEM;
+    bool needs_store = r->own_store_host[0] != '\0'; /* etcd: node 0's store is the round's */
     if (rc == 0 && (rc = read_records(r, c, round, n, &records, &record_lens, err, err_len)) < 0 &&
         rc != DDP_ELOST) /* DDP_ELOST: err says whose lease */
         snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
@@ -199,16 +170,17 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
         rc = 0;
     }
     for (int i = 0; rc == 0 && !is_lost && i < n; i++) {
-        rdzv_node_record_t rec;
+        rdzv_node_record_t *rec = &recs[i];
         /* never echoed: the bytes may be anything */
-        if (!rdzv_record_node_parse((const char *)records[i], record_lens[i], &rec)) {
+        bool is_parsed = rdzv_record_node_parse((const char *)records[i], record_lens[i], rec);
+        if (!is_parsed || (needs_store && !rec->store_host[0])) {
             if (!error[0])
-                snprintf(error, sizeof error, "round %d: node record %d (%zu bytes) is malformed",
-                         round, i, record_lens[i]);
+                snprintf(error, sizeof error, "round %d: node record %d (%zu bytes) is malformed%s",
+                         round, i, record_lens[i], is_parsed ? " (no store address)" : "");
             continue;
         }
         m[i] = (member_t){
-            .join_index = i, .nproc = rec.nproc, .hint = rec.hint, .is_host = rec.is_host};
+            .join_index = i, .nproc = rec->nproc, .hint = rec->hint, .is_host = rec->is_host};
     }
     if (records) free_records(records, record_lens, n);
     if (rc == 0) {
@@ -219,6 +191,8 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
             x->group_rank = g;
             x->rank_offset = world_size;
             x->host_join_index = m[0].join_index;
+            snprintf(x->store_host, sizeof x->store_host, "%s", recs[m[0].join_index].store_host);
+            x->store_port = recs[m[0].join_index].store_port;
             world_size += m[g].nproc;
         }
         for (int i = 0; i < n && rc == 0; i++) {
@@ -238,6 +212,7 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
                  c->ops->error(c));
     if (rc == 0) *own = ranks[n - 1];
     free(m);
+    free(recs);
     free(ranks);
     free(texts);
     free(names);
@@ -293,8 +268,11 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         key(r, alive, sizeof alive, round, what);
         if ((rc = c->ops->set_ephemeral(c, alive, "1", 1)) < 0) goto fail;
     }
-    rdzv_node_record_t mine = {
-        .nproc = o->nproc_per_node, .hint = r->node_rank_hint, .is_host = r->is_store_host};
+    rdzv_node_record_t mine = {.nproc = o->nproc_per_node,
+                               .hint = r->node_rank_hint,
+                               .is_host = r->is_store_host,
+                               .store_port = r->own_store_port};
+    snprintf(mine.store_host, sizeof mine.store_host, "%s", r->own_store_host);
     if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
     char node_key[256];
     snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
@@ -355,11 +333,13 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     out->group_rank = place.group_rank;
     out->rank_offset = place.rank_offset;
     out->world_size = place.world_size;
-    if (r->own_store_host[0] &&
-        (rc = round_store(r, c, out, place.host_join_index, err, err_len)) < 0) {
-        if (rc != DDP_EPROTO && rc != DDP_ELOST) goto fail;
-        return rc;
+    if (r->own_store_host[0] && !place.store_host[0]) {
+        snprintf(err, err_len, "round %d: the rank record of join index %d has no store address",
+                 round, index);
+        return DDP_EPROTO;
     }
+    snprintf(out->store_host, sizeof out->store_host, "%s", place.store_host);
+    out->store_port = place.store_port;
     return 0;
 fail:
     snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));

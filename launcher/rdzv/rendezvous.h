@@ -13,8 +13,9 @@
  * A failure anywhere sets r<R>/restart (first writer wins), which every agent WAITs on.
  *
  * On etcd there is no store host: a joining agent first writes r<R>/alive/<join index> under its
- * lease (so a member that dies is seen by its key vanishing, rdzv_wait_member_lost), and the
- * round's node 0 publishes its own store for the round's workers as r<R>/store = HOST:PORT. */
+ * lease (so a member that dies is seen by its key vanishing, rdzv_wait_member_lost), each node
+ * record carries its agent's own store (HOST:PORT), and the last member copies node 0's into every
+ * rank record: the round's workers use node 0's store. */
 #ifndef DDP_LAUNCHER_RENDEZVOUS_H
 #define DDP_LAUNCHER_RENDEZVOUS_H
 
@@ -40,8 +41,8 @@ void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port);
 /* The round a newly started agent should join (0 unless the job already ran rounds). */
 int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). DDP_ELOST (etcd): a
- * member lost its lease before it wrote its record (or node 0 its store's address), err says
- * which: the round can never start; ask for the next (rdzv_request_restart) and join that. */
+ * member lost its lease before it wrote its record, err says which: the round can never start; ask
+ * for the next (rdzv_request_restart) and join that. */
 int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err, size_t err_len);
 /* Ask every agent to end round `round`. The first report wins; later ones are ignored. The winner
  * of a failure report also advances the job-wide failure count. */

@@ -7,8 +7,8 @@ lease_ttl=3), each on a real 3-member etcd (tests/tools/etcd_cluster.py):
 - an agent frozen longer than its lease TTL: its lease is gone when it wakes; it must take a new one
   (its keys put again under it), follow the next round its peers opened, and finish the job;
 - a member that died in its join after the ADD (before its alive key, before its node record, or as
-  node 0 before the round's store address): the other members must end that round within a few
-  lease TTLs, not wait out join_timeout + read_timeout in a GET."""
+  node 0 right after it): the other members must end that round within a few lease TTLs, not wait
+  out join_timeout + read_timeout in a GET."""
 import os
 import signal
 import subprocess
@@ -145,15 +145,17 @@ def test_an_agent_frozen_past_its_lease_takes_a_new_one(ddprun, tmp_path):
             assert "round 1: node" in x.err, x.err
 
 
-NODE_RECORD = '{"nproc":1,"hint":-1,"host":false}'
+# node 0's record: its store (nobody listens on port 1), which the round's workers would use
+NODE_RECORD = '{"nproc":1,"hint":-1,"host":false,"store":"127.0.0.1:1"}'
 
 
-@pytest.mark.parametrize("died", ["before_alive", "before_record", "before_store"])
+@pytest.mark.parametrize("died", ["before_alive", "before_record", "after_record"])
 def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
     """Round 0 already holds a member #0 that died in its join (the keys it left are written
-    here); two agents join it as #1 and #2. #1 is a member waiting for #0's record (or, as #0 is
-    node 0, for the round's store address): it must end the round once #0's lease is gone, and
-    both agents finish in round 1."""
+    here); two agents join it as #1 and #2. #1 is a member waiting for #0's record: it must end
+    the round once #0's lease is gone. Or #0 died right after its record (node 0 of the round,
+    whose store the workers would use, is dead): #1 closes the round with it, and ends it when
+    #0's lease expires. Both agents finish in round 1."""
     ttl_s = 2
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         prefix = f"/ddprun/died-{died}/r0"
@@ -164,10 +166,13 @@ def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
             lease = r.stdout.split()[1]  # "lease 694d... granted with TTL(5s)"
             r = etcd.etcdctl("put", "--lease", lease, f"{prefix}/alive/0", "1")
             assert r.returncode == 0, r.stderr
-        if died == "before_store":
+        if died == "after_record":
             etcd.put(f"{prefix}/node/0", NODE_RECORD)
+        # after_record: #1's worker must outlive #0's lease (5 s), so that #0's loss ends a round
+        # that runs (a worker done before it would leave #1 in the exit barrier with #0)
         args = agent_args(ddprun, etcd, f"died-{died}",
-                          f"lease_ttl={ttl_s},join_timeout=60,read_timeout=60", "sleep 1")
+                          f"lease_ttl={ttl_s},join_timeout=60,read_timeout=60",
+                          "sleep 8" if died == "after_record" else "sleep 1")
         start = time.monotonic()
         agents = [Agent(args)]
         deadline = time.monotonic() + 20
@@ -179,7 +184,8 @@ def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
         took = time.monotonic() - start
         assert codes == [0, 0], agents[0].err + "\n----\n" + agents[1].err
         assert took < 30, f"{took:.1f} s"
-        assert "lost its etcd lease before it wrote" in agents[0].err, agents[0].err
+        if died != "after_record":
+            assert "lost its etcd lease before it wrote" in agents[0].err, agents[0].err
         for x in agents:
             assert "round 1: node" in x.err, x.err
 

@@ -24,7 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             assert(n > 0 && rdzv_record_rank_parse(again, (size_t)n, &r2));
             assert(r.group_rank == r2.group_rank && r.rank_offset == r2.rank_offset &&
                    r.world_size == r2.world_size && r.host_join_index == r2.host_join_index &&
-                   strcmp(r.error, r2.error) == 0 && (!r.error[0] || r.is_lost == r2.is_lost));
+                   strcmp(r.error, r2.error) == 0 && (!r.error[0] || r.is_lost == r2.is_lost) &&
+                   (r.error[0] ||
+                    (strcmp(r.store_host, r2.store_host) == 0 && r.store_port == r2.store_port)));
         }
     } else if (data[0] & 1) {
         rdzv_why_t w, w2;
@@ -41,7 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rdzv_record_node_parse(text, size - 1, &r)) {
             int n = rdzv_record_node_format(&r, again, sizeof again);
             assert(n > 0 && rdzv_record_node_parse(again, (size_t)n, &r2));
-            assert(r.nproc == r2.nproc && r.hint == r2.hint && r.is_host == r2.is_host);
+            assert(r.nproc == r2.nproc && r.hint == r2.hint && r.is_host == r2.is_host &&
+                   strcmp(r.store_host, r2.store_host) == 0 && r.store_port == r2.store_port);
         }
     }
     free(text);

@@ -1,6 +1,9 @@
 /* Unit tests of launcher/rdzv/rdzv_record: the rendezvous' JSON records round-trip, and anything
  * else from the store is refused whole. */
+#include <cJSON.h>
 #include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "rdzv/rdzv_record.h"
@@ -100,4 +103,54 @@ Test(rdzv_record, rank_records_round_trip_and_bad_ones_are_refused) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert_not(rdzv_record_rank_parse(bad[i], strlen(bad[i]), &r2), "accepted %s", bad[i]);
+}
+
+/* etcd: a node record carries its agent's store, and the rank records node 0's, as "HOST:PORT"
+ * (the last ':' splits: an IPv6 address as it is); anything else under "store" is refused. */
+Test(rdzv_record, store_addresses_round_trip_and_bad_ones_are_refused) {
+    char text[RDZV_RECORD_MAX_BYTES];
+    rdzv_node_record_t n = {.nproc = 2, .hint = -1, .store_host = "10.0.0.7", .store_port = 41234},
+                       n2;
+    cr_assert_gt(rdzv_record_node_format(&n, text, sizeof text), 0);
+    cr_assert_str_eq(text, "{\"nproc\":2,\"hint\":-1,\"host\":false,\"store\":\"10.0.0.7:41234\"}");
+    cr_assert(rdzv_record_node_parse(text, strlen(text), &n2), "%s", text);
+    cr_assert_str_eq(n2.store_host, "10.0.0.7");
+    cr_assert_eq(n2.store_port, 41234);
+    const char *none = "{\"nproc\":2,\"hint\":-1,\"host\":false}"; /* c10d: no store */
+    cr_assert(rdzv_record_node_parse(none, strlen(none), &n2));
+    cr_assert(!n2.store_host[0] && n2.store_port == 0);
+    rdzv_rank_record_t r = {.world_size = 4, .store_host = "fe80::1", .store_port = 1}, r2;
+    cr_assert_gt(rdzv_record_rank_format(&r, text, sizeof text), 0);
+    cr_assert(rdzv_record_rank_parse(text, strlen(text), &r2), "%s", text);
+    cr_assert_str_eq(r2.store_host, "fe80::1");
+    cr_assert_eq(r2.store_port, 1);
+    memset(r.store_host, 'h', 255); /* the longest host fits a record */
+    r.store_host[255] = '\0';
+    r.world_size = INT32_MAX, r.rank_offset = INT32_MAX - 1, r.store_port = 65535;
+    cr_assert_gt(rdzv_record_rank_format(&r, text, sizeof text), 0);
+    cr_assert(rdzv_record_rank_parse(text, strlen(text), &r2), "%s", text);
+    cr_assert_str_eq(r2.store_host, r.store_host);
+    const char *bad[] = {
+        "h:0",   "h:65536", "h:",      ":80",     "h",     "h:8a",  "h:-1",
+        "h: 80", "a b:80",  "a\"b:80", "a\\b:80", "h:+80", "h:1e3", "\x01:80",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        /* the JSON escapes of the bad bytes: the text as JSON must parse, the address not */
+        cJSON *s = cJSON_CreateString(bad[i]);
+        char *quoted = cJSON_PrintUnformatted(s);
+        snprintf(text, sizeof text, "{\"nproc\":2,\"hint\":-1,\"host\":false,\"store\":%s}",
+                 quoted);
+        cr_assert_not(rdzv_record_node_parse(text, strlen(text), &n2), "accepted %s", text);
+        snprintf(text, sizeof text,
+                 "{\"node\":0,\"first_rank\":0,\"world_size\":1,\"node0\":0,\"store\":%s}", quoted);
+        cr_assert_not(rdzv_record_rank_parse(text, strlen(text), &r2), "accepted %s", text);
+        cJSON_free(quoted);
+        cJSON_Delete(s);
+    }
+    const char *not_text = "{\"nproc\":2,\"hint\":-1,\"host\":false,\"store\":8080}";
+    cr_assert_not(rdzv_record_node_parse(not_text, strlen(not_text), &n2));
+    memset(n.store_host, 'h', sizeof n.store_host); /* 256 characters: one too many */
+    snprintf(text, sizeof text, "{\"nproc\":2,\"hint\":-1,\"host\":false,\"store\":\"%.256s:80\"}",
+             n.store_host);
+    cr_assert_not(rdzv_record_node_parse(text, strlen(text), &n2), "accepted %s", text);
 }

@@ -497,7 +497,9 @@ static const rdzv_kv_ops_t counting_ops = {.set = c_set,
  * ranks are those of the protocol (host first, then hints, then join order), and each agent's
  * join is a few requests on a few keys, whatever N is; only the round's last member reads every
  * node record, once, to publish the ranks. Before that, every member read all N records (a WAIT
- * and a MULTI_GET of N keys each: N^2 in all, 2 s of a restart at 1024 agents). */
+ * and a MULTI_GET of N keys each: N^2 in all, 2 s of a restart at 1024 agents). Each agent also
+ * offers its own store, as on etcd: node 0's reaches every member in its rank record, at no
+ * request of its own (it was a key of its own, r<R>/store: a WAIT and a GET more, 9 requests). */
 Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
     enum { N = 64, HOST = 9, HINTED = 20 };
     server_t srv;
@@ -509,6 +511,7 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
     for (int i = 0; i < N; i++) {
         agent_start(&m[i], i == HOST);
         if (i == HINTED) m[i].r.node_rank_hint = 1;
+        rdzv_set_own_store(&m[i].r, "10.0.0.1", (uint16_t)(30000 + i));
         counting_kv_t *k = calloc(1, sizeof *k);
         cr_assert_not_null(k);
         k->kv.ops = &counting_ops;
@@ -530,6 +533,8 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
         cr_assert_eq(o->rank_offset, 2 * o->group_rank, "nproc 2 each");
         if (i == HOST) cr_assert_eq(o->group_rank, 0, "the store host is node 0");
         if (i == HINTED) cr_assert_eq(o->group_rank, 1, "then the --node-rank hint");
+        cr_assert_str_eq(o->store_host, "10.0.0.1");
+        cr_assert_eq(o->store_port, 30000 + HOST, "agent %d: node 0's store", i);
         const counting_kv_t *k = (const counting_kv_t *)m[i].kv;
         if (o->join_index == N - 1) { /* the last member publishes: it reads every record once */
             cr_assert_geq(k->keys_read, (size_t)N);
@@ -537,7 +542,7 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
             n_readers_of_all++;
             continue;
         }
-        cr_assert_leq(k->requests, 8, "agent %d (join index %d): %d requests", i, o->join_index,
+        cr_assert_leq(k->requests, 7, "agent %d (join index %d): %d requests", i, o->join_index,
                       k->requests);
         cr_assert_leq(k->keys_read, 4, "agent %d (join index %d) read %zu keys of a round of %d", i,
                       o->join_index, k->keys_read, N);
@@ -577,6 +582,36 @@ Test(rendezvous, a_malformed_record_fails_every_member) {
         cr_assert(strstr(m[i].err, "node record 0 (9 bytes) is malformed"), "%s", m[i].err);
     }
     for (int i = 0; i < 3; i++)
+        agent_dies(&m[i]);
+    server_stop(&srv);
+}
+
+/* etcd: a round's store is node 0's, from its node record; a node record without one (say, an
+ * agent of an older protocol) cannot start the round, and every member says so. */
+Test(rendezvous, a_node_record_without_a_store_fails_every_member) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = opts.max_nodes = 3;
+    agent_t m[2];
+    for (int i = 0; i < 2; i++) {
+        agent_start(&m[i], false);
+        rdzv_set_own_store(&m[i].r, "127.0.0.1", (uint16_t)(30000 + i));
+    }
+    int64_t ticket;
+    cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", &ticket), 0);
+    const char *record = "{\"nproc\":2,\"hint\":-1,\"host\":false}";
+    cr_assert_eq(m[0].kv->ops->set(m[0].kv, "/ddprun/stale/r0/node/0", record, strlen(record)), 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(m[i].rc, DDP_EPROTO, "agent %d: %d %s", i, m[i].rc, m[i].err);
+        cr_assert(strstr(m[i].err, "node record 0 (34 bytes) is malformed (no store address)"),
+                  "%s", m[i].err);
+    }
+    for (int i = 0; i < 2; i++)
         agent_dies(&m[i]);
     server_stop(&srv);
 }
