@@ -8,8 +8,14 @@ lease_ttl=3), each on a real 3-member etcd (tests/tools/etcd_cluster.py):
   (its keys put again under it), follow the next round its peers opened, and finish the job;
 - a member that died in its join after the ADD (before its alive key, before its node record, or as
   node 0 right after it): the other members must end that round within a few lease TTLs, not wait
-  out join_timeout + read_timeout in a GET."""
+  out join_timeout + read_timeout in a GET;
+- a ticket's answer lost (the connection closed after etcd took the txn): the txn sent again
+  must give the same ticket, not a second one.
+"""
+from base64 import b64decode
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +29,7 @@ from conftest import clean_env
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tools"))
 from etcd_cluster import etcd_cluster_or_skip  # noqa: E402
+from lossy_proxy import LossyProxy  # noqa: E402
 
 
 class Agent:
@@ -61,7 +68,8 @@ class Agent:
 
 def agent_args(ddprun, etcd, rdzv_id, conf, worker, endpoints=None):
     return [ddprun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
-            "--rdzv-endpoint", endpoints or etcd.endpoints, "--rdzv-id", rdzv_id, "--max-restarts", "0",
+            "--rdzv-endpoint", endpoints or etcd.endpoints, "--rdzv-id", rdzv_id,
+            "--max-restarts", "0",
             "--rdzv-conf", "last_call_timeout=0.1,keep_alive_interval=0.3," + conf,
             "--no-python", "/bin/sh", "-c", worker]
 
@@ -215,3 +223,44 @@ def test_a_member_lost_before_its_record_ends_the_round_for_every_member(ddprun,
         for x in agents:
             assert "lost its etcd lease before it wrote" in x.err, x.err
             assert "round 1: node" in x.err, x.err
+
+
+def ticket_txn(what):
+    """For LossyProxy: whether a request is a txn that takes a ticket r<R>/<what>/<16 hex>."""
+    pattern = re.compile(r"/ddprun/.+/r[0-9]+/" + what + r"/[0-9a-f]{16}")
+
+    def is_ticket(path, body):
+        if path != "/v3/kv/txn":
+            return False
+        try:
+            key = b64decode(json.loads(body)["success"][0]["request_put"]["key"]).decode()
+        except (ValueError, KeyError, IndexError, TypeError):
+            return False
+        return pattern.fullmatch(key) is not None
+    return is_ticket
+
+
+@pytest.mark.parametrize("what,times", [("joined", 1), ("joined", 2), ("done", 1)])
+def test_a_ticket_whose_answer_was_lost_is_taken_once(ddprun, tmp_path, what, times):
+    """Member 0 sits behind a proxy that passes the first ticket txn under r0/<what>/ (a join, or
+    the exit barrier) on to it and closes the agent's connection once etcd answered: etcd took
+    the ticket, the agent did not hear. The agent sends the same txn again (libcurl once on a
+    fresh connection when the lost one was reused; times=2 loses that answer too, so the client
+    sends it to the next member); it must find its ticket taken and get the same index, not take
+    a second one: both agents in round 0 as nodes 0 and 1, two tickets, no round 1."""
+    rdzv_id = f"lost-{what}-{times}"
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        with LossyProxy(etcd.host, etcd.client_ports[0], ticket_txn(what), times) as proxy:
+            endpoints = ",".join([proxy.endpoint] + etcd.endpoints.split(",")[1:])
+            args = agent_args(ddprun, etcd, rdzv_id, "lease_ttl=5,join_timeout=30", "sleep 1",
+                              endpoints=endpoints)
+            agents = [Agent(args), Agent(args)]
+            codes = [a.finish(60) for a in agents]
+        errs = "\n----\n".join(a.err for a in agents)
+        assert codes == [0, 0], errs
+        assert proxy.lost, f"no answer lost: {proxy.seen}\n{errs}"
+        nodes = sorted(re.findall(r"round ([0-9]+): node ([0-9]+) of 2", errs))
+        assert nodes == [("0", "0"), ("0", "1")], errs
+        tickets = etcd.get_prefix(f"/ddprun/{rdzv_id}/r0/{what}/")
+        assert len(tickets) == 2, tickets
+        assert etcd.get_prefix(f"/ddprun/{rdzv_id}/r1/") == {}
