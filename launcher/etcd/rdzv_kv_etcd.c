@@ -21,7 +21,7 @@
 #include "rdzv/rdzv_kv_impl.h"
 
 /* The keys put under the lease, to put again under a new one when it expired: an agent has one
- * alive key per round it joined; the last few are kept. */
+ * node record per round it joined; the last few are kept. */
 #define LEASE_KEYS_MAX 4
 
 struct rdzv_lease {
@@ -434,7 +434,7 @@ static bool owed_event(void *arg, etcd_event_type_t type, const char *key, const
 }
 
 /* One owed key (a member's rank, node 0's store address): a watch of that key alone, in slices,
- * and a look at its owner's alive key after each. A range and a watch over both keys' common
+ * and a look at its owner's lease-bound key after each. A range and a watch over both keys' common
  * prefix (the round's) would read every key of the round, N^2 for the N members of a round. */
 static int wait_live_one(etcd_kv_t *e, const char *key, const char *alive, int64_t grace_ms,
                          int64_t timeout_ms, int *lost) {

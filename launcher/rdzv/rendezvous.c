@@ -49,7 +49,8 @@ void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port) {
 
 /* etcd: waits until each of keys (owed by the round's members join_index[i]) is there, or one of
  * them has lost its lease (DDP_ELOST, err names it): a member that died after its join's ADD
- * never writes them, and waiting out the join's whole bound for it would wedge the round. */
+ * never writes them, and waiting out the join's whole bound for it would wedge the round. A
+ * member's node record r<R>/node/<i> is its lease-bound key: it lives while the member does. */
 static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys,
                      const int *join_index, int n, char *err, size_t err_len) {
     if (!c->ops->wait_live) return c->ops->wait(c, keys, (size_t)n, -1);
@@ -58,11 +59,11 @@ static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys
     const char **alive = calloc((size_t)n, sizeof *alive);
     int rc = names && alive ? 0 : -ENOMEM, lost = -1;
     for (int i = 0; rc == 0 && i < n; i++) {
-        snprintf(names[i], sizeof names[i], "%s/r%d/alive/%d", r->prefix, round, join_index[i]);
+        snprintf(names[i], sizeof names[i], "%s/r%d/node/%d", r->prefix, round, join_index[i]);
         alive[i] = names[i];
     }
-    /* an alive key appears right after its ADD: one never seen for two lease TTLs is a member
-     * that died in between */
+    /* a member's node record (under its lease: its mark of life) appears right after its
+     * ticket: one never seen for two lease TTLs is a member that died in between */
     if (rc == 0)
         rc = c->ops->wait_live(c, keys, alive, (size_t)n, (int64_t)(2000 * o->lease_ttl_s),
                                (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000), &lost);
@@ -171,6 +172,14 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
     }
     for (int i = 0; rc == 0 && !is_lost && i < n; i++) {
         rdzv_node_record_t *rec = &recs[i];
+        if (record_lens[i] == 0 && c->ops->keep_alive) { /* etcd: its lease expired since */
+            snprintf(error, sizeof error,
+                     "round %d: the node that joined it as #%d lost its etcd lease: ending the "
+                     "round",
+                     round, i);
+            is_lost = true;
+            break;
+        }
         /* never echoed: the bytes may be anything */
         bool is_parsed = rdzv_record_node_parse((const char *)records[i], record_lens[i], rec);
         if (!is_parsed || (needs_store && !rec->store_host[0])) {
@@ -262,12 +271,6 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     if (rc < 0) goto fail;
     joined = ticket + 1;
     int index = (int)ticket;
-    if (c->ops->keep_alive) { /* etcd: membership lives as long as this agent's lease */
-        char alive[256], what[32];
-        snprintf(what, sizeof what, "alive/%d", index);
-        key(r, alive, sizeof alive, round, what);
-        if ((rc = c->ops->set_ephemeral(c, alive, "1", 1)) < 0) goto fail;
-    }
     rdzv_node_record_t mine = {.nproc = o->nproc_per_node,
                                .hint = r->node_rank_hint,
                                .is_host = r->is_store_host,
@@ -276,7 +279,9 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
     char node_key[256];
     snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
-    if ((rc = c->ops->set(c, node_key, record, strlen(record))) < 0) goto fail;
+    /* etcd: under this agent's lease, so the record is also its mark of life in the round
+     * (rdzv_wait_member_lost); the store: a plain SET */
+    if ((rc = c->ops->set_ephemeral(c, node_key, record, strlen(record))) < 0) goto fail;
     char closed_key[256];
     key(r, closed_key, sizeof closed_key, round, "closed");
     const char *keys[] = {closed_key};
@@ -460,7 +465,7 @@ int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
 }
 
 /* Every member's key r<R>/<what>/<i> in one MULTI_GET (a missing key reads as empty): on the
- * store the heartbeat counters, on etcd the lease-bound alive keys. */
+ * store the heartbeat counters, on etcd the lease-bound node records. */
 static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const char *what,
                             bool is_presence, int64_t *marks) {
     int n = round->group_world_size;
@@ -524,8 +529,9 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
 }
 
 int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *marks) {
-    /* etcd: members' alive keys are by join index, and the members are the first joiners */
-    if (c->ops->keep_alive) return read_member_keys(r, c, round, "alive", true, marks);
+    /* etcd: members' lease-bound node records are by join index, and the members are the
+     * first joiners */
+    if (c->ops->keep_alive) return read_member_keys(r, c, round, "node", true, marks);
     return read_member_keys(r, c, round, "hb", false, marks);
 }
 
@@ -540,7 +546,7 @@ int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, i
     for (int i = 0; rc == 0 && i < n; i++) {
         if (i == round->join_index) continue; /* our own lease is keep_alive's business */
         char what[32];
-        snprintf(what, sizeof what, "alive/%d", i);
+        snprintf(what, sizeof what, "node/%d", i);
         key(r, names[m], sizeof names[m], round->round, what);
         keys[m] = names[m];
         index_of[m++] = i;

@@ -4,16 +4,16 @@
  * join deadlines. Keys live under /ddprun/<run_id>/ (docs/protocol.md, "Rendezvous keys").
  *
  * A round: each agent takes a ticket of r<R>/joined (its join index; an ADD on the store),
- * SETs its record r<R>/node/<i>; the join that reaches --nnodes MAX closes the round at once, the
- * one that reaches MIN after the last-call window; closing is a COMPARE_SET of r<R>/closed to the
- * member count N. Members are the first N joiners; ranks are deterministic: the store host first,
- * then --node-rank hints, then join order. The last member (join index N-1) alone reads the N
- * records and writes each member's place r<R>/rank/<i> in one MULTI_SET; every other member reads
- * its own: a join is O(1) requests and keys, whatever N is.
- * A failure anywhere sets r<R>/restart (first writer wins), which every agent WAITs on.
+ * SETs its record r<R>/node/<i> (set_ephemeral); the join that reaches --nnodes MAX closes the
+ * round at once, the one that reaches MIN after the last-call window; closing is a COMPARE_SET of
+ * r<R>/closed to the member count N. Members are the first N joiners; ranks are deterministic: the
+ * store host first, then --node-rank hints, then join order. The last member (join index N-1) alone
+ * reads the N records and writes each member's place r<R>/rank/<i> in one MULTI_SET; every other
+ * member reads its own: a join is O(1) requests and keys, whatever N is. A failure anywhere sets
+ * r<R>/restart (first writer wins), which every agent WAITs on.
  *
- * On etcd there is no store host: a joining agent first writes r<R>/alive/<join index> under its
- * lease (so a member that dies is seen by its key vanishing, rdzv_wait_member_lost), each node
+ * On etcd there is no store host: a joining agent writes its node record under its lease (so a
+ * member that dies is seen by its record vanishing, rdzv_wait_member_lost), each node
  * record carries its agent's own store (HOST:PORT), and the last member copies node 0's into every
  * rank record: the round's workers use node 0's store. */
 #ifndef DDP_LAUNCHER_RENDEZVOUS_H

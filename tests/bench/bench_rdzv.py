@@ -11,7 +11,7 @@
               c10d's detection is TTL after the last heartbeat its reader saw (a node is lost
               when its counter stood still for TTL); an etcd lease expires TTL after its last
               renewal, i.e. 0 to TTL/4 earlier than TTL after the kill, so for etcd the bench also
-              watches the dead node's `alive` key (etcdctl watch) and reports ddprun's own part:
+              watches the dead node's lease-bound `node` record (etcdctl watch) and reports ddprun's own part:
               from etcd deleting it (the lease expired) to the survivor's new worker running.
 
 etcd is a real 3-member cluster on loopback (tests/tools/etcd_cluster.py; Debian's etcd-server).
@@ -124,8 +124,8 @@ def etcd_store_host_pid(ddprun, endpoints, job):
     sys.exit("bench_rdzv: `ddprun status` did not show the running 2-node job")
 
 
-class AliveDeletes:
-    """`etcdctl watch` on a job's keys: the time each `alive` key is deleted (its lease expired)."""
+class RecordDeletes:
+    """`etcdctl watch` on a job's keys: the time each `node` record is deleted (its lease expired)."""
 
     def __init__(self, endpoints, job):
         self.times = []
@@ -141,7 +141,7 @@ class AliveDeletes:
         for line in self.proc.stdout:
             now = time.time_ns()
             line = line.strip()
-            if last == "DELETE" and "/alive/" in line:
+            if last == "DELETE" and "/node/" in line:
                 self.times.append(now)
             last = line
 
@@ -153,7 +153,7 @@ class AliveDeletes:
 def time_node_loss(cmds, victim_of, watch=None):
     """Start 2 agents, wait for both workers, kill -9 the agent victim_of(procs) names (with its
     worker); seconds from the kill until the survivor's next worker writes its start, and (with
-    watch, an AliveDeletes) from the dead node's `alive` key's deletion until then."""
+    watch, an RecordDeletes) from the dead node's record's deletion until then."""
     out = tempfile.mkdtemp(prefix="bench-loss-")
     log_dir = tempfile.mkdtemp(prefix="bench-loss-logs-")
     env = dict(os.environ, OUT_DIR=out)
@@ -184,7 +184,7 @@ def time_node_loss(cmds, victim_of, watch=None):
         if watch:
             expired = [t for t in watch.times if t > t_kill]
             if not expired:
-                sys.exit("bench_rdzv: the watch saw no alive key deleted")
+                sys.exit("bench_rdzv: the watch saw no node record deleted")
             after_expiry = (restarted - expired[0]) / 1e9
         return (restarted - t_kill) / 1e9, after_expiry
     finally:
@@ -239,7 +239,7 @@ def main():
                     victim_of = (lambda procs, j=job + "-loss": next(
                         p for p in procs if p.pid == etcd_store_host_pid(ddprun, cluster.endpoints,
                                                                          j)))
-                    watch = AliveDeletes(",".join(cluster.urls), job + "-loss")
+                    watch = RecordDeletes(",".join(cluster.urls), job + "-loss")
                 loss, after_expiry = time_node_loss(cmds, victim_of, watch)
                 r.setdefault("node_loss", []).append(loss)
                 if after_expiry is not None:
@@ -254,7 +254,7 @@ def main():
           f"etcd/c10d {e['rdzv32'] / c['rdzv32']:.2f}x")
     print(f"node_loss  c10d {c['node_loss'] * 1000:8.1f} ms   etcd {e['node_loss'] * 1000:8.1f} ms"
           f"   (from the kill; c10d minus the timeout {(c['node_loss'] - ttl) * 1000:+.1f} ms)")
-    print(f"etcd: lease expired (alive key deleted) -> next round's worker running: "
+    print(f"etcd: lease expired (node record deleted) -> next round's worker running: "
           f"{e['after_lease_expiry'] * 1000:.1f} ms")
     if args.json:
         with open(args.json, "w") as f:

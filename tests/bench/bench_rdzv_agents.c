@@ -1,7 +1,7 @@
 /* bench_rdzv_agents: the rendezvous protocol at scale without the processes: N agents' joins as N
  * threads of this one process, each with its own client (a TCP store connection, or an etcd
  * client), doing what an agent's join does (launcher/rendezvous.c: the round, ADD, records, close,
- * read the records; on etcd also the lease, the alive key and node 0's store address). Then one
+ * read the records; on etcd also the lease, each node record under it). Then one
  * "agent" asks for a restart and every one waits for it and joins the next round, as agents do once
  * their workers are stopped. No workers, no heartbeats, no process starts: what is left is the
  * protocol's own cost, which bench_scale.py's 1024 real agents on a 2-core machine cannot show

@@ -6,8 +6,8 @@ lease_ttl=3), each on a real 3-member etcd (tests/tools/etcd_cluster.py):
   leader may revoke every lease as it wakes, an etcd bug: then the agents renew and go on);
 - an agent frozen longer than its lease TTL: its lease is gone when it wakes; it must take a new one
   (its keys put again under it), follow the next round its peers opened, and finish the job;
-- a member that died in its join after the ADD (before its alive key, before its node record, or as
-  node 0 right after it): the other members must end that round within a few lease TTLs, not wait
+- a member that died in its join after its ticket (before its node record, its lease-bound mark
+  of life, or as node 0 right after it): the other members must end that round within a few lease TTLs, not wait
   out join_timeout + read_timeout in a GET;
 - a ticket's answer lost (the connection closed after etcd took the txn): the txn sent again
   must give the same ticket, not a second one.
@@ -157,7 +157,7 @@ def test_an_agent_frozen_past_its_lease_takes_a_new_one(ddprun, tmp_path):
 NODE_RECORD = '{"nproc":1,"hint":-1,"host":false,"store":"127.0.0.1:1"}'
 
 
-@pytest.mark.parametrize("died", ["before_alive", "before_record", "after_record"])
+@pytest.mark.parametrize("died", ["before_record", "after_record"])
 def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
     """Round 0 already holds a member #0 that died in its join (the keys it left are written
     here); two agents join it as #1 and #2. #1 is a member waiting for #0's record: it must end
@@ -168,14 +168,12 @@ def test_a_member_that_died_in_its_join_ends_the_round(ddprun, tmp_path, died):
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         prefix = f"/ddprun/died-{died}/r0"
         etcd.put(f"{prefix}/joined/0000000000000000", "1")  # its ticket: join index 0
-        if died != "before_alive":
+        if died == "after_record":  # its record, under its lease (its mark of life)
             r = etcd.etcdctl("lease", "grant", "5")
             assert r.returncode == 0, r.stderr
             lease = r.stdout.split()[1]  # "lease 694d... granted with TTL(5s)"
-            r = etcd.etcdctl("put", "--lease", lease, f"{prefix}/alive/0", "1")
+            r = etcd.etcdctl("put", "--lease", lease, f"{prefix}/node/0", NODE_RECORD)
             assert r.returncode == 0, r.stderr
-        if died == "after_record":
-            etcd.put(f"{prefix}/node/0", NODE_RECORD)
         # after_record: #1's worker must outlive #0's lease (5 s), so that #0's loss ends a round
         # that runs (a worker done before it would leave #1 in the exit barrier with #0)
         args = agent_args(ddprun, etcd, f"died-{died}",
@@ -205,11 +203,7 @@ def test_a_member_lost_before_its_record_ends_the_round_for_every_member(ddprun,
     join_timeout + read_timeout): both end round 0 and finish in round 1."""
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         prefix = "/ddprun/lost-before-record/r0"
-        etcd.put(f"{prefix}/joined/0000000000000000", "1")  # #0's ticket
-        r = etcd.etcdctl("lease", "grant", "5")
-        assert r.returncode == 0, r.stderr
-        r = etcd.etcdctl("put", "--lease", r.stdout.split()[1], f"{prefix}/alive/0", "1")
-        assert r.returncode == 0, r.stderr
+        etcd.put(f"{prefix}/joined/0000000000000000", "1")  # #0's ticket, and nothing more
         args = agent_args(ddprun, etcd, "lost-before-record",
                           "lease_ttl=2,join_timeout=60,read_timeout=60,last_call_timeout=3",
                           "sleep 1")
