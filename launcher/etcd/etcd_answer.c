@@ -83,6 +83,7 @@ static void watch_message(etcd_watch_stream_t *w, const char *text, size_t n) {
     if (etcd_answer_i64(r, "compact_revision") > 0) {
         snprintf(w->error, sizeof w->error, "revision %" PRId64 " was compacted", w->next_revision);
         w->is_bad = true;
+        w->is_compacted = true;
     }
     const cJSON *ev;
     cJSON_ArrayForEach(ev, cJSON_GetObjectItemCaseSensitive(r, "events")) {

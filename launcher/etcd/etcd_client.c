@@ -361,8 +361,29 @@ int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *va
     return 0;
 }
 
+/* A range request of key, for a txn. */
+static cJSON *range_op(const char *key) {
+    cJSON *op = cJSON_CreateObject(), *range = cJSON_CreateObject();
+    add_b64(range, "key", key, strlen(key));
+    cJSON_AddItemToObject(op, "request_range", range);
+    return op;
+}
+
+/* responses[i].response_range's first key-value into *out; absent: not found, as of the txn's
+ * revision. False on a bad encoding. */
+static bool txn_range_value(const cJSON *answer, int i, etcd_value_t *out) {
+    const cJSON *range = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(answer, "responses"), i),
+        "response_range");
+    const cJSON *kv = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(range, "kvs"), 0);
+    memset(out, 0, sizeof *out);
+    if (kv) return etcd_answer_kv(kv, out);
+    out->mod_revision = etcd_answer_revision(answer);
+    return true;
+}
+
 int etcd_put_new(etcd_t *c, const char *key, const void *val, size_t len, const char *count_prefix,
-                 int64_t *create_revision, int64_t *count) {
+                 const char *look, etcd_value_t *looked, int64_t *create_revision, int64_t *count) {
     cJSON *body = cJSON_CreateObject(), *answer;
     cJSON *cmp = cJSON_CreateObject();
     add_b64(cmp, "key", key, strlen(key));
@@ -382,16 +403,23 @@ int etcd_put_new(etcd_t *c, const char *key, const void *val, size_t len, const 
         cJSON_AddItemToObject(counting, "request_range", all);
         cJSON_AddItemToArray(success, counting);
     }
-    cJSON *get = cJSON_CreateObject(), *range = cJSON_CreateObject();
-    add_b64(range, "key", key, strlen(key));
-    cJSON_AddItemToObject(get, "request_range", range);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "failure"), get);
+    cJSON *failure = cJSON_AddArrayToObject(body, "failure");
+    cJSON_AddItemToArray(failure, range_op(key));
+    if (look) { /* last in either branch */
+        cJSON_AddItemToArray(success, range_op(look));
+        cJSON_AddItemToArray(failure, range_op(look));
+    }
     int rc = call(c, "/v3/kv/txn", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
     const cJSON *responses = cJSON_GetObjectItemCaseSensitive(answer, "responses");
     if (count) *count = -1;
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(answer, "succeeded"))) {
+    bool is_created = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(answer, "succeeded"));
+    if (look && !txn_range_value(answer, is_created ? (count_prefix ? 2 : 1) : 1, looked)) {
+        cJSON_Delete(answer);
+        return fail(c, DDP_EPROTO, "etcd: creating %s: %s has a bad value encoding", key, look);
+    }
+    if (is_created) {
         *create_revision = etcd_answer_revision(answer);
         if (count) /* responses[1].response_range.count */
             *count = etcd_answer_i64(cJSON_GetObjectItemCaseSensitive(
@@ -403,8 +431,10 @@ int etcd_put_new(etcd_t *c, const char *key, const void *val, size_t len, const 
             cJSON_GetObjectItemCaseSensitive(resp, "response_range"), "kvs");
         *create_revision = etcd_answer_i64(cJSON_GetArrayItem(kvs, 0), "create_revision");
     }
-    if (*create_revision <= 0)
+    if (*create_revision <= 0) {
         rc = fail(c, DDP_EPROTO, "etcd: creating %s: an answer without its revision", key);
+        if (look) etcd_value_free(looked);
+    }
     cJSON_Delete(answer);
     return rc;
 }
@@ -528,8 +558,8 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
                 w.is_bad = false;
                 continue;
             }
-            rc = fail(c, DDP_EPROTO, "etcd watch of %s at %s: %s", key, c->urls[c->current],
-                      w.error);
+            rc = fail(c, w.is_compacted ? -ESTALE : DDP_EPROTO, "etcd watch of %s at %s: %s", key,
+                      c->urls[c->current], w.error);
             break;
         }
         if (rc == DDP_ETIMEOUT && clock_now_ms() >= deadline) {

@@ -59,9 +59,11 @@ int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *va
 /* Creates key (no lease) unless it exists, in one transaction; *create_revision: the revision
  * that created it (this call's, or, when a lost answer made the call try again, the first
  * try's). count_prefix (optional): *count = the keys under it right after this call's put, in
- * the same transaction; -1 when the key existed before (count at *create_revision instead). */
+ * the same transaction; -1 when the key existed before (count at *create_revision instead).
+ * look (optional): another key read in the same transaction into *looked (etcd_value_free it);
+ * when it is not there, looked->mod_revision is the revision at which it was not. */
 int etcd_put_new(etcd_t *c, const char *key, const void *val, size_t len, const char *count_prefix,
-                 int64_t *create_revision, int64_t *count);
+                 const char *look, etcd_value_t *looked, int64_t *create_revision, int64_t *count);
 /* How many keys under prefix there were at revision (0: now), counted by etcd (count_only):
  * DDP_EPROTO with etcd's message when revision was compacted. */
 int etcd_count_prefix(etcd_t *c, const char *prefix, int64_t revision, int64_t *count);
@@ -74,7 +76,8 @@ int etcd_lease_grant(etcd_t *c, int64_t ttl_s, int64_t *id);
 /* *ttl_s: the lease's time left after the refresh; 0 when it had already expired. */
 int etcd_lease_keepalive(etcd_t *c, int64_t id, int64_t *ttl_s);
 /* Watch key (is_prefix: every key under it) from start_revision (> 0) until fn returns true
- * (returns 0) or timeout_ms passes (DDP_ETIMEOUT). */
+ * (returns 0) or timeout_ms passes (DDP_ETIMEOUT); -ESTALE when etcd compacted start_revision
+ * away (its history is gone: read the key, then watch from the revision the read saw). */
 int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revision,
                int64_t timeout_ms, etcd_event_fn fn, void *arg);
 

@@ -65,11 +65,17 @@ typedef struct {
     rdzv_lease_t *lease;
     int64_t op_timeout_ms;
     int64_t slice_ms; /* a wait for one owed key looks at its owner's lease this often */
-    /* The value the last wait found (seen_key NULL: none): the GET that follows a WAIT of the
-     * same key (a round's closed, a member's rank) takes it instead of another range. Any write
-     * through this kv forgets it. */
+    /* What this kv last learnt of one key without being asked (seen_key NULL: nothing): its
+     * value (seen.is_found; a wait found it, or a ticket's look), which the next WAIT and the
+     * GET that follows take instead of another range; or that it was not there at revision
+     * seen.mod_revision (a ticket's look, expect_after), so the next wait for it watches from
+     * the revision after, without a range first. A write of that key through this kv, or a GET
+     * of another, forgets it. */
     char *seen_key;
     etcd_value_t seen;
+    /* The key the last GET read and the revision it was written at (expect_after) */
+    char *read_key;
+    int64_t read_revision;
     char error[1024];
 } etcd_kv_t;
 
@@ -88,6 +94,12 @@ static void forget_seen(etcd_kv_t *e) {
     etcd_value_free(&e->seen);
 }
 
+/* A write of key: what was seen of it no longer holds. */
+static void forget_seen_of(etcd_kv_t *e, const char *key) {
+    if (e->seen_key && strcmp(e->seen_key, key) == 0) forget_seen(e);
+}
+
+/* v (found, or not found as of v->mod_revision) is now what this kv knows of key. */
 static void remember_seen(etcd_kv_t *e, const char *key, etcd_value_t *v) {
     forget_seen(e);
     if ((e->seen_key = strdup(key)))
@@ -96,8 +108,13 @@ static void remember_seen(etcd_kv_t *e, const char *key, etcd_value_t *v) {
         etcd_value_free(v);
 }
 
+static void remember_absent(etcd_kv_t *e, const char *key, int64_t revision) {
+    etcd_value_t v = {.mod_revision = revision};
+    remember_seen(e, key, &v);
+}
+
 static int kv_set(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
-    forget_seen(self(kv));
+    forget_seen_of(self(kv), key);
     int rc = etcd_put(self(kv)->c, key, val, len, 0);
     return rc < 0 ? failed(self(kv), rc) : 0;
 }
@@ -125,19 +142,36 @@ static bool is_put_of(void *arg, etcd_event_type_t type, const char *key, const 
 }
 
 /* Until key exists or deadline_ms (clock_now_ms) passes; the value into *value, else kept for
- * the GET that follows (remember_seen). */
+ * the GET that follows (remember_seen). What this kv has seen of key (seen_key) spares the first
+ * range: a value at once, or a watch from the revision after the one it was absent at (a
+ * revision etcd compacted since: a range and a watch after all). */
 static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_value_t *value) {
-    for (;;) {
-        etcd_value_t v;
-        int64_t revision;
-        int rc = etcd_get(e->c, key, &v, &revision);
-        if (rc < 0) return failed(e, rc);
-        if (v.is_found) {
-            if (value)
-                *value = v;
-            else
-                remember_seen(e, key, &v);
+    int64_t absent_at = 0; /* > 0: key was not there at this revision */
+    if (e->seen_key && strcmp(e->seen_key, key) == 0) {
+        if (e->seen.is_found) {
+            if (value) {
+                *value = e->seen;
+                e->seen = (etcd_value_t){0};
+                forget_seen(e);
+            }
             return 0;
+        }
+        absent_at = e->seen.mod_revision;
+        forget_seen(e);
+    }
+    for (;;) {
+        int64_t revision = absent_at;
+        int rc;
+        if (absent_at <= 0) {
+            etcd_value_t v;
+            if ((rc = etcd_get(e->c, key, &v, &revision)) < 0) return failed(e, rc);
+            if (v.is_found) {
+                if (value)
+                    *value = v;
+                else
+                    remember_seen(e, key, &v);
+                return 0;
+            }
         }
         uint64_t now = clock_now_ms();
         if (now >= deadline_ms) {
@@ -148,6 +182,11 @@ static int wait_key(etcd_kv_t *e, const char *key, uint64_t deadline_ms, etcd_va
         put_seen_t seen = {.key = key};
         rc = etcd_watch(e->c, key, false, revision + 1, (int64_t)(deadline_ms - now), is_put_of,
                         &seen);
+        if (rc == -ESTALE && absent_at > 0) { /* compacted: what we knew is history now */
+            absent_at = 0;
+            continue;
+        }
+        absent_at = 0;
         if (rc == DDP_ETIMEOUT) {
             snprintf(e->error, sizeof e->error, "etcd %s: key %s did not appear in time",
                      etcd_endpoints(e->c), key);
@@ -176,17 +215,21 @@ static int kv_wait(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_t tim
 static int kv_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
     etcd_kv_t *e = self(kv);
     etcd_value_t v;
-    if (e->seen_key && strcmp(e->seen_key, key) == 0) { /* a wait has just read it */
-        v = e->seen;
-        e->seen = (etcd_value_t){0};
-        forget_seen(e);
-    } else {
-        forget_seen(e);
-        TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
-    }
+    if (e->seen_key && strcmp(e->seen_key, key) != 0) forget_seen(e);
+    TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
+    free(e->read_key);
+    e->read_key = strdup(key); /* NULL: expect_after knows nothing */
+    e->read_revision = v.mod_revision;
     *val = v.value;
     *len = v.len;
     return 0;
+}
+
+static void kv_expect_after(rdzv_kv_t *kv, const char *key, const char *earlier) {
+    etcd_kv_t *e = self(kv);
+    /* created after earlier's write: not there at that revision */
+    if (e->read_key && strcmp(e->read_key, earlier) == 0 && e->read_revision > 0)
+        remember_absent(e, key, e->read_revision);
 }
 
 /* After a lost compare-and-swap: a random pause of up to 2^lost ms (32 at most). Every attempt is
@@ -200,7 +243,7 @@ static void contention_pause(int lost) {
 
 static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
     etcd_kv_t *e = self(kv);
-    forget_seen(e);
+    forget_seen_of(e, key);
     for (int lost = 0;; contention_pause(++lost)) { /* someone else's ADD landed first */
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -250,7 +293,7 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
                           const void *desired, size_t desired_len, uint8_t **current,
                           size_t *current_len) {
     etcd_kv_t *e = self(kv);
-    forget_seen(e);
+    forget_seen_of(e, key);
     for (int lost = 0;; contention_pause(++lost)) {
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -276,7 +319,8 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
 static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const *vals,
                         const size_t *lens, size_t n) {
     etcd_kv_t *e = self(kv);
-    forget_seen(e);
+    for (size_t i = 0; i < n; i++)
+        forget_seen_of(e, keys[i]);
     for (size_t i = 0; i < n; i += ETCD_TXN_OPS_MAX) {
         size_t m = n - i < ETCD_TXN_OPS_MAX ? n - i : ETCD_TXN_OPS_MAX;
         int rc = etcd_put_many(e->c, keys + i, vals + i, lens + i, m);
@@ -290,9 +334,8 @@ static int kv_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *cons
  * creation, in the same transaction: those created up to it, this one included. One proposal
  * per ticket, where ADD's compare-and-swap lets one of N concurrent agents win per round of
  * N^2/2 proposals. */
-static int kv_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
+static int kv_take_ticket(rdzv_kv_t *kv, const char *key, const char *look, int64_t *index) {
     etcd_kv_t *e = self(kv);
-    forget_seen(e);
     uint64_t id;
     randombytes_buf(&id, sizeof id);
     size_t n = strlen(key) + 32;
@@ -302,7 +345,10 @@ static int kv_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
     if (rc == 0) {
         snprintf(prefix, n, "%s/", key);
         snprintf(ticket, n, "%s%016" PRIx64, prefix, id);
-        rc = etcd_put_new(e->c, ticket, "1", 1, prefix, &revision, &count);
+        etcd_value_t looked = {0};
+        rc = etcd_put_new(e->c, ticket, "1", 1, prefix, look, &looked, &revision, &count);
+        if (rc == 0 && look) /* taken by the next wait for look (it may be found, or not yet) */
+            remember_seen(e, look, &looked);
         if (rc == 0 && count < 0) /* a retry found it created: count as of its creation */
             rc = etcd_count_prefix(e->c, prefix, revision, &count);
         if (rc < 0) failed(e, rc);
@@ -586,7 +632,7 @@ static int lease_renew(etcd_kv_t *e, int64_t expired, int64_t *id, bool *is_mine
 
 static int kv_set_ephemeral(rdzv_kv_t *kv, const char *key, const void *val, size_t len) {
     etcd_kv_t *e = self(kv);
-    forget_seen(e);
+    forget_seen_of(e, key);
     int64_t id;
     TRY(lease_id(e, &id));
     TRY(lease_note_key(e->lease, key, val, len));
@@ -763,6 +809,7 @@ static const char *kv_error(const rdzv_kv_t *kv) {
 
 static void kv_destroy(rdzv_kv_t *kv) {
     forget_seen(self(kv));
+    free(self(kv)->read_key);
     etcd_destroy(self(kv)->c);
     free(kv);
 }
@@ -777,6 +824,7 @@ static const rdzv_kv_ops_t etcd_ops = {.set = kv_set,
                                        .take_ticket = kv_take_ticket,
                                        .count_tickets = kv_count_tickets,
                                        .set_ephemeral = kv_set_ephemeral,
+                                       .expect_after = kv_expect_after,
                                        .keep_alive = kv_keep_alive,
                                        .wait_live = kv_wait_live,
                                        .wait_gone = kv_wait_gone,

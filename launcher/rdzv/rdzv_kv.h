@@ -36,11 +36,18 @@ typedef struct {
     /* A ticket of counter key: *index = how many were taken before this one (0, 1, ...), one
      * request and no retry however many agents take one at once. store: ADD key 1 (minus 1);
      * etcd: a key of its own created under key/, numbered by its creation's revision (ADD's
-     * compare-and-swap would make N^2/2 raft proposals of N agents). */
-    int (*take_ticket)(rdzv_kv_t *kv, const char *key, int64_t *index);
+     * compare-and-swap would make N^2/2 raft proposals of N agents). look (optional): a key
+     * to read in the same request where the backend can (etcd; the store ignores it): the
+     * next WAIT or GET of look through this kv then asks nothing more when it was there, and
+     * on etcd watches from the ticket's revision, without a range first, when it was not. */
+    int (*take_ticket)(rdzv_kv_t *kv, const char *key, const char *look, int64_t *index);
     /* How many tickets of key were taken so far. */
     int (*count_tickets)(rdzv_kv_t *kv, const char *key, int64_t *count);
     int (*set_ephemeral)(rdzv_kv_t *kv, const char *key, const void *val, size_t len);
+    /* Optional (NULL: nothing to do): key is only ever created after `earlier` was, and the
+     * last GET through this kv read earlier; the next wait for key may begin where earlier was
+     * written instead of reading key first (etcd: a watch from earlier's revision, no range). */
+    void (*expect_after)(rdzv_kv_t *kv, const char *key, const char *earlier);
     /* 0, also when the lease had expired and a new one now holds this agent's keys again
      * (*is_renewed, error() says so: the other members have seen this agent lost); DDP_ELEASE
      * when it expired and no new one could be had */

@@ -235,8 +235,11 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
  * the last member's lost lease). */
 static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, rdzv_rank_record_t *out,
                      char *err, size_t err_len) {
-    char k[256];
+    char k[256], closed_key[256];
     snprintf(k, sizeof k, "%s/r%d/rank/%d", r->prefix, round, index);
+    key(r, closed_key, sizeof closed_key, round, "closed");
+    /* the last member writes the ranks once it read closed, which this join read last */
+    if (c->ops->expect_after) c->ops->expect_after(c, k, closed_key);
     const char *keys[] = {k};
     int publisher = n - 1, rc = wait_owed(r, c, round, keys, &publisher, 1, err, err_len);
     if (rc < 0) {
@@ -263,11 +266,12 @@ static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, rdzv_
 
 int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err, size_t err_len) {
     const ddprun_opts_t *o = r->opts;
-    char k[256], record[RDZV_RECORD_MAX_BYTES];
+    char k[256], record[RDZV_RECORD_MAX_BYTES], closed_key[256];
     int64_t joined;
     key(r, k, sizeof k, round, "joined");
-    int64_t ticket;
-    int rc = c->ops->take_ticket(c, k, &ticket);
+    key(r, closed_key, sizeof closed_key, round, "closed");
+    int64_t ticket; /* etcd: with a look at closed, which this join waits for next */
+    int rc = c->ops->take_ticket(c, k, closed_key, &ticket);
     if (rc < 0) goto fail;
     joined = ticket + 1;
     int index = (int)ticket;
@@ -282,8 +286,6 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     /* etcd: under this agent's lease, so the record is also its mark of life in the round
      * (rdzv_wait_member_lost); the store: a plain SET */
     if ((rc = c->ops->set_ephemeral(c, node_key, record, strlen(record))) < 0) goto fail;
-    char closed_key[256];
-    key(r, closed_key, sizeof closed_key, round, "closed");
     const char *keys[] = {closed_key};
     bool is_closed = false;
     if (joined >= (int64_t)o->min_nodes && joined < (int64_t)o->max_nodes) {
@@ -458,7 +460,7 @@ int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
     key(r, k, sizeof k, round, "done");
     key(r, all, sizeof all, round, "all_done");
     int64_t ticket; /* etcd: a ticket, not an ADD's compare-and-swap, as for a join */
-    TRY(c->ops->take_ticket(c, k, &ticket));
+    TRY(c->ops->take_ticket(c, k, all, &ticket));
     if (ticket + 1 >= n) TRY(c->ops->set(c, all, "1", 1));
     const char *keys[] = {all};
     return c->ops->wait(c, keys, 1, timeout_ms);

@@ -460,9 +460,9 @@ static int c_multi_set(rdzv_kv_t *kv, const char *const *keys, const void *const
     counted(kv, 0);
     return inner(kv)->ops->multi_set(inner(kv), keys, vals, lens, n);
 }
-static int c_take_ticket(rdzv_kv_t *kv, const char *key, int64_t *index) {
+static int c_take_ticket(rdzv_kv_t *kv, const char *key, const char *look, int64_t *index) {
     counted(kv, 0);
-    return inner(kv)->ops->take_ticket(inner(kv), key, index);
+    return inner(kv)->ops->take_ticket(inner(kv), key, look, index);
 }
 static int c_count_tickets(rdzv_kv_t *kv, const char *key, int64_t *count) {
     counted(kv, 0);
@@ -571,7 +571,7 @@ Test(rendezvous, a_malformed_record_fails_every_member) {
         agent_start(&m[i], i == 0);
     /* join index 0 is taken by someone who wrote garbage */
     int64_t ticket;
-    cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", &ticket), 0);
+    cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", NULL, &ticket), 0);
     cr_assert_eq(m[0].kv->ops->set(m[0].kv, "/ddprun/stale/r0/node/0", "{\"nproc\":", 9), 0);
     pthread_t t[2];
     for (int i = 0; i < 2; i++)
@@ -599,7 +599,7 @@ Test(rendezvous, a_node_record_without_a_store_fails_every_member) {
         rdzv_set_own_store(&m[i].r, "127.0.0.1", (uint16_t)(30000 + i));
     }
     int64_t ticket;
-    cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", &ticket), 0);
+    cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", NULL, &ticket), 0);
     const char *record = "{\"nproc\":2,\"hint\":-1,\"host\":false}";
     cr_assert_eq(m[0].kv->ops->set(m[0].kv, "/ddprun/stale/r0/node/0", record, strlen(record)), 0);
     pthread_t t[2];
