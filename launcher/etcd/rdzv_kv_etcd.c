@@ -258,8 +258,10 @@ static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result
                 return DDP_EPROTO;
             }
         }
-        if (delta == 0 && v.is_found) { /* a read: writing the same count back would only
-                                           contend with the ADDs that change it */
+        if (delta == 0) { /* a read: writing the same count back, or a 0 that is not there
+                             yet (the store's ADD creates it), would only contend with the
+                             ADDs that change it: N agents that start together read the job's
+                             round counter, and created it in a race of N txns */
             etcd_value_free(&v);
             *result = now;
             return 0;

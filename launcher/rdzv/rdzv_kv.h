@@ -1,6 +1,7 @@
 /* rdzv_kv: the key-value operations rendezvous is written against, with TCPStore's meanings
  * (GET waits for the key, ADD counts in decimal text, COMPARE_SET with an empty expected value
- * creates), implemented by the job's TCP store (rdzv_kv_store.c) and by etcd (rdzv_kv_etcd.c).
+ * creates; one difference: etcd's ADD 0 of a missing key reads 0 and does not create it),
+ * implemented by the job's TCP store (rdzv_kv_store.c) and by etcd (rdzv_kv_etcd.c).
  *
  * Liveness is the one place the two differ: on etcd, an agent's keys written with set_ephemeral
  * live as long as its lease, keep_alive refreshes it, and wait_gone blocks until another agent's

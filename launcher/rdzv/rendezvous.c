@@ -380,7 +380,13 @@ int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *w
     snprintf(was, sizeof was, "%d", round);
     snprintf(next, sizeof next, "%d", round + 1);
     TRY(c->ops->compare_set(c, k, was, strlen(was), next, strlen(next), &cur, &n));
+    /* `was` back: the counter is not there (etcd's ADD 0 does not create it): create it */
+    bool is_missing = n == strlen(was) && memcmp(cur, was, n) == 0;
     free(cur);
+    if (is_missing) {
+        TRY(c->ops->compare_set(c, k, "", 0, next, strlen(next), &cur, &n));
+        free(cur);
+    }
     return 0;
 }
 

@@ -5,6 +5,7 @@ every agent joins the next round): every join finishes, and the raft proposals a
 1024 on a small machine) per agent and round stay a handful. A join's index is a ticket (one txn that creates the agent's own key under
 r<R>/joined/ and counts them); it was an ADD, a compare-and-swap on one counter that the N joining
 agents retried, every try a raft proposal, some N^2/2 a round (256 agents did not finish in 70 s)."""
+from base64 import b64decode
 import collections
 import json
 import os
@@ -65,6 +66,13 @@ def test_a_round_of_many_on_etcd_costs_a_few_proposals_per_agent(build_dir, tmp_
         # varies with the agents' race to create the job's round counter). It was 11.2-11.8 with
         # the round's store address a key of its own (r<R>/store), a lease-bound alive key beside
         # the record and a range before every watch (8.8 without the last)
+        # the job's round counter is read by every join and written once, by the restart: ADD 0
+        # of a missing key creates nothing on etcd (the N agents of round 0 raced to create it:
+        # a txn each, most of them lost, and a range more, ~1 request per agent-round)
+        r = etcd.etcdctl("get", "--prefix", "/ddprun/", "-w", "json")
+        counters = [kv for kv in json.loads(r.stdout)["kvs"]
+                    if b64decode(kv["key"]).decode().endswith("/round")]
+        assert len(counters) == 1 and int(counters[0]["version"]) == 1, counters
         requests = sum(served.values()) / (2 * AGENTS)
         assert requests <= 8.5, f"{requests:.2f} etcd requests per agent and round: " + str(
             {k: v for k, v in served.items() if v})
