@@ -384,7 +384,7 @@ static void report_after_cb(uv_work_t *req, int status) {
 
 static void watch_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->watching.job.rc = rdzv_wait_restart(&a->rdzv, a->watch, a->watching.job.round.round,
+    a->watching.job.rc = rdzv_wait_restart(&a->rdzv, a->watch, &a->watching.job.round,
                                            a->watching.why, sizeof a->watching.why);
 }
 

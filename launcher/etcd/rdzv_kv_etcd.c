@@ -68,12 +68,12 @@ typedef struct {
     /* What this kv last learnt of one key without being asked (seen_key NULL: nothing): its
      * value (seen.is_found; a wait found it, or a ticket's look), which the next WAIT and the
      * GET that follows take instead of another range; or that it was not there at revision
-     * seen.mod_revision (a ticket's look, expect_after), so the next wait for it watches from
+     * seen.mod_revision (a ticket's look, expect_absent), so the next wait for it watches from
      * the revision after, without a range first. A write of that key through this kv, or a GET
      * of another, forgets it. */
     char *seen_key;
     etcd_value_t seen;
-    /* The key the last GET read and the revision it was written at (expect_after) */
+    /* The key the last GET read and the revision it was written at (read_revision) */
     char *read_key;
     int64_t read_revision;
     char error[1024];
@@ -218,18 +218,20 @@ static int kv_get(rdzv_kv_t *kv, const char *key, uint8_t **val, size_t *len) {
     if (e->seen_key && strcmp(e->seen_key, key) != 0) forget_seen(e);
     TRY(wait_key(e, key, clock_now_ms() + (uint64_t)e->op_timeout_ms, &v));
     free(e->read_key);
-    e->read_key = strdup(key); /* NULL: expect_after knows nothing */
+    e->read_key = strdup(key); /* NULL: read_revision knows nothing */
     e->read_revision = v.mod_revision;
     *val = v.value;
     *len = v.len;
     return 0;
 }
 
-static void kv_expect_after(rdzv_kv_t *kv, const char *key, const char *earlier) {
+static int64_t kv_read_revision(rdzv_kv_t *kv, const char *key) {
     etcd_kv_t *e = self(kv);
-    /* created after earlier's write: not there at that revision */
-    if (e->read_key && strcmp(e->read_key, earlier) == 0 && e->read_revision > 0)
-        remember_absent(e, key, e->read_revision);
+    return e->read_key && strcmp(e->read_key, key) == 0 ? e->read_revision : 0;
+}
+
+static void kv_expect_absent(rdzv_kv_t *kv, const char *key, int64_t revision) {
+    if (revision > 0) remember_absent(self(kv), key, revision);
 }
 
 /* After a lost compare-and-swap: a random pause of up to 2^lost ms (32 at most). Every attempt is
@@ -826,7 +828,8 @@ static const rdzv_kv_ops_t etcd_ops = {.set = kv_set,
                                        .take_ticket = kv_take_ticket,
                                        .count_tickets = kv_count_tickets,
                                        .set_ephemeral = kv_set_ephemeral,
-                                       .expect_after = kv_expect_after,
+                                       .read_revision = kv_read_revision,
+                                       .expect_absent = kv_expect_absent,
                                        .keep_alive = kv_keep_alive,
                                        .wait_live = kv_wait_live,
                                        .wait_gone = kv_wait_gone,

@@ -45,10 +45,14 @@ typedef struct {
     /* How many tickets of key were taken so far. */
     int (*count_tickets)(rdzv_kv_t *kv, const char *key, int64_t *count);
     int (*set_ephemeral)(rdzv_kv_t *kv, const char *key, const void *val, size_t len);
-    /* Optional (NULL: nothing to do): key is only ever created after `earlier` was, and the
-     * last GET through this kv read earlier; the next wait for key may begin where earlier was
-     * written instead of reading key first (etcd: a watch from earlier's revision, no range). */
-    void (*expect_after)(rdzv_kv_t *kv, const char *key, const char *earlier);
+    /* Optional (NULL: not known): the revision at which the last GET through this kv read key
+     * (etcd: its mod_revision); 0 when that GET was of another key. */
+    int64_t (*read_revision)(rdzv_kv_t *kv, const char *key);
+    /* Optional (NULL: nothing to do): key did not exist at `revision` (a read_revision of this
+     * backend, maybe through another kv: key is only ever created after the key read then); the
+     * next wait for key through this kv may begin there instead of reading key first (etcd: a
+     * watch from revision + 1, no range). */
+    void (*expect_absent)(rdzv_kv_t *kv, const char *key, int64_t revision);
     /* 0, also when the lease had expired and a new one now holds this agent's keys again
      * (*is_renewed, error() says so: the other members have seen this agent lost); DDP_ELEASE
      * when it expired and no new one could be had */

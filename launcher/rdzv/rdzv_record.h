@@ -23,6 +23,9 @@ typedef struct {
     int join_index;
     char store_host[256]; /* etcd: the round's store (node 0's), for MASTER_ADDR/MASTER_PORT */
     uint16_t store_port;
+    /* etcd: the revision r<R>/closed was written at (0: unknown). Keys written only after the
+     * round closed (its ranks, its restart) are waited for from there, without a read first. */
+    int64_t closed_revision;
 } rdzv_result_t;
 
 /* A node's record in a round. */

@@ -233,13 +233,12 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
 
 /* Any other member: its own r<R>/rank/<index>, once the last member wrote it (etcd: ended too by
  * the last member's lost lease). */
-static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, rdzv_rank_record_t *out,
-                     char *err, size_t err_len) {
-    char k[256], closed_key[256];
+static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, int64_t closed_revision,
+                     rdzv_rank_record_t *out, char *err, size_t err_len) {
+    char k[256];
     snprintf(k, sizeof k, "%s/r%d/rank/%d", r->prefix, round, index);
-    key(r, closed_key, sizeof closed_key, round, "closed");
-    /* the last member writes the ranks once it read closed, which this join read last */
-    if (c->ops->expect_after) c->ops->expect_after(c, k, closed_key);
+    /* the last member writes the ranks once it read closed */
+    if (c->ops->expect_absent) c->ops->expect_absent(c, k, closed_revision);
     const char *keys[] = {k};
     int publisher = n - 1, rc = wait_owed(r, c, round, keys, &publisher, 1, err, err_len);
     if (rc < 0) {
@@ -317,6 +316,7 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     }
     int64_t n_members;
     if (rc < 0 || (rc = get_int(c, closed_key, &n_members)) < 0) goto fail;
+    int64_t closed_revision = c->ops->read_revision ? c->ops->read_revision(c, closed_key) : 0;
     if (n_members < 1 || n_members > RDZV_MAX_NODES) {
         snprintf(err, err_len, "round %d closed with %lld members", round, (long long)n_members);
         return DDP_EPROTO;
@@ -326,12 +326,13 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     out->group_world_size = (int)n_members;
     out->is_member = index < n_members;
     out->join_index = index;
+    out->closed_revision = closed_revision;
     if (!out->is_member) return 0;
     rdzv_rank_record_t place;
     if (index == n_members - 1)
         rc = publish_ranks(r, c, round, (int)n_members, &place, err, err_len);
     else
-        rc = read_rank(r, c, round, index, (int)n_members, &place, err, err_len);
+        rc = read_rank(r, c, round, index, (int)n_members, closed_revision, &place, err, err_len);
     if (rc < 0) return rc;
     if (place.error[0]) {
         snprintf(err, err_len, "%s", place.error);
@@ -442,11 +443,15 @@ int rdzv_publish_failure(rdzv_t *r, rdzv_kv_t *c, int round, int group_rank,
     return c->ops->set(c, k, failure_json, strlen(failure_json));
 }
 
-int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, int round, char *why, size_t why_len) {
+int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, char *why,
+                      size_t why_len) {
     char k[256];
-    key(r, k, sizeof k, round, "restart");
+    key(r, k, sizeof k, round->round, "restart");
     const char *keys[] = {k};
     int rc;
+    /* every report of a round's end comes from an agent that saw the round closed (a member, a
+     * spare, a join that found a member lost): the restart key is written after closed */
+    if (c->ops->expect_absent) c->ops->expect_absent(c, k, round->closed_revision);
     /* WAIT in slices: each slice is one bounded operation of the client. */
     while ((rc = c->ops->wait(c, keys, 1, 60000)) == DDP_ETIMEOUT) {
     }

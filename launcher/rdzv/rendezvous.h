@@ -58,8 +58,10 @@ int rdzv_publish_job(rdzv_t *r, rdzv_kv_t *c);
 int rdzv_publish_member(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round);
 int rdzv_publish_failure(rdzv_t *r, rdzv_kv_t *c, int round, int group_rank,
                          const char *failure_json);
-/* Block until round `round`'s restart key is set (by anyone, us included); copy its value. */
-int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, int round, char *why, size_t why_len);
+/* Block until the restart key of `round` (as rdzv_join returned it) is set (by anyone, us
+ * included); copy its value. */
+int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, char *why,
+                      size_t why_len);
 /* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read the next member's (group
  * rank + 1, around the ring) into counters[next]; the others read LIVENESS_ALIVE. Counters, not
  * clocks: each agent judges staleness on its own monotonic clock (liveness.h). Any member's loss

@@ -86,7 +86,7 @@ static void *sim_agent_main(void *arg) {
         a->rc = rdzv_request_restart(&r, kv, out.round, &why);
     }
     char why[512];
-    if (a->rc == 0) a->rc = rdzv_wait_restart(&r, kv, out.round, why, sizeof why);
+    if (a->rc == 0) a->rc = rdzv_wait_restart(&r, kv, &out, why, sizeof why);
     if (a->rc == 0) a->rc = join_round(&r, kv, a, out.round + 1, &out);
     a->rejoined_ns = now_ns();
     if (a->rc < 0 && !a->err[0])

@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     if (rc == 0 && (rc = go()) == 0) rc = print_get(kv, "closed", closed);
-    if (rc == 0 && kv->ops->expect_after) kv->ops->expect_after(kv, rank, closed);
+    if (rc == 0) kv->ops->expect_absent(kv, rank, kv->ops->read_revision(kv, closed));
     if (rc == 0 && (rc = go()) == 0) rc = print_get(kv, "rank", rank);
     if (rc < 0) fprintf(stderr, "etcd_kv_probe: %s\n", kv ? kv->ops->error(kv) : "no kv");
     rdzv_kv_destroy(kv);

@@ -269,8 +269,10 @@ Test(rendezvous, closed_round_whose_members_died_is_ended_by_a_late_agent) {
 
     /* every agent's watch of round 1 ends (D's too), and round 2 is the current round */
     char why_text[256];
-    cr_assert_eq(rdzv_wait_restart(&d.r, d.kv, 1, why_text, sizeof why_text), 0);
-    cr_assert_eq(rdzv_wait_restart(&c.r, c.kv, 1, why_text, sizeof why_text), 0);
+    cr_assert_eq(d.out.round, 1);
+    cr_assert_eq(c.out.round, 1);
+    cr_assert_eq(rdzv_wait_restart(&d.r, d.kv, &d.out, why_text, sizeof why_text), 0);
+    cr_assert_eq(rdzv_wait_restart(&c.r, c.kv, &c.out, why_text, sizeof why_text), 0);
     agent_sm_event_t seen = {.kind = AGENT_EV_RESTART_SEEN};
     seen.is_valid = rdzv_record_why_parse(why_text, strlen(why_text), &seen.why);
     cr_assert(seen.is_valid, "%s", why_text);
