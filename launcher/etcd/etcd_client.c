@@ -311,10 +311,12 @@ void etcd_value_free(etcd_value_t *v) {
     v->is_found = false;
 }
 
-int etcd_get_prefix(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg, int64_t *revision) {
+static int get_prefix(etcd_t *c, const char *prefix, bool is_keys_only, etcd_kv_fn fn, void *arg,
+                      int64_t *revision) {
     cJSON *body = cJSON_CreateObject(), *answer;
     add_b64(body, "key", prefix, strlen(prefix));
     add_prefix_end(body, prefix);
+    if (is_keys_only) cJSON_AddBoolToObject(body, "keys_only", true);
     int rc = call(c, "/v3/kv/range", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
@@ -323,6 +325,15 @@ int etcd_get_prefix(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg, int
         rc = fail(c, DDP_EPROTO, "etcd: prefix %s: bad key or value encoding", prefix);
     cJSON_Delete(answer);
     return rc;
+}
+
+int etcd_get_prefix(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg, int64_t *revision) {
+    return get_prefix(c, prefix, false, fn, arg, revision);
+}
+
+int etcd_get_prefix_keys(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg,
+                         int64_t *revision) {
+    return get_prefix(c, prefix, true, fn, arg, revision);
 }
 
 static cJSON *put_request(const char *key, const void *val, size_t len, int64_t lease) {

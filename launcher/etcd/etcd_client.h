@@ -50,6 +50,10 @@ const char *etcd_endpoints(const etcd_t *c);
 int etcd_get(etcd_t *c, const char *key, etcd_value_t *out, int64_t *revision);
 void etcd_value_free(etcd_value_t *v);
 int etcd_get_prefix(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg, int64_t *revision);
+/* The same without the values (fn gets an empty one): which keys are there, at a fraction of
+ * the bytes (a round's lease-bound node records, which every member looks at). */
+int etcd_get_prefix_keys(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg,
+                         int64_t *revision);
 /* lease 0: none. */
 int etcd_put(etcd_t *c, const char *key, const void *val, size_t len, int64_t lease);
 /* Puts only when the key's mod_revision is still mod_revision (0: the key does not exist);

@@ -541,7 +541,7 @@ static int kv_wait_live(rdzv_kv_t *kv, const char *const *keys, const char *cons
                 .lost = -1};
     uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
     int64_t revision = 0;
-    int rc = etcd_get_prefix(e->c, prefix, owed_seen, &o, &revision);
+    int rc = etcd_get_prefix_keys(e->c, prefix, owed_seen, &o, &revision);
     if (rc < 0) failed(e, rc);
     o.next_revision = revision + 1;
     while (rc == 0 && o.lost < 0 && o.n_have < n) {
@@ -735,7 +735,8 @@ static int kv_wait_gone(rdzv_kv_t *kv, const char *const *keys, size_t n, int64_
     int rc = prefix && is_present ? 0 : -ENOMEM;
     gone_t g = {.keys = keys, .n = n, .gone = -1, .is_present = is_present};
     int64_t revision = 0;
-    if (rc == 0 && (rc = etcd_get_prefix(e->c, prefix, note_present, &g, &revision)) < 0)
+    /* keys only: every member looks at every member's record (N^2 values a round) */
+    if (rc == 0 && (rc = etcd_get_prefix_keys(e->c, prefix, note_present, &g, &revision)) < 0)
         failed(e, rc);
     for (size_t i = 0; rc == 0 && i < n && g.gone < 0; i++)
         if (!is_present[i]) g.gone = (int)i; /* gone before we looked */
