@@ -970,8 +970,9 @@ int agent_main(ddprun_opts_t *o) {
     a->opts = o;
     /* libuv's pool (4 threads by default) runs every blocking step: the exit barrier, the restart
      * wait, the peers' liveness watch, a memory snapshot peer's lookup can all wait at once for a
-     * dead node, and the lease refresh queued behind them let this agent's lease expire too */
-    setenv("UV_THREADPOOL_SIZE", "16", 0);
+     * dead node, and the lease refresh queued behind them let this agent's lease expire too. One
+     * node has no peers to wait for: its start pays for no more threads */
+    if (o->max_nodes > 1) setenv("UV_THREADPOOL_SIZE", "16", 0);
     a->loop = uv_default_loop();
     agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1,
                              .nproc_per_node = o->nproc_per_node,
