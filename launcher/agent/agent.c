@@ -700,7 +700,9 @@ static void join_work_cb(uv_work_t *req) {
             snprintf(j->err, sizeof j->err, "ending round %d: %s", at, a->ops->ops->error(a->ops));
     }
     if (j->job.rc == 0 && j->joined.is_member) { /* for `ddprun status`; best effort */
-        rdzv_publish_job(&a->rdzv, a->ops);
+        /* the job's settings are the same from every agent: node 0's put is enough (on etcd
+         * each put is a raft proposal; N of them a round said the same thing N times) */
+        if (j->joined.group_rank == 0) rdzv_publish_job(&a->rdzv, a->ops);
         rdzv_publish_member(&a->rdzv, a->ops, &j->joined);
     }
     /* A lost node's restart is given back once, in the store, by the new round's node 0. */

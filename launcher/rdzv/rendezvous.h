@@ -51,9 +51,10 @@ int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *w
  * Call from one agent only. */
 int rdzv_refund_failure(rdzv_t *r, rdzv_kv_t *c);
 /* For `ddprun status` (rdzv_status.h reads them): the job's settings under "job" (any agent; the
- * same values from all), this member's record r<R>/member/<group_rank> (host, ranks, agent pid),
- * and a local worker's failure r<R>/failure/<group_rank> (failure: a JSON object, by the agent
- * whose worker failed). Each is one SET; 0 or a store error. */
+ * same values from all: the agent has each round's node 0 write them), this member's record
+ * r<R>/member/<group_rank> (host, ranks, agent pid), and a local worker's failure
+ * r<R>/failure/<group_rank> (failure: a JSON object, by the agent whose worker failed). Each is one
+ * SET; 0 or a store error. */
 int rdzv_publish_job(rdzv_t *r, rdzv_kv_t *c);
 int rdzv_publish_member(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round);
 int rdzv_publish_failure(rdzv_t *r, rdzv_kv_t *c, int round, int group_rank,
