@@ -483,9 +483,9 @@ static bool owed_event(void *arg, etcd_event_type_t type, const char *key, const
     return o->lost >= 0 || o->n_have == o->n;
 }
 
-/* One owed key (a member's rank, node 0's store address): a watch of that key alone, in slices,
- * and a look at its owner's lease-bound key after each. A range and a watch over both keys' common
- * prefix (the round's) would read every key of the round, N^2 for the N members of a round. */
+/* One owed key (a member's rank): a watch of that key alone, in slices, and a look at its
+ * owner's lease-bound node record after each. A range and a watch over both keys' common prefix
+ * (the round's) would read every key of the round, N^2 for the N members of a round. */
 static int wait_live_one(etcd_kv_t *e, const char *key, const char *alive, int64_t grace_ms,
                          int64_t timeout_ms, int *lost) {
     uint64_t start = clock_now_ms(), deadline = start + (uint64_t)timeout_ms;
