@@ -352,8 +352,16 @@ int etcd_put(etcd_t *c, const char *key, const void *val, size_t len, int64_t le
     return rc;
 }
 
+/* A range request of key, for a txn. */
+static cJSON *range_op(const char *key) {
+    cJSON *op = cJSON_CreateObject(), *range = cJSON_CreateObject();
+    add_b64(range, "key", key, strlen(key));
+    cJSON_AddItemToObject(op, "request_range", range);
+    return op;
+}
+
 int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *val, size_t len,
-                int64_t lease, bool *is_put) {
+                int64_t lease, const char *mark_key, const char *mark, bool *is_put) {
     cJSON *body = cJSON_CreateObject(), *answer;
     cJSON *cmp = cJSON_CreateObject();
     add_b64(cmp, "key", key, strlen(key));
@@ -363,21 +371,35 @@ int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *va
     cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "compare"), cmp);
     cJSON *op = cJSON_CreateObject();
     cJSON_AddItemToObject(op, "request_put", put_request(key, val, len, lease));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "success"), op);
+    cJSON *success = cJSON_AddArrayToObject(body, "success");
+    cJSON_AddItemToArray(success, op);
+    if (mark_key) {
+        cJSON *put_mark = cJSON_CreateObject();
+        cJSON_AddItemToObject(put_mark, "request_put",
+                              put_request(mark_key, mark, strlen(mark), 0));
+        cJSON_AddItemToArray(success, put_mark);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(body, "failure"), range_op(mark_key));
+    }
     int rc = call(c, "/v3/kv/txn", body, &answer);
     cJSON_Delete(body);
     if (rc < 0) return rc;
     *is_put = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(answer, "succeeded"));
+    if (!*is_put && mark_key) { /* responses[0].response_range.kvs[0].value: our mark? */
+        const cJSON *kvs = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(answer, "responses"), 0),
+                "response_range"),
+            "kvs");
+        uint8_t *seen;
+        size_t seen_len;
+        if (etcd_answer_b64(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(kvs, 0), "value"),
+                            &seen, &seen_len)) {
+            *is_put = seen_len == strlen(mark) && memcmp(seen, mark, seen_len) == 0;
+            free(seen);
+        }
+    }
     cJSON_Delete(answer);
     return 0;
-}
-
-/* A range request of key, for a txn. */
-static cJSON *range_op(const char *key) {
-    cJSON *op = cJSON_CreateObject(), *range = cJSON_CreateObject();
-    add_b64(range, "key", key, strlen(key));
-    cJSON_AddItemToObject(op, "request_range", range);
-    return op;
 }
 
 /* responses[i].response_range's first key-value into *out; absent: not found, as of the txn's

@@ -57,9 +57,12 @@ int etcd_get_prefix_keys(etcd_t *c, const char *prefix, etcd_kv_fn fn, void *arg
 /* lease 0: none. */
 int etcd_put(etcd_t *c, const char *key, const void *val, size_t len, int64_t lease);
 /* Puts only when the key's mod_revision is still mod_revision (0: the key does not exist);
- * *is_put says whether it did. The compare-and-swap every counter and round is made of. */
+ * *is_put says whether it did. The compare-and-swap every counter and round is made of.
+ * mark_key (optional): mark is put there too, in the same transaction, and read back when the
+ * compare fails: the transaction sent again after its answer was lost (the failover) then knows
+ * that its first send put the key (an ADD must count once). */
 int etcd_put_if(etcd_t *c, const char *key, int64_t mod_revision, const void *val, size_t len,
-                int64_t lease, bool *is_put);
+                int64_t lease, const char *mark_key, const char *mark, bool *is_put);
 /* Creates key (no lease) unless it exists, in one transaction; *create_revision: the revision
  * that created it (this call's, or, when a lost answer made the call try again, the first
  * try's). count_prefix (optional): *count = the keys under it right after this call's put, in

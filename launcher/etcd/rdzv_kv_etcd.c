@@ -246,6 +246,14 @@ static void contention_pause(int lost) {
 static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result) {
     etcd_kv_t *e = self(kv);
     forget_seen_of(e, key);
+    /* this ADD's mark beside the counter: a send whose answer was lost and that the client sent
+     * again finds the counter moved, and only the mark tells whether it was this ADD that moved
+     * it (else it would add once more: a lost node's restart refunded twice) */
+    char mark_key[300], mark[2 * 8 + 1];
+    snprintf(mark_key, sizeof mark_key, "%s/last-add", key);
+    uint64_t nonce;
+    randombytes_buf(&nonce, sizeof nonce);
+    snprintf(mark, sizeof mark, "%016" PRIx64, nonce);
     for (int lost = 0;; contention_pause(++lost)) { /* someone else's ADD landed first */
         etcd_value_t v;
         int rc = etcd_get(e->c, key, &v, NULL);
@@ -271,8 +279,8 @@ static int kv_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result
         char text[24];
         snprintf(text, sizeof text, "%" PRId64, now + delta);
         bool is_put;
-        rc =
-            etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, text, strlen(text), 0, &is_put);
+        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, text, strlen(text), 0,
+                         mark_key, mark, &is_put);
         etcd_value_free(&v);
         if (rc < 0) return failed(e, rc);
         if (is_put) {
@@ -312,8 +320,8 @@ static int kv_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, 
             return 0;
         }
         bool is_put;
-        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, desired, desired_len, 0,
-                         &is_put);
+        rc = etcd_put_if(e->c, key, v.is_found ? v.mod_revision : 0, desired, desired_len, 0, NULL,
+                         NULL, &is_put);
         etcd_value_free(&v);
         if (rc < 0) return failed(e, rc);
         if (is_put) return copy_out(desired, desired_len, current, current_len);
