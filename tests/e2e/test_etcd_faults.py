@@ -7,8 +7,8 @@ lease_ttl=3), each on a real 3-member etcd (tests/tools/etcd_cluster.py):
 - an agent frozen longer than its lease TTL: its lease is gone when it wakes; it must take a new one
   (its keys put again under it), follow the next round its peers opened, and finish the job;
 - a member that died in its join after its ticket (before its node record, its lease-bound mark
-  of life, or as node 0 right after it): the other members must end that round within a few lease TTLs, not wait
-  out join_timeout + read_timeout in a GET;
+  of life, or as node 0 right after it): the other members must end that round within a few lease
+  TTLs, not wait out join_timeout + read_timeout in a GET;
 - a ticket's answer lost (the connection closed after etcd took the txn): the txn sent again
   must give the same ticket, not a second one.
 """
@@ -82,6 +82,18 @@ def freeze(etcd, member, seconds):
         etcd.procs[member].send_signal(signal.SIGCONT)
 
 
+def two_agents_asking_first(ddprun, etcd, rdzv_id, ttl_s, member):
+    """Two agents of a 2-node job whose first endpoint is etcd member `member`, once both are in
+    round 0 (their workers sleep 10 s)."""
+    order = [member] + [i for i in range(etcd.members) if i != member]
+    args = agent_args(ddprun, etcd, rdzv_id, f"lease_ttl={ttl_s},join_timeout=30", "sleep 10",
+                      endpoints=",".join(etcd.urls[i] for i in order))
+    agents = [Agent(args), Agent(args)]
+    for a in agents:
+        a.wait_for("round 0: node", 30)
+    return agents
+
+
 def test_a_follower_frozen_past_the_lease_ttl_leaves_the_leases_alive(ddprun, tmp_path):
     """Both agents talk to a follower first (the first endpoint); it freezes for 3 lease TTLs:
     refreshes stuck on it go to another member within the TTL, and nothing notices."""
@@ -89,12 +101,7 @@ def test_a_follower_frozen_past_the_lease_ttl_leaves_the_leases_alive(ddprun, tm
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         leader = etcd.wait_leader()
         follower = (leader + 1) % etcd.members
-        order = [follower] + [i for i in range(etcd.members) if i != follower]
-        args = agent_args(ddprun, etcd, "frozen-follower", f"lease_ttl={ttl_s},join_timeout=30",
-                          "sleep 10", endpoints=",".join(etcd.urls[i] for i in order))
-        agents = [Agent(args), Agent(args)]
-        for a in agents:
-            a.wait_for("round 0: node", 30)
+        agents = two_agents_asking_first(ddprun, etcd, "frozen-follower", ttl_s, follower)
         assert etcd.leader() == leader, "the leader changed before the freeze"
         freeze(etcd, follower, 3 * ttl_s)
         codes = [a.finish(60) for a in agents]
@@ -113,12 +120,7 @@ def test_a_leader_frozen_past_the_lease_ttl_costs_at_most_a_round(ddprun, tmp_pa
     ttl_s = 2
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         leader = etcd.wait_leader()
-        order = [leader] + [i for i in range(etcd.members) if i != leader]
-        args = agent_args(ddprun, etcd, "frozen-leader", f"lease_ttl={ttl_s},join_timeout=30",
-                          "sleep 10", endpoints=",".join(etcd.urls[i] for i in order))
-        agents = [Agent(args), Agent(args)]
-        for a in agents:
-            a.wait_for("round 0: node", 30)
+        agents = two_agents_asking_first(ddprun, etcd, "frozen-leader", ttl_s, leader)
         freeze(etcd, leader, 3 * ttl_s)
         codes = [a.finish(60) for a in agents]
         errs = "\n----\n".join(a.err for a in agents)

@@ -159,6 +159,15 @@ static void join_both(agent_t *a, agent_t *b, int round) {
     cr_assert(a->out.is_member && b->out.is_member);
 }
 
+/* m[0..n) join at once, each on a thread of its own (a join returns once its round closes). */
+static void join_together(agent_t *m, int n) {
+    pthread_t t[RDZV_MAX_NODES];
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
 static void beat(agent_t *a) {
     int64_t counters[RDZV_MAX_NODES];
     cr_assert_eq(rdzv_heartbeat(&a->r, a->kv, &a->out, counters), 0);
@@ -366,13 +375,10 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     job_options(srv.port);
     opts.min_nodes = opts.max_nodes = 3;
     agent_t m[3];
-    pthread_t t[3];
     for (int i = 0; i < 3; i++)
         agent_start(&m[i], i == 0);
-    for (int i = 0; i < 3; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    join_together(m, 3);
     for (int i = 0; i < 3; i++) {
-        pthread_join(t[i], NULL);
         cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
         cr_assert(m[i].out.is_member && m[i].out.group_world_size == 3);
     }
@@ -509,7 +515,6 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
     job_options(srv.port);
     opts.min_nodes = opts.max_nodes = N;
     static agent_t m[N];
-    pthread_t t[N];
     for (int i = 0; i < N; i++) {
         agent_start(&m[i], i == HOST);
         if (i == HINTED) m[i].r.node_rank_hint = 1;
@@ -520,10 +525,7 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
         k->inner = m[i].kv;
         m[i].kv = &k->kv;
     }
-    for (int i = 0; i < N; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
-    for (int i = 0; i < N; i++)
-        pthread_join(t[i], NULL);
+    join_together(m, N);
     bool is_taken[N] = {false};
     int n_readers_of_all = 0;
     for (int i = 0; i < N; i++) {
@@ -575,11 +577,8 @@ Test(rendezvous, a_malformed_record_fails_every_member) {
     int64_t ticket;
     cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", NULL, &ticket), 0);
     cr_assert_eq(m[0].kv->ops->set(m[0].kv, "/ddprun/stale/r0/node/0", "{\"nproc\":", 9), 0);
-    pthread_t t[2];
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    join_together(m, 2);
     for (int i = 0; i < 2; i++) {
-        pthread_join(t[i], NULL);
         cr_assert_eq(m[i].rc, DDP_EPROTO, "agent %d: %d %s", i, m[i].rc, m[i].err);
         cr_assert(strstr(m[i].err, "node record 0 (9 bytes) is malformed"), "%s", m[i].err);
     }
@@ -604,11 +603,8 @@ Test(rendezvous, a_node_record_without_a_store_fails_every_member) {
     cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", NULL, &ticket), 0);
     const char *record = "{\"nproc\":2,\"hint\":-1,\"host\":false}";
     cr_assert_eq(m[0].kv->ops->set(m[0].kv, "/ddprun/stale/r0/node/0", record, strlen(record)), 0);
-    pthread_t t[2];
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, join_main, &m[i]), 0);
+    join_together(m, 2);
     for (int i = 0; i < 2; i++) {
-        pthread_join(t[i], NULL);
         cr_assert_eq(m[i].rc, DDP_EPROTO, "agent %d: %d %s", i, m[i].rc, m[i].err);
         cr_assert(strstr(m[i].err, "node record 0 (34 bytes) is malformed (no store address)"),
                   "%s", m[i].err);
