@@ -8,6 +8,8 @@
 
 #include <cJSON.h>
 
+#include "endpoint.h"
+
 /* "store": "HOST:PORT" when host is not empty; false when it does not fit. */
 static bool add_store(cJSON *o, const char *host, uint16_t port) {
     if (!host[0]) return true;
@@ -101,11 +103,8 @@ static bool get_store(const cJSON *o, char *host, size_t host_len, uint16_t *por
     if (!colon || colon == text || (size_t)(colon - text) >= host_len) return false;
     for (const char *p = text; p < colon; p++)
         if (*p <= 0x20 || *p >= 0x7f || *p == '"' || *p == '\\') return false; /* no escapes */
-    long value = 0;
-    const char *p = colon + 1;
-    for (; *p >= '0' && *p <= '9' && value <= 65535; p++)
-        value = value * 10 + (*p - '0');
-    if (p == colon + 1 || *p || value < 1 || value > 65535) return false;
+    uint64_t value;
+    if (parse_u64(colon + 1, 1, 65535, &value) < 0) return false;
     memcpy(host, text, (size_t)(colon - text));
     host[colon - text] = '\0';
     *port = (uint16_t)value;
