@@ -966,6 +966,20 @@ static int use_builtin_trainer(ddprun_opts_t *o) {
     return 0;
 }
 
+static void pool_started(uv_work_t *req) { (void)req; }
+static void pool_start_done(uv_work_t *req, int status) { (void)req, (void)status; }
+
+/* libuv reads UV_THREADPOOL_SIZE once, when its first work item starts the pool: start it now,
+ * then take the variable out again unless the user set it, so that the workers' environment is
+ * the user's (torchrun's workers see no variable of the launcher's own) */
+static void widen_uv_pool(uv_loop_t *loop) {
+    static uv_work_t start;
+    bool user_set = getenv("UV_THREADPOOL_SIZE") != NULL;
+    if (!user_set) setenv("UV_THREADPOOL_SIZE", "16", 0);
+    uv_queue_work(loop, &start, pool_started, pool_start_done);
+    if (!user_set) unsetenv("UV_THREADPOOL_SIZE");
+}
+
 int agent_main(ddprun_opts_t *o) {
     static agent_t agent;
     agent_t *a = &agent;
@@ -974,8 +988,8 @@ int agent_main(ddprun_opts_t *o) {
      * wait, the peers' liveness watch, a memory snapshot peer's lookup can all wait at once for a
      * dead node, and the lease refresh queued behind them let this agent's lease expire too. One
      * node has no peers to wait for: its start pays for no more threads */
-    if (o->max_nodes > 1) setenv("UV_THREADPOOL_SIZE", "16", 0);
     a->loop = uv_default_loop();
+    if (o->max_nodes > 1) widen_uv_pool(a->loop);
     agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1,
                              .nproc_per_node = o->nproc_per_node,
                              .max_nodes = (int)o->max_nodes,

@@ -17,6 +17,7 @@ import json, os
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"]
 d = {k: os.environ[k] for k in keys}
+d["UV_THREADPOOL_SIZE"] = os.environ.get("UV_THREADPOOL_SIZE", "unset")
 path = f"{os.environ['OUT_DIR']}/rank{d['RANK']}.attempt{d['TORCHELASTIC_RESTART_COUNT']}.json"
 json.dump(d, open(path, "w"))
 PY
@@ -92,6 +93,14 @@ def test_three_nodes_ranks_and_environment(ddprun, tmp_path):
         assert e["LOCAL_WORLD_SIZE"] == "2" and e["TORCHELASTIC_RUN_ID"] == "mn"
     # the store host is node 0
     assert "store hosted on" in results[0][2] and "node 0 of 3" in results[0][2]
+    # the agents' own libuv pool size is theirs, not the workers'
+    assert {e["UV_THREADPOOL_SIZE"] for e in envs} == {"unset"}
+
+
+def test_a_variable_the_user_set_reaches_the_workers_unchanged(ddprun, tmp_path):
+    results = run_agents(ddprun, tmp_path, 2, 1, env={"UV_THREADPOOL_SIZE": "7"})
+    assert [r[0] for r in results] == [0, 0], [r[2] for r in results]
+    assert {load(tmp_path, r)["UV_THREADPOOL_SIZE"] for r in range(2)} == {"7"}
 
 
 def test_node_rank_hints_order_the_other_nodes(ddprun, tmp_path):
