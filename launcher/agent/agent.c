@@ -966,8 +966,12 @@ static int use_builtin_trainer(ddprun_opts_t *o) {
     return 0;
 }
 
-static void pool_started(uv_work_t *req) { (void)req; }
-static void pool_start_done(uv_work_t *req, int status) { (void)req, (void)status; }
+static void pool_started(uv_work_t *req) {
+    (void)req;
+}
+static void pool_start_done(uv_work_t *req, int status) {
+    (void)req, (void)status;
+}
 
 /* libuv reads UV_THREADPOOL_SIZE once, when its first work item starts the pool: start it now,
  * then take the variable out again unless the user set it, so that the workers' environment is
