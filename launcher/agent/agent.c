@@ -107,6 +107,11 @@ typedef struct {
     } report;
     job_t barrier;
     bool is_barrier_interrupted; /* a failure elsewhere: its client is then replaced */
+    struct {
+        job_t job; /* on a client of its own: the barrier's waits in ops */
+        int member, is_counted;
+        char err[256];
+    } barrier_lost;
     /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
     struct beat_job {
         job_t job;
@@ -446,6 +451,36 @@ static void finish_after_cb(uv_work_t *req, int status) {
 /* How long the store (etcd: our lease) may go without taking a heartbeat. */
 static double beat_limit_s(const agent_t *a) {
     return a->is_etcd ? a->opts->lease_ttl_s : a->opts->heartbeat_timeout_s;
+}
+
+static void barrier_lost_work_cb(uv_work_t *req) {
+    agent_t *a = req->data;
+    const rdzv_result_t *round = &a->barrier_lost.job.round;
+    int64_t limit_ms = (int64_t)(beat_limit_s(a) * 1000);
+    rdzv_kv_t *c = NULL;
+    int rc = rdzv_kv_connect(a->opts, a->lease, limit_ms, limit_ms, &c);
+    if (rc == 0)
+        rc = rdzv_finish_lost(&a->rdzv, c, round->round, round->group_world_size,
+                              a->barrier_lost.member,
+                              a->is_etcd ? round->join_index : round->group_rank);
+    a->barrier_lost.is_counted = rc;
+    a->barrier_lost.err[0] = '\0';
+    if (rc < 0 && c)
+        snprintf(a->barrier_lost.err, sizeof a->barrier_lost.err, "%s", c->ops->error(c));
+    rdzv_kv_destroy(c);
+}
+
+static void barrier_lost_after_cb(uv_work_t *req, int status) {
+    (void)status;
+    agent_t *a = req->data;
+    a->barrier_lost.job.is_busy = false;
+    if (a->barrier_lost.is_counted < 0) /* the barrier's timeout still ends the wait */
+        LOG_WARN("could not count the lost member #%d done: %s", a->barrier_lost.member,
+                 a->barrier_lost.err[0] ? a->barrier_lost.err
+                                        : strerror(-a->barrier_lost.is_counted));
+    else
+        LOG_DEBUG("the lost member #%d is counted done (%s)", a->barrier_lost.member,
+                  a->barrier_lost.is_counted ? "by this node" : "by another node");
 }
 
 static void hb_work_cb(uv_work_t *req) {
@@ -805,6 +840,12 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         return;
     case AGENT_ACT_BARRIER:
         queue_job(a, &a->barrier, &act->round, finish_work_cb, finish_after_cb);
+        return;
+    case AGENT_ACT_BARRIER_LOST:
+        if (a->barrier_lost.job.is_busy) return; /* one at a time: the barrier's timeout remains */
+        a->barrier_lost.member = act->code;
+        queue_job(a, &a->barrier_lost.job, &act->round, barrier_lost_work_cb,
+                  barrier_lost_after_cb);
         return;
     case AGENT_ACT_EXIT:
         finish(a, act->code);

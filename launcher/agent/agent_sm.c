@@ -171,6 +171,7 @@ static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
     sm->has_workers = false;
     if (sm->cfg.is_multi && !is_failed) {
         sm->state = AGENT_SM_FINISHING;
+        sm->barrier_lost = -1;
         push(out, AGENT_ACT_BARRIER)->round = sm->round;
         return;
     }
@@ -352,6 +353,21 @@ static void on_signal(agent_sm_t *sm, int signum, agent_sm_actions_t *out) {
     settle(sm, out);
 }
 
+/* A lost member never counts itself done: without a count on its behalf every other node (the
+ * store's host with them) would wait for it until the barrier's timeout, as torchrun's exit
+ * barrier does. Once per member; the judges agree in the store on which of them counts it. */
+static void on_member_lost_in_barrier(agent_sm_t *sm, int node, agent_sm_actions_t *out) {
+    if (node == sm->barrier_lost) return;
+    sm->barrier_lost = node;
+    say(out, AGENT_SAY_WARN,
+        "a member of round %d (#%d) was lost after this node's workers succeeded: counting it "
+        "done so that the exit barrier does not wait for it",
+        sm->round.round, node);
+    agent_sm_action_t *a = push(out, AGENT_ACT_BARRIER_LOST);
+    a->round = sm->round;
+    a->code = node;
+}
+
 void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_t *out) {
     out->n = 0;
     if (sm->state == AGENT_SM_DONE) return;
@@ -390,6 +406,10 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
         settle(sm, out);
         return;
     case AGENT_EV_PEER_SILENT:
+        if (sm->state == AGENT_SM_FINISHING) {
+            if (!sm->has_restart) on_member_lost_in_barrier(sm, ev->node, out);
+            return;
+        }
         report(sm, out, 0, false);
         return;
     case AGENT_EV_SIGNAL:

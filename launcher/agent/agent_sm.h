@@ -58,7 +58,7 @@ typedef struct {
     agent_sm_event_kind_t kind;
     int rc;               /* JOIN_DONE: 0 or negative */
     int signum;           /* SIGNAL */
-    int node;             /* PEER_SILENT */
+    int node;             /* PEER_SILENT: the store: its group rank; etcd: its join index */
     bool has_workers;     /* START_FAILED */
     bool is_refunded;     /* JOIN_DONE: agent_sm_join_is_refund() held (and node 0 refunded) */
     rdzv_result_t joined; /* JOIN_DONE */
@@ -97,6 +97,7 @@ typedef enum {
     AGENT_ACT_DESTROY_WORKERS,   /* free the ended set */
     AGENT_ACT_REPORT,            /* round, why: set round.round's restart key */
     AGENT_ACT_BARRIER,           /* round: the exit barrier of round.round's members */
+    AGENT_ACT_BARRIER_LOST,      /* round, code: count member #code (lost) done in the barrier */
     AGENT_ACT_EXIT,              /* code: the agent's exit status; close everything */
 } agent_sm_action_kind_t;
 
@@ -147,6 +148,7 @@ typedef struct {
     rdzv_why_t restart;
     char restart_text[256]; /* the last key seen, kept across the join that follows it */
     int stop_signal;        /* the first forwarded signal, 0 if none */
+    int barrier_lost;       /* FINISHING: the lost member last counted done for, -1 none */
     int exit_code;          /* DONE */
 } agent_sm_t;
 

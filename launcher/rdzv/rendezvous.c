@@ -477,6 +477,26 @@ int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
     return c->ops->wait(c, keys, 1, timeout_ms);
 }
 
+int rdzv_finish_lost(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int judge) {
+    char k[256], all[256], what[32], me[16];
+    snprintf(what, sizeof what, "done_lost/%d", member);
+    key(r, k, sizeof k, round, what);
+    int m = snprintf(me, sizeof me, "%d", judge);
+    uint8_t *cur;
+    size_t cur_n;
+    /* one judge counts the lost member, however many judged it lost */
+    TRY(c->ops->compare_set(c, k, "", 0, me, (size_t)m, &cur, &cur_n));
+    bool is_mine = cur_n == (size_t)m && memcmp(cur, me, (size_t)m) == 0;
+    free(cur);
+    if (!is_mine) return 0;
+    key(r, k, sizeof k, round, "done");
+    key(r, all, sizeof all, round, "all_done");
+    int64_t ticket;
+    TRY(c->ops->take_ticket(c, k, all, &ticket));
+    if (ticket + 1 >= n) TRY(c->ops->set(c, all, "1", 1));
+    return 1;
+}
+
 /* Every member's key r<R>/<what>/<i> in one MULTI_GET (a missing key reads as empty): on the
  * store the heartbeat counters, on etcd the lease-bound node records. */
 static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const char *what,

@@ -10,7 +10,9 @@ lease_ttl=3), each on a real 3-member etcd (tests/tools/etcd_cluster.py):
   of life, or as node 0 right after it): the other members must end that round within a few lease
   TTLs, not wait out join_timeout + read_timeout in a GET;
 - a ticket's answer lost (the connection closed after etcd took the txn): the txn sent again
-  must give the same ticket, not a second one.
+  must give the same ticket, not a second one;
+- a member killed while the others wait in the exit barrier: they count it done once its lease
+  expires, not wait out the barrier's timeout.
 """
 from base64 import b64decode
 import json
@@ -260,3 +262,33 @@ def test_a_ticket_whose_answer_was_lost_is_taken_once(ddprun, tmp_path, what, ti
         tickets = etcd.get_prefix(f"/ddprun/{rdzv_id}/r0/{what}/")
         assert len(tickets) == 2, tickets
         assert etcd.get_prefix(f"/ddprun/{rdzv_id}/r1/") == {}
+
+
+def test_a_member_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_them(ddprun,
+                                                                                    tmp_path):
+    """Two of three agents' workers succeed; the third agent is killed (agent and worker) while
+    they wait in the exit barrier (join_timeout=120 bounds it). Its lease expires (2 s) and a
+    judge counts it done: both leave at once with 0."""
+    ttl_s = 2
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        def args(worker):
+            return [ddprun, "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+                    "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", "barrier-lost",
+                    "--rdzv-conf", f"last_call_timeout=0.1,keep_alive_interval=0.3,"
+                    f"lease_ttl={ttl_s},join_timeout=120", "--no-python", "/bin/sh", "-c", worker]
+        done = [Agent(args("exit 0")), Agent(args("exit 0"))]
+        lost = Agent(args("sleep 60"))
+        for a in done + [lost]:
+            a.wait_for("round 0: node", 30)
+        time.sleep(1.0)  # the two are in the barrier by now
+        assert all(a.proc.poll() is None for a in done), "the barrier waits for the third"
+        t0 = time.monotonic()
+        lost.proc.kill()
+        lost.finish(5)
+        codes = [a.finish(60) for a in done]
+        took = time.monotonic() - t0
+        errs = "\n----\n".join(a.err for a in done)
+        assert codes == [0, 0], errs
+        assert took < 20, f"{took:.1f} s: they waited for the barrier's timeout\n{errs}"
+        assert "counting it done" in errs, errs
+        assert "not every node confirmed" not in errs, errs

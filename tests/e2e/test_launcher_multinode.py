@@ -368,3 +368,45 @@ def test_a_lost_node_costs_no_restart(ddprun, tmp_path, lose_a_node):
         assert [a.returncode for a in survivors] == [75, 75, 75], errs
         assert all("the job failed (exit 75 " in e and "are used up" in e for e in errs), errs
         assert not (tmp_path / "seen.1.0").exists(), "no worker of a new round started"
+
+
+FINISHING_WORKER = r"""#!/bin/sh
+echo $$ > "$OUT_DIR/ran.$GROUP_RANK"
+[ "$GROUP_RANK" = 1 ] && exec sleep 60
+exit 0
+"""
+
+
+def test_a_node_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_them(ddprun, tmp_path):
+    """Nodes 0 and 2 succeeded and wait in the exit barrier; node 1 is killed (agent and workers)
+    before its workers end. Its done never comes: the node that judges it lost counts it, and
+    both leave within a few heartbeat timeouts, not at the barrier's (join_timeout=120)."""
+    worker = tmp_path / "f.sh"
+    worker.write_text(FINISHING_WORKER)
+    worker.chmod(0o755)
+    port = free_port()
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    conf = "join_timeout=120,keep_alive_interval=0.1,heartbeat_timeout=1"
+    agents = []
+    for node in range(3):                  # the hints make node i group rank i
+        agents.append(subprocess.Popen(
+            [ddprun, "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(node),
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "fin",
+             "--rdzv-conf", conf, str(worker)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        if node == 0:
+            wait_listening(port, agents[0])
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ran.{g}").exists() for g in range(3)):
+        assert time.monotonic() < deadline, "three workers did not start"
+        time.sleep(0.02)
+    time.sleep(1.0)                         # nodes 0 and 2 are in the barrier by now
+    assert agents[0].poll() is None and agents[2].poll() is None, "the barrier waits for node 1"
+    t0 = time.monotonic()
+    agents[1].kill()
+    agents[1].wait()
+    errs = [agents[i].communicate(timeout=100)[1] for i in (0, 2)]
+    assert [agents[i].returncode for i in (0, 2)] == [0, 0], errs
+    assert time.monotonic() - t0 < 20, "they waited for the barrier's timeout"
+    assert any("counting it done" in e for e in errs), errs
+    assert not any("not every node confirmed" in e for e in errs), errs

@@ -439,6 +439,27 @@ Test(agent_sm_nodes, membership_change_during_the_exit_barrier_is_no_rerun) {
     expect_exit(0);
 }
 
+Test(agent_sm_nodes, a_member_lost_in_the_exit_barrier_is_counted_done_once) {
+    /* it never counts itself: without this every node would wait for the barrier's timeout */
+    setup(true, 3, 3);
+    start_several(0, 3);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    expect_state(AGENT_SM_FINISHING);
+    EV(.kind = AGENT_EV_PEER_SILENT, .node = 2);
+    expect(AGENT_ACT_SAY, AGENT_ACT_BARRIER_LOST, END);
+    cr_assert_eq(acts.a[1].code, 2);
+    cr_assert_eq(acts.a[1].round.round, 0);
+    cr_assert(said("was lost after this node's workers succeeded"));
+    EV(.kind = AGENT_EV_PEER_SILENT, .node = 2); /* judged again at the next beat */
+    expect(END);
+    EV(.kind = AGENT_EV_PEER_SILENT, .node = 1); /* etcd: another lease gone */
+    expect(AGENT_ACT_SAY, AGENT_ACT_BARRIER_LOST, END);
+    cr_assert_eq(acts.a[1].code, 1);
+    cr_assert_null(find(AGENT_ACT_REPORT), "a finished node reports nothing");
+    EV(.kind = AGENT_EV_FINISH_DONE);
+    expect_exit(0);
+}
+
 /* The same store lost, noticed by the heartbeats instead of the watch: the same exit. */
 Test(agent_sm_nodes, silent_store_in_the_exit_barrier_is_no_failure) {
     setup(true, 3, 2);

@@ -415,6 +415,58 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     server_stop(&srv);
 }
 
+static void *finish_main(void *arg) {
+    agent_t *a = arg;
+    a->rc = rdzv_finish(&a->r, a->kv, a->out.round, a->out.group_world_size, 20000);
+    return NULL;
+}
+
+Test(rendezvous, a_member_lost_before_the_exit_barrier_is_counted_done_once) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = opts.max_nodes = 3;
+    agent_t m[3];
+    for (int i = 0; i < 3; i++)
+        agent_start(&m[i], i == 0);
+    join_together(m, 3);
+    agent_t *by_rank[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
+        by_rank[m[i].out.group_rank] = &m[i];
+    }
+    agent_dies(by_rank[1]);
+    pthread_t t[2];
+    agent_t *done[2] = {by_rank[0], by_rank[2]};
+    for (int i = 0; i < 2; i++) {
+        done[i]->rc = 1;
+        cr_assert_eq(pthread_create(&t[i], NULL, finish_main, done[i]), 0);
+    }
+    usleep(300 * 1000);
+    cr_assert(done[0]->rc == 1 && done[1]->rc == 1, "the barrier waits for the third member");
+    /* each judge counts it with a client of its own (the barrier's waits in the first) */
+    rdzv_kv_t *side[2];
+    int counted = 0;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(rdzv_kv_connect(&opts, NULL, 5000, 30000, &side[i]), 0);
+        int rc = rdzv_finish_lost(&done[i]->r, side[i], 0, 3, 1, done[i]->out.group_rank);
+        cr_assert_geq(rc, 0);
+        counted += rc;
+    }
+    cr_assert_eq(counted, 1, "one judge counts it, the other finds it counted");
+    double t0 = now_s();
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(done[i]->rc, 0, "the barrier ends");
+    }
+    cr_assert_lt(now_s() - t0, 5.0, "at once, not at the barrier's timeout");
+    for (int i = 0; i < 2; i++) {
+        rdzv_kv_destroy(side[i]);
+        agent_dies(done[i]);
+    }
+    server_stop(&srv);
+}
+
 /* ---- a round of many: what each agent asks of the store ---------------------------------------
  */
 
