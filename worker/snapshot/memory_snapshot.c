@@ -113,13 +113,24 @@ static int section_filled_by(const snapshot_header_t *h, const uint8_t *base,
 
 typedef uint32_t __attribute__((may_alias)) float_bits_t;
 
-/* Whether n_bytes of floats hold an inf or a NaN (every exponent bit set). */
+/* Whether n_bytes of floats hold an inf or a NaN (every exponent bit set). An exponent plus its
+ * lowest bit carries into bit 31 only when every exponent bit is set. Blocks of a fixed count,
+ * so that -O2 (the default RelWithDebInfo build) vectorizes the loop too: the plain loop ran at a
+ * third of the speed there (90 MB in 16 ms, 5 ms blocked, on the 2-core VM). */
 static bool has_non_finite(const uint8_t *p, size_t n_bytes) {
+    enum { BLOCK = 64 };
     const float_bits_t *w = (const float_bits_t *)p;
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n_bytes / sizeof *w; i++)
-        bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
-    return bad != 0;
+    size_t n = n_bytes / sizeof *w, i = 0;
+    uint32_t carry = 0;
+    for (; i + BLOCK <= n; i += BLOCK) {
+        uint32_t block = 0;
+        for (int j = 0; j < BLOCK; j++)
+            block |= (w[i + j] & 0x7f800000u) + 0x00800000u;
+        carry |= block;
+    }
+    for (; i < n; i++)
+        carry |= (w[i] & 0x7f800000u) + 0x00800000u;
+    return (carry & 0x80000000u) != 0;
 }
 
 /* Make the copies into slot, hash every section and write h last, after every section byte: until
