@@ -319,7 +319,8 @@ static void start_workers(agent_t *a, const agent_sm_action_t *act) {
                            .spares = a->spares,
                            .memory_dir = a->memory_dir};
     memory_peer_round(a->memory_peer, act->round.round, act->round.group_rank,
-                      act->round.group_world_size);
+                      act->round.group_world_size, act->round.next_peer_host,
+                      act->round.next_peer_port);
     if (act->round.store_host[0]) { /* etcd: the round's store is its node 0's */
         spec.master_addr = act->round.store_host;
         spec.master_port = act->round.store_port;
@@ -1030,9 +1031,9 @@ int agent_main(ddprun_opts_t *o) {
     agent_t *a = &agent;
     a->opts = o;
     /* libuv's pool (4 threads by default) runs every blocking step: the exit barrier, the restart
-     * wait, the peers' liveness watch, a memory snapshot peer's lookup can all wait at once for a
-     * dead node, and the lease refresh queued behind them let this agent's lease expire too. One
-     * node has no peers to wait for: its start pays for no more threads */
+     * wait and the peers' liveness watch can all wait at once for a dead node, and the lease
+     * refresh queued behind them let this agent's lease expire too. One node has no peers to wait
+     * for: its start pays for no more threads */
     a->loop = uv_default_loop();
     if (o->max_nodes > 1) widen_uv_pool(a->loop);
     agent_sm_config_t cfg = {.is_multi = o->max_nodes > 1,
@@ -1090,10 +1091,17 @@ int agent_main(ddprun_opts_t *o) {
                  o->nproc_per_node, a->store ? "hosted on" : "at", a->master_addr, a->master_port,
                  a->run_dir);
     }
-    if (a->memory_dir[0] && a->sm.cfg.is_multi &&
-        memory_peer_start(a->loop, o, a->lease, a->memory_dir, &a->memory_peer, mem_err,
-                          sizeof mem_err) < 0)
-        LOG_WARN("%s: memory snapshots stay on this node", mem_err);
+    if (a->memory_dir[0] && a->sm.cfg.is_multi) {
+        if (memory_peer_start(a->loop, o, a->memory_dir, &a->memory_peer, mem_err, sizeof mem_err) <
+            0) {
+            LOG_WARN("%s: memory snapshots stay on this node", mem_err);
+        } else {
+            const char *peer_host;
+            uint16_t peer_port;
+            memory_peer_address(a->memory_peer, &peer_host, &peer_port);
+            rdzv_set_own_peer(&a->rdzv, peer_host, peer_port);
+        }
+    }
     for (int i = 0; i < o->n_signals; i++) {
         uv_signal_init(a->loop, &a->sig_handles[i]);
         a->sig_handles[i].data = a;

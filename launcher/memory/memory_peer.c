@@ -21,9 +21,7 @@
 #include "log.h"
 
 void memory_peer__maybe_free(memory_peer_t *p) {
-    if (p->is_stopping && p->open_handles == 0 && !p->is_looking && !p->is_reading &&
-        !p->is_writing) {
-        if (p->kv) rdzv_kv_destroy(p->kv);
+    if (p->is_stopping && p->open_handles == 0 && !p->is_reading && !p->is_writing) {
         free(p->buf);
         free(p);
     }
@@ -54,75 +52,23 @@ int64_t memory_peer__file_step(const char *path) {
 
 /* ---- the successor ---- */
 
-static void lookup_work(uv_work_t *req) {
-    memory_peer_t *p = req->data;
-    p->lookup_rc = 0;
-    p->found[0] = '\0';
-    if (!p->kv) {
-        p->lookup_rc = rdzv_kv_connect(p->o, p->lease, 5000, LOOKUP_WAIT_MS, &p->kv);
-        if (p->lookup_rc < 0) {
-            snprintf(p->lookup_err, sizeof p->lookup_err, "%s",
-                     p->kv ? p->kv->ops->error(p->kv) : "cannot connect");
-            rdzv_kv_destroy(p->kv);
-            p->kv = NULL;
-            return;
-        }
-    }
-    char key[400], next[400], val[300];
-    snprintf(key, sizeof key, "/ddprun/%s/memsnap/r%d/%d", p->o->rdzv_id, p->lookup_round,
-             p->lookup_rank);
-    snprintf(next, sizeof next, "/ddprun/%s/memsnap/r%d/%d", p->o->rdzv_id, p->lookup_round,
-             (p->lookup_rank + 1) % p->lookup_nodes);
-    int n = snprintf(val, sizeof val, "%s:%u", p->host, p->port);
-    int rc = p->kv->ops->set(p->kv, key, val, (size_t)n);
-    const char *keys[1] = {next};
-    for (int i = 0; rc == 0 && i < LOOKUP_TRIES; i++) {
-        rc = p->kv->ops->wait(p->kv, keys, 1, LOOKUP_WAIT_MS);
-        if (rc == 0 || rc != DDP_ETIMEOUT || p->is_stopping || p->round != p->lookup_round) break;
-        rc = 0;
-    }
-    uint8_t *got = NULL;
-    size_t len = 0;
-    if (rc == 0) rc = p->kv->ops->get(p->kv, next, &got, &len);
-    if (rc == 0 && len < sizeof p->found) {
-        memcpy(p->found, got, len);
-        p->found[len] = '\0';
-    } else if (rc == 0) {
-        rc = -EMSGSIZE;
-    }
-    free(got);
-    p->lookup_rc = rc;
-    if (rc < 0) snprintf(p->lookup_err, sizeof p->lookup_err, "%s", p->kv->ops->error(p->kv));
-}
-
-static void start_lookup(memory_peer_t *p);
-
-static void after_lookup(uv_work_t *req, int status) {
-    memory_peer_t *p = req->data;
-    p->is_looking = false;
-    if (p->is_stopping || status < 0) {
-        memory_peer__maybe_free(p);
+void memory_peer_round(memory_peer_t *p, int round, int group_rank, int n_nodes,
+                       const char *next_host, uint16_t next_port) {
+    if (!p || p->is_stopping) return;
+    p->round = round;
+    if (n_nodes < 2 || group_rank < 0 || !next_host[0]) { /* alone, or the next keeps none */
+        if (n_nodes >= 2 && group_rank >= 0)
+            LOG_WARN("memory snapshots: the next node's agent (round %d) takes no copies; this "
+                     "node's stay local",
+                     round);
+        p->has_next = false;
+        if (p->out) memory_peer__drop_out(p);
         return;
     }
-    if (p->lookup_round != p->round) { /* a newer round came meanwhile */
-        start_lookup(p);
-        return;
-    }
-    char *colon = strrchr(p->found, ':');
-    long port = colon ? strtol(colon + 1, NULL, 10) : 0;
-    if (p->lookup_rc < 0 || !colon || port <= 0 || port > 65535) {
-        if (p->lookup_rc < 0)
-            LOG_WARN(
-                "memory snapshots: the next node's agent (round %d) not found: %s; this node's "
-                "copies stay local",
-                p->lookup_round, p->lookup_err);
-        return;
-    }
-    *colon = '\0';
-    bool is_same = p->has_next && strcmp(p->next_host, p->found) == 0 && p->next_port == port;
-    snprintf(p->next_host, sizeof p->next_host, "%s", p->found);
-    p->next_port = (uint16_t)port;
-    p->origin = (uint32_t)p->lookup_rank;
+    bool is_same = p->has_next && strcmp(p->next_host, next_host) == 0 && p->next_port == next_port;
+    snprintf(p->next_host, sizeof p->next_host, "%s", next_host);
+    p->next_port = next_port;
+    p->origin = (uint32_t)group_rank;
     p->has_next = true;
     if (!is_same) {
         if (p->out) memory_peer__drop_out(p);
@@ -131,37 +77,20 @@ static void after_lookup(uv_work_t *req, int status) {
     }
 }
 
-static void start_lookup(memory_peer_t *p) {
-    p->lookup_round = p->round;
-    p->lookup_rank = p->group_rank;
-    p->lookup_nodes = p->n_nodes;
-    p->lookup.data = p;
-    if (uv_queue_work(p->loop, &p->lookup, lookup_work, after_lookup) == 0) p->is_looking = true;
-}
-
-void memory_peer_round(memory_peer_t *p, int round, int group_rank, int n_nodes) {
-    if (!p || p->is_stopping) return;
-    p->round = round;
-    p->group_rank = group_rank;
-    p->n_nodes = n_nodes;
-    if (n_nodes < 2 || group_rank < 0) { /* alone: nobody to send to */
-        p->has_next = false;
-        if (p->out) memory_peer__drop_out(p);
-        return;
-    }
-    if (!p->is_looking) start_lookup(p);
+void memory_peer_address(const memory_peer_t *p, const char **host, uint16_t *port) {
+    *host = p->host;
+    *port = p->port;
 }
 
 /* ---- life ---- */
 
-int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lease, const char *dir,
-                      memory_peer_t **out, char *err, size_t err_len) {
+int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, const char *dir, memory_peer_t **out,
+                      char *err, size_t err_len) {
     *out = NULL;
     memory_peer_t *p = calloc(1, sizeof *p);
     if (!p) return ddp_errf(err, err_len, "memory snapshots: out of memory"), -ENOMEM;
     p->loop = loop;
     p->o = o;
-    p->lease = lease;
     p->sent_step = -1;
     p->round = -1;
     snprintf(p->dir, sizeof p->dir, "%s", dir);
@@ -217,7 +146,6 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lea
 void memory_peer_stop(memory_peer_t *p) {
     if (!p || p->is_stopping) return;
     p->is_stopping = true;
-    if (p->is_looking && p->kv) p->kv->ops->interrupt(p->kv);
     uv_close((uv_handle_t *)&p->listener, on_handle_closed);
     uv_close((uv_handle_t *)&p->poll, on_handle_closed);
     if (p->out) memory_peer__drop_out(p);

@@ -10,16 +10,16 @@
  * With a shared secret in the agents' environment (DDPRUN_STORE_SECRET[_FILE]) a receiver takes
  * frames only after the sender's HMAC over a nonce it sent (docs/protocol.md).
  *
- * Finding the next agent is the one use of the store: each agent SETs
- * /ddprun/<run id>/memsnap/r<round>/<group rank> = HOST:PORT of its listener (--local-addr, else
- * the host name) and reads its successor's (on libuv's thread pool). The agent's loop thread. */
+ * The next agent's address comes with the round: each agent's node record carries its listener
+ * (--local-addr, else the host name, and the port bound), and the round's rank records hand each
+ * member its successor's (rendezvous.h: rdzv_set_own_peer). No store request of its own. The
+ * agent's loop thread. */
 #ifndef DDP_LAUNCHER_MEMORY_PEER_H
 #define DDP_LAUNCHER_MEMORY_PEER_H
 
 #include <uv.h>
 
 #include "options.h"
-#include "rdzv/rdzv_kv.h"
 
 /* A bound of what a peer may claim a generation's size to be (the state of a 16-billion-parameter
  * model with Adam); the receiving tmpfs refuses what it cannot hold anyway. */
@@ -29,12 +29,16 @@
 typedef struct memory_peer memory_peer_t;
 
 /* Listen on this node's address for peers' generations into dir, and watch dir's own slots.
- * lease: etcd's (or NULL). Returns 0 or a negative code with err (then no replication). */
-int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, rdzv_lease_t *lease, const char *dir,
-                      memory_peer_t **out, char *err, size_t err_len);
-/* A round with this node at group_rank of n_nodes began: publish the listener, find the next
- * node's and send it the newest generations from now on (n_nodes 1: nothing to send). */
-void memory_peer_round(memory_peer_t *p, int round, int group_rank, int n_nodes);
+ * Returns 0 or a negative code with err (then no replication). */
+int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, const char *dir, memory_peer_t **out,
+                      char *err, size_t err_len);
+/* Where this agent's listener is, for its node record (pointers into p). */
+void memory_peer_address(const memory_peer_t *p, const char **host, uint16_t *port);
+/* A round with this node at group_rank of n_nodes began: send the newest generations from now on
+ * to the next node's listener at next_host:next_port (from the round's records; empty host: that
+ * node takes none, nothing is sent; n_nodes 1: nothing to send). */
+void memory_peer_round(memory_peer_t *p, int round, int group_rank, int n_nodes,
+                       const char *next_host, uint16_t next_port);
 /* Close everything (sends in flight are cut); p is freed once its handles closed. */
 void memory_peer_stop(memory_peer_t *p);
 

@@ -16,8 +16,6 @@
 #define POLL_MS        10
 #define RETRY_MS       500
 #define FRAME_BYTES    40
-#define LOOKUP_WAIT_MS 2000 /* one wait for the successor's key; repeated until it comes */
-#define LOOKUP_TRIES   60
 #define HEADER_CHECKED offsetof(snapshot_header_t, header_checksum)
 
 typedef struct conn conn_t;
@@ -43,7 +41,6 @@ struct conn {
 struct memory_peer {
     uv_loop_t *loop;
     const ddprun_opts_t *o;
-    rdzv_lease_t *lease;
     char dir[1200], host[256];
     uint16_t port;
     uv_tcp_t listener;
@@ -52,16 +49,8 @@ struct memory_peer {
     int open_handles;
     bool is_stopping;
     conn_t *conns;
-    /* finding the next node's agent (thread pool) */
-    uv_work_t lookup;
-    bool is_looking;
-    rdzv_kv_t *kv;
-    int round, group_rank, n_nodes; /* the newest round asked for */
-    int lookup_round, lookup_rank, lookup_nodes;
-    char found[300]; /* HOST:PORT of the successor, from the lookup */
-    int lookup_rc;
-    char lookup_err[300];
-    /* sending to it */
+    int round; /* the newest round */
+    /* sending to the next node's agent (its address from the round's records) */
     bool has_next;
     char next_host[300];
     uint16_t next_port;

@@ -10,12 +10,12 @@
 
 #include "endpoint.h"
 
-/* "store": "HOST:PORT" when host is not empty; false when it does not fit. */
-static bool add_store(cJSON *o, const char *host, uint16_t port) {
+/* name: "HOST:PORT" when host is not empty; false when it does not fit. */
+static bool add_address(cJSON *o, const char *name, const char *host, uint16_t port) {
     if (!host[0]) return true;
     char text[300];
     int n = snprintf(text, sizeof text, "%s:%u", host, port);
-    return n > 0 && (size_t)n < sizeof text && cJSON_AddStringToObject(o, "store", text);
+    return n > 0 && (size_t)n < sizeof text && cJSON_AddStringToObject(o, name, text);
 }
 
 static int print_to(cJSON *o, char *out, size_t out_len) {
@@ -30,7 +30,8 @@ int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_l
     cJSON_AddNumberToObject(o, "nproc", n->nproc);
     cJSON_AddNumberToObject(o, "hint", n->hint);
     cJSON_AddBoolToObject(o, "host", n->is_host);
-    if (!add_store(o, n->store_host, n->store_port)) {
+    if (!add_address(o, "store", n->store_host, n->store_port) ||
+        !add_address(o, "peer", n->peer_host, n->peer_port)) {
         cJSON_Delete(o);
         return -1;
     }
@@ -57,7 +58,8 @@ int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_l
         cJSON_AddNumberToObject(o, "first_rank", r->rank_offset);
         cJSON_AddNumberToObject(o, "world_size", r->world_size);
         cJSON_AddNumberToObject(o, "node0", r->host_join_index);
-        if (!add_store(o, r->store_host, r->store_port)) {
+        if (!add_address(o, "store", r->store_host, r->store_port) ||
+            !add_address(o, "next_peer", r->next_peer_host, r->next_peer_port)) {
             cJSON_Delete(o);
             return -1;
         }
@@ -92,11 +94,12 @@ static bool get_bool(const cJSON *o, const char *key, bool *out) {
     return true;
 }
 
-/* The optional "store": absent (host empty) or "HOST:PORT" as rdzv_record.h says; false else. */
-static bool get_store(const cJSON *o, char *host, size_t host_len, uint16_t *port) {
+/* An optional address: absent (host empty) or "HOST:PORT" as rdzv_record.h says; false else. */
+static bool get_address(const cJSON *o, const char *name, char *host, size_t host_len,
+                        uint16_t *port) {
     host[0] = '\0';
     *port = 0;
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "store");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!v) return true;
     if (!cJSON_IsString(v)) return false;
     const char *text = v->valuestring, *colon = strrchr(text, ':');
@@ -113,10 +116,11 @@ static bool get_store(const cJSON *o, char *host, size_t host_len, uint16_t *por
 
 bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out) {
     cJSON *o = parse_object(text, n_bytes);
-    bool is_ok = o && get_int(o, "nproc", 1, INT_MAX, &out->nproc) &&
-                 get_int(o, "hint", -1, INT_MAX, &out->hint) &&
-                 get_bool(o, "host", &out->is_host) &&
-                 get_store(o, out->store_host, sizeof out->store_host, &out->store_port);
+    bool is_ok =
+        o && get_int(o, "nproc", 1, INT_MAX, &out->nproc) &&
+        get_int(o, "hint", -1, INT_MAX, &out->hint) && get_bool(o, "host", &out->is_host) &&
+        get_address(o, "store", out->store_host, sizeof out->store_host, &out->store_port) &&
+        get_address(o, "peer", out->peer_host, sizeof out->peer_host, &out->peer_port);
     cJSON_Delete(o);
     return is_ok;
 }
@@ -145,11 +149,14 @@ bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t
         out->error[n] = '\0';
         is_ok = n > 0 && cJSON_GetArraySize(o) == 2 && get_bool(o, "lost", &out->is_lost);
     } else {
-        is_ok = get_int(o, "node", 0, RDZV_MAX_NODES - 1, &out->group_rank) &&
-                get_int(o, "world_size", 1, INT_MAX, &out->world_size) &&
-                get_int(o, "first_rank", 0, out->world_size - 1, &out->rank_offset) &&
-                get_int(o, "node0", 0, RDZV_MAX_NODES - 1, &out->host_join_index) &&
-                get_store(o, out->store_host, sizeof out->store_host, &out->store_port);
+        is_ok =
+            get_int(o, "node", 0, RDZV_MAX_NODES - 1, &out->group_rank) &&
+            get_int(o, "world_size", 1, INT_MAX, &out->world_size) &&
+            get_int(o, "first_rank", 0, out->world_size - 1, &out->rank_offset) &&
+            get_int(o, "node0", 0, RDZV_MAX_NODES - 1, &out->host_join_index) &&
+            get_address(o, "store", out->store_host, sizeof out->store_host, &out->store_port) &&
+            get_address(o, "next_peer", out->next_peer_host, sizeof out->next_peer_host,
+                        &out->next_peer_port);
     }
     cJSON_Delete(o);
     return is_ok;

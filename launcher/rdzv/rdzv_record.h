@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RDZV_RECORD_MAX_BYTES 512
+#define RDZV_RECORD_MAX_BYTES 1024 /* two addresses of 255-character hosts fit */
 #define RDZV_MAX_NODES        1024
 
 /* A round as this agent joined it (rdzv_join, rendezvous.h). */
@@ -26,6 +26,10 @@ typedef struct {
     /* etcd: the revision r<R>/closed was written at (0: unknown). Keys written only after the
      * round closed (its ranks, its restart) are waited for from there, without a read first. */
     int64_t closed_revision;
+    /* the memory-snapshot listener of the node after this one (group rank + 1 mod the round's
+     * nodes): where this agent sends its copies; empty host: that node keeps none */
+    char next_peer_host[256];
+    uint16_t next_peer_port;
 } rdzv_result_t;
 
 /* A node's record in a round. */
@@ -37,6 +41,9 @@ typedef struct {
      * "HOST:PORT"); empty host: none (c10d, whose store is the job's) */
     char store_host[256];
     uint16_t store_port;
+    /* its agent's memory-snapshot listener ("peer": "HOST:PORT"); empty host: none */
+    char peer_host[256];
+    uint16_t peer_port;
 } rdzv_node_record_t;
 
 /* Where a member stands in a closed round, as the round's last member publishes it for each member
@@ -51,6 +58,8 @@ typedef struct {
                              the next round may start without it */
     char store_host[256]; /* etcd: node 0's store (its node record's), the round's MASTER_ADDR */
     uint16_t store_port;  /* and MASTER_PORT; empty host: none (c10d) */
+    char next_peer_host[256]; /* the next node's "peer" ("next_peer"); empty host: none */
+    uint16_t next_peer_port;
 } rdzv_rank_record_t;
 
 /* Why a round ended, as every agent reads it from the round's restart key. */
@@ -66,8 +75,9 @@ int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_l
 int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len);
 int rdzv_record_rank_format(const rdzv_rank_record_t *r, char *out, size_t out_len);
 /* Parse n_bytes of text (not NUL-terminated). Every field must be there with its type and range;
- * returns false otherwise (out then unspecified). A node or rank record's "store" may be absent
- * (store_host empty); when there, it is "HOST:PORT": HOST 1-255 printable ASCII characters other
+ * returns false otherwise (out then unspecified). A node or rank record's addresses ("store";
+ * a node's "peer", a rank's "next_peer") may be absent (their host empty); when there, each is
+ * "HOST:PORT": HOST 1-255 printable ASCII characters other
  * than space, '"' and '\\' (so that a record always fits RDZV_RECORD_MAX_BYTES), PORT 1-65535 in
  * decimal (the last ':' splits, so an IPv6 address needs no brackets). */
 bool rdzv_record_node_parse(const char *text, size_t n_bytes, rdzv_node_record_t *out);

@@ -47,6 +47,11 @@ void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port) {
     r->own_store_port = port;
 }
 
+void rdzv_set_own_peer(rdzv_t *r, const char *host, uint16_t port) {
+    snprintf(r->own_peer_host, sizeof r->own_peer_host, "%s", host);
+    r->own_peer_port = port;
+}
+
 /* etcd: waits until each of keys (owed by the round's members join_index[i]) is there, or one of
  * them has lost its lease (DDP_ELOST, err names it): a member that died after its join's ADD
  * never writes them, and waiting out the join's whole bound for it would wedge the round. A
@@ -202,6 +207,9 @@ static int publish_ranks(rdzv_t *r, rdzv_kv_t *c, int round, int n, rdzv_rank_re
             x->host_join_index = m[0].join_index;
             snprintf(x->store_host, sizeof x->store_host, "%s", recs[m[0].join_index].store_host);
             x->store_port = recs[m[0].join_index].store_port;
+            const rdzv_node_record_t *next = &recs[m[(g + 1) % n].join_index];
+            snprintf(x->next_peer_host, sizeof x->next_peer_host, "%s", next->peer_host);
+            x->next_peer_port = next->peer_port;
             world_size += m[g].nproc;
         }
         for (int i = 0; i < n && rc == 0; i++) {
@@ -279,6 +287,8 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
                                .is_host = r->is_store_host,
                                .store_port = r->own_store_port};
     snprintf(mine.store_host, sizeof mine.store_host, "%s", r->own_store_host);
+    snprintf(mine.peer_host, sizeof mine.peer_host, "%s", r->own_peer_host);
+    mine.peer_port = r->own_peer_port;
     if (rdzv_record_node_format(&mine, record, sizeof record) < 0) return -ENOSPC;
     char node_key[256];
     snprintf(node_key, sizeof node_key, "%s/r%d/node/%d", r->prefix, round, index);
@@ -348,6 +358,8 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
     }
     snprintf(out->store_host, sizeof out->store_host, "%s", place.store_host);
     out->store_port = place.store_port;
+    snprintf(out->next_peer_host, sizeof out->next_peer_host, "%s", place.next_peer_host);
+    out->next_peer_port = place.next_peer_port;
     return 0;
 fail:
     snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));

@@ -33,11 +33,16 @@ typedef struct {
     int node_rank_hint;
     char own_store_host[256]; /* etcd: this agent's store, offered when it is a round's node 0 */
     uint16_t own_store_port;
+    char own_peer_host[256]; /* this agent's memory-snapshot listener, "" when none */
+    uint16_t own_peer_port;
 } rdzv_t;
 
 void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host);
 /* etcd: the store this agent serves the workers of a round where it is node 0. */
 void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port);
+/* This agent's memory-snapshot listener: its node record carries it, and the previous node's
+ * join hands it back (rdzv_result_t.next_peer_*), so that no agent looks for its successor. */
+void rdzv_set_own_peer(rdzv_t *r, const char *host, uint16_t port);
 /* The round a newly started agent should join (0 unless the job already ran rounds). */
 int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). DDP_ELOST (etcd): a

@@ -314,11 +314,16 @@ def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, star
                       nnodes="2", port=store.port, env=env) for node in (0, 1)]
     try:
         seen = read_until_step(jobs[0], 4)
-        r = subprocess.run([ddprun, "store-client", "--endpoint", store.endpoint, "get",
-                            "/ddprun/memsnap/memsnap/r0/1"], capture_output=True, text=True,
-                           timeout=30, env=clean_env())
-        assert r.returncode == 0, r.stderr
-        host, port = r.stdout.strip().rsplit(":", 1)
+        listener = None  # node 1's, handed to node 0 in its rank record as its "next_peer"
+        for index in (0, 1):
+            r = subprocess.run([ddprun, "store-client", "--endpoint", store.endpoint, "get",
+                                f"/ddprun/memsnap/r0/rank/{index}"], capture_output=True,
+                               text=True, timeout=30, env=clean_env())
+            assert r.returncode == 0, r.stderr
+            record = json.loads(r.stdout)
+            if record["node"] == 0:
+                listener = record["next_peer"]
+        host, port = listener.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as s:
             nonce = s.recv(32)
             assert len(nonce) == 32, nonce  # the challenge comes first

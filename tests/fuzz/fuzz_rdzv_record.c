@@ -26,7 +26,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                    r.world_size == r2.world_size && r.host_join_index == r2.host_join_index &&
                    strcmp(r.error, r2.error) == 0 && (!r.error[0] || r.is_lost == r2.is_lost) &&
                    (r.error[0] ||
-                    (strcmp(r.store_host, r2.store_host) == 0 && r.store_port == r2.store_port)));
+                    (strcmp(r.store_host, r2.store_host) == 0 && r.store_port == r2.store_port &&
+                     strcmp(r.next_peer_host, r2.next_peer_host) == 0 &&
+                     r.next_peer_port == r2.next_peer_port)));
         }
     } else if (data[0] & 1) {
         rdzv_why_t w, w2;
@@ -44,7 +46,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int n = rdzv_record_node_format(&r, again, sizeof again);
             assert(n > 0 && rdzv_record_node_parse(again, (size_t)n, &r2));
             assert(r.nproc == r2.nproc && r.hint == r2.hint && r.is_host == r2.is_host &&
-                   strcmp(r.store_host, r2.store_host) == 0 && r.store_port == r2.store_port);
+                   strcmp(r.store_host, r2.store_host) == 0 && r.store_port == r2.store_port &&
+                   strcmp(r.peer_host, r2.peer_host) == 0 && r.peer_port == r2.peer_port);
         }
     }
     free(text);

@@ -154,3 +154,46 @@ Test(rdzv_record, store_addresses_round_trip_and_bad_ones_are_refused) {
              n.store_host);
     cr_assert_not(rdzv_record_node_parse(text, strlen(text), &n2), "accepted %s", text);
 }
+
+/* A node record carries its agent's memory-snapshot listener ("peer"), a rank record the next
+ * node's ("next_peer"), parsed as strictly as "store"; both addresses at their longest fit. */
+Test(rdzv_record, peer_addresses_round_trip_and_bad_ones_are_refused) {
+    char text[RDZV_RECORD_MAX_BYTES];
+    rdzv_node_record_t n = {.nproc = 1, .hint = 0, .peer_host = "node3", .peer_port = 40001}, n2;
+    cr_assert_gt(rdzv_record_node_format(&n, text, sizeof text), 0);
+    cr_assert_str_eq(text, "{\"nproc\":1,\"hint\":0,\"host\":false,\"peer\":\"node3:40001\"}");
+    cr_assert(rdzv_record_node_parse(text, strlen(text), &n2), "%s", text);
+    cr_assert_str_eq(n2.peer_host, "node3");
+    cr_assert_eq(n2.peer_port, 40001);
+    cr_assert(!n2.store_host[0]);
+    memset(n.store_host, 's', 255);
+    n.store_host[255] = '\0';
+    memset(n.peer_host, 'p', 255);
+    n.peer_host[255] = '\0';
+    n.store_port = n.peer_port = 65535;
+    cr_assert_gt(rdzv_record_node_format(&n, text, sizeof text), 0, "both longest hosts fit");
+    cr_assert(rdzv_record_node_parse(text, strlen(text), &n2), "%s", text);
+    cr_assert_str_eq(n2.store_host, n.store_host);
+    cr_assert_str_eq(n2.peer_host, n.peer_host);
+    rdzv_rank_record_t r = {.world_size = INT32_MAX, .rank_offset = INT32_MAX - 1}, r2;
+    memset(r.store_host, 's', 255);
+    memset(r.next_peer_host, 'p', 255);
+    r.store_port = r.next_peer_port = 65535;
+    cr_assert_gt(rdzv_record_rank_format(&r, text, sizeof text), 0, "both longest hosts fit");
+    cr_assert(rdzv_record_rank_parse(text, strlen(text), &r2), "%s", text);
+    cr_assert_str_eq(r2.next_peer_host, r.next_peer_host);
+    cr_assert_eq(r2.next_peer_port, 65535);
+    const char *bad[] = {
+        "{\"nproc\":1,\"hint\":0,\"host\":false,\"peer\":\"h:0\"}",
+        "{\"nproc\":1,\"hint\":0,\"host\":false,\"peer\":\"a b:80\"}",
+        "{\"nproc\":1,\"hint\":0,\"host\":false,\"peer\":80}",
+        "{\"node\":0,\"first_rank\":0,\"world_size\":1,\"node0\":0,\"next_peer\":\"h:65536\"}",
+        "{\"node\":0,\"first_rank\":0,\"world_size\":1,\"node0\":0,\"next_peer\":\":80\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        bool is_node = strstr(bad[i], "nproc") != NULL;
+        bool is_ok = is_node ? rdzv_record_node_parse(bad[i], strlen(bad[i]), &n2)
+                             : rdzv_record_rank_parse(bad[i], strlen(bad[i]), &r2);
+        cr_assert_not(is_ok, "accepted %s", bad[i]);
+    }
+}

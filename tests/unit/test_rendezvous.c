@@ -415,6 +415,39 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     server_stop(&srv);
 }
 
+Test(rendezvous, each_member_learns_the_next_nodes_memory_snapshot_listener) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.min_nodes = opts.max_nodes = 3;
+    agent_t m[3];
+    for (int i = 0; i < 3; i++) {
+        agent_start(&m[i], i == 0);
+        char host[32];
+        snprintf(host, sizeof host, "agent%d", i);
+        if (i != 1) rdzv_set_own_peer(&m[i].r, host, (uint16_t)(4000 + i)); /* 1 keeps none */
+    }
+    join_together(m, 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
+        int next = -1;
+        for (int j = 0; j < 3; j++)
+            if (m[j].out.group_rank == (m[i].out.group_rank + 1) % 3) next = j;
+        cr_assert_geq(next, 0);
+        if (next == 1) {
+            cr_assert_eq(m[i].out.next_peer_host[0], '\0', "the next node takes no copies");
+            continue;
+        }
+        char want[32];
+        snprintf(want, sizeof want, "agent%d", next);
+        cr_assert_str_eq(m[i].out.next_peer_host, want, "join index %d", m[i].out.join_index);
+        cr_assert_eq(m[i].out.next_peer_port, 4000 + next);
+    }
+    for (int i = 0; i < 3; i++)
+        agent_dies(&m[i]);
+    server_stop(&srv);
+}
+
 static void *finish_main(void *arg) {
     agent_t *a = arg;
     a->rc = rdzv_finish(&a->r, a->kv, a->out.round, a->out.group_world_size, 20000);
