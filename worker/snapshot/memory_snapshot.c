@@ -19,10 +19,14 @@
 
 #include "ddp_error.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #define SLOTS         2
 #define PROGRESS_FILE "progress"
-/* Copies and hashes go chunk by chunk: the hash reads what the copy just wrote while it is still
- * in the cache, one pass over the state instead of two. */
+/* Copies and hashes go chunk by chunk: the hash reads the chunk the copy just read while it is
+ * still in the cache, one pass over the state instead of two. */
 #define CHUNK_BYTES ((size_t)128 << 10)
 /* A state this small is copied and sealed on the trainer's thread, in the call: handing it to the
  * writer's thread costs two wake-ups and a switch, and where every core trains (2 ranks on 2
@@ -133,6 +137,27 @@ static bool has_non_finite(const uint8_t *p, size_t n_bytes) {
     return (carry & 0x80000000u) != 0;
 }
 
+/* n bytes from src into the slot, which nobody reads until a restart: stores that bypass the
+ * cache (where the CPU has them) neither read the slot's lines first nor push the training's
+ * working set out of the cache; the caller fences before the header. */
+static void copy_to_slot(uint8_t *dst, const uint8_t *src, size_t n) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    if (((uintptr_t)dst & 15) == 0)
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        }
+#endif
+    memcpy(dst + i, src + i, n - i);
+}
+
 /* Make the copies into slot, hash every section and write h last, after every section byte: until
  * it lands the slot reads as invalid, so a generation torn anywhere never replaces a sealed one.
  * Parameters or optimizer state holding an inf or a NaN (a diverged run) are left unsealed, as the
@@ -168,12 +193,21 @@ static bool seal_generation(memory_snapshot_t *m, int slot, snapshot_header_t *h
         XXH3_64bits_reset(m->hash);
         for (size_t off = 0; off < n; off += CHUNK_BYTES) {
             size_t k = n - off < CHUNK_BYTES ? n - off : CHUNK_BYTES;
-            if (src_of[i]) memcpy(dst + off, src_of[i] + off, k);
-            XXH3_64bits_update(m->hash, dst + off, k);
-            if (is_checked && is_finite && has_non_finite(dst + off, k)) is_finite = false;
+            /* the source, unchanged until the copies are waited for, holds the slot's bytes and
+             * is in the cache; the slot's chunk is not */
+            const uint8_t *chunk = dst + off;
+            if (src_of[i]) {
+                copy_to_slot(dst + off, src_of[i] + off, k);
+                chunk = src_of[i] + off;
+            }
+            XXH3_64bits_update(m->hash, chunk, k);
+            if (is_checked && is_finite && has_non_finite(chunk, k)) is_finite = false;
         }
         h->sections[i].checksum = XXH3_64bits_digest(m->hash);
     }
+#if defined(__SSE2__)
+    _mm_sfence(); /* the streamed stores land before the header says the slot is whole */
+#endif
     if (!is_finite) {
         if (!m->has_warned_non_finite)
             fprintf(stderr,
