@@ -24,9 +24,10 @@ directory, and no disk-full faults). While the duration lasts, every few seconds
 An agent that exits non-zero (its store vanished with node 0) is started again. When the
 duration is over, the job runs to its end; the report says what was injected and what it cost,
 with the steps each restart lost and where it resumed from (the workers' "resume" metrics events,
-charged to the fault before them). Memory snapshots (snapshot.every_memory = 1) are on unless
---memory-snapshots 0 (today's disk path, for comparison); with them, a resume from memory or a peer
-that lost more than one step fails the run.
+charged to the fault before them; a restart that found nothing and began again at step 0 counts
+as source "none", every step trained before it lost). Memory snapshots (snapshot.every_memory =
+1) are on unless --memory-snapshots 0 (today's disk path, for comparison); with them, a resume
+from memory or a peer that lost more than one step fails the run.
 With --warm-spares 1 each agent keeps a spare per local rank, and the worker faults pick among the
 spares too (a spare killed or stopped while it waits, or taken by the next round); auto (the
 default, as ddprun's) keeps them where ddprun would (a GPU node).
@@ -395,23 +396,39 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
 
 def steps_lost(workdir, faults):
     """Every resume the workers reported ("resume" metrics events of every rank 0 of every
-    attempt), in time order, with the fault injected last before it (None: none yet)."""
-    resumes = []
+    attempt), in time order, with the fault injected last before it (None: none yet). A restart
+    that found nothing to resume and started from step 0 (a "start" event, not resumed, of a
+    restarted attempt) counts as a resume from source "none" that lost every step trained before
+    it (the workers may not know how many: the records of progress can go with the state)."""
+    resumes, fresh, trained = [], [], []  # trained: (time, step) of every "train" event
     for name in sorted(os.listdir(workdir)):
         if not (name.startswith("metrics-node") and name.endswith(".jsonl")):
             continue
         for line in open(os.path.join(workdir, name), errors="replace"):
+            if '"train"' in line:  # the bulk of the file: no JSON parse for its two fields
+                m = re.search(r'"time":"([^"]+)","step":(\d+)', line)
+                if m:
+                    trained.append((m.group(1), int(m.group(2))))
+                continue
             try:
                 e = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
             if e.get("event") == "resume":
-                wall = datetime.datetime.strptime(e["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-                    tzinfo=datetime.timezone.utc).timestamp()
-                before = [f for f in faults if f["wall"] <= wall]
-                resumes.append({"wall": wall, "step": e["step"], "source": e["source"],
-                                "steps_lost": e["steps_lost"],
-                                "fault": before[-1]["fault"] if before else None})
+                resumes.append({"time": e["time"], "step": e["step"], "source": e["source"],
+                                "steps_lost": e["steps_lost"]})
+            elif (e.get("event") == "start" and not e.get("resumed")
+                  and e.get("restart_count", 0) > 0):
+                fresh.append(e["time"])
+    for t in fresh:  # ISO times in UTC compare as text
+        before = [step for when, step in trained if when < t]
+        resumes.append({"time": t, "step": 0, "source": "none",
+                        "steps_lost": max(before) if before else 0})
+    for r in resumes:
+        r["wall"] = datetime.datetime.strptime(r.pop("time"), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+        before = [f for f in faults if f["wall"] <= r["wall"]]
+        r["fault"] = before[-1]["fault"] if before else None
     return sorted(resumes, key=lambda r: r["wall"])
 
 
@@ -576,10 +593,10 @@ def main():
     print(f"chaos: {len(faults)} faults {by_kind}, {len(job.exits)} agent restarts, "
           f"{elapsed:.1f} s against {t_ref:.1f} s uninterrupted "
           f"({report['lost_per_fault_s']} s lost per fault)", flush=True)
+    sources = {k: sum(r["source"] == k for r in resumes)
+               for k in ("memory", "peer", "disk", "none")}
     print(f"chaos: steps lost per restart, by the fault before it: "
-          f"{report['steps_lost_by_fault']}; sources "
-          f"{ {k: sum(r['source'] == k for r in resumes) for k in ('memory', 'peer', 'disk')} }",
-          flush=True)
+          f"{report['steps_lost_by_fault']}; sources {sources}", flush=True)
     if args.report:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=1)
