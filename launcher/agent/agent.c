@@ -1008,6 +1008,16 @@ static int use_builtin_trainer(ddprun_opts_t *o) {
     return 0;
 }
 
+/* What makes a memory directory this job's (memory_region.h): agents with the same run id at
+ * the same rendezvous are one job by definition (they gather into its rounds), whatever their
+ * program's arguments (a restarted agent may name another metrics file); a standalone run's id is
+ * its own, so a new run never takes an old one's state. The workers still check the state's
+ * shape against their model. */
+static void job_identity(const ddprun_opts_t *o, char *out, size_t len) {
+    snprintf(out, len, "run %s\nrendezvous %s %s\nnodes %u:%u\nnproc %d\n", o->rdzv_id,
+             o->rdzv_backend, o->rdzv_endpoints, o->min_nodes, o->max_nodes, o->nproc_per_node);
+}
+
 static void pool_started(uv_work_t *req) {
     (void)req;
 }
@@ -1065,9 +1075,16 @@ int agent_main(ddprun_opts_t *o) {
         fprintf(stderr, "ddprun: cannot create a run directory: %s\n", strerror(-rc));
         return 1;
     }
-    char mem_err[512];
-    if (memory_region_create(a->memory_dir, sizeof a->memory_dir, mem_err, sizeof mem_err) < 0)
+    char mem_err[512], identity[4096];
+    int adopted;
+    job_identity(o, identity, sizeof identity);
+    if (memory_region_create(a->memory_dir, sizeof a->memory_dir, identity, &adopted, mem_err,
+                             sizeof mem_err) < 0)
         LOG_WARN("%s: restarts resume from snapshot.dir", mem_err);
+    else if (adopted > 0)
+        LOG_INFO("memory snapshots: %d file(s) of this job's agent that died on this node taken "
+                 "over (its workers' generations and the copies it kept for other nodes)",
+                 adopted);
     a->is_etcd = strcmp(o->rdzv_backend, "etcd") == 0 && a->sm.cfg.is_multi;
     char etcd_err[600];
     if (a->is_etcd && rdzv_kv_etcd_check(etcd_err, sizeof etcd_err) < 0) {

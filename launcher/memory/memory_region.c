@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,8 @@
 
 #include "ddp_error.h"
 
-#define PREFIX "ddprun-mem-"
+#define PREFIX   "ddprun-mem-"
+#define JOB_FILE "job"
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st;
@@ -33,10 +35,40 @@ static const char *base_dir(void) {
     return access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
 }
 
-/* ddprun-mem-<pid>-XXXXXX of an agent that is gone: tmpfs memory nobody will free otherwise. */
-static void remove_stale(const char *base) {
+/* Whether the directory at path was made for this identity (its job file holds exactly it). */
+static bool is_same_job(const char *path, const char *identity) {
+    char file[4200], text[4096];
+    snprintf(file, sizeof file, "%s/" JOB_FILE, path);
+    FILE *f = fopen(file, "r");
+    if (!f) return false;
+    size_t n = fread(text, 1, sizeof text, f);
+    fclose(f);
+    return n == strlen(identity) && memcmp(text, identity, n) == 0;
+}
+
+/* Every file of from but its job file, renamed into to (the same file system): returns how many. */
+static int adopt_files(const char *from, const char *to) {
+    DIR *d = opendir(from);
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, JOB_FILE) == 0) continue;
+        char src[4400], dst[4400];
+        snprintf(src, sizeof src, "%s/%s", from, e->d_name);
+        snprintf(dst, sizeof dst, "%s/%s", to, e->d_name);
+        if (rename(src, dst) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* ddprun-mem-<pid>-XXXXXX of an agent that is gone: tmpfs memory nobody will free otherwise; the
+ * first of the same job gives its files to dir first. */
+static int remove_stale(const char *base, const char *dir, const char *identity) {
+    int adopted = 0;
+    bool has_adopted = false;
     DIR *d = opendir(base);
-    if (!d) return;
+    if (!d) return 0;
     uid_t me = getuid();
     for (struct dirent *e; (e = readdir(d));) {
         if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) != 0) continue;
@@ -48,14 +80,23 @@ static void remove_stale(const char *base) {
         struct stat st;
         if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != me) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        if (identity[0] && is_same_job(path, identity)) {
+            /* one per agent; another of the job (several nodes on one host, as in tests) is left
+             * for the next agent of the job that starts here */
+            if (has_adopted) continue;
+            adopted = adopt_files(path, dir);
+            has_adopted = true;
+        }
         memory_region_remove(path);
     }
     closedir(d);
+    return adopted;
 }
 
-int memory_region_create(char *dir, size_t dir_len, char *err, size_t err_len) {
+int memory_region_create(char *dir, size_t dir_len, const char *identity, int *adopted, char *err,
+                         size_t err_len) {
     const char *base = base_dir();
-    remove_stale(base);
+    *adopted = 0;
     int n = snprintf(dir, dir_len, "%s/" PREFIX "%ld-XXXXXX", base, (long)getpid());
     if (n < 0 || (size_t)n >= dir_len) {
         dir[0] = '\0';
@@ -69,5 +110,12 @@ int memory_region_create(char *dir, size_t dir_len, char *err, size_t err_len) {
         dir[0] = '\0';
         return -e;
     }
+    char job[4200];
+    snprintf(job, sizeof job, "%s/" JOB_FILE, dir);
+    FILE *f = fopen(job, "w");
+    bool is_written = f && fputs(identity, f) >= 0;
+    if (f && fclose(f) != 0) is_written = false;
+    /* without its identity the directory is never adopted: the snapshots still work */
+    *adopted = remove_stale(base, dir, is_written ? identity : "");
     return 0;
 }

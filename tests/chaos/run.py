@@ -17,8 +17,8 @@ directory, and no disk-full faults). While the duration lasts, every few seconds
   disk_full      the snapshot filesystem filled for two seconds (root only)
   partition      node 1's network link down for three seconds (root with iproute2: node 1 then runs
                  in a network namespace of its own, behind a veth link to node 0's address)
-  node_loss_disk a node lost with its disk: SIGKILL to its agent's whole group and every snapshot
-                 file deleted (on c10d node 1, as node 0's loss takes the job's store along; on
+  node_loss_disk a node lost with its disk: SIGKILL to its agent's whole group, its memory
+                 directory and every snapshot file deleted (on c10d node 1, as node 0's loss takes the job's store along; on
                  etcd either node); the job resumes from a memory snapshot (a node's own, or the
                  copy its peer's agent holds), and the harness starts the agent again
 An agent that exits non-zero (its store vanished with node 0) is started again. When the
@@ -42,6 +42,7 @@ A failure prints the command that replays the run (the seed decides the faults a
 """
 import argparse
 import datetime
+import glob
 import json
 import os
 import random
@@ -341,6 +342,10 @@ def inject(kind, job, conf, snap, has_tmpfs, rng, log):
         os.killpg(a.pid, signal.SIGKILL)
         a.wait()
         job.exits.append((node, -9))
+        # its RAM: the agent started again would take over the dead one's memory directory
+        for path in glob.glob(f"{os.environ.get('DDPRUN_SHM_DIR') or '/dev/shm'}/"
+                              f"ddprun-mem-{a.pid}-*"):
+            shutil.rmtree(path, ignore_errors=True)
         for name in os.listdir(snap):
             if name.startswith("snapshot-") or name == "latest":
                 try:

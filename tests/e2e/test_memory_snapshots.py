@@ -255,6 +255,7 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
             "no copy reached node 1"
         os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0: its agent and its workers
         jobs[0].communicate()
+        shutil.rmtree(memory_dir(jobs[0].pid))  # its memory (a new agent would take it over)
         shutil.rmtree(snaps[0])                 # and its disk
         metrics[0].unlink()
         kept = tmp_path / "kept"  # node 1's copies as they are now, for the reference
@@ -300,6 +301,48 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
                        text=True, timeout=300, env=clean_env())
     assert r.returncode == 0 and f"resuming from {ref}" in r.stdout, r.stdout + r.stderr
     assert state_hash(ddpworker, ref) == state_hash(ddpworker, final_snaps)
+
+
+def test_an_agent_killed_alone_leaves_its_generations_to_the_next_agent(ddprun, tmp_path,
+                                                                         start_store):
+    """Node 0's agent (rank 0's node) is killed with its workers, but not the node: the agent
+    started again there with the same command line takes over the dead one's memory directory
+    and the job resumes from rank 0's own generations, losing at most a step, although node 0's
+    disk snapshots and node 1's copies of them are deleted."""
+    conf = write_conf(tmp_path, 8)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    snaps = [tmp_path / "snap0", tmp_path / "snap1"]
+    metrics = [tmp_path / "m0.jsonl", tmp_path / "m1.jsonl"]
+
+    def start(node):
+        return start_job(ddprun, conf, snaps[node], metrics[node], "--node-rank", str(node),
+                         "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv, nnodes="2",
+                         port=store.port)
+    jobs = []
+    try:
+        jobs = [start(0), start(1)]
+        seen = read_until_step(jobs[0], 12)
+        dead_dir = memory_dir(jobs[0].pid)
+        os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0's agent and workers; its RAM stays
+        jobs[0].communicate()
+        assert slot_steps(dead_dir), "no generation left behind"
+        shutil.rmtree(snaps[0])
+        for path in glob.glob(f"{memory_dir(jobs[1].pid)}/peer-0-*"):
+            os.unlink(path)
+        jobs.append(start(0))
+        out0 = finish(jobs[2])
+        out1 = finish(jobs[1])
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+    assert jobs[1].returncode == 0 and jobs[2].returncode == 0, out0 + out1
+    assert "taken over" in out0, out0
+    assert not os.path.exists(dead_dir), "the dead agent's directory stays behind"
+    path, step, source, lost = resume_of(out0)
+    assert source == "memory" and os.path.basename(path).startswith("own-"), out0
+    assert step >= 11 and lost is not None and lost <= 1, (step, lost, seen)
 
 
 def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):
