@@ -425,10 +425,10 @@ def steps_lost(workdir, faults):
             elif (e.get("event") == "start" and not e.get("resumed")
                   and e.get("restart_count", 0) > 0):
                 fresh.append(e["time"])
-    for t in fresh:  # ISO times in UTC compare as text
-        before = [step for when, step in trained if when < t]
+    for t in fresh:  # ISO times in UTC compare as text; the step reached last before it
+        before = [(when, step) for when, step in trained if when < t]
         resumes.append({"time": t, "step": 0, "source": "none",
-                        "steps_lost": max(before) if before else 0})
+                        "steps_lost": max(before)[1] if before else 0})
     for r in resumes:
         r["wall"] = datetime.datetime.strptime(r.pop("time"), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
             tzinfo=datetime.timezone.utc).timestamp()
