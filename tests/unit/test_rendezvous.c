@@ -168,6 +168,24 @@ static void join_together(agent_t *m, int n) {
         pthread_join(t[i], NULL);
 }
 
+/* A store and three agents of a 3-node job (m[0] the store's host), not joined yet. */
+static void start_three(server_t *srv, agent_t *m) {
+    server_start(srv);
+    job_options(srv->port);
+    opts.min_nodes = opts.max_nodes = 3;
+    for (int i = 0; i < 3; i++)
+        agent_start(&m[i], i == 0);
+}
+
+/* The three joined as the round's members: by_rank[g] is node g. */
+static void joined_by_rank(agent_t *m, agent_t **by_rank) {
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
+        cr_assert(m[i].out.is_member && m[i].out.group_world_size == 3);
+        by_rank[m[i].out.group_rank] = &m[i];
+    }
+}
+
 static void beat(agent_t *a) {
     int64_t counters[RDZV_MAX_NODES];
     cr_assert_eq(rdzv_heartbeat(&a->r, a->kv, &a->out, counters), 0);
@@ -371,20 +389,11 @@ Test(rendezvous, the_last_call_ends_when_the_round_is_full) {
  * O(N^2)), and still some living member finds any member's loss. */
 Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     server_t srv;
-    server_start(&srv);
-    job_options(srv.port);
-    opts.min_nodes = opts.max_nodes = 3;
     agent_t m[3];
-    for (int i = 0; i < 3; i++)
-        agent_start(&m[i], i == 0);
+    start_three(&srv, m);
     join_together(m, 3);
-    for (int i = 0; i < 3; i++) {
-        cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
-        cr_assert(m[i].out.is_member && m[i].out.group_world_size == 3);
-    }
     agent_t *by_rank[3];
-    for (int i = 0; i < 3; i++)
-        by_rank[m[i].out.group_rank] = &m[i];
+    joined_by_rank(m, by_rank);
     int64_t counters[RDZV_MAX_NODES];
     liveness_t judges[3];
     for (int g = 0; g < 3; g++)
@@ -417,12 +426,9 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
 
 Test(rendezvous, each_member_learns_the_next_nodes_memory_snapshot_listener) {
     server_t srv;
-    server_start(&srv);
-    job_options(srv.port);
-    opts.min_nodes = opts.max_nodes = 3;
     agent_t m[3];
+    start_three(&srv, m);
     for (int i = 0; i < 3; i++) {
-        agent_start(&m[i], i == 0);
         char host[32];
         snprintf(host, sizeof host, "agent%d", i);
         if (i != 1) rdzv_set_own_peer(&m[i].r, host, (uint16_t)(4000 + i)); /* 1 keeps none */
@@ -456,18 +462,11 @@ static void *finish_main(void *arg) {
 
 Test(rendezvous, a_member_lost_before_the_exit_barrier_is_counted_done_once) {
     server_t srv;
-    server_start(&srv);
-    job_options(srv.port);
-    opts.min_nodes = opts.max_nodes = 3;
     agent_t m[3];
-    for (int i = 0; i < 3; i++)
-        agent_start(&m[i], i == 0);
+    start_three(&srv, m);
     join_together(m, 3);
     agent_t *by_rank[3];
-    for (int i = 0; i < 3; i++) {
-        cr_assert_eq(m[i].rc, 0, "join: %s", m[i].err);
-        by_rank[m[i].out.group_rank] = &m[i];
-    }
+    joined_by_rank(m, by_rank);
     agent_dies(by_rank[1]);
     pthread_t t[2];
     agent_t *done[2] = {by_rank[0], by_rank[2]};
@@ -652,12 +651,8 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
  * which alone reads the records, tells the others through their rank records). */
 Test(rendezvous, a_malformed_record_fails_every_member) {
     server_t srv;
-    server_start(&srv);
-    job_options(srv.port);
-    opts.min_nodes = opts.max_nodes = 3;
     agent_t m[3];
-    for (int i = 0; i < 3; i++)
-        agent_start(&m[i], i == 0);
+    start_three(&srv, m);
     /* join index 0 is taken by someone who wrote garbage */
     int64_t ticket;
     cr_assert_eq(m[0].kv->ops->take_ticket(m[0].kv, "/ddprun/stale/r0/joined", NULL, &ticket), 0);
