@@ -478,13 +478,20 @@ int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, char 
     return 0;
 }
 
-int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
-    char k[256], all[256];
+/* One member counted done in round's exit barrier; the last of n sets all_done (into all). */
+static int count_done(rdzv_t *r, rdzv_kv_t *c, int round, int n, char *all, size_t all_len) {
+    char k[256];
     key(r, k, sizeof k, round, "done");
-    key(r, all, sizeof all, round, "all_done");
+    key(r, all, all_len, round, "all_done");
     int64_t ticket; /* etcd: a ticket, not an ADD's compare-and-swap, as for a join */
     TRY(c->ops->take_ticket(c, k, all, &ticket));
     if (ticket + 1 >= n) TRY(c->ops->set(c, all, "1", 1));
+    return 0;
+}
+
+int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
+    char all[256];
+    TRY(count_done(r, c, round, n, all, sizeof all));
     const char *keys[] = {all};
     return c->ops->wait(c, keys, 1, timeout_ms);
 }
@@ -501,11 +508,7 @@ int rdzv_finish_lost(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int 
     bool is_mine = cur_n == (size_t)m && memcmp(cur, me, (size_t)m) == 0;
     free(cur);
     if (!is_mine) return 0;
-    key(r, k, sizeof k, round, "done");
-    key(r, all, sizeof all, round, "all_done");
-    int64_t ticket;
-    TRY(c->ops->take_ticket(c, k, all, &ticket));
-    if (ticket + 1 >= n) TRY(c->ops->set(c, all, "1", 1));
+    TRY(count_done(r, c, round, n, all, sizeof all));
     return 1;
 }
 
