@@ -650,7 +650,11 @@ static void conv_case_low(int n, int h, int w, int c, int k, int size, int strid
     got[1] = down(b, ldx, nx);
     got[2] = down(b, ldw, nw);
     expect_low_close(want[0], got[0], ny, "narrow conv forward");
-    expect_low_close(want[1], got[1], nx, "narrow conv backward data");
+    /* dx's values cancel: an output far below the rms sums terms as large as the rest, rounded
+     * in the narrow type by some of cuDNN's deterministic dgrad algorithms (an fp16 run measured
+     * 1.05x eps * rms at a value of 0.04 against a rms of 0.43) */
+    expect_tensor_close(want[1], got[1], nx, 2 * low_eps(), 2 * low_eps(),
+                        "narrow conv backward data");
     expect_low_close(want[2], got[2], nw, "narrow conv backward filter");
     b->mem->destroy(b);
 }

@@ -290,6 +290,9 @@ def test_kill_9_on_the_gpu_resumes_from_memory_losing_at_most_a_step(ddprun, ddp
     ref = tmp_path / "reference"
     ref.mkdir()
     shutil.copy(kept / os.path.basename(path), ref / f"snapshot-{step:012d}.ddps")
+    # the killed job's convolution algorithms: a fresh timed search may pick others, which round
+    # otherwise
+    shutil.copy(snaps / "cudnn_algos.txt", ref)
     r = subprocess.run([ddprun, "--standalone", "--nproc-per-node", "1", "--warm-spares", "0",
                         str(conf), f"snapshot.dir={ref}", "snapshot.every_memory=0"],
                        capture_output=True, text=True, timeout=600, env=clean_env())

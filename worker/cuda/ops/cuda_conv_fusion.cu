@@ -216,6 +216,7 @@ static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, bool
                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, N_CFGS, &n_cfgs,
                                      cfgs) != CUDNN_STATUS_SUCCESS)
             continue;
+        if (n_cfgs > N_CFGS) n_cfgs = N_CFGS; /* the count cuDNN has, not the count it wrote */
         for (int64_t i = 0; i < n_cfgs && !found; i++) {
             CHECK_BACKEND(
                 cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan));
