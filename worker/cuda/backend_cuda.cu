@@ -205,7 +205,7 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
     g->bn_partials_len = BN_PARTIALS_FLOATS / 2;
     CHECK_CUDA(cudaDeviceGetAttribute(&g->sm_count, cudaDevAttrMultiProcessorCount, device));
     const char *graphs = getenv("DDP_CUDA_GRAPHS");
-    g->is_graphs = graphs && strcmp(graphs, "1") == 0;
+    g->is_graphs = !graphs || strcmp(graphs, "0") != 0; /* on unless DDP_CUDA_GRAPHS=0 */
     const char *nondet = getenv("DDP_CUDA_NONDETERMINISTIC");
     g->is_nondeterministic = nondet && strcmp(nondet, "1") == 0;
     const char *fusion = getenv("DDP_CUDA_CONV_FUSION");

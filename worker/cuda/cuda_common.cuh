@@ -107,9 +107,10 @@ typedef struct {
      * passes FIRST .. FIRST+COUNT-1 (1-based, from the forward's start to the next one's): the
      * warm-up and cuDNN's timed algorithm search stay outside it. 0: off. */
     long profile_first, profile_count, forwards;
-    /* DDP_CUDA_GRAPHS=1: graph_begin records (off while profiling: the capture range is counted
-     * in forwards that a recording would skip). scratch_generation counts the replacements of
-     * scratch a recording may hold (workspace, wide copies): a recording of an older one is stale.
+    /* graph_begin records, unless DDP_CUDA_GRAPHS=0 or while profiling (the capture range is
+     * counted in forwards that a recording would skip). scratch_generation counts the replacements
+     * of scratch a recording may hold (workspace, wide copies): a recording of an older one is
+     * stale.
      */
     bool is_graphs, is_recording;
     /* DDP_CUDA_NONDETERMINISTIC=1: convolution algorithms that sum with atomics may be chosen (a

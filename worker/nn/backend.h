@@ -107,7 +107,7 @@ typedef struct {
     /* Grow the scratch space ops may use to at least n_bytes (start-up only). Returns 0 or -ENOMEM.
      */
     int (*reserve_workspace)(backend_t *b, size_t n_bytes);
-    /* Optional (NULL: none; cuda: only with DDP_CUDA_GRAPHS=1): recordings of queued ops, run
+    /* Optional (NULL: none; cuda: unless DDP_CUDA_GRAPHS=0): recordings of queued ops, run
      * again as a whole with the pointers and scalars they were recorded with (CUDA graphs).
      * graph_begin: from now on ops are recorded instead of run; 0, or -1 when the backend does not
      * record now (nothing changed). graph_end: stops recording; returns the recording, or NULL

@@ -133,7 +133,7 @@ typedef struct {
     uint64_t dropout_seed;
     int64_t dropout_step;
     int dropout_rank;
-    /* Recordings (backends with graph_*: cuda with DDP_CUDA_GRAPHS=1): forward, loss and backward
+    /* Recordings (backends with graph_*: cuda unless DDP_CUDA_GRAPHS=0): forward, loss and backward
      * each run as one recording per set of arguments from their second call on; not for models
      * with dropout (its masks change every step). */
     model_graph_t graphs[MODEL_GRAPHS];
