@@ -13,6 +13,12 @@ static inline uint64_t rng_next(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
+/* The state n draws after `state`: SplitMix64's state only counts, so draw j of a stream can be
+ * made without the j before it (work split across threads gives the sequential values). */
+static inline uint64_t rng_skip(uint64_t state, uint64_t n) {
+    return state + n * 0x9E3779B97F4A7C15ull;
+}
+
 /* A generator state for (seed, a, b): e.g. (seed, epoch) or (seed ^ stream, epoch, index). */
 static inline uint64_t rng_key(uint64_t seed, uint64_t a, uint64_t b) {
     uint64_t s = seed;

@@ -4,6 +4,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,32 @@ static double uniform(uint64_t *state, double bound) {
     return ((double)(rng_next(state) >> 11) / 9007199254740992.0 * 2.0 - 1.0) * bound;
 }
 
-/* Each layer draws from its own stream, so layers fill in parallel with the same values. */
+/* The threads that draw initial values: every CPU this process may run on, whatever
+ * OMP_NUM_THREADS says (a launcher sets 1 per worker for its steps; a GPU worker's host cores are
+ * idle while it starts, and one thread took 0.7 s for ResNet-18's 11M values). The values do not
+ * depend on it. */
+static int draw_threads(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    int n = CPU_COUNT(&set);
+    return n < 1 ? 1 : n;
+}
+
+/* p[0..n_w) = std * a normal sample each, the rest of p[0..n) 0: value j takes draws 2j and 2j+1
+ * of the stream at `state`, so threads fill slices of a big layer with the sequential values. */
+static void fill_normal(float *p, size_t n_w, size_t n, double std, uint64_t state) {
+#pragma omp parallel for schedule(static) if (n_w > ((size_t)1 << 16)) num_threads(draw_threads())
+    for (size_t j = 0; j < n_w; j++) {
+        uint64_t s = rng_skip(state, 2 * (uint64_t)j);
+        p[j] = (float)(std * normal(&s));
+    }
+    for (size_t j = n_w; j < n; j++)
+        p[j] = 0.0f;
+}
+
+/* Each layer draws from its own stream (and each value from its place in it), so the values do
+ * not depend on how the work is split across threads. */
 static void init_params(const model_t *m, uint64_t seed, float *params, float *buffers) {
-#pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *l = &m->layers[i];
         float *p = params + l->param_offset;
@@ -34,22 +58,20 @@ static void init_params(const model_t *m, uint64_t seed, float *params, float *b
         if (l->kind ==
             LAYER_CONV) { /* kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0 */
             const conv_shape_t *s = &l->conv;
-            size_t n_w = (size_t)s->k * s->r * s->s * s->c;
-            double std = sqrt(2.0 / ((double)s->k * s->r * s->s));
-            for (size_t j = 0; j < n_w; j++)
-                p[j] = (float)(std * normal(&state));
-            for (size_t j = n_w; j < l->n_params; j++)
-                p[j] = 0.0f;
+            fill_normal(p, (size_t)s->k * s->r * s->s * s->c, l->n_params,
+                        sqrt(2.0 / ((double)s->k * s->r * s->s)), state);
         } else if (l->kind == LAYER_LINEAR && l->linear_init == LINEAR_INIT_NORMAL_001) {
-            size_t n_w =
-                l->n_params - (size_t)m->tensors[l->out].c; /* VGG: normal(0, 0.01), bias 0 */
-            for (size_t j = 0; j < l->n_params; j++)
-                p[j] = j < n_w ? (float)(0.01 * normal(&state)) : 0.0f;
+            /* VGG: normal(0, 0.01), bias 0 */
+            fill_normal(p, l->n_params - (size_t)m->tensors[l->out].c, l->n_params, 0.01, state);
         } else if (l->kind == LAYER_LINEAR) { /* nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)) */
             const tensor_t *x = &m->tensors[l->in];
             double bound = 1.0 / sqrt((double)x->h * x->w * x->c);
-            for (size_t j = 0; j < l->n_params; j++)
-                p[j] = (float)uniform(&state, bound);
+#pragma omp parallel for schedule(static) if (l->n_params > ((size_t)1 << 16))                     \
+    num_threads(draw_threads())
+            for (size_t j = 0; j < l->n_params; j++) {
+                uint64_t s = rng_skip(state, j);
+                p[j] = (float)uniform(&s, bound);
+            }
         } else if (l->kind == LAYER_BATCHNORM) {
             size_t c = l->n_params / 2;
             for (size_t j = 0; j < c; j++) {
