@@ -186,30 +186,40 @@ static void ensure_passive_threads(char **argv) {
     /* exec failed: train anyway, only slower */
 }
 
-/* Where the cuda backend keeps the convolution algorithms it searched for: $DDPWORKER_ALGO_CACHE,
- * else beside the snapshots, else ${XDG_CACHE_HOME:-~/.cache}/ddpworker/ ("" when none of these
- * can be had: every start then searches). */
-static void algo_cache_path(const train_conf_t *conf, char *path, size_t len) {
-    const char *env = getenv("DDPWORKER_ALGO_CACHE");
+/* ${XDG_CACHE_HOME:-~/.cache}/ddpworker/cudnn_algos.txt, its folder made ("" when there is no
+ * such place). */
+static void user_algo_cache(char *path, size_t len) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[PATH_MAX];
     path[0] = '\0';
-    if (env) {
-        snprintf(path, len, "%s", env);
-    } else if (conf->snapshot_dir[0]) {
-        snprintf(path, len, "%s/cudnn_algos.txt", conf->snapshot_dir);
-    } else {
-        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        char dir[PATH_MAX];
-        if (xdg && *xdg)
-            snprintf(dir, sizeof dir, "%s", xdg);
-        else if (home && *home)
-            snprintf(dir, sizeof dir, "%s/.cache", home);
-        else
-            return;
-        mkdir(dir, 0755);
-        size_t at = strlen(dir);
-        snprintf(dir + at, sizeof dir - at, "/ddpworker");
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST) return;
-        snprintf(path, len, "%s/cudnn_algos.txt", dir);
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.cache", home);
+    else
+        return;
+    mkdir(dir, 0755);
+    size_t at = strlen(dir);
+    snprintf(dir + at, sizeof dir - at, "/ddpworker");
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return;
+    snprintf(path, len, "%s/cudnn_algos.txt", dir);
+}
+
+/* Where the cuda backend keeps the convolution algorithms it searched for (backend_cuda.h): the
+ * run's own file $DDPWORKER_ALGO_CACHE, with none shared; else beside the snapshots, with the
+ * user's cache shared (a new job on this machine skips the search for the shapes an earlier one
+ * searched, and its snapshots keep the algorithms it used); else the user's cache as its own.
+ * Empty where there is no such place (every start then searches). */
+static void algo_cache_paths(const train_conf_t *conf, char *own, char *shared, size_t len) {
+    const char *env = getenv("DDPWORKER_ALGO_CACHE");
+    own[0] = shared[0] = '\0';
+    if (env)
+        snprintf(own, len, "%s", env);
+    else if (!conf->snapshot_dir[0])
+        user_algo_cache(own, len);
+    else {
+        snprintf(own, len, "%s/cudnn_algos.txt", conf->snapshot_dir);
+        user_algo_cache(shared, len);
     }
 }
 
@@ -261,13 +271,15 @@ static backend_t *make_backend(const train_conf_t *conf, int threads) {
     if (devices == 0) die(DDP_EXIT_CONFIG, "train.backend: cuda, but no GPU is visible");
     char err[512];
     int device = (int)(env_long("LOCAL_RANK", 0, 0, INT_MAX) % devices);
-    char cache[PATH_MAX];
-    algo_cache_path(conf, cache, sizeof cache);
+    char own[PATH_MAX], shared[PATH_MAX];
+    algo_cache_paths(conf, own, shared, sizeof own);
+    backend_cuda_algo_cache_t cache = {.own = own[0] ? own : NULL,
+                                       .shared = shared[0] ? shared : NULL};
     unsigned flags = conf->precision == PRECISION_TF32   ? 1u /* BACKEND_CUDA_TF32 */
                      : conf->precision == PRECISION_BF16 ? 2u /* BACKEND_CUDA_BF16 */
                      : conf->precision == PRECISION_FP16 ? 4u /* BACKEND_CUDA_FP16 */
                                                          : 0u;
-    backend_t *b = api->backend_create(device, flags, cache[0] ? cache : NULL, err, sizeof err);
+    backend_t *b = api->backend_create(device, flags, &cache, err, sizeof err);
     if (!b) die(DDP_EXIT_BUG, "cannot start the cuda backend: %s", err);
     return b;
 }

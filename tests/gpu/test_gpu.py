@@ -74,6 +74,31 @@ def test_shipped_example_converges_on_the_gpu(ddpworker, cuda_lib, tmp_path, pre
     assert final_of(metrics)["top1"] >= 0.90, final_of(metrics)
 
 
+def test_a_new_job_skips_the_search_an_earlier_job_made(ddpworker, cuda_lib, tmp_path):
+    """cuDNN's timed search (about 0.1 s a shape on the H100) is shared by the jobs on a machine
+    through ~/.cache/ddpworker/cudnn_algos.txt: a second job, its snapshots elsewhere, searches no
+    shape, and its own snapshot folder then lists every algorithm it used (what a resume of it
+    reads, whatever happens to the shared file meanwhile)."""
+    env = one_rank_env()
+    env.pop("DDPWORKER_ALGO_CACHE", None)
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), DDP_STARTUP_TRACE="1")
+
+    def searched(snaps):
+        r = subprocess.run([ddpworker, os.path.join(ROOT, "docs/examples/fashion-mnist.conf"),
+                            "train.backend=cuda", "precision.mode=bf16", f"data.dir={FASHION}",
+                            "train.max_steps=3", f"snapshot.dir={snaps}"], capture_output=True,
+                           text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        found = re.search(r"cuDNN's algorithm search: [0-9.]+ s for (\d+) shapes", r.stderr)
+        return int(found.group(1)) if found else 0
+
+    assert searched(tmp_path / "first") > 0
+    shared = (tmp_path / "cache" / "ddpworker" / "cudnn_algos.txt").read_text().splitlines()
+    assert searched(tmp_path / "second") == 0
+    own = (tmp_path / "second" / "cudnn_algos.txt").read_text().splitlines()
+    assert sorted(own) == sorted(shared)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_adamw_trains_the_shipped_example_on_the_gpu(ddpworker, cuda_lib, tmp_path, precision):
     """adam_step's kernel in a whole run (fp16: under the loss scaler). The CPU reference, same

@@ -450,7 +450,8 @@ static void graphs_case(unsigned flag) {
     for (int side = 0; side < 2; side++) {
         setenv("DDP_CUDA_GRAPHS", side ? "1" : "0", 1);
         char err[256];
-        backend_t *b = backend_cuda_create(0, flag, cache, err, sizeof err);
+        backend_t *b = backend_cuda_create(0, flag, &(backend_cuda_algo_cache_t){.own = cache}, err,
+                                           sizeof err);
         cr_assert_not_null(b, "%s", err);
         model_t m;
         model_opts_t o = model_opts_default("resnet18", 8);
@@ -522,7 +523,8 @@ static void repeat_case(unsigned flag) {
     unsetenv("DDP_CUDA_NONDETERMINISTIC");
     for (int run = 0; run < 2; run++) {
         char err[256];
-        backend_t *b = backend_cuda_create(0, flag, cache, err, sizeof err);
+        backend_t *b = backend_cuda_create(0, flag, &(backend_cuda_algo_cache_t){.own = cache}, err,
+                                           sizeof err);
         cr_assert_not_null(b, "%s", err);
         model_t m;
         model_opts_t o = model_opts_default("resnet18", 16);

@@ -141,8 +141,9 @@ static void *start_cublas(void *arg) {
     return NULL;
 }
 
-extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path,
-                                          char *err, size_t err_len) {
+extern "C" backend_t *backend_cuda_create(int device, unsigned flags,
+                                          const backend_cuda_algo_cache_t *algo_cache, char *err,
+                                          size_t err_len) {
     int count = backend_cuda_device_count();
     if (device < 0 || device >= count) {
         snprintf(err, err_len, "GPU %d requested, %d present", device, count);
@@ -218,7 +219,10 @@ extern "C" backend_t *backend_cuda_create(int device, unsigned flags, const char
         gpu_destroy(&g->base);
         return NULL;
     }
-    if (algo_cache_path) snprintf(g->cache_path, sizeof g->cache_path, "%s", algo_cache_path);
+    if (algo_cache && algo_cache->own)
+        snprintf(g->cache_path, sizeof g->cache_path, "%s", algo_cache->own);
+    if (algo_cache && algo_cache->shared)
+        snprintf(g->shared_cache_path, sizeof g->shared_cache_path, "%s", algo_cache->shared);
     gpu_algo_cache_load(g);
     startup_trace_end("cuda buffers and algorithm cache", t);
     return &g->base;

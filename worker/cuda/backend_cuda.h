@@ -21,10 +21,21 @@ int backend_cuda_device_count(void);
  * needs the trainer's dynamic loss scaling (loss_scale.h) to keep small gradients from flushing to
  * zero. */
 enum { BACKEND_CUDA_TF32 = 1, BACKEND_CUDA_BF16 = 2, BACKEND_CUDA_FP16 = 4 };
-/* A backend on GPU `device`. algo_cache_path: a text file of the convolution algorithms cuDNN's
- * timed search chose (per GPU, cuDNN version, shape and math mode), read at start and appended to
- * when a new shape is searched; NULL for none. Returns NULL with the error in err. */
-backend_t *backend_cuda_create(int device, unsigned flags, const char *algo_cache_path, char *err,
+/* Text files of the convolution algorithms cuDNN's timed search chose (per GPU, cuDNN version,
+ * shape and math mode). */
+typedef struct {
+    /* the run's own (NULL: none): read at start, appended to with every algorithm the run uses,
+     * so that a run resumed from its snapshots uses the same ones */
+    const char *own;
+    /* shared by the runs on this machine (NULL: none): read for the shapes `own` lacks, appended
+     * to with what this run searched */
+    const char *shared;
+} backend_cuda_algo_cache_t;
+
+/* A backend on GPU `device`; algo_cache NULL: none, every start searches. Returns NULL with the
+ * error in err. */
+backend_t *backend_cuda_create(int device, unsigned flags,
+                               const backend_cuda_algo_cache_t *algo_cache, char *err,
                                size_t err_len);
 
 #ifdef __cplusplus

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "backend_cuda.h"
 #include "comm.h"
 
 #ifdef __cplusplus
@@ -17,7 +18,7 @@ extern "C" {
 #endif
 
 /* Bump on any change of the table below. */
-#define DDPWORKER_CUDA_API_VERSION 2u /* 2: backend_memory_i copy_out_* */
+#define DDPWORKER_CUDA_API_VERSION 3u /* 3: backend_create's two algorithm cache files */
 #define DDPWORKER_CUDA_API_SYMBOL  "ddpworker_cuda_api"
 
 typedef struct {
@@ -25,7 +26,8 @@ typedef struct {
     uint32_t size;    /* sizeof(ddpworker_cuda_api_t) */
     /* backend_cuda.h */
     int (*device_count)(void);
-    backend_t *(*backend_create)(int device, unsigned flags, const char *algo_cache_path, char *err,
+    backend_t *(*backend_create)(int device, unsigned flags,
+                                 const backend_cuda_algo_cache_t *algo_cache, char *err,
                                  size_t err_len);
     /* comm_nccl.h; NULL when the library was built without NCCL */
     size_t (*nccl_id_bytes)(void);

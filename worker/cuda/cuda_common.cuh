@@ -41,7 +41,7 @@ static inline void check_cublas(cublasStatus_t rc, const char *what, const char 
     if (rc != CUBLAS_STATUS_SUCCESS) fail_at(what, cublasGetStatusString(rc), file, line);
 }
 
-#define CONV_CACHE 128
+#define CONV_CACHE 256
 
 /* cuda_conv_fusion.cu: one shape's execution plan (a cudnnBackendDescriptor_t; NULL: cuDNN has
  * none for it, the op returns -1) */
@@ -65,7 +65,8 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-    bool is_sized; /* the workspace has room for these */
+    bool is_sized;       /* the workspace has room for these */
+    bool is_shared_only; /* read from the shared cache file, not yet in the run's own */
 } conv_algos_t;
 
 typedef struct {
@@ -100,8 +101,10 @@ typedef struct {
     size_t stage_bytes;
     float *wide[3]; /* low: fp32 copies for a convolution run in fp32 (x, y or dy, dx) */
     size_t wide_bytes[3];
-    char cache_path[1024]; /* convolution algorithms found earlier (empty: none) */
-    char tag[160];         /* cuDNN version, compute capability and GPU name: the cache's key */
+    /* convolution algorithms found earlier: the run's own file and one shared by runs on this
+     * machine (empty: none) */
+    char cache_path[1024], shared_cache_path[1024];
+    char tag[160]; /* cuDNN version, compute capability and GPU name: the cache's key */
     /* DDP_CUDA_PROFILE="FIRST,COUNT": the profiler's capture range (cudaProfilerStart/Stop, which
      * nsys --capture-range=cudaProfilerApi and ncu --profile-from-start off honour) covers forward
      * passes FIRST .. FIRST+COUNT-1 (1-based, from the forward's start to the next one's): the
@@ -293,7 +296,8 @@ void gpu_augment_batch(backend_t *b, const uint8_t *images, const int32_t *label
                        int c, const augment_job_t *jobs, int n, augment_norm_t norm,
                        tensor_desc_t out_d, int32_t *labels_out);
 /* cuda_conv.cu */
-/* The convolution algorithms found in earlier runs (g->cache_path), at start. */
+/* The convolution algorithms found in earlier runs (g->cache_path, then g->shared_cache_path), at
+ * start. */
 void gpu_algo_cache_load(gpu_t *g);
 void gpu_conv2d_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d, const float *w,
                         tensor_desc_t y_d);

@@ -51,11 +51,23 @@ static const char *cache_tag(gpu_t *g) {
     return g->tag;
 }
 
-void gpu_algo_cache_load(gpu_t *g) {
-    FILE *f = g->cache_path[0] ? fopen(g->cache_path, "r") : NULL;
+static bool same_shape(const conv_shape_t *a, const conv_shape_t *b);
+
+static conv_algos_t *cached(gpu_t *g, const conv_shape_t *s) {
+    for (int i = 0; i < g->n_algos; i++)
+        if (same_shape(&g->algos[i].shape, s)) return &g->algos[i];
+    return NULL;
+}
+
+/* The lines of `path` for this GPU, cuDNN, math mode and determinism whose shapes are not known
+ * yet; is_shared: the file is the shared one. */
+static void algo_cache_read(gpu_t *g, const char *path, bool is_shared) {
+    FILE *f = path[0] ? fopen(path, "r") : NULL;
     if (!f) return;
     char line[512], tag[160];
-    while (fgets(line, sizeof line, f) && g->n_algos < CONV_CACHE) {
+    /* the shared file (every model run here) leaves room for the shapes this run searches */
+    int most = is_shared ? CONV_CACHE * 3 / 4 : CONV_CACHE;
+    while (fgets(line, sizeof line, f) && g->n_algos < most) {
         conv_algos_t a;
         memset(&a, 0, sizeof a);
         conv_shape_t *s = &a.shape;
@@ -67,16 +79,23 @@ void gpu_algo_cache_load(gpu_t *g) {
             strcmp(tag, cache_tag(g)) != 0 || mode != math_mode(g) ||
             det != !g->is_nondeterministic)
             continue; /* another GPU, cuDNN, math mode or determinism: not ours to use */
+        if (cached(g, s)) continue; /* the run's own file first: what its earlier attempts used */
         a.fwd = (cudnnConvolutionFwdAlgo_t)fwd;
         a.bwd_data = (cudnnConvolutionBwdDataAlgo_t)bd;
         a.bwd_filter = (cudnnConvolutionBwdFilterAlgo_t)bf;
+        a.is_shared_only = is_shared;
         g->algos[g->n_algos++] = a;
     }
     fclose(f);
 }
 
-static void algo_cache_append(gpu_t *g, const conv_algos_t *a) {
-    FILE *f = g->cache_path[0] ? fopen(g->cache_path, "a") : NULL;
+void gpu_algo_cache_load(gpu_t *g) {
+    algo_cache_read(g, g->cache_path, false);
+    algo_cache_read(g, g->shared_cache_path, true);
+}
+
+static void algo_cache_append(gpu_t *g, const char *path, const conv_algos_t *a) {
+    FILE *f = path[0] ? fopen(path, "a") : NULL;
     if (!f) return; /* a cache is an optimisation: without one the next start searches again */
     const conv_shape_t *s = &a->shape;
     fprintf(f, "%s %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", cache_tag(g), s->n, s->h,
@@ -116,9 +135,11 @@ static bool same_shape(const conv_shape_t *a, const conv_shape_t *b) {
 }
 
 static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
-    conv_algos_t *a = NULL;
-    for (int i = 0; i < g->n_algos && !a; i++)
-        if (same_shape(&g->algos[i].shape, s)) a = &g->algos[i];
+    conv_algos_t *a = cached(g, s);
+    if (a && a->is_shared_only) { /* the run's own file holds every algorithm the run used */
+        algo_cache_append(g, g->cache_path, a);
+        a->is_shared_only = false;
+    }
     if (!a) {
         if (g->n_algos == CONV_CACHE) g->n_algos = 0; /* more shapes than any model here has */
         a = &g->algos[g->n_algos++];
@@ -142,7 +163,8 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
             g->cudnn, g->x_desc, g->y_desc, g->conv_desc, g->w_desc,
             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, bf));
         a->bwd_filter = FASTEST(g, bf, n, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
-        algo_cache_append(g, a);
+        algo_cache_append(g, g->cache_path, a);
+        algo_cache_append(g, g->shared_cache_path, a);
         g->search_seconds += startup_trace_now() - t;
         g->searched_shapes++;
     }
