@@ -686,9 +686,12 @@ Test(cuda_fused, conv_bn_fusion_in_fp16_matches_cpu, .timeout = 120) {
  * then bn_act_forward_train_sums), and a step of ResNet-18 gives the loss and gradients of the
  * same step without (fp16's rounding and the sums' other order apart); some convolutions took that
  * path. One step: on random inputs a few SGD steps diverge, and their losses then differ by more
- * than the rounding that started it. */
+ * than the rounding that started it. The CIFAR stem at batch 32, so that every batch norm
+ * normalizes at least 512 values: the epilogue sums the convolution's fp32 results, the plain path
+ * its fp16 output, and with the ImageNet stem at batch 16 (16 values in the last batch norms) 366
+ * of 703 386 gradients differed by up to 3x the tolerance (H100, 2026-11-27). */
 static void stats_step_case(void) {
-    enum { N = 16, SIDE = 32 };
+    enum { N = 32, SIDE = 32 };
     size_t n_in = (size_t)N * SIDE * SIDE * 3;
     float *x = random_values(n_in, 2.0f, 0.0f);
     int32_t labels[N];
@@ -708,7 +711,7 @@ static void stats_step_case(void) {
         cr_assert_not_null(b, "%s", err);
         model_t m;
         model_opts_t o = model_opts_default("resnet18", 16);
-        o.stem = MODEL_STEM_IMAGENET;
+        o.stem = MODEL_STEM_CIFAR;
         cr_assert_eq(model_init_opts(&m, b, &o, SIDE, SIDE, 3, 10, N, err, sizeof err), 0, "%s",
                      err);
         cr_assert_eq(model_init_params(&m, 13), 0);
