@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "memory/memory_peer_internal.h"
 #include "ddp_error.h"
 #include "log.h"
+#include "xxh3_simd.h"
 
 void memory_peer__maybe_free(memory_peer_t *p) {
     if (p->is_stopping && p->open_handles == 0 && !p->is_reading && !p->is_writing) {

@@ -9,11 +9,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "memory/memory_peer_internal.h"
 #include "clock.h"
 #include "log.h"
+#include "xxh3_simd.h"
 
 static void out_closed(uv_handle_t *h) {
     memory_peer_t *p = h->data;

@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "ddp_error.h"
+#include "xxh3_simd.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

@@ -14,11 +14,11 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "clock.h"
 #include "fs.h"
 #include "ddp_error.h"
+#include "xxh3_simd.h"
 
 #define HEADER_CHECKED_BYTES offsetof(snapshot_header_t, header_checksum)
 
