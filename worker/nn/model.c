@@ -27,8 +27,9 @@ static double uniform(uint64_t *state, double bound) {
 
 /* The threads that draw initial values: every CPU this process may run on, whatever
  * OMP_NUM_THREADS says (a launcher sets 1 per worker for its steps; a GPU worker's host cores are
- * idle while it starts, and one thread took 0.7 s for ResNet-18's 11M values). The values do not
- * depend on it. */
+ * idle while it starts, and ResNet-18's 11M values on one thread take 0.28 s on the 2-core VM, most
+ * of the 0.70 s the H100's startup trace put in the trainer's start). The values do not depend on
+ * it. */
 static int draw_threads(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
