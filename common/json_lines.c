@@ -13,7 +13,7 @@ void json_line_utc_now(char *out, size_t out_len) {
     gmtime_r(&ts.tv_sec, &tm);
     char date[32];
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out, out_len, "%s.%03ldZ", date, ts.tv_nsec / 1000000);
+    snprintf(out, out_len, "%s.%03dZ", date, (int)(ts.tv_nsec / 1000000 % 1000));
 }
 
 cJSON *json_line_new(const char *event) {
