@@ -565,11 +565,11 @@ Test(cuda_fused, two_runs_give_the_same_bits, .timeout = 120) {
 
 /* cuDNN's ConvBNfprop fusion (conv2d_bn_forward, fp16 with DDP_CUDA_CONV_FUSION=1): y = the
  * convolution of relu(x * scale + bias) (has_affine; else of x, the form the models use) and y's
- * per-channel sum and sum of squares, against the cpu
- * backend's convolution of the same input made on the host (fp16 values, as cuDNN's fp16
- * intermediates), with sums in double. ResNet's shapes: 3x3 stride 1 and 2, 1x1 expansion. Also
- * prints the fused op's time against the plain convolution's (20 runs each), for the GPU session
- * to decide where it pays. A shape cuDNN refuses fails the test (its reason is on stderr). */
+ * per-channel sum and sum of squares, against the cpu backend's convolution of the same input made
+ * on the host (fp16 values, as cuDNN's fp16 intermediates), with sums in double. ResNet's shapes:
+ * 3x3 stride 1 and 2, 1x1 expansion. Also prints the fused op's time against the plain
+ * convolution's (20 runs each), for the GPU session to decide where it pays. A shape cuDNN refuses
+ * fails the test (its reason is on stderr). */
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
