@@ -160,7 +160,8 @@ typedef struct {
     /* dx += dL/dx (skipped when dx.data is NULL), dw += dL/dw. */
     void (*conv2d_backward)(backend_t *b, const conv_shape_t *s, tensor_desc_t x, const float *w,
                             tensor_desc_t dy, tensor_desc_t dx, float *dw);
-    /* Optional (NULL: not offered; cuda: in fp16 with DDP_CUDA_CONV_FUSION=1): y = the convolution
+    /* Optional (NULL: not offered; cuda: in fp16, and bf16 without scale and bias, with
+     * DDP_CUDA_CONV_FUSION=1): y = the convolution
      * of relu(x * scale + bias) (scale, bias: C fp32, per input channel: a batch norm folded into
      * a scale and a shift, and its ReLU, applied as the convolution reads x; x is not changed;
      * both NULL: of x itself, no ReLU),

@@ -3,8 +3,9 @@
  * and the sum of squares of y per output channel from the convolution's epilogue. In a ResNet it
  * applies the batch norm + ReLU before a convolution while the convolution reads its input, and
  * gives the batch norm after it its statistics without another pass over y (NVIDIA's MLPerf
- * ResNet-50 runs its fp16 training this way). fp16 only (cuDNN's runtime-fusion engines), C and K
- * multiples of 8, 16-byte aligned tensors; opt-in with DDP_CUDA_CONV_FUSION=1 until measured.
+ * ResNet-50 runs its fp16 training this way). fp16 (cuDNN's runtime-fusion engines), and bf16 for
+ * the statistics-only form where cuDNN has an engine for it (not yet seen run); C and K multiples
+ * of 8, 16-byte aligned tensors; opt-in with DDP_CUDA_CONV_FUSION=1 until measured.
  * One execution plan per shape, built on first use and kept (CONV_FUSION_PLANS shapes); a shape
  * cuDNN offers no engine for is remembered as such and the op returns -1 for it. */
 #include "cuda_common.cuh"
@@ -102,7 +103,9 @@ static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, bool
     cudnnBackendDescriptor_t t[N_TENSORS] = {0}, pw[3] = {0}, ops[N_OPS] = {0}, conv = NULL,
                              graph = NULL, heur = NULL, cfgs[N_CFGS] = {0}, plan = NULL,
                              found = NULL;
-    cudnnDataType_t half = CUDNN_DATA_HALF, fp32 = CUDNN_DATA_FLOAT;
+    /* the activations' 16-bit type */
+    cudnnDataType_t half = g->low == LOW_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF,
+                    fp32 = CUDNN_DATA_FLOAT;
     int64_t n = s->n, c = s->c, k = s->k;
     t[0] = nhwc_tensor(UID_X, half, n, c, s->h, s->w, false);
     t[1] = nhwc_tensor(UID_SCALE, half, 1, c, 1, 1, false);
@@ -302,9 +305,11 @@ int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d
                           float *sum, float *sqsum) {
     gpu_t *g = gpu_of(b);
     bool has_affine = scale || bias;
-    if (!g->is_conv_fusion || g->low != LOW_FP16 || !is_low(g, x_d) || !is_low(g, y_d) ||
-        s->c % 8 || s->k % 8 || s->c > BN_MAX_CHANNELS || !aligned16(x_d.data) ||
-        !aligned16(y_d.data) || !aligned16(shadow_of(g, w)) || (has_affine && (!scale || !bias)))
+    /* scale and bias go to the graph as fp16 (to_half_kernel): the affine form in fp16 only */
+    if (!g->is_conv_fusion || g->low == LOW_NONE || (has_affine && g->low != LOW_FP16) ||
+        !is_low(g, x_d) || !is_low(g, y_d) || s->c % 8 || s->k % 8 || s->c > BN_MAX_CHANNELS ||
+        !aligned16(x_d.data) || !aligned16(y_d.data) || !aligned16(shadow_of(g, w)) ||
+        (has_affine && (!scale || !bias)))
         return -1;
     conv_fusion_plan_t *p = plan_for(g, s, has_affine);
     if (!p || !p->plan) return -1;
