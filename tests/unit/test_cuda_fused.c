@@ -687,30 +687,27 @@ static void fusion_case(unsigned flag, int n, int side, int c, int k, int size, 
 
 /* The statistics-only form, what the models run (each in a process of its own: the H100 run of
  * 2026-11-27 crashed, "double free or corruption", in the 1x1 case with scale and bias) */
-static void stats_fusion_cases(unsigned flag) {
-    fusion_case(flag, 8, 16, 64, 64, 3, 1, false);
-    fusion_case(flag, 8, 16, 64, 128, 3, 2, false);
-    fusion_case(flag, 8, 16, 64, 256, 1, 1, false);
-    fusion_case(flag, 32, 32, 64, 64, 3, 1, false); /* a size where the times say something */
+static void fusion_cases(unsigned flag, bool has_affine) {
+    fusion_case(flag, 8, 16, 64, 64, 3, 1, has_affine);
+    fusion_case(flag, 8, 16, 64, 128, 3, 2, has_affine);
+    fusion_case(flag, 8, 16, 64, 256, 1, 1, has_affine);
+    fusion_case(flag, 32, 32, 64, 64, 3, 1, has_affine); /* a size where the times say something */
 }
 
 Test(cuda_fused, conv_stats_fusion_in_fp16_matches_cpu, .timeout = 120) {
     SKIP_WITHOUT_GPU();
-    stats_fusion_cases(BACKEND_CUDA_FP16);
+    fusion_cases(BACKEND_CUDA_FP16, false);
 }
 
 /* bf16: where cuDNN has an engine for the statistics-only graph (said, not failed, where not) */
 Test(cuda_fused, conv_stats_fusion_in_bf16_matches_cpu, .timeout = 120) {
     SKIP_WITHOUT_GPU();
-    stats_fusion_cases(BACKEND_CUDA_BF16);
+    fusion_cases(BACKEND_CUDA_BF16, false);
 }
 
 Test(cuda_fused, conv_bn_fusion_in_fp16_matches_cpu, .timeout = 120) {
     SKIP_WITHOUT_GPU();
-    fusion_case(BACKEND_CUDA_FP16, 8, 16, 64, 64, 3, 1, true);
-    fusion_case(BACKEND_CUDA_FP16, 8, 16, 64, 128, 3, 2, true);
-    fusion_case(BACKEND_CUDA_FP16, 8, 16, 64, 256, 1, 1, true);
-    fusion_case(BACKEND_CUDA_FP16, 32, 32, 64, 64, 3, 1, true);
+    fusion_cases(BACKEND_CUDA_FP16, true);
 }
 
 /* The model with DDP_CUDA_CONV_FUSION=1 in fp16: its convolutions give their batch norms the
