@@ -140,6 +140,13 @@ def stop_with_two_generations(pid, mem_dir, timeout=30):
     pytest.fail("never two sealed generations at once")
 
 
+def kill_left(jobs):
+    """SIGKILL to the process group of every job still running (a failed test's leftovers)."""
+    for j in jobs:
+        if j.poll() is None:
+            os.killpg(j.pid, signal.SIGKILL)
+
+
 def finish(job):
     out, _ = job.communicate(timeout=300)
     return out
@@ -267,9 +274,7 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
             out0 = finish(jobs[2])
         out = finish(jobs[1])
     finally:
-        for j in jobs:
-            if j.poll() is None:
-                os.killpg(j.pid, signal.SIGKILL)
+        kill_left(jobs)
     assert jobs[1].returncode == 0, out
     path, step, source, lost = resume_of(out)  # printed by the rank that sent it
     assert source == "peer" and os.path.basename(path).startswith("peer-0-"), out
@@ -334,9 +339,7 @@ def test_an_agent_killed_alone_leaves_its_generations_to_the_next_agent(ddprun, 
         out0 = finish(jobs[2])
         out1 = finish(jobs[1])
     finally:
-        for j in jobs:
-            if j.poll() is None:
-                os.killpg(j.pid, signal.SIGKILL)
+        kill_left(jobs)
     assert jobs[1].returncode == 0 and jobs[2].returncode == 0, out0 + out1
     assert "taken over" in out0, out0
     assert not os.path.exists(dead_dir), "the dead agent's directory stays behind"
@@ -380,9 +383,7 @@ def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, star
             os.killpg(j.pid, signal.SIGTERM)
         outs = [seen + j.communicate(timeout=60)[0] for j in jobs]
     finally:
-        for j in jobs:
-            if j.poll() is None:
-                os.killpg(j.pid, signal.SIGKILL)
+        kill_left(jobs)
     assert "a peer connection without the store's secret refused" in outs[1], outs[1]
 
 

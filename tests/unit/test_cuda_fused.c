@@ -685,8 +685,6 @@ static void fusion_case(unsigned flag, int n, int side, int c, int k, int size, 
         free(got_sums);
 }
 
-/* The statistics-only form, what the models run (each in a process of its own: the H100 run of
- * 2026-11-27 crashed, "double free or corruption", in the 1x1 case with scale and bias) */
 static void fusion_cases(unsigned flag, bool has_affine) {
     fusion_case(flag, 8, 16, 64, 64, 3, 1, has_affine);
     fusion_case(flag, 8, 16, 64, 128, 3, 2, has_affine);
@@ -694,6 +692,8 @@ static void fusion_cases(unsigned flag, bool has_affine) {
     fusion_case(flag, 32, 32, 64, 64, 3, 1, has_affine); /* a size where the times say something */
 }
 
+/* The statistics-only form, what the models run (each in a process of its own: the H100 run of
+ * 2026-11-27 crashed, "double free or corruption", in the 1x1 case with scale and bias) */
 Test(cuda_fused, conv_stats_fusion_in_fp16_matches_cpu, .timeout = 120) {
     SKIP_WITHOUT_GPU();
     fusion_cases(BACKEND_CUDA_FP16, false);
