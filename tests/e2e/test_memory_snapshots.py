@@ -34,7 +34,7 @@ augment = true
 lr = 0.05
 [train]
 batch_size = 16
-epochs = 2
+epochs = {epochs}
 log_interval = 4
 collective_timeout = 30
 [snapshot]
@@ -54,9 +54,9 @@ def state_hash(ddpworker, snap_dir):
     return fields["state hash"], int(fields["step"].split()[0])
 
 
-def write_conf(tmp_path, every):
+def write_conf(tmp_path, every, epochs=2):
     conf = tmp_path / "mem.conf"
-    conf.write_text(CONF.format(every=every))
+    conf.write_text(CONF.format(every=every, epochs=epochs))
     return str(conf)
 
 
@@ -138,6 +138,21 @@ def stop_with_two_generations(pid, mem_dir, timeout=30):
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.005)
     pytest.fail("never two sealed generations at once")
+
+
+def kill_node(job):
+    """SIGKILL to a job's agent and workers, back once none of them is left (a worker dying
+    meanwhile can still finish writing a snapshot file)."""
+    os.killpg(job.pid, signal.SIGKILL)
+    job.communicate()
+
+    def group_gone():
+        try:
+            os.killpg(job.pid, 0)
+            return False
+        except ProcessLookupError:
+            return True
+    assert wait_until(group_gone, timeout=30), "node's processes outlive SIGKILL"
 
 
 def kill_left(jobs):
@@ -241,7 +256,9 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
     (empty memory, empty disk) takes the lost one's place and rank 0, and rank 2 (node 1's local
     rank 0) sends it the state. The agents hold a shared secret (DDPRUN_STORE_SECRET), which
     their copies prove (the chaos suite runs without one)."""
-    conf = write_conf(tmp_path, 8)
+    # 8 epochs (512 steps): with 2 the whole job took 1.5 s on the idle VM and could end before
+    # node 0 was killed (no restart, nothing resumed)
+    conf = write_conf(tmp_path, 8, epochs=8)
     env = clean_env(DDPRUN_STORE_SECRET=SECRET)
     store = start_store()
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
@@ -260,8 +277,7 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
         peer_dir = memory_dir(jobs[1].pid)
         assert wait_until(lambda: glob.glob(f"{peer_dir}/peer-0-*.ddps"), timeout=30), \
             "no copy reached node 1"
-        os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0: its agent and its workers
-        jobs[0].communicate()
+        kill_node(jobs[0])  # node 0: its agent and its workers
         shutil.rmtree(memory_dir(jobs[0].pid))  # its memory (a new agent would take it over)
         shutil.rmtree(snaps[0])                 # and its disk
         metrics[0].unlink()
@@ -314,7 +330,9 @@ def test_an_agent_killed_alone_leaves_its_generations_to_the_next_agent(ddprun, 
     started again there with the same command line takes over the dead one's memory directory
     and the job resumes from rank 0's own generations, losing at most a step, although node 0's
     disk snapshots and node 1's copies of them are deleted."""
-    conf = write_conf(tmp_path, 8)
+    # 8 epochs (512 steps): with 2 the whole job took 1.5 s on the idle VM and could end before
+    # node 0 was killed (no restart, nothing resumed)
+    conf = write_conf(tmp_path, 8, epochs=8)
     store = start_store()
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
     snaps = [tmp_path / "snap0", tmp_path / "snap1"]
@@ -329,8 +347,7 @@ def test_an_agent_killed_alone_leaves_its_generations_to_the_next_agent(ddprun, 
         jobs = [start(0), start(1)]
         seen = read_until_step(jobs[0], 12)
         dead_dir = memory_dir(jobs[0].pid)
-        os.killpg(jobs[0].pid, signal.SIGKILL)  # node 0's agent and workers; its RAM stays
-        jobs[0].communicate()
+        kill_node(jobs[0])  # node 0's agent and workers; its RAM stays
         assert slot_steps(dead_dir), "no generation left behind"
         shutil.rmtree(snaps[0])
         for path in glob.glob(f"{memory_dir(jobs[1].pid)}/peer-0-*"):
