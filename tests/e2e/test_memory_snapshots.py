@@ -100,11 +100,13 @@ def memory_dir(agent_pid, base="/dev/shm"):
     return found[0]
 
 
-def slot_steps(mem_dir):
-    """{slot file: step} of the own slots whose header is sealed (magic, header checksum not
-    checked here: the worker does that)."""
+def slot_steps(mem_dir, names=("own-0.ddps", "own-1.ddps")):
+    """{slot file: step} of the slots (the own ones unless names) whose header is sealed (magic,
+    header checksum not checked here: the worker does that); a slot not there yet is left out."""
     steps = {}
-    for name in ("own-0.ddps", "own-1.ddps"):
+    for name in names:
+        if not os.path.exists(os.path.join(mem_dir, name)):
+            continue
         with open(os.path.join(mem_dir, name), "rb") as f:
             head = f.read(24)
         if head[:7] == b"DDPSNAP":
@@ -275,8 +277,10 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
         jobs = [start(0), start(1)]
         seen = read_until_step(jobs[0], 12)
         peer_dir = memory_dir(jobs[1].pid)
-        assert wait_until(lambda: glob.glob(f"{peer_dir}/peer-0-*.ddps"), timeout=30), \
-            "no copy reached node 1"
+        # node 1 holds a copy of step 11 or later (the copies follow the steps asynchronously)
+        peer_of_0 = ("peer-0-0.ddps", "peer-0-1.ddps")
+        assert wait_until(lambda: max(slot_steps(peer_dir, peer_of_0).values(), default=0) >= 11,
+                          timeout=30), "no copy of step 11 or later reached node 1"
         kill_node(jobs[0])  # node 0: its agent and its workers
         shutil.rmtree(memory_dir(jobs[0].pid))  # its memory (a new agent would take it over)
         shutil.rmtree(snaps[0])                 # and its disk
