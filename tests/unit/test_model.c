@@ -301,6 +301,47 @@ Test(model, vgg_init_follows_torchvision) {
     model_free(&m);
 }
 
+/* The initial values are each layer's stream drawn in order (Box-Muller from two draws per conv
+ * value, one uniform draw per linear value), however the draw is split across threads: ResNet-18's
+ * layers against a sequential draw here, at the CPUs this process may use. */
+Test(model, initial_values_are_each_layers_stream_in_order, .timeout = 60) {
+    model_t m;
+    char err[256];
+    uint64_t seed = 7;
+    cr_assert_eq(model_init(&m, backend, "resnet18", 16, 32, 32, 3, 10, 1, err, sizeof err), 0);
+    cr_assert_eq(model_init_params(&m, seed), 0);
+    int checked = 0;
+    for (int l = 0; l < m.n_layers; l++) {
+        const layer_t *ly = &m.layers[l];
+        const float *p = m.params + ly->param_offset;
+        uint64_t state = rng_key(seed, 0x6d6f64656cull /* "model" */, (uint64_t)l);
+        if (ly->kind == LAYER_CONV) {
+            const conv_shape_t *c = &ly->conv;
+            size_t n_w = (size_t)c->k * c->r * c->s * c->c;
+            double std = sqrt(2.0 / ((double)c->k * c->r * c->s));
+            for (size_t j = 0; j < n_w; j++) {
+                double u1 = ((double)(rng_next(&state) >> 11) + 1.0) / 9007199254740993.0;
+                double u2 = (double)(rng_next(&state) >> 11) / 9007199254740992.0;
+                float want = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+                cr_assert(memcmp(&want, &p[j], sizeof want) == 0, "%s value %zu: %.9g vs %.9g",
+                          ly->name, j, want, p[j]);
+            }
+            checked++;
+        } else if (ly->kind == LAYER_LINEAR) {
+            const tensor_t *x = &m.tensors[ly->in];
+            double bound = 1.0 / sqrt((double)x->h * x->w * x->c);
+            for (size_t j = 0; j < ly->n_params; j++) {
+                double u = (double)(rng_next(&state) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+                float want = (float)(u * bound);
+                cr_assert(memcmp(&want, &p[j], sizeof want) == 0, "%s value %zu", ly->name, j);
+            }
+            checked++;
+        }
+    }
+    cr_assert_eq(checked, 21, "20 convolutions and the classifier");
+    model_free(&m);
+}
+
 /* Dropout only in training, its masks a function of (seed, step, rank): the same step replays,
  * another step or rank draws another mask. */
 Test(model, dropout_masks_follow_seed_step_and_rank) {
