@@ -12,7 +12,6 @@
  * the store: c10d (elastic MIN:MAX, heartbeats) or static (node 0 hosts MASTER_ADDR:MASTER_PORT,
  * --node-rank orders the nodes). */
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,6 +33,7 @@
 #include "log.h"
 #include "options.h"
 #include "agent/port_holder.h"
+#include "agent/run_dir.h"
 #include "rdzv/rendezvous.h"
 #include "rdzv/rdzv_kv.h"
 #include "store/store_server.h"
@@ -68,6 +68,7 @@ typedef struct {
     char self_exe[PATH_MAX];
     char shim_exe[PATH_MAX]; /* ddprun-shim, else self_exe (`ddprun __shim`) */
     char run_dir[1200];
+    int run_dir_lock;           /* held while the agent lives (run_dir.h); -1 with --log-dir */
     char memory_dir[1200];      /* memory snapshots (memory_region), "" when none */
     memory_peer_t *memory_peer; /* their copies to and from other nodes, or NULL */
     char master_addr[256];
@@ -893,14 +894,13 @@ static int prepare_run_dir(agent_t *a) {
         return rc < 0 ? rc : fs_check_writable(a->run_dir);
     }
     const char *tmp = getenv("TMPDIR");
-    snprintf(a->run_dir, sizeof a->run_dir, "%s/ddprun-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp",
-             o->rdzv_id);
-    return mkdtemp(a->run_dir) ? 0 : -errno;
-}
-
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
-    (void)st, (void)type, (void)ftw;
-    return remove(path);
+    int swept = 0;
+    int rc = run_dir_create(tmp && *tmp ? tmp : "/tmp", o->rdzv_id, a->run_dir, sizeof a->run_dir,
+                            &a->run_dir_lock, &swept);
+    if (swept > 0)
+        LOG_INFO("removed %d run director%s of agents that were killed", swept,
+                 swept == 1 ? "y" : "ies");
+    return rc;
 }
 
 /* Host the store if this node owns the endpoint; another agent may already hold it. On etcd every
@@ -1040,6 +1040,7 @@ int agent_main(ddprun_opts_t *o) {
     static agent_t agent;
     agent_t *a = &agent;
     a->opts = o;
+    a->run_dir_lock = -1;
     /* libuv's pool (4 threads by default) runs every blocking step: the exit barrier, the restart
      * wait and the peers' liveness watch can all wait at once for a dead node, and the lease
      * refresh queued behind them let this agent's lease expire too. One node has no peers to wait
@@ -1138,7 +1139,6 @@ int agent_main(ddprun_opts_t *o) {
     rdzv_lease_free(a->lease);
     memory_region_remove(a->memory_dir);
     /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
-    if (a->exit_code == 0 && !o->log_dir[0])
-        nftw(a->run_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (!o->log_dir[0]) run_dir_release(a->run_dir, a->run_dir_lock, a->exit_code != 0);
     return a->exit_code;
 }

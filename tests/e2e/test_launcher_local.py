@@ -198,6 +198,33 @@ def test_agent_sigkill_leaves_no_worker_behind(ddprun, script, tmp_path):
         [p for p in pids if alive(p)]
 
 
+def test_a_killed_agents_run_directory_is_removed_by_the_next_agent(ddprun, script, tmp_path):
+    """Without --log-dir: a success removes its run directory, a failure keeps it (its error
+    files), and an agent killed with SIGKILL leaves one that the next agent removes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, OUT_DIR=str(tmp_path), TMPDIR=str(tmp))
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "1", script(SLEEPER)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: (tmp_path / "child0").exists())
+    proc.kill()
+    proc.wait()
+    killed = list(tmp.glob("ddprun-*"))
+    assert len(killed) == 1, killed
+    r = launch(ddprun, ["--standalone", "--nproc-per-node", "1", "--max-restarts", "0",
+                        script(ENV_DUMP)], tmp_path, env={"TMPDIR": str(tmp), "FAIL_RANK": "0"})
+    assert r.returncode == 3, r.stderr
+    assert "removed 1 run directory of agents that were killed" in r.stderr, r.stderr
+    assert not killed[0].exists()
+    failed = list(tmp.glob("ddprun-*"))
+    assert len(failed) == 1 and (failed[0] / "attempt_0").is_dir(), failed
+    r = launch(ddprun, ["--standalone", "--nproc-per-node", "1", script(ENV_DUMP)], tmp_path,
+               env={"TMPDIR": str(tmp)})
+    assert r.returncode == 0, r.stderr
+    assert "agents that were killed" not in r.stderr, r.stderr
+    assert list(tmp.glob("ddprun-*")) == failed, "the failed run's directory is kept"
+
+
 def test_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout(ddprun, script, tmp_path):
     proc = subprocess.Popen([ddprun, "--standalone", "--shutdown-timeout", "0.5",
                              script(STUBBORN)], env=dict(os.environ, OUT_DIR=str(tmp_path)),
