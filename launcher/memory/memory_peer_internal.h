@@ -15,6 +15,7 @@
 
 #define POLL_MS        10
 #define RETRY_MS       500
+#define CHALLENGE_MS   5000 /* a connected receiver's nonce (with a secret) is this late at most */
 #define FRAME_BYTES    40
 #define HEADER_CHECKED offsetof(snapshot_header_t, header_checksum)
 
@@ -70,6 +71,7 @@ struct memory_peer {
     uint8_t frame[FRAME_BYTES];
     uint8_t challenge[STORE_AUTH_NONCE_BYTES], challenge_buf[64];
     size_t challenge_got;
+    double challenge_by; /* when p->out's challenge is overdue */
     uint8_t proof[STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES];
     uv_write_t proof_req;
 };

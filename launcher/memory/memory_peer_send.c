@@ -76,6 +76,7 @@ static void on_connect(uv_connect_t *req, int status) {
     }
     if (p->secret.is_set) { /* connected once the receiver's challenge is answered */
         p->challenge_got = 0;
+        p->challenge_by = clock_now_s() + CHALLENGE_MS / 1000.0;
         if (uv_read_start((uv_stream_t *)p->out, challenge_alloc, challenge_read) < 0)
             memory_peer__drop_out(p);
         return;
@@ -212,7 +213,17 @@ void memory_peer__on_poll(uv_timer_t *t) {
     memory_peer_t *p = t->data;
     if (!p->has_next || p->is_reading || p->is_writing || p->is_connecting) return;
     if (!p->is_connected) {
-        if (clock_now_s() >= p->retry_at) start_connect(p);
+        /* p->out: the receiver's challenge is awaited on it (another connection would orphan it,
+         * and both nonces would arrive into one challenge) */
+        double now = clock_now_s();
+        if (!p->out && now >= p->retry_at) {
+            start_connect(p);
+        } else if (p->out && now >= p->challenge_by) {
+            LOG_WARN("memory snapshots: the next node's agent at %s:%u sent no challenge within "
+                     "%d s (reconnecting)",
+                     p->next_host, p->next_port, CHALLENGE_MS / 1000);
+            memory_peer__drop_out(p);
+        }
         return;
     }
     int64_t best = -1;

@@ -1,0 +1,134 @@
+/* Unit tests of launcher/memory/memory_peer's sending side against a receiver played by the test (a
+ * plain socket): with the agents' shared secret the sender waits on one connection for the
+ * receiver's nonce and answers it with its own and the MAC over both (docs/protocol.md); a
+ * receiver slow to send its nonce gets no second connection meanwhile (the 2026-11-27 "sent too
+ * much": a connection per 10 ms poll, each left open, both nonces read as one challenge), and one
+ * that never sends it is dropped after CHALLENGE_MS and connected to again. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "memory/memory_peer.h"
+#include "memory/memory_peer_internal.h"
+#include "store_auth.h"
+#include "temp_dir.h"
+
+#define SECRET "memory-peer-unit-test-secret"
+
+static char dir[256];
+static uv_loop_t loop;
+static ddprun_opts_t opts;
+static int receiver = -1;
+static uint16_t receiver_port;
+
+static void setup(void) {
+    temp_dir_make(dir, sizeof dir, "memory_peer");
+    setenv(STORE_SECRET_ENV, SECRET, 1);
+    cr_assert_eq(uv_loop_init(&loop), 0);
+    memset(&opts, 0, sizeof opts);
+    strcpy(opts.local_addr, "127.0.0.1");
+    /* the next node's receiver: a listener that accepts only when the test says so */
+    receiver = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    cr_assert_geq(receiver, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(receiver, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(receiver, 256), 0);
+    cr_assert_eq(getsockname(receiver, (struct sockaddr *)&sa, &len), 0);
+    receiver_port = ntohs(sa.sin_port);
+}
+
+static void teardown(void) {
+    if (receiver >= 0) close(receiver);
+    uv_loop_close(&loop);
+    temp_dir_remove(dir);
+}
+
+TestSuite(memory_peer, .init = setup, .fini = teardown, .timeout = 60);
+
+static void stop_loop(uv_timer_t *t) {
+    uv_stop(t->loop);
+}
+
+/* Run the agent's loop for ms milliseconds. */
+static void run_for(int ms) {
+    uv_timer_t t;
+    uv_timer_init(&loop, &t);
+    uv_timer_start(&t, stop_loop, (uint64_t)ms, 0);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&t, NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+/* The connections the sender made since the last call, accepted (at most n). */
+static int accept_all(int *fds, int n) {
+    int got = 0;
+    for (;;) {
+        int fd = accept4(receiver, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            cr_assert(errno == EAGAIN || errno == EWOULDBLOCK, "accept: %s", strerror(errno));
+            return got;
+        }
+        if (got < n)
+            fds[got++] = fd;
+        else
+            close(fd), got++;
+    }
+}
+
+static memory_peer_t *start_sender(void) {
+    memory_peer_t *p = NULL;
+    char err[512];
+    cr_assert_eq(memory_peer_start(&loop, &opts, dir, &p, err, sizeof err), 0, "%s", err);
+    memory_peer_round(p, 0, 0, 2, "127.0.0.1", receiver_port);
+    return p;
+}
+
+static void stop_sender(memory_peer_t *p) {
+    memory_peer_stop(p);
+    uv_run(&loop, UV_RUN_DEFAULT); /* until its handles closed and p is freed */
+}
+
+Test(memory_peer, a_slow_receiver_gets_one_connection_and_the_proof_of_its_nonce) {
+    memory_peer_t *p = start_sender();
+    run_for(400); /* 40 polls while the receiver has not sent its nonce */
+    int fds[64];
+    int n = accept_all(fds, 64);
+    cr_assert_eq(n, 1, "%d connections while the first waited for its challenge", n);
+    uint8_t nonce[STORE_AUTH_NONCE_BYTES], proof[STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES];
+    store_auth_random_nonce(nonce);
+    cr_assert_eq(write(fds[0], nonce, sizeof nonce), (ssize_t)sizeof nonce);
+    run_for(200);
+    cr_assert_eq(recv(fds[0], proof, sizeof proof, MSG_DONTWAIT), (ssize_t)sizeof proof);
+    store_secret_t secret;
+    char err[256];
+    cr_assert_eq(store_secret_from_env(&secret, err, sizeof err), 0, "%s", err);
+    uint8_t want[STORE_AUTH_MAC_BYTES];
+    store_auth_client_mac(&secret, nonce, proof, want);
+    cr_assert(store_auth_mac_equal(want, proof + STORE_AUTH_NONCE_BYTES), "the proof is not ours");
+    run_for(100);
+    cr_assert_eq(accept_all(fds + 1, 63), 0, "a connection after the proof");
+    close(fds[0]);
+    stop_sender(p);
+}
+
+Test(memory_peer, a_receiver_that_never_sends_its_nonce_is_left_for_a_new_connection) {
+    memory_peer_t *p = start_sender();
+    run_for(200);
+    int fds[64];
+    cr_assert_eq(accept_all(fds, 64), 1);
+    run_for(CHALLENGE_MS + RETRY_MS + 300);
+    uint8_t byte;
+    cr_assert_eq(recv(fds[0], &byte, 1, MSG_DONTWAIT), 0, "the first connection is still open");
+    int n = accept_all(fds + 1, 63);
+    cr_assert_eq(n, 1, "%d connections after the first was given up", n);
+    close(fds[0]), close(fds[1]);
+    stop_sender(p);
+}
