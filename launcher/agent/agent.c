@@ -277,14 +277,15 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
 /* ---- workers ------------------------------------------------------------------------------ */
 
 static void on_worker_exit(workers_t *w, const worker_result_t *r, void *arg) {
-    (void)w;
+    agent_t *a = arg;
+    if (w != a->workers) return; /* a previous round's worker, given up on when it was stopped */
     agent_sm_event_t ev = {.kind = AGENT_EV_WORKER_EXITED,
                            .exit = {.rank = r->rank,
                                     .local_rank = r->local_rank,
                                     .pid = r->pid,
                                     .exit_status = r->exit_status,
                                     .term_signal = r->term_signal}};
-    dispatch(arg, &ev);
+    dispatch(a, &ev);
 }
 
 static void on_workers_done(workers_t *w, void *arg) {
@@ -383,9 +384,10 @@ static void report_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->report.job.is_busy = false;
-    if (a->sm.state == AGENT_SM_DONE) close_idle_clients(a);
+    /* said before the clients close: leaving (DONE) destroys the one that failed */
     if (a->report.job.rc < 0)
         LOG_ERROR("cannot tell the other agents to restart: %s", a->ops->ops->error(a->ops));
+    if (a->sm.state == AGENT_SM_DONE) close_idle_clients(a);
     post(a, AGENT_EV_REPORT_DONE);
 }
 

@@ -213,11 +213,14 @@ static void learn_program_pid(worker_t *w) {
 }
 
 static void worker_exited(worker_t *w, int64_t exit_status, int term_signal) {
-    uv_timer_start(&w->set->drain_timer, on_drain_timer, DRAIN_AFTER_EXIT_MS, 0);
     /* What the worker left behind in its process group (its own children) goes with it. */
     kill(-w->group_pid, SIGKILL);
-    learn_program_pid(w);
     w->result.has_exited = true;
+    /* a worker given up on (on_give_up) that dies after its set was destroyed, during a later
+     * round: nobody is told, its timers are closed */
+    if (!w->set->is_timer_open) return;
+    uv_timer_start(&w->set->drain_timer, on_drain_timer, DRAIN_AFTER_EXIT_MS, 0);
+    learn_program_pid(w);
     w->result.exit_status = (int)exit_status;
     w->result.term_signal = term_signal;
     w->set->on_exit(w->set, &w->result, w->set->arg);
