@@ -10,6 +10,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +50,19 @@ int64_t memory_peer__file_step(const char *path) {
     ssize_t n = pread(fd, &h, sizeof h, 0);
     close(fd);
     return n == (ssize_t)sizeof h ? memory_peer__header_step(&h) : -1;
+}
+
+void memory_peer__keep_alive(uv_tcp_t *t) {
+    enum { IDLE_S = 10, INTERVAL_S = 5, PROBES = 3, UNACKED_MS = 30000 };
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)t, &fd) < 0) return;
+    int on = 1, idle = IDLE_S, interval = INTERVAL_S, probes = PROBES;
+    unsigned unacked = UNACKED_MS;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked, sizeof unacked);
 }
 
 /* ---- the successor ---- */

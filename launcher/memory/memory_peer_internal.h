@@ -16,6 +16,7 @@
 #define POLL_MS        10
 #define RETRY_MS       500
 #define CHALLENGE_MS   5000 /* a connected receiver's nonce (with a secret) is this late at most */
+#define PROOF_MS       5000 /* and a connected sender's proof */
 #define FRAME_BYTES    40
 #define HEADER_CHECKED offsetof(snapshot_header_t, header_checksum)
 
@@ -29,6 +30,7 @@ struct conn {
     uint8_t nonce[STORE_AUTH_NONCE_BYTES];
     uint8_t proof[STORE_AUTH_NONCE_BYTES + STORE_AUTH_MAC_BYTES];
     size_t proof_got;
+    double proof_by; /* when the proof is overdue (the connection then goes) */
     uv_write_t nonce_req;
     uint8_t frame[FRAME_BYTES];
     size_t frame_got;
@@ -85,6 +87,12 @@ int64_t memory_peer__file_step(const char *path);
  * short stays invalid). */
 void memory_peer__on_connection(uv_stream_t *server, int status);
 void memory_peer__conn_close(conn_t *c);
+/* Close the connections whose sender has not proven the secret in time (the poll's). */
+void memory_peer__drop_unproven(memory_peer_t *p);
+/* Keepalive probes and a bound on unacknowledged data for a connection of either side: a peer
+ * whose host vanished (no FIN, no RST) closes it within about half a minute instead of holding
+ * its descriptor, buffer and mapped slot for good. */
+void memory_peer__keep_alive(uv_tcp_t *t);
 /* Sending (memory_peer_send.c): drop the connection to the next node (retried after RETRY_MS);
  * the poll timer's callback, which sends the newest sealed generation not sent yet. */
 void memory_peer__drop_out(memory_peer_t *p);

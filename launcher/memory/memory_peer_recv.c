@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "memory/memory_peer_internal.h"
+#include "clock.h"
 #include "log.h"
 
 static void conn_closed(uv_handle_t *h) {
@@ -170,6 +171,17 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     }
 }
 
+void memory_peer__drop_unproven(memory_peer_t *p) {
+    double now = clock_now_s();
+    for (conn_t *c = p->conns; c; c = c->next)
+        if (!c->is_authed && now >= c->proof_by && !uv_is_closing((uv_handle_t *)&c->tcp)) {
+            LOG_WARN("memory snapshots: a peer connection sent no proof of the store's secret "
+                     "within %d s: closed",
+                     PROOF_MS / 1000);
+            memory_peer__conn_close(c);
+        }
+}
+
 void memory_peer__on_connection(uv_stream_t *server, int status) {
     memory_peer_t *p = server->data;
     if (status < 0 || p->is_stopping) return;
@@ -187,7 +199,9 @@ void memory_peer__on_connection(uv_stream_t *server, int status) {
         memory_peer__conn_close(c);
         return;
     }
+    memory_peer__keep_alive(&c->tcp);
     if (!c->is_authed) { /* the challenge: a fresh nonce the sender's MAC must cover */
+        c->proof_by = clock_now_s() + PROOF_MS / 1000.0;
         store_auth_random_nonce(c->nonce);
         uv_buf_t nb = uv_buf_init((char *)c->nonce, sizeof c->nonce);
         if (uv_write(&c->nonce_req, (uv_stream_t *)&c->tcp, &nb, 1, NULL) < 0) {

@@ -74,6 +74,7 @@ static void on_connect(uv_connect_t *req, int status) {
             uv_close((uv_handle_t *)req->handle, out_closed);
         return;
     }
+    memory_peer__keep_alive(p->out);
     if (p->secret.is_set) { /* connected once the receiver's challenge is answered */
         p->challenge_got = 0;
         p->challenge_by = clock_now_s() + CHALLENGE_MS / 1000.0;
@@ -211,6 +212,7 @@ static void after_read(uv_work_t *req, int status) {
 
 void memory_peer__on_poll(uv_timer_t *t) {
     memory_peer_t *p = t->data;
+    memory_peer__drop_unproven(p);
     if (!p->has_next || p->is_reading || p->is_writing || p->is_connecting) return;
     if (!p->is_connected) {
         /* p->out: the receiver's challenge is awaited on it (another connection would orphan it,

@@ -1,9 +1,10 @@
-/* Unit tests of launcher/memory/memory_peer's sending side against a receiver played by the test (a
+/* Unit tests of launcher/memory/memory_peer against the other side played by the test (a
  * plain socket): with the agents' shared secret the sender waits on one connection for the
  * receiver's nonce and answers it with its own and the MAC over both (docs/protocol.md); a
  * receiver slow to send its nonce gets no second connection meanwhile (the 2026-11-27 "sent too
  * much": a connection per 10 ms poll, each left open, both nonces read as one challenge), and one
- * that never sends it is dropped after CHALLENGE_MS and connected to again. */
+ * that never sends it is dropped after CHALLENGE_MS and connected to again; on the receiving side
+ * a connection that never proves the secret is closed after PROOF_MS. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -130,5 +131,30 @@ Test(memory_peer, a_receiver_that_never_sends_its_nonce_is_left_for_a_new_connec
     int n = accept_all(fds + 1, 63);
     cr_assert_eq(n, 1, "%d connections after the first was given up", n);
     close(fds[0]), close(fds[1]);
+    stop_sender(p);
+}
+
+/* The receiving side: a connection that takes the nonce and never proves the secret is closed
+ * after PROOF_MS (it would hold a descriptor and a 64 KiB buffer for good). */
+Test(memory_peer, a_sender_that_never_proves_the_secret_is_closed) {
+    memory_peer_t *p = start_sender();
+    const char *host;
+    uint16_t port;
+    memory_peer_address(p, &host, &port);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+    run_for(200);
+    uint8_t nonce[STORE_AUTH_NONCE_BYTES + 1];
+    cr_assert_eq(recv(fd, nonce, sizeof nonce, MSG_DONTWAIT), STORE_AUTH_NONCE_BYTES);
+    run_for(PROOF_MS - 1000);
+    cr_assert_eq(recv(fd, nonce, 1, MSG_DONTWAIT), -1, "closed before its time");
+    run_for(1300);
+    cr_assert_eq(recv(fd, nonce, 1, MSG_DONTWAIT), 0, "still open after %d ms", PROOF_MS + 500);
+    close(fd);
+    int fds[64];
+    for (int i = 0, n = accept_all(fds, 64); i < n && i < 64; i++)
+        close(fds[i]);
     stop_sender(p);
 }
