@@ -97,7 +97,12 @@ static int send_all(store_client_t *c, const void *p, size_t n) {
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             int rc = wait_fd(c, POLLOUT);
-            if (rc < 0) return fail(c, rc, "sending: %s", ddp_strerror(rc));
+            if (rc < 0) {
+                /* part of the frame may be out: the next request on this connection would be
+                 * read as its rest */
+                disconnect(c);
+                return fail(c, rc, "sending: %s", ddp_strerror(rc));
+            }
             continue;
         }
         int e = errno;

@@ -561,7 +561,11 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
         if (c->user && !c->token[0] &&
             (rc = authenticate(c, c->urls[c->current], (int64_t)(deadline - now))) < 0) {
             if (rc == DDP_EAUTH || rc == DDP_ECLOSED) break;
+            /* no member takes a login now (all restarting: their tokens were lost with them):
+             * the next one after a pause, not a spin of refused connections until the deadline */
             c->current = (c->current + 1) % c->n_urls;
+            struct timespec ts = {0, RETRY_PAUSE_MS * 1000000L};
+            nanosleep(&ts, NULL);
             continue;
         }
         cJSON *body = cJSON_CreateObject(), *create = cJSON_CreateObject();
@@ -579,7 +583,11 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
         answer_t a = post_once(c, c->urls[c->current], "/v3/watch", text, left, on_watch_chunk, &w);
         cJSON_free(text);
         rc = a.rc;
-        etcd_watch_stream_end(&w);
+        if (rc == 0)
+            etcd_watch_stream_end(&w);
+        else /* a line cut by the slice's end or the transport: its events come again from
+              * next_revision, not as an unreadable message that would fail the watch */
+            w.len = 0;
         if (w.is_done) {
             rc = 0;
             break;

@@ -813,7 +813,10 @@ static int kv_expire_prefix(rdzv_kv_t *kv, const char *prefix, int64_t ttl_s) {
 }
 
 static void kv_interrupt(rdzv_kv_t *kv) {
-    etcd_interrupt(self(kv)->c);
+    /* the loop's thread, while rdzv_kv_etcd_connect may still be making the client on the pool's:
+     * none yet, nothing to interrupt (the connect is bounded by its own timeouts) */
+    etcd_t *c = __atomic_load_n(&self(kv)->c, __ATOMIC_ACQUIRE);
+    if (c) etcd_interrupt(c);
 }
 
 static const char *kv_error(const rdzv_kv_t *kv) {
@@ -867,7 +870,9 @@ int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t co
                       .op_timeout_ms = op_timeout_ms,
                       /* a frozen member must leave time for the others within a lease TTL */
                       .try_timeout_ms = (int64_t)(o->lease_ttl_s * 1000 / 3)};
-    int rc = etcd_create(&eo, &e->c);
+    etcd_t *c = NULL;
+    int rc = etcd_create(&eo, &c);
+    __atomic_store_n(&e->c, c, __ATOMIC_RELEASE); /* whole before kv_interrupt may use it */
     if (rc < 0) return failed(e, rc);
     /* reach the cluster now, so that a wrong endpoint or password says so at once */
     etcd_value_t v;
