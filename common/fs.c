@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,16 @@ int fs_mkdir_p(const char *path) {
     struct stat st; /* EEXIST says nothing about what exists */
     if (stat(buf, &st) < 0) return -errno;
     return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)type, (void)ftw;
+    remove(path);
+    return 0; /* best effort: the rest still goes */
+}
+
+void fs_remove_tree(const char *path) {
+    if (path && path[0]) nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 int fs_check_writable(const char *dir) {

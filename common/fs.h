@@ -7,6 +7,9 @@
 /* mkdir -p: create path and its missing parents (mode 0755). Returns 0 (also when it exists as a
  * directory), or -errno (-ENOTDIR when it or a parent is not a directory, -ENAMETOOLONG). */
 int fs_mkdir_p(const char *path);
+/* rm -rf path without following links, best effort (what cannot be removed stays); "" or NULL:
+ * nothing. */
+void fs_remove_tree(const char *path);
 /* Whether this process can create files in dir: creates and removes a probe file. Returns 0 or
  * -errno (dir missing, read-only, full, permissions). */
 int fs_check_writable(const char *dir);

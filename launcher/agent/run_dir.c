@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,17 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fs.h"
+
 #define PREFIX "ddprun-"
-
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
-    (void)st, (void)type, (void)ftw;
-    remove(path);
-    return 0; /* best effort: the rest still goes */
-}
-
-static void remove_tree(const char *dir) {
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 /* The lock is taken on a file of another name and renamed into place, so that another agent's
  * sweep never finds an unlocked LOCK file in a directory being made. */
@@ -53,7 +44,7 @@ static bool sweep_one(const char *base, const char *name, uid_t me) {
     int fd = open(lock, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return false; /* a failed run's kept directory, or not an agent's */
     bool is_dead = flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (is_dead) remove_tree(path);
+    if (is_dead) fs_remove_tree(path);
     close(fd);
     return is_dead;
 }
@@ -83,7 +74,7 @@ int run_dir_create(const char *base, const char *rdzv_id, char *dir, size_t dir_
     if (!mkdtemp(dir)) return -errno;
     int rc = hold_lock(dir, lock_fd);
     if (rc < 0) {
-        remove_tree(dir);
+        fs_remove_tree(dir);
         return rc;
     }
     *swept = sweep(base, dir);
@@ -96,7 +87,7 @@ void run_dir_release(const char *dir, int lock_fd, bool keep) {
         snprintf(lock, sizeof lock, "%s/" RUN_DIR_LOCK, dir);
         unlink(lock);
     } else {
-        remove_tree(dir);
+        fs_remove_tree(dir);
     }
     if (lock_fd >= 0) close(lock_fd);
 }

@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,20 +12,13 @@
 #include <unistd.h>
 
 #include "ddp_error.h"
+#include "fs.h"
 
 #define PREFIX   "ddprun-mem-"
 #define JOB_FILE "job"
 
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
 void memory_region_remove(const char *dir) {
-    if (dir && dir[0]) nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    fs_remove_tree(dir);
 }
 
 static const char *base_dir(void) {
