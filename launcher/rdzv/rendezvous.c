@@ -10,8 +10,12 @@
 
 #include <cJSON.h>
 
+#include "clock.h"
 #include "ddp_error.h"
 #include "rdzv/liveness.h"
+
+/* The shortest slice of the wait for a round to close between looks at its ticket count. */
+#define CLOSE_CHECK_MS 2000
 
 static void key(const rdzv_t *r, char *out, size_t len, int round, const char *what) {
     if (round < 0)
@@ -52,14 +56,47 @@ void rdzv_set_own_peer(rdzv_t *r, const char *host, uint16_t port) {
     r->own_peer_port = port;
 }
 
-/* etcd: waits until each of keys (owed by the round's members join_index[i]) is there, or one of
- * them has lost its lease (DDP_ELOST, err names it): a member that died after its join's ADD
- * never writes them, and waiting out the join's whole bound for it would wedge the round. A
- * member's node record r<R>/node/<i> is its lease-bound key: it lives while the member does. */
+/* The store (no leases): keys owed by members join_index[i], none of which may be more than
+ * grace_ms late. A key still missing then is its member's that died (DDP_ELOST, err names it). */
+static int wait_owed_on_store(rdzv_kv_t *c, int round, const char *const *keys,
+                              const int *join_index, int n, int64_t grace_ms, char *err,
+                              size_t err_len) {
+    int rc = c->ops->wait(c, keys, (size_t)n, grace_ms);
+    if (rc != DDP_ETIMEOUT) return rc;
+    uint8_t **vals = calloc((size_t)n, sizeof *vals);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    rc = vals && lens ? c->ops->multi_get(c, keys, (size_t)n, vals, lens) : -ENOMEM;
+    int lost = -1;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        if (lens[i] == 0 && lost < 0) lost = i; /* records are never empty: a missing key */
+        free(vals[i]);
+    }
+    free(vals);
+    free(lens);
+    if (rc < 0 || lost < 0) return rc; /* 0: the last of them came meanwhile */
+    snprintf(err, err_len,
+             "round %d: the node that joined it as #%d wrote no %s within %g s "
+             "(heartbeat_timeout: it died while it joined): ending the round",
+             round, join_index[lost], keys[lost], (double)grace_ms / 1000);
+    return DDP_ELOST;
+}
+
+/* Waits until each of keys (owed by the round's members join_index[i]) is there, or one of them
+ * is lost (DDP_ELOST, err names it): a member that died after its join's ADD never writes them,
+ * and waiting out the join's whole bound for it would wedge the round. etcd: a member's node
+ * record r<R>/node/<i> is its lease-bound key: it lives while the member does. The store: a key
+ * more than `hops` heartbeat_timeouts late (a node record is written right after the ticket; a
+ * rank record once its publisher has every node record, for which it waits one such bound). */
 static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys,
-                     const int *join_index, int n, char *err, size_t err_len) {
-    if (!c->ops->wait_live) return c->ops->wait(c, keys, (size_t)n, -1);
+                     const int *join_index, int n, int hops, char *err, size_t err_len) {
     const ddprun_opts_t *o = r->opts;
+    if (!c->ops->wait_live) {
+        int64_t grace_ms = (int64_t)(hops * o->heartbeat_timeout_s * 1000),
+                bound_ms = (int64_t)((o->join_timeout_s + o->read_timeout_s) * 1000);
+        return wait_owed_on_store(c, round, keys, join_index, n,
+                                  grace_ms > 0 && grace_ms < bound_ms ? grace_ms : bound_ms, err,
+                                  err_len);
+    }
     char(*names)[256] = calloc((size_t)n, sizeof *names);
     const char **alive = calloc((size_t)n, sizeof *alive);
     int rc = names && alive ? 0 : -ENOMEM, lost = -1;
@@ -130,7 +167,7 @@ static int read_records(rdzv_t *r, rdzv_kv_t *c, int round, int n, uint8_t ***va
     if (rc == 0 && !join_index) rc = -ENOMEM;
     for (int i = 0; rc == 0 && i < n; i++)
         join_index[i] = i;
-    if (rc == 0) rc = wait_owed(r, c, round, keys, join_index, n, err, err_len);
+    if (rc == 0) rc = wait_owed(r, c, round, keys, join_index, n, 1, err, err_len);
     free(join_index);
     if (rc == 0) rc = c->ops->multi_get(c, keys, (size_t)n, vals, lens);
     free(names);
@@ -248,7 +285,7 @@ static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, int64
     /* the last member writes the ranks once it read closed */
     if (c->ops->expect_absent) c->ops->expect_absent(c, k, closed_revision);
     const char *keys[] = {k};
-    int publisher = n - 1, rc = wait_owed(r, c, round, keys, &publisher, 1, err, err_len);
+    int publisher = n - 1, rc = wait_owed(r, c, round, keys, &publisher, 1, 2, err, err_len);
     if (rc < 0) {
         if (rc != DDP_ELOST)
             snprintf(err, err_len, "rendezvous round %d: %s", round, c->ops->error(c));
@@ -269,6 +306,49 @@ static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, int64
         return DDP_EPROTO;
     }
     return 0;
+}
+
+/* Compare-set closed to n members (the first such write wins; every member reads that one). */
+static int close_round(rdzv_kv_t *c, const char *closed_key, int64_t n) {
+    char count[24];
+    snprintf(count, sizeof count, "%lld", (long long)n);
+    uint8_t *cur;
+    size_t cur_n;
+    int rc = c->ops->compare_set(c, closed_key, "", 0, count, strlen(count), &cur, &cur_n);
+    if (rc == 0) free(cur);
+    return rc;
+}
+
+/* Wait for the round to close, within join_timeout. The joiner whose ticket reaches MIN or MAX
+ * closes it; one that died right after its ticket never does, so every waiting member looks at
+ * the count between slices of at least a last call and closes the round itself at MAX, or at MIN
+ * and more once no ticket came for a whole slice (a last call without the dead closer). The
+ * round then holds a dead member, whose missing node record ends it (wait_owed): never a wait
+ * for join_timeout. *joined: the count last seen. */
+static int wait_closed(rdzv_t *r, rdzv_kv_t *c, const char *tickets_key, const char *closed_key,
+                       int64_t *joined) {
+    const ddprun_opts_t *o = r->opts;
+    const char *keys[] = {closed_key};
+    int64_t slice_ms = (int64_t)(o->last_call_timeout_s * 1000);
+    if (slice_ms < CLOSE_CHECK_MS) slice_ms = CLOSE_CHECK_MS;
+    uint64_t deadline_ms = clock_now_ms() + (uint64_t)(o->join_timeout_s * 1000);
+    int64_t seen = *joined;
+    for (;;) {
+        uint64_t now_ms = clock_now_ms();
+        if (now_ms >= deadline_ms) return DDP_ETIMEOUT;
+        int64_t left_ms = (int64_t)(deadline_ms - now_ms);
+        int rc = c->ops->wait(c, keys, 1, left_ms < slice_ms ? left_ms : slice_ms);
+        if (rc != DDP_ETIMEOUT) return rc;
+        int64_t count;
+        if ((rc = c->ops->count_tickets(c, tickets_key, &count)) < 0) return rc;
+        *joined = count;
+        bool is_full = count >= (int64_t)o->max_nodes,
+             is_quiet = count >= (int64_t)o->min_nodes && count == seen;
+        seen = count;
+        if ((is_full || is_quiet) &&
+            (rc = close_round(c, closed_key, is_full ? (int64_t)o->max_nodes : count)) < 0)
+            return rc;
+    }
 }
 
 int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err, size_t err_len) {
@@ -306,17 +386,11 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         is_closed = rc == 0;
         if (!is_closed && (rc = c->ops->count_tickets(c, k, &joined)) < 0) goto fail;
     }
-    if (joined >= (int64_t)o->min_nodes && !is_closed) { /* at MAX at once, at MIN after the call */
-        char count[16];
-        int n = (int)(joined < (int64_t)o->max_nodes ? joined : (int64_t)o->max_nodes);
-        snprintf(count, sizeof count, "%d", n);
-        uint8_t *cur;
-        size_t cur_n;
-        rc = c->ops->compare_set(c, closed_key, "", 0, count, strlen(count), &cur, &cur_n);
-        if (rc < 0) goto fail;
-        free(cur);
-    }
-    rc = c->ops->wait(c, keys, 1, (int64_t)(o->join_timeout_s * 1000));
+    if (joined >= (int64_t)o->min_nodes && !is_closed && /* at MAX at once, at MIN after the call */
+        (rc = close_round(c, closed_key,
+                          joined < (int64_t)o->max_nodes ? joined : (int64_t)o->max_nodes)) < 0)
+        goto fail;
+    rc = wait_closed(r, c, k, closed_key, &joined);
     if (rc == DDP_ETIMEOUT) {
         snprintf(err, err_len,
                  "round %d did not gather --nnodes %u:%u within join_timeout=%gs "
