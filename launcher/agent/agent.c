@@ -537,7 +537,9 @@ static void hb_after_cb(uv_work_t *req, int status) {
         b->is_lease_lost_said |= b->job.rc == DDP_ELEASE;
         return;
     }
-    if (!agent_sm_is_beating(&a->sm, b->job.round.round)) return; /* that round is over */
+    bool is_judging = agent_sm_is_beating(&a->sm, b->job.round.round);
+    if (!is_judging && !agent_sm_needs_store(&a->sm, b->job.round.round))
+        return; /* that round is over */
     uint64_t now = clock_now_ms();
     uint64_t limit_ms = (uint64_t)(beat_limit_s(a) * 1000);
     if (b->job.rc == DDP_ELEASE) {
@@ -556,11 +558,14 @@ static void hb_after_cb(uv_work_t *req, int status) {
         else
             LOG_ERROR("the job's store at %s:%u took no heartbeat for %g s: leaving the job",
                       a->opts->rdzv_host, a->opts->rdzv_port, a->opts->heartbeat_timeout_s);
+        /* a restart report in flight to that store would wait out its operation bound */
+        if (a->report.job.is_busy && a->ops) a->ops->ops->interrupt(a->ops);
         post(a, AGENT_EV_STORE_SILENT);
         return;
     }
     b->ok_ms = now;
     b->n_failed = 0;
+    if (!is_judging) return; /* a failure here: the store, not the peers, is what it waits on */
     const rdzv_result_t *round = &a->sm.round;
     if (a->is_etcd && round->is_member) return; /* peers: their leases (liveness_after_cb) */
     int lost =

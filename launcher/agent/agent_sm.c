@@ -441,10 +441,14 @@ void agent_sm_init(agent_sm_t *sm, const agent_sm_config_t *cfg) {
     sm->state = AGENT_SM_IDLE;
 }
 
-bool agent_sm_is_beating(const agent_sm_t *sm, int round) {
+bool agent_sm_needs_store(const agent_sm_t *sm, int round) {
     return sm->state != AGENT_SM_DONE && sm->state != AGENT_SM_JOINING &&
            (sm->round.is_member || (sm->state == AGENT_SM_SPARE && sm->is_judging_members)) &&
-           !sm->has_restart && !sm->has_failure && !sm->stop_signal && round == sm->round.round;
+           !sm->has_restart && !sm->stop_signal && round == sm->round.round;
+}
+
+bool agent_sm_is_beating(const agent_sm_t *sm, int round) {
+    return agent_sm_needs_store(sm, round) && !sm->has_failure;
 }
 
 /* A node that vanished shows up first as its peers' workers failing ("peer failure"); once the

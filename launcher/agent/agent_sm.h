@@ -162,6 +162,11 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
  * its exit barrier, or a spare that waits for the round's end (it reads the members' heartbeats
  * without beating: a closed round whose members all died ends only through a spare). */
 bool agent_sm_is_beating(const agent_sm_t *sm, int round);
+/* Whether the store's silence, seen by a heartbeat taken for `round`, is still to be judged
+ * (STORE_SILENT): as agent_sm_is_beating, and also after a local failure, when the agent waits on
+ * the store for the round's end (a store whose host vanished without a FIN would otherwise keep
+ * it waiting forever). */
+bool agent_sm_needs_store(const agent_sm_t *sm, int round);
 /* Whether a join's result shows that the last restart was a lost node: a 'peer failure' whose
  * next round has a node fewer. Pure; agent.c calls it on the join thread, where node 0 then
  * gives the restart back in the store. */

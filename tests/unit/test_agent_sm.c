@@ -609,6 +609,26 @@ Test(agent_sm_heartbeats, silent_store_leaves_the_job) {
     expect_exit(DDP_EXIT_PEER_FAILURE);
 }
 
+/* After a local failure the agent waits on the store for the round's end: the heartbeats no
+ * longer judge the peers, but a silent store still ends the wait (a store host that vanished
+ * without a FIN leaves the restart watch reconnecting forever). */
+Test(agent_sm_heartbeats, silent_store_after_a_local_failure_leaves_the_job) {
+    setup(true, 3, 2);
+    start_several(1, 2);
+    worker_exits(3, 1, 0);
+    expect(AGENT_ACT_SAY, AGENT_ACT_STOP_WORKERS, AGENT_ACT_REPORT, END);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    expect(END);
+    cr_assert_not(agent_sm_is_beating(&sm, 0));
+    cr_assert(agent_sm_needs_store(&sm, 0), "waiting on the store for the key");
+    cr_assert_not(agent_sm_needs_store(&sm, 1), "another round's beat");
+    EV(.kind = AGENT_EV_STORE_SILENT);
+    cr_assert_not(agent_sm_needs_store(&sm, 0));
+    EV(.kind = AGENT_EV_REPORT_DONE); /* the report in flight fails too, in its time */
+    cr_assert(said("exit 75 is not retried"));
+    expect_exit(DDP_EXIT_PEER_FAILURE);
+}
+
 Test(agent_sm_heartbeats, watch_that_loses_the_store) {
     setup(true, 3, 2);
     start_several(1, 2);
