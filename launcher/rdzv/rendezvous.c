@@ -563,24 +563,40 @@ static int count_done(rdzv_t *r, rdzv_kv_t *c, int round, int n, char *all, size
     return 0;
 }
 
-int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms) {
+/* Whether this caller is the one to count `member` done: the first to mark r<R>/done_lost/<member>
+ * (with `who`: the member itself, "self", or a judge's number), so that a member is counted once,
+ * by itself or by however many judged it lost, in whichever order (a member killed after its own
+ * count would otherwise be counted again, and the barrier end while another still runs). */
+static int claim_count(rdzv_t *r, rdzv_kv_t *c, int round, int member, const char *who,
+                       bool *is_mine) {
+    char k[256], what[32];
+    snprintf(what, sizeof what, "done_lost/%d", member);
+    key(r, k, sizeof k, round, what);
+    size_t m = strlen(who), cur_n;
+    uint8_t *cur;
+    TRY(c->ops->compare_set(c, k, "", 0, who, m, &cur, &cur_n));
+    *is_mine = cur_n == m && memcmp(cur, who, m) == 0;
+    free(cur);
+    return 0;
+}
+
+int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int64_t timeout_ms) {
     char all[256];
-    TRY(count_done(r, c, round, n, all, sizeof all));
+    bool is_mine;
+    TRY(claim_count(r, c, round, member, "self", &is_mine));
+    if (is_mine)
+        TRY(count_done(r, c, round, n, all, sizeof all));
+    else /* judged lost (silent a while) and counted already */
+        key(r, all, sizeof all, round, "all_done");
     const char *keys[] = {all};
     return c->ops->wait(c, keys, 1, timeout_ms);
 }
 
 int rdzv_finish_lost(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int judge) {
-    char k[256], all[256], what[32], me[16];
-    snprintf(what, sizeof what, "done_lost/%d", member);
-    key(r, k, sizeof k, round, what);
-    int m = snprintf(me, sizeof me, "%d", judge);
-    uint8_t *cur;
-    size_t cur_n;
-    /* one judge counts the lost member, however many judged it lost */
-    TRY(c->ops->compare_set(c, k, "", 0, me, (size_t)m, &cur, &cur_n));
-    bool is_mine = cur_n == (size_t)m && memcmp(cur, me, (size_t)m) == 0;
-    free(cur);
+    char all[256], me[16];
+    snprintf(me, sizeof me, "%d", judge);
+    bool is_mine;
+    TRY(claim_count(r, c, round, member, me, &is_mine));
     if (!is_mine) return 0;
     TRY(count_done(r, c, round, n, all, sizeof all));
     return 1;

@@ -86,13 +86,15 @@ int rdzv_retire(rdzv_t *r, rdzv_kv_t *c, int world_size);
  * or timeout_ms passes (DDP_ETIMEOUT). */
 int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,
                           int *join_index);
-/* Exit barrier: count this agent done and wait until all n members are (so the store host does
- * not leave while others still need the store). */
-int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int64_t timeout_ms);
+/* Exit barrier: count this agent (group rank `member`) done, unless a judge already counted it
+ * lost, and wait until all n members are (so the store host does not leave while others still
+ * need the store). */
+int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int64_t timeout_ms);
 /* Exit barrier: count `member`, judged lost by `judge` (this agent's member number, so that two
  * judges are told apart), done on its behalf: a member that will never count itself must not
- * hold the others until the barrier's timeout. Counted once however many judge it lost (the
- * first judge's mark r<R>/done_lost/<member>); 1 when this judge counted it, 0 when another had. */
+ * hold the others until the barrier's timeout. Counted once however many judge it lost, and not
+ * when it counted itself (the first mark r<R>/done_lost/<member>, the member's own or a judge's);
+ * 1 when this judge counted it, 0 when it was counted already. */
 int rdzv_finish_lost(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int judge);
 
 #endif

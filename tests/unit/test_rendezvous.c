@@ -456,7 +456,8 @@ Test(rendezvous, each_member_learns_the_next_nodes_memory_snapshot_listener) {
 
 static void *finish_main(void *arg) {
     agent_t *a = arg;
-    a->rc = rdzv_finish(&a->r, a->kv, a->out.round, a->out.group_world_size, 20000);
+    a->rc =
+        rdzv_finish(&a->r, a->kv, a->out.round, a->out.group_world_size, a->out.group_rank, 20000);
     return NULL;
 }
 
@@ -496,6 +497,39 @@ Test(rendezvous, a_member_lost_before_the_exit_barrier_is_counted_done_once) {
         rdzv_kv_destroy(side[i]);
         agent_dies(done[i]);
     }
+    server_stop(&srv);
+}
+
+/* A member that counted itself done and is then judged lost (killed in the barrier) is not
+ * counted again: the barrier still waits for the member that has not finished. */
+Test(rendezvous, a_member_lost_after_its_own_count_is_not_counted_twice) {
+    server_t srv;
+    agent_t m[3];
+    start_three(&srv, m);
+    join_together(m, 3);
+    agent_t *by_rank[3];
+    joined_by_rank(m, by_rank);
+    pthread_t t;
+    by_rank[1]->rc = 1;
+    cr_assert_eq(pthread_create(&t, NULL, finish_main, by_rank[1]), 0);
+    usleep(300 * 1000); /* it counted itself and waits */
+    rdzv_kv_t *judge;
+    cr_assert_eq(rdzv_kv_connect(&opts, NULL, 5000, 30000, &judge), 0);
+    cr_assert_eq(rdzv_finish_lost(&by_rank[0]->r, judge, 0, 3, 1, 0), 0, "counted already");
+    by_rank[0]->rc = 1;
+    pthread_t t0;
+    cr_assert_eq(pthread_create(&t0, NULL, finish_main, by_rank[0]), 0);
+    usleep(500 * 1000);
+    cr_assert(by_rank[0]->rc == 1 && by_rank[1]->rc == 1, "the barrier waits for rank 2");
+    finish_main(by_rank[2]);
+    cr_assert_eq(by_rank[2]->rc, 0);
+    pthread_join(t, NULL);
+    pthread_join(t0, NULL);
+    cr_assert_eq(by_rank[0]->rc, 0);
+    cr_assert_eq(by_rank[1]->rc, 0);
+    rdzv_kv_destroy(judge);
+    for (int i = 0; i < 3; i++)
+        agent_dies(&m[i]);
     server_stop(&srv);
 }
 
