@@ -422,9 +422,11 @@ static void watch_after_cb(uv_work_t *req, int status) {
 
 static void finish_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
-    a->barrier.rc =
-        rdzv_finish(&a->rdzv, a->ops, a->barrier.round.round, a->barrier.round.group_world_size,
-                    a->barrier.round.group_rank, (int64_t)(a->opts->join_timeout_s * 1000));
+    const rdzv_result_t *round = &a->barrier.round;
+    /* numbered as the judges number a lost member: etcd by join index, the store by group rank */
+    a->barrier.rc = rdzv_finish(&a->rdzv, a->ops, round->round, round->group_world_size,
+                                a->is_etcd ? round->join_index : round->group_rank,
+                                (int64_t)(a->opts->join_timeout_s * 1000));
     if (a->barrier.rc == 0 && a->is_etcd && a->barrier.round.group_rank == 0 &&
         rdzv_retire(&a->rdzv, a->ops, a->barrier.round.world_size) < 0) /* best effort */
         LOG_WARN("the job's record on etcd will not expire: %s", a->ops->ops->error(a->ops));

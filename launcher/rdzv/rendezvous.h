@@ -86,9 +86,10 @@ int rdzv_retire(rdzv_t *r, rdzv_kv_t *c, int world_size);
  * or timeout_ms passes (DDP_ETIMEOUT). */
 int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,
                           int *join_index);
-/* Exit barrier: count this agent (group rank `member`) done, unless a judge already counted it
- * lost, and wait until all n members are (so the store host does not leave while others still
- * need the store). */
+/* Exit barrier: count this agent (`member`: numbered as rdzv_finish_lost's judges number it, by
+ * join index on etcd, by group rank on the store) done, unless a judge already counted it lost,
+ * and wait until all n members are (so the store host does not leave while others still need the
+ * store). */
 int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int64_t timeout_ms);
 /* Exit barrier: count `member`, judged lost by `judge` (this agent's member number, so that two
  * judges are told apart), done on its behalf: a member that will never count itself must not
