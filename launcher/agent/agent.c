@@ -112,6 +112,7 @@ typedef struct {
         job_t job; /* on a client of its own: the barrier's waits in ops */
         int member, is_counted;
         char err[256];
+        bool is_pending[RDZV_MAX_NODES]; /* lost while another was being counted: next */
     } barrier_lost;
     /* heartbeats: a node that stops beating (killed, partitioned) ends the round */
     struct beat_job {
@@ -129,8 +130,10 @@ typedef struct {
     } beat;
     struct {
         job_t job;
-        int lost;       /* the join index whose lease expired, -1: none */
-        bool is_wanted; /* a round's liveness watch should run (restart it when it returns) */
+        int lost;        /* the join index whose lease expired, -1: none */
+        bool is_wanted;  /* a round's liveness watch should run (restart it when it returns) */
+        int known_round; /* the round of known[] */
+        bool known[RDZV_MAX_NODES]; /* by join index: seen lost in known_round already */
     } liveness;
 } agent_t;
 
@@ -459,6 +462,9 @@ static double beat_limit_s(const agent_t *a) {
     return a->is_etcd ? a->opts->lease_ttl_s : a->opts->heartbeat_timeout_s;
 }
 
+static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_work_cb work,
+                      uv_after_work_cb after);
+
 static void barrier_lost_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const rdzv_result_t *round = &a->barrier_lost.job.round;
@@ -487,6 +493,15 @@ static void barrier_lost_after_cb(uv_work_t *req, int status) {
     else
         LOG_DEBUG("the lost member #%d is counted done (%s)", a->barrier_lost.member,
                   a->barrier_lost.is_counted ? "by this node" : "by another node");
+    if (a->sm.state != AGENT_SM_FINISHING) return;
+    for (int i = 0; i < RDZV_MAX_NODES; i++)
+        if (a->barrier_lost.is_pending[i]) {
+            a->barrier_lost.is_pending[i] = false;
+            a->barrier_lost.member = i;
+            queue_job(a, &a->barrier_lost.job, &a->barrier_lost.job.round, barrier_lost_work_cb,
+                      barrier_lost_after_cb);
+            return;
+        }
 }
 
 static void hb_work_cb(uv_work_t *req) {
@@ -636,8 +651,8 @@ static void liveness_work_cb(uv_work_t *req) {
         }
     }
     /* in slices, so a watch that outlives its round ends by itself too */
-    a->liveness.job.rc =
-        rdzv_wait_member_lost(&a->rdzv, a->alive, &a->liveness.job.round, 60000, &a->liveness.lost);
+    a->liveness.job.rc = rdzv_wait_member_lost(&a->rdzv, a->alive, &a->liveness.job.round,
+                                               a->liveness.known, 60000, &a->liveness.lost);
 }
 
 static void start_liveness(agent_t *a);
@@ -656,8 +671,12 @@ static void liveness_after_cb(uv_work_t *req, int status) {
         LOG_WARN("the node that joined round %d as #%d lost its etcd lease: ending the round "
                  "without it",
                  a->liveness.job.round.round, a->liveness.lost);
+        a->liveness.known[a->liveness.lost] = true;
         agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = a->liveness.lost};
         dispatch(a, &ev);
+        /* in the exit barrier each lost member is counted done: the watch goes on for the
+         * others (a running round has ended: the next round starts its own) */
+        if (a->sm.state == AGENT_SM_FINISHING && a->liveness.is_wanted) start_liveness(a);
         return;
     }
     if (is_current && a->liveness.job.rc < 0 && a->liveness.job.rc != DDP_ETIMEOUT &&
@@ -676,6 +695,10 @@ static void start_liveness(agent_t *a) {
     if (a->sm.round.group_world_size < 2 || !agent_sm_is_beating(&a->sm, a->sm.round.round)) {
         a->liveness.is_wanted = false;
         return;
+    }
+    if (a->liveness.known_round != a->sm.round.round) {
+        memset(a->liveness.known, 0, sizeof a->liveness.known);
+        a->liveness.known_round = a->sm.round.round;
     }
     a->liveness.job.is_busy = true;
     a->liveness.job.round = a->sm.round;
@@ -853,7 +876,11 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         queue_job(a, &a->barrier, &act->round, finish_work_cb, finish_after_cb);
         return;
     case AGENT_ACT_BARRIER_LOST:
-        if (a->barrier_lost.job.is_busy) return; /* one at a time: the barrier's timeout remains */
+        if (a->barrier_lost.job.is_busy) { /* one at a time: counted when this one is */
+            if (act->code >= 0 && act->code < RDZV_MAX_NODES)
+                a->barrier_lost.is_pending[act->code] = true;
+            return;
+        }
         a->barrier_lost.member = act->code;
         queue_job(a, &a->barrier_lost.job, &act->round, barrier_lost_work_cb,
                   barrier_lost_after_cb);

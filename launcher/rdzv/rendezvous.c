@@ -673,8 +673,8 @@ int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64
     return read_member_keys(r, c, round, "hb", false, marks);
 }
 
-int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,
-                          int *join_index) {
+int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const bool *known,
+                          int64_t timeout_ms, int *join_index) {
     int n = round->group_world_size;
     if (!c->ops->wait_gone || n < 2) return -ENOTSUP;
     char(*names)[256] = calloc((size_t)n, sizeof *names);
@@ -683,6 +683,7 @@ int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, i
     int rc = names && keys && index_of ? 0 : -ENOMEM, m = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         if (i == round->join_index) continue; /* our own lease is keep_alive's business */
+        if (known && known[i]) continue;      /* gone already: its absence is no news */
         char what[32];
         snprintf(what, sizeof what, "node/%d", i);
         key(r, names[m], sizeof names[m], round->round, what);
@@ -690,6 +691,7 @@ int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, i
         index_of[m++] = i;
     }
     int gone = -1;
+    if (rc == 0 && m == 0) rc = DDP_ETIMEOUT; /* every other member is known gone */
     if (rc == 0) rc = c->ops->wait_gone(c, keys, (size_t)m, timeout_ms, &gone);
     *join_index = rc == 0 && gone >= 0 ? index_of[gone] : -1;
     free(names);

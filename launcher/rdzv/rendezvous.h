@@ -83,9 +83,10 @@ int rdzv_read_members(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64
  * still tells how the job ended. */
 int rdzv_retire(rdzv_t *r, rdzv_kv_t *c, int world_size);
 /* etcd: block until another member of the round lost its lease (*join_index: its join index),
- * or timeout_ms passes (DDP_ETIMEOUT). */
-int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t timeout_ms,
-                          int *join_index);
+ * or timeout_ms passes (DDP_ETIMEOUT). known (NULL: none): by join index, members already seen
+ * lost, not watched (the exit barrier goes on watching the others). */
+int rdzv_wait_member_lost(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const bool *known,
+                          int64_t timeout_ms, int *join_index);
 /* Exit barrier: count this agent (`member`: numbered as rdzv_finish_lost's judges number it, by
  * join index on etcd, by group rank on the store) done, unless a judge already counted it lost,
  * and wait until all n members are (so the store host does not leave while others still need the

@@ -264,27 +264,33 @@ def test_a_ticket_whose_answer_was_lost_is_taken_once(ddprun, tmp_path, what, ti
         assert etcd.get_prefix(f"/ddprun/{rdzv_id}/r1/") == {}
 
 
+@pytest.mark.parametrize("n_lost", [1, 2])
 def test_a_member_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_them(ddprun,
-                                                                                    tmp_path):
-    """Two of three agents' workers succeed; the third agent is killed (agent and worker) while
-    they wait in the exit barrier (join_timeout=120 bounds it). Its lease expires (2 s) and a
-    judge counts it done: both leave at once with 0."""
+                                                                                    tmp_path,
+                                                                                    n_lost):
+    """Two agents' workers succeed; the others (one, or two at once) are killed (agent and worker)
+    while the two wait in the exit barrier (join_timeout=120 bounds it). Their leases expire (2 s)
+    and a judge counts each done: both leave at once with 0. (With two lost, the second was never
+    counted: the liveness watch ended at the first.)"""
     ttl_s = 2
     with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
         def args(worker):
-            return [ddprun, "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
-                    "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", "barrier-lost",
+            return [ddprun, "--nnodes", str(2 + n_lost), "--nproc-per-node", "1",
+                    "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
+                    "--rdzv-id", "barrier-lost",
                     "--rdzv-conf", f"last_call_timeout=0.1,keep_alive_interval=0.3,"
                     f"lease_ttl={ttl_s},join_timeout=120", "--no-python", "/bin/sh", "-c", worker]
         done = [Agent(args("exit 0")), Agent(args("exit 0"))]
-        lost = Agent(args("sleep 60"))
-        for a in done + [lost]:
+        lost = [Agent(args("sleep 60")) for _ in range(n_lost)]
+        for a in done + lost:
             a.wait_for("round 0: node", 30)
         time.sleep(1.0)  # the two are in the barrier by now
-        assert all(a.proc.poll() is None for a in done), "the barrier waits for the third"
+        assert all(a.proc.poll() is None for a in done), "the barrier waits for the others"
         t0 = time.monotonic()
-        lost.proc.kill()
-        lost.finish(5)
+        for a in lost:
+            a.proc.kill()
+        for a in lost:
+            a.finish(5)
         codes = [a.finish(60) for a in done]
         took = time.monotonic() - t0
         errs = "\n----\n".join(a.err for a in done)
