@@ -127,6 +127,7 @@ typedef struct {
         bool is_lease_lost_said;
         bool is_renewed;    /* the last keep_alive found the lease expired and renewed it */
         liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
+        bool known[RDZV_MAX_NODES]; /* the job's copy of liveness.known (the store's ring) */
     } beat;
     struct {
         job_t job;
@@ -465,6 +466,16 @@ static double beat_limit_s(const agent_t *a) {
 static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_work_cb work,
                       uv_after_work_cb after);
 
+/* The members of the current round seen lost so far (by the judges' numbering: etcd join index,
+ * the store group rank), emptied when a new round begins. Loop thread. */
+static bool *known_lost(agent_t *a) {
+    if (a->liveness.known_round != a->sm.round.round) {
+        memset(a->liveness.known, 0, sizeof a->liveness.known);
+        a->liveness.known_round = a->sm.round.round;
+    }
+    return a->liveness.known;
+}
+
 static void barrier_lost_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const rdzv_result_t *round = &a->barrier_lost.job.round;
@@ -527,7 +538,7 @@ static void hb_work_cb(uv_work_t *req) {
     if (a->is_etcd)
         a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
     else if (round->is_member)
-        a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.fresh);
+        a->beat.job.rc = rdzv_heartbeat(&a->rdzv, a->hb, round, a->beat.known, a->beat.fresh);
     /* a spare beats for no round (etcd: it keeps its lease) and reads whether the members live */
     if (a->beat.job.rc == 0 && !round->is_member)
         a->beat.job.rc = rdzv_read_members(&a->rdzv, a->hb, round, a->beat.fresh);
@@ -599,6 +610,7 @@ static void hb_after_cb(uv_work_t *req, int status) {
         LOG_WARN("round %d runs without this agent, but its node %d sent no heartbeat for %g s: "
                  "asking for the next round",
                  round->round, lost, beat_limit_s(a));
+    known_lost(a)[lost] = true; /* the exit barrier's judge then reads the one after it */
     agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = lost};
     dispatch(a, &ev);
 }
@@ -608,6 +620,7 @@ static void on_hb_timer(uv_timer_t *t) {
     if (a->beat.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
     a->beat.job.is_busy = true;
     a->beat.job.round = a->sm.round;
+    memcpy(a->beat.known, known_lost(a), sizeof a->beat.known);
     a->beat.is_job_lease_only = a->beat.is_lease_only;
     a->beat.job.req.data = a;
     uv_queue_work(a->loop, &a->beat.job.req, hb_work_cb, hb_after_cb);
@@ -671,7 +684,7 @@ static void liveness_after_cb(uv_work_t *req, int status) {
         LOG_WARN("the node that joined round %d as #%d lost its etcd lease: ending the round "
                  "without it",
                  a->liveness.job.round.round, a->liveness.lost);
-        a->liveness.known[a->liveness.lost] = true;
+        known_lost(a)[a->liveness.lost] = true;
         agent_sm_event_t ev = {.kind = AGENT_EV_PEER_SILENT, .node = a->liveness.lost};
         dispatch(a, &ev);
         /* in the exit barrier each lost member is counted done: the watch goes on for the
@@ -696,10 +709,7 @@ static void start_liveness(agent_t *a) {
         a->liveness.is_wanted = false;
         return;
     }
-    if (a->liveness.known_round != a->sm.round.round) {
-        memset(a->liveness.known, 0, sizeof a->liveness.known);
-        a->liveness.known_round = a->sm.round.round;
-    }
+    known_lost(a);
     a->liveness.job.is_busy = true;
     a->liveness.job.round = a->sm.round;
     a->liveness.job.req.data = a;

@@ -639,7 +639,8 @@ static int read_member_keys(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round,
     return rc;
 }
 
-int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters) {
+int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const bool *known,
+                   int64_t *counters) {
     char k[256];
     snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, round->group_rank);
     int64_t mine;
@@ -650,8 +651,12 @@ int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t 
     if (n < 2) return 0;
     /* Only the next member's counter: in a ring where some member lives and some died, some
      * living member's next one is dead, so this finds any loss, at 2 operations per member and
-     * beat instead of reading N counters each (N^2 for the store at every beat). */
+     * beat instead of reading N counters each (N^2 for the store at every beat). Past the ones
+     * known lost: their successor has nobody else to judge it (the exit barrier counts each). */
     int next = (round->group_rank + 1) % n;
+    while (known && known[next] && next != round->group_rank)
+        next = (next + 1) % n;
+    if (next == round->group_rank) return 0; /* every other member is known lost */
     snprintf(k, sizeof k, "%s/r%d/hb/%d", r->prefix, round->round, next);
     const char *keys[] = {k};
     uint8_t *v = NULL;

@@ -69,10 +69,12 @@ int rdzv_publish_failure(rdzv_t *r, rdzv_kv_t *c, int round, int group_rank,
 int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, char *why,
                       size_t why_len);
 /* Heartbeat: bump this member's counter r<R>/hb/<group_rank> and read the next member's (group
- * rank + 1, around the ring) into counters[next]; the others read LIVENESS_ALIVE. Counters, not
- * clocks: each agent judges staleness on its own monotonic clock (liveness.h). Any member's loss
- * is found by some living member, at O(N) for the store per beat of the round. */
-int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, int64_t *counters);
+ * rank + 1, around the ring, past those known[] lost: NULL for none) into counters[next]; the
+ * others read LIVENESS_ALIVE. Counters, not clocks: each agent judges staleness on its own
+ * monotonic clock (liveness.h). Any member's loss is found by some living member, at O(N) for the
+ * store per beat of the round. */
+int rdzv_heartbeat(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, const bool *known,
+                   int64_t *counters);
 /* Without beating: read whether each member of `round` still lives, for liveness.h (marks[i]:
  * member i's heartbeat counter on the store; on etcd LIVENESS_ALIVE while its lease-bound key is
  * there, else LIVENESS_GONE). An agent that is no member of the round (it arrived after the round

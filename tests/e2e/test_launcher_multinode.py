@@ -372,41 +372,54 @@ def test_a_lost_node_costs_no_restart(ddprun, tmp_path, lose_a_node):
 
 FINISHING_WORKER = r"""#!/bin/sh
 echo $$ > "$OUT_DIR/ran.$GROUP_RANK"
-[ "$GROUP_RANK" = 1 ] && exec sleep 60
+case " $LOST " in *" $GROUP_RANK "*) exec sleep 60 ;; esac
 exit 0
 """
 
 
-def test_a_node_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_them(ddprun, tmp_path):
-    """Nodes 0 and 2 succeeded and wait in the exit barrier; node 1 is killed (agent and workers)
-    before its workers end. Its done never comes: the node that judges it lost counts it, and
-    both leave within a few heartbeat timeouts, not at the barrier's (join_timeout=120)."""
+@pytest.mark.parametrize("lost", [[1], [1, 2]], ids=["one", "two-adjacent"])
+def test_a_node_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_them(ddprun, tmp_path,
+                                                                                 lost):
+    """Nodes that succeeded wait in the exit barrier; node 1 (or nodes 1 and 2, side by side in
+    the ring of heartbeats) is killed (agent and workers) before its workers end. Its done never
+    comes: the node that judges it lost counts it (and then judges the one after it), and the
+    others leave within a few heartbeat timeouts, not at the barrier's (join_timeout=120)."""
     worker = tmp_path / "f.sh"
     worker.write_text(FINISHING_WORKER)
     worker.chmod(0o755)
     port = free_port()
-    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    env = dict(os.environ, OUT_DIR=str(tmp_path), LOST=" ".join(map(str, lost)))
     conf = "join_timeout=120,keep_alive_interval=0.1,heartbeat_timeout=1"
+    n = 2 + len(lost)
+    done = [g for g in range(n) if g not in lost]
     agents = []
-    for node in range(3):                  # the hints make node i group rank i
+    for node in range(n):                  # the hints make node i group rank i
         agents.append(subprocess.Popen(
-            [ddprun, "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(node),
+            [ddprun, "--nnodes", str(n), "--nproc-per-node", "1", "--node-rank", str(node),
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "fin",
              "--rdzv-conf", conf, str(worker)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         if node == 0:
             wait_listening(port, agents[0])
     deadline = time.monotonic() + 30
-    while not all((tmp_path / f"ran.{g}").exists() for g in range(3)):
-        assert time.monotonic() < deadline, "three workers did not start"
+    while not all((tmp_path / f"ran.{g}").exists() for g in range(n)):
+        assert time.monotonic() < deadline, "the workers did not start"
         time.sleep(0.02)
-    time.sleep(1.0)                         # nodes 0 and 2 are in the barrier by now
-    assert agents[0].poll() is None and agents[2].poll() is None, "the barrier waits for node 1"
+    time.sleep(1.0)                         # the others are in the barrier by now
+    assert all(agents[i].poll() is None for i in done), "the barrier waits for the lost"
     t0 = time.monotonic()
-    agents[1].kill()
-    agents[1].wait()
-    errs = [agents[i].communicate(timeout=100)[1] for i in (0, 2)]
-    assert [agents[i].returncode for i in (0, 2)] == [0, 0], errs
+    for i in lost:
+        agents[i].kill()
+    for i in lost:
+        agents[i].wait()
+    try:
+        errs = [agents[i].communicate(timeout=100)[1] for i in done]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    assert [agents[i].returncode for i in done] == [0] * len(done), errs
     assert time.monotonic() - t0 < 20, "they waited for the barrier's timeout"
     assert any("counting it done" in e for e in errs), errs
     assert not any("not every node confirmed" in e for e in errs), errs

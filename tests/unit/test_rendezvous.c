@@ -188,7 +188,7 @@ static void joined_by_rank(agent_t *m, agent_t **by_rank) {
 
 static void beat(agent_t *a) {
     int64_t counters[RDZV_MAX_NODES];
-    cr_assert_eq(rdzv_heartbeat(&a->r, a->kv, &a->out, counters), 0);
+    cr_assert_eq(rdzv_heartbeat(&a->r, a->kv, &a->out, NULL, counters), 0);
 }
 
 /* ---- the state machine of one agent -------------------------------------------------------- */
@@ -399,7 +399,8 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     for (int g = 0; g < 3; g++)
         liveness_reset(&judges[g], 3, 1000, 0);
     for (int g = 0; g < 3; g++) { /* everyone beats: nobody is stale */
-        cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, counters), 0);
+        cr_assert_eq(
+            rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, NULL, counters), 0);
         for (int i = 0; i < 3; i++)
             cr_assert_eq(counters[i] == LIVENESS_ALIVE, i != (g + 1) % 3, "rank %d reads %d", g, i);
         cr_assert_eq(liveness_judge(&judges[g], counters, g, 0), -1);
@@ -408,8 +409,9 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     int found = 0;
     for (uint64_t now = 1500; now <= 3000; now += 1500) { /* the two that live beat on */
         for (int g = 0; g < 2; g++) {
-            cr_assert_eq(rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, counters),
-                         0);
+            cr_assert_eq(
+                rdzv_heartbeat(&by_rank[g]->r, by_rank[g]->kv, &by_rank[g]->out, NULL, counters),
+                0);
             int lost = liveness_judge(&judges[g], counters, g, now);
             if (lost < 0) continue;
             cr_assert_eq(g, 1, "rank %d judged %d: only the one before the dead one does", g, lost);
@@ -421,6 +423,45 @@ Test(rendezvous, a_lost_member_is_found_by_the_one_before_it) {
     cr_assert_eq(found, 1, "the member before the dead one finds it");
     for (int g = 0; g < 2; g++)
         agent_dies(by_rank[g]);
+    server_stop(&srv);
+}
+
+/* Two adjacent members lost (the exit barrier counts each): once the one before them knows the
+ * first lost, it judges the one after it too, which nobody else alive would. */
+Test(rendezvous, past_a_member_known_lost_the_next_one_is_judged) {
+    server_t srv;
+    agent_t m[3];
+    start_three(&srv, m);
+    join_together(m, 3);
+    agent_t *by_rank[3];
+    joined_by_rank(m, by_rank);
+    int64_t counters[RDZV_MAX_NODES];
+    bool known[RDZV_MAX_NODES] = {false};
+    liveness_t judge;
+    liveness_reset(&judge, 3, 1000, 0);
+    agent_dies(by_rank[1]);
+    agent_dies(by_rank[2]);
+    int lost = -1;
+    uint64_t now = 0;
+    for (; now <= 6000 && lost < 0; now += 500) {
+        cr_assert_eq(
+            rdzv_heartbeat(&by_rank[0]->r, by_rank[0]->kv, &by_rank[0]->out, known, counters), 0);
+        lost = liveness_judge(&judge, counters, 0, now);
+    }
+    cr_assert_eq(lost, 1, "its successor first");
+    known[1] = true;
+    lost = -1;
+    for (uint64_t until = now + 6000; now <= until && lost < 0; now += 500) {
+        cr_assert_eq(
+            rdzv_heartbeat(&by_rank[0]->r, by_rank[0]->kv, &by_rank[0]->out, known, counters), 0);
+        cr_assert_eq(counters[1], LIVENESS_ALIVE, "the known one is not read again");
+        lost = liveness_judge(&judge, counters, 0, now);
+    }
+    cr_assert_eq(lost, 2, "then the one after it");
+    known[2] = true;
+    cr_assert_eq(rdzv_heartbeat(&by_rank[0]->r, by_rank[0]->kv, &by_rank[0]->out, known, counters),
+                 0, "alone: nothing to read");
+    agent_dies(by_rank[0]);
     server_stop(&srv);
 }
 
