@@ -43,7 +43,8 @@
 #define STORE_LINGER_MS      5000
 #define EXIT_GRACE_MS        2000 /* after a signal, for what is on the thread pool to come back */
 #define EVENT_QUEUE_LEN      8
-#define JOIN_LOST_ROUNDS_MAX 16 /* rounds one join ends for members lost while they gathered */
+#define JOIN_LOST_ROUNDS_MAX 16   /* rounds one join ends for members lost while they gathered */
+#define REPORT_RETRY_MS      1000 /* between tries of a restart report the store did not take */
 
 /* A blocking rendezvous call on libuv's thread pool. Each job owns what its thread reads and
  * writes (a copy of what the action asked for, and the result), so the loop and the thread share
@@ -105,6 +106,8 @@ typedef struct {
         job_t job;
         rdzv_why_t why;
         char failure[2048]; /* for `ddprun status`: the local failure's record, or "" */
+        uv_timer_t retry;   /* a failed report is sent again while the round waits on it */
+        bool is_retry_open;
     } report;
     job_t barrier;
     bool is_barrier_interrupted; /* a failure elsewhere: its client is then replaced */
@@ -134,11 +137,13 @@ typedef struct {
         int lost;        /* the join index whose lease expired, -1: none */
         bool is_wanted;  /* a round's liveness watch should run (restart it when it returns) */
         int known_round; /* the round of known[] */
-        bool known[RDZV_MAX_NODES]; /* by join index: seen lost in known_round already */
+        bool known[RDZV_MAX_NODES]; /* seen lost in known_round already (known_lost) */
     } liveness;
 } agent_t;
 
 static void dispatch(agent_t *a, const agent_sm_event_t *ev);
+static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_work_cb work,
+                      uv_after_work_cb after);
 
 static void post(agent_t *a, agent_sm_event_kind_t kind) {
     agent_sm_event_t ev = {.kind = kind};
@@ -212,6 +217,10 @@ static void finish(agent_t *a, int code) {
     a->spares = NULL;
     for (int i = 0; i < a->opts->n_signals; i++)
         uv_close((uv_handle_t *)&a->sig_handles[i], NULL);
+    if (a->report.is_retry_open) {
+        uv_close((uv_handle_t *)&a->report.retry, NULL);
+        a->report.is_retry_open = false;
+    }
     if (a->beat.is_timer_open) {
         uv_close((uv_handle_t *)&a->beat.timer, NULL);
         a->beat.is_timer_open = false;
@@ -384,13 +393,40 @@ static void report_work_cb(uv_work_t *req) {
         rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
 }
 
+static void report_after_cb(uv_work_t *req, int status);
+
+/* The report's retry: again while the round still waits on it, else done (the store's silence or
+ * a signal decided meanwhile). */
+static void on_report_retry(uv_timer_t *t) {
+    agent_t *a = t->data;
+    if (a->report.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
+    if (agent_sm_needs_store(&a->sm, a->report.job.round.round))
+        queue_job(a, &a->report.job, &a->report.job.round, report_work_cb, report_after_cb);
+    else
+        post(a, AGENT_EV_REPORT_DONE);
+}
+
 static void report_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->report.job.is_busy = false;
-    /* said before the clients close: leaving (DONE) destroys the one that failed */
+    /* the others learn of this round's end only through this report (the heartbeats still say
+     * this node lives): a failed one goes again, until it is taken or the store is judged
+     * silent; said before the clients close: leaving (DONE) destroys the one that failed */
+    bool is_again = a->report.job.rc < 0 && a->sm.state != AGENT_SM_DONE &&
+                    agent_sm_needs_store(&a->sm, a->report.job.round.round);
     if (a->report.job.rc < 0)
-        LOG_ERROR("cannot tell the other agents to restart: %s", a->ops->ops->error(a->ops));
+        LOG_ERROR("cannot tell the other agents to restart: %s%s", a->ops->ops->error(a->ops),
+                  is_again ? " (trying again in 1 s)" : "");
+    if (is_again) {
+        if (!a->report.is_retry_open) {
+            uv_timer_init(a->loop, &a->report.retry);
+            a->report.retry.data = a;
+            a->report.is_retry_open = true;
+        }
+        uv_timer_start(&a->report.retry, on_report_retry, REPORT_RETRY_MS, 0);
+        return;
+    }
     if (a->sm.state == AGENT_SM_DONE) close_idle_clients(a);
     post(a, AGENT_EV_REPORT_DONE);
 }
@@ -462,9 +498,6 @@ static void finish_after_cb(uv_work_t *req, int status) {
 static double beat_limit_s(const agent_t *a) {
     return a->is_etcd ? a->opts->lease_ttl_s : a->opts->heartbeat_timeout_s;
 }
-
-static void queue_job(agent_t *a, job_t *job, const rdzv_result_t *round, uv_work_cb work,
-                      uv_after_work_cb after);
 
 /* The members of the current round seen lost so far (by the judges' numbering: etcd join index,
  * the store group rank), emptied when a new round begins. Loop thread. */

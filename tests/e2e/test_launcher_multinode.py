@@ -423,3 +423,58 @@ def test_a_node_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_them
     assert time.monotonic() - t0 < 20, "they waited for the barrier's timeout"
     assert any("counting it done" in e for e in errs), errs
     assert not any("not every node confirmed" in e for e in errs), errs
+
+
+REPORT_WORKER = r"""#!/bin/sh
+echo $$ > "$OUT_DIR/ran.$GROUP_RANK.$TORCHELASTIC_RESTART_COUNT"
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+    if [ "$GROUP_RANK" = 1 ]; then
+        while [ ! -e "$OUT_DIR/fail" ]; do sleep 0.05; done
+        exit 1
+    fi
+    exec sleep 60
+fi
+exit 0
+"""
+
+
+def test_a_restart_report_the_store_did_not_take_is_sent_again(ddprun, tmp_path, start_store):
+    """Node 1's worker fails while the job's store is frozen (SIGSTOP) for longer than one
+    operation's bound (join_timeout + read_timeout = 5 s): its report fails. The others learn of
+    the failure only through that report (node 1's agent lives, heartbeats ahead), so it is sent
+    again each second until the store takes it; the job then restarts and succeeds. Before, node 1
+    waited for the restart key forever and node 0's worker ran on."""
+    import signal
+    worker = tmp_path / "r.sh"
+    worker.write_text(REPORT_WORKER)
+    worker.chmod(0o755)
+    store = start_store()
+    conf = ("join_timeout=4,read_timeout=1,last_call_timeout=0.1,keep_alive_interval=0.2,"
+            "heartbeat_timeout=60,is_host=false")
+    env = dict(os.environ, OUT_DIR=str(tmp_path))
+    agents = [subprocess.Popen(
+        [ddprun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+         "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", store.endpoint,
+         "--rdzv-id", "report", "--rdzv-conf", conf, str(worker)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for node in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"ran.{g}.0").exists() for g in range(2)):
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.02)
+        os.kill(store.proc.pid, signal.SIGSTOP)
+        try:
+            (tmp_path / "fail").write_text("")
+            time.sleep(8)
+        finally:
+            os.kill(store.proc.pid, signal.SIGCONT)
+        errs = [a.communicate(timeout=60)[1] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    assert [a.returncode for a in agents] == [0, 0], errs
+    assert "(trying again in 1 s)" in errs[1], errs[1]
+    assert all((tmp_path / f"ran.{g}.1").exists() for g in range(2)), "restarted together"
