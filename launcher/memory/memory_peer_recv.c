@@ -68,6 +68,8 @@ static int begin_payload(conn_t *c) {
     int fd = open(path[slot], O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) return -errno;
     int rc = ftruncate(fd, (off_t)c->n_bytes) < 0 ? -errno : 0;
+    if (rc == 0) /* reserved: a full tmpfs would make the copy's writes a SIGBUS of the agent */
+        rc = -posix_fallocate(fd, 0, (off_t)c->n_bytes);
     void *map = rc == 0 ? mmap(NULL, c->n_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : NULL;
     if (rc == 0 && map == MAP_FAILED) rc = -errno;
     close(fd);
@@ -145,11 +147,12 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
             if (c->frame_got < FRAME_BYTES) break;
             int rc = begin_payload(c);
             if (rc < 0) {
-                LOG_WARN("memory snapshot from a peer refused: %s",
+                LOG_WARN("memory snapshot from a peer refused: %s (%s)",
                          rc == -EPROTO     ? "not a ddprun "
                                              "memory snapshot frame"
                          : rc == -EMSGSIZE ? "size out of bounds"
-                                           : strerror(-rc));
+                                           : strerror(-rc),
+                         c->p->dir);
                 memory_peer__conn_close(c);
                 return;
             }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "snapshot.h"
@@ -175,6 +176,38 @@ Test(snapshot, the_newest_good_snapshot_wins_and_damaged_ones_are_reported) {
     cr_assert(strstr(found, "snapshot-000000000010.ddps"), "%s", found);
     cr_assert(strstr(report_buf, p30) && strstr(report_buf, p20), "report: %s", report_buf);
     snapshot_data_free(&d);
+}
+
+/* A snapshot the file system refuses to give (here: no permission, for a user other than its
+ * owner; likewise no descriptor left, no memory, an I/O error) is skipped, but not moved aside as
+ * damaged: nothing is known of its bytes, and the next resume may read it. */
+Test(snapshot, a_snapshot_that_cannot_be_opened_is_skipped_not_moved_aside) {
+    if (geteuid() != 0) cr_skip_test("needs root to become another user");
+    write_step(10, &keep_all);
+    write_step(20, &keep_all);
+    char p20[512];
+    path_of(20, p20, sizeof p20);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    cr_assert_eq(chmod(p20, 0), 0);
+    pid_t pid = fork();
+    if (pid == 0) { /* nobody: neither the file's owner nor able to override its mode */
+        if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+        char found[512], err[1024], report_buf[4096] = "";
+        FILE *report = fmemopen(report_buf, sizeof report_buf, "w");
+        snapshot_data_t d;
+        int rc = snapshot_find_latest(dir, report, &d, found, sizeof found, err, sizeof err);
+        fclose(report);
+        _exit(rc == 1 && d.header.step == 10 && strstr(report_buf, "Permission denied") &&
+                      strstr(report_buf, "left in place")
+                  ? 0
+                  : 3);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    struct stat st;
+    cr_assert_eq(stat(p20, &st), 0, "the unreadable snapshot was moved aside");
+    chmod(p20, 0600);
 }
 
 Test(snapshot, no_directory_and_no_snapshot_mean_a_fresh_start) {

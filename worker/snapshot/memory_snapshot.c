@@ -74,9 +74,17 @@ static int map_file(const char *path, size_t bytes, uint8_t **out, char *err, si
         return ddp_errf(err, err_len, "memory snapshot: cannot size %s to %zu bytes: %s", path,
                         bytes, strerror(e));
     }
+    /* the pages reserved now: a sized tmpfs file is sparse, and a write into a page a full
+     * /dev/shm cannot supply is a SIGBUS, not an error (Docker's default /dev/shm: 64 MiB) */
+    int e = posix_fallocate(fd, 0, (off_t)bytes);
+    if (e != 0) {
+        close(fd);
+        return ddp_errf(err, err_len, "memory snapshot: cannot reserve %zu bytes for %s: %s", bytes,
+                        path, strerror(e));
+    }
     /* populated now: the first snapshot must not pay the page faults of the whole state */
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    int e = errno;
+    e = errno;
     close(fd);
     if (p == MAP_FAILED)
         return ddp_errf(err, err_len, "memory snapshot: cannot map %s (%zu bytes): %s", path, bytes,

@@ -223,12 +223,14 @@ void snapshot_data_free(snapshot_data_t *d) {
     d->params = d->momentum = d->buffers = d->second_moment = NULL;
 }
 
+/* 0, -ENODATA when the file ends first (shrunk since its size was read: torn), else -errno (the
+ * file system's error: not the file's damage). */
 static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
     uint8_t *b = buf;
     while (n) {
         ssize_t k = pread(fd, b, n, (off_t)offset);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return k < 0 ? -errno : -EIO;
+        if (k <= 0) return k < 0 ? -errno : -ENODATA;
         b += k;
         n -= (size_t)k;
         offset += (uint64_t)k;
@@ -256,8 +258,11 @@ static int read_legacy_header(int fd, const char *path, uint32_t version, snapsh
                               char *err, size_t err_len) {
     uint8_t raw[sizeof *h];
     size_t bytes = header_bytes_of(version), head = version == 1 ? OPTIM_BLOCK_AT : RUN_BLOCK_AT;
-    if (read_at(fd, raw, bytes, 0) < 0)
-        return ddp_errf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+    int rc = read_at(fd, raw, bytes, 0);
+    if (rc < 0) {
+        ddp_errf(err, err_len, "%s: cannot read its header: %s", path, strerror(-rc));
+        return rc == -ENODATA ? -1 : SNAPSHOT_E_UNREADABLE;
+    }
     uint64_t checksum;
     memcpy(&checksum, raw + bytes - sizeof checksum, sizeof checksum);
     if (XXH3_64bits(raw, bytes - sizeof checksum) != checksum)
@@ -277,7 +282,12 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
         char magic[8];
         uint32_t version, header_bytes;
     } id;
-    if (file_bytes < sizeof id || read_at(fd, &id, sizeof id, 0) < 0)
+    int read_rc = file_bytes < sizeof id ? -ENODATA : read_at(fd, &id, sizeof id, 0);
+    if (read_rc < 0 && read_rc != -ENODATA) {
+        ddp_errf(err, err_len, "%s: cannot read: %s", path, strerror(-read_rc));
+        return SNAPSHOT_E_UNREADABLE;
+    }
+    if (read_rc < 0)
         return ddp_errf(err, err_len,
                         "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)", path,
                         file_bytes);
@@ -301,10 +311,14 @@ static int read_header(int fd, const char *path, uint64_t file_bytes, snapshot_h
                         "%s: %" PRIu64 " bytes, shorter than a snapshot header (torn?)", path,
                         file_bytes);
     if (id.version < SNAPSHOT_VERSION) {
-        if (read_legacy_header(fd, path, id.version, h, err, err_len) < 0) return -1;
+        int rc = read_legacy_header(fd, path, id.version, h, err, err_len);
+        if (rc < 0) return rc;
     } else {
-        if (read_at(fd, h, sizeof *h, 0) < 0)
-            return ddp_errf(err, err_len, "%s: cannot read: %s", path, strerror(errno));
+        read_rc = read_at(fd, h, sizeof *h, 0);
+        if (read_rc < 0) {
+            ddp_errf(err, err_len, "%s: cannot read its header: %s", path, strerror(-read_rc));
+            return read_rc == -ENODATA ? -1 : SNAPSHOT_E_UNREADABLE;
+        }
         if (XXH3_64bits(h, HEADER_CHECKED_BYTES) != h->header_checksum)
             return ddp_errf(err, err_len, "%s: header checksum mismatch (corrupt)", path);
     }
@@ -359,9 +373,13 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
     memset(d, 0, sizeof *d);
     /* O_NONBLOCK: a FIFO named like a snapshot must not block the open (it is refused below) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) {
+        ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return SNAPSHOT_E_UNREADABLE;
+    }
     struct stat st;
-    int rc = fstat(fd, &st) < 0 ? ddp_errf(err, err_len, "%s: %s", path, strerror(errno))
+    int rc = fstat(fd, &st) < 0
+                 ? (ddp_errf(err, err_len, "%s: %s", path, strerror(errno)), SNAPSHOT_E_UNREADABLE)
              : !S_ISREG(st.st_mode)
                  ? ddp_errf(err, err_len, "%s: not a regular file", path)
                  : read_header(fd, path, (uint64_t)st.st_size, &d->header, err, err_len);
@@ -374,12 +392,12 @@ int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_le
             break;
         }
         *slot = malloc(s->n_bytes ? s->n_bytes : 1);
-        if (!*slot)
-            rc = ddp_errf(err, err_len, "%s: out of memory", path);
-        else if (read_at(fd, *slot, s->n_bytes, s->offset) < 0)
-            rc = ddp_errf(err, err_len, "%s: cannot read section %s: %s", path,
-                          section_name(s->kind), strerror(errno));
-        else if (XXH3_64bits(*slot, s->n_bytes) != s->checksum)
+        int read_rc = *slot ? read_at(fd, *slot, s->n_bytes, s->offset) : -ENOMEM;
+        if (read_rc < 0) {
+            ddp_errf(err, err_len, "%s: cannot read section %s: %s", path, section_name(s->kind),
+                     read_rc == -ENODATA ? "the file ends first (torn?)" : strerror(-read_rc));
+            rc = read_rc == -ENODATA ? -1 : SNAPSHOT_E_UNREADABLE;
+        } else if (XXH3_64bits(*slot, s->n_bytes) != s->checksum)
             rc = ddp_errf(err, err_len, "%s: section %s checksum mismatch (corrupt or torn)", path,
                           section_name(s->kind));
     }
@@ -437,8 +455,12 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
             snprintf(err, err_len, "%s", why);
             break;
         }
-        if (report) fprintf(report, "ddpworker: warning: skipping snapshot %s\n", why);
-        quarantine(path_out, report);
+        if (report)
+            fprintf(report, "ddpworker: warning: skipping snapshot %s%s\n", why,
+                    read_rc == SNAPSHOT_E_UNREADABLE ? " (left in place: not damage)" : "");
+        /* the file system's refusal (permissions, descriptors, memory, I/O) says nothing of the
+         * file: a good snapshot must not be moved out of every later resume for it */
+        if (read_rc != SNAPSHOT_E_UNREADABLE) quarantine(path_out, report);
     }
     free(list);
     return found;

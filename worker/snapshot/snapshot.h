@@ -58,18 +58,22 @@ int64_t snapshot_newest_step(const char *dir);
  * ddpworker's: not damage (nothing is skipped or moved aside for it), but nothing here can use it.
  */
 #define SNAPSHOT_E_NEWER (-2)
+/* snapshot_read's return when the file could not be read (open, memory, the file system's I/O
+ * error): not damage either, so snapshot_find_latest skips it without moving it aside. */
+#define SNAPSHOT_E_UNREADABLE (-3)
 
 /* Read and verify path; versions older than SNAPSHOT_VERSION read too, with what they did not
  * record zeroed (best_value NaN). On success d's arrays are malloc'd (snapshot_data_free). Returns
- * 0, SNAPSHOT_E_NEWER, or -1 with the first problem found (bad magic, truncated, a checksum that
- * does not match, ...); err names the file either way. */
+ * 0, SNAPSHOT_E_NEWER, SNAPSHOT_E_UNREADABLE, or -1 with the first problem found (bad magic,
+ * truncated, a checksum that does not match, ...); err names the file either way. */
 int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len);
 void snapshot_data_free(snapshot_data_t *d);
 /* The newest snapshot in dir that verifies, into d and its path into path_out. Every file skipped
- * on the way is reported on `report` (may be NULL) with its path and reason, and a regular one is
- * renamed to NAME.corrupt (reported too). Returns 1 when one was found, 0 when there is none (or
- * no dir), -1 with err when dir cannot be read, SNAPSHOT_E_NEWER with err when the newest file that
- * is not damaged belongs to a newer ddpworker (left as it is). */
+ * on the way is reported on `report` (may be NULL) with its path and reason, and a regular one that
+ * is damaged is renamed to NAME.corrupt (reported too; one that could not be read stays). Returns 1
+ * when one was found, 0 when there is none (or no dir), -1 with err when dir cannot be read,
+ * SNAPSHOT_E_NEWER with err when the newest file that is not damaged belongs to a newer ddpworker
+ * (left as it is). */
 int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char *path_out,
                          size_t path_len, char *err, size_t err_len);
 /* XXH3-64 over params, momentum and buffers, then (adam/adamw) the second moment and the step
