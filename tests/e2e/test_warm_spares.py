@@ -141,6 +141,8 @@ def test_a_dead_spare_is_replaced_without_touching_the_training(ddprun, conf, tm
         training, spares = wait_for_spares(conf, 2, 2)
         victim = min(spares)
         os.kill(victim, signal.SIGKILL)
+        # gone first: until its exit the victim is still listed, a "settled" set of the old spares
+        assert wait_until(lambda: victim not in ddpworkers(conf), timeout=10), victim
         replaced = wait_for_spares(conf, 2, 2)
         assert replaced[0] == training, "the training workers must not be restarted"
         assert victim not in replaced[1] and len(replaced[1] & spares) == 1, (spares, replaced)
