@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import clean_env, wait_until
+from conftest import clean_env, free_port, wait_until
 
 CONF = """[model]
 name = cnn
@@ -367,6 +367,40 @@ def test_an_agent_killed_alone_leaves_its_generations_to_the_next_agent(ddprun, 
     path, step, source, lost = resume_of(out0)
     assert source == "memory" and os.path.basename(path).startswith("own-"), out0
     assert step >= 11 and lost is not None and lost <= 1, (step, lost, seen)
+
+
+def test_generations_of_another_train_conf_are_not_resumed_from(ddprun, tmp_path):
+    """An agent killed alone, then started again under the same run id with a train.conf of
+    another model width: it takes over the dead agent's generations (same job to the agent), but
+    the worker sees they hold another model and starts afresh, saying so, instead of failing
+    the run as for a user's own snapshot.dir of another model."""
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    first = write_conf(tmp_path, 8, epochs=8)
+    port = free_port()  # the same endpoint: part of the job's identity
+    job = start_job(ddprun, first, tmp_path / "snap0", tmp_path / "m0.jsonl", "--local-addr",
+                    "127.0.0.1", "--rdzv-conf", rdzv, nnodes="1", port=port)
+    jobs = [job]
+    try:
+        read_until_step(job, 8)
+        dead_dir = memory_dir(job.pid)
+        kill_node(job)
+        assert slot_steps(dead_dir), "no generation left behind"
+        other = tmp_path / "other.conf"
+        other.write_text(CONF.format(every=8, epochs=1).replace("width = 8", "width = 4"))
+        jobs.append(start_job(ddprun, str(other), tmp_path / "snap1", tmp_path / "m1.jsonl",
+                              "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv, nnodes="1",
+                              port=port))
+        out = finish(jobs[1])
+    finally:
+        kill_left(jobs)
+    assert "taken over" in out, out
+    assert jobs[1].returncode == 0, out
+    assert re.search(r"memory snapshot \S+ holds model cnn width 8 .*; not resumed from it",
+                     out), out
+    assert "resuming from" not in out, out
+    events = [json.loads(line) for line in open(tmp_path / "m1.jsonl")]
+    assert not [e for e in events if e["event"] == "resume"], events
+    assert [e["step"] for e in events if e["event"] == "train"][-1] == 32, events
 
 
 def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):

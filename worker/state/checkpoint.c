@@ -154,31 +154,45 @@ int checkpoint_agree_step(const train_parts_t *p, const train_state_t *s, bool *
     return got[0] > 0 ? SIGTERM : got[1] > 0 ? SIGUSR1 : 0; /* termination wins over a checkpoint */
 }
 
-/* A snapshot from another configuration cannot continue this run: say which key differs. */
-static void check_compatible(const train_parts_t *p, const snapshot_header_t *h, const char *path) {
+/* Why a snapshot from another configuration cannot continue this run, into why (which key
+ * differs, and what to do): false when it can. */
+static bool is_incompatible(const train_parts_t *p, const snapshot_header_t *h, char *why,
+                            size_t why_len) {
     const model_t *m = p->model;
     if (strncmp(h->model, m->name, sizeof h->model) != 0 || h->width != (uint32_t)p->conf->width ||
-        h->n_params != m->n_params || h->n_buffers != m->n_buffers)
-        die(DDP_EXIT_CONFIG,
-            "snapshot %s holds model %.32s width %u (%" PRIu64
-            " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
-            path, h->model, h->width, h->n_params, m->name, (long long)p->conf->width, m->n_params);
-    if (h->train_samples != (uint64_t)p->data->train.n || h->seed != (uint64_t)p->conf->seed)
-        die(DDP_EXIT_CONFIG,
-            "snapshot %s was taken with %" PRIu64 " training samples and "
-            "seed %" PRIu64 "; this run has %lld and %lld (data.train_limit, train.seed), "
-            "so its position in the data would be meaningless",
-            path, h->train_samples, h->seed, (long long)p->data->train.n, (long long)p->conf->seed);
+        h->n_params != m->n_params || h->n_buffers != m->n_buffers) {
+        snprintf(why, why_len,
+                 "holds model %.32s width %u (%" PRIu64
+                 " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
+                 h->model, h->width, h->n_params, m->name, (long long)p->conf->width, m->n_params);
+        return true;
+    }
+    if (h->train_samples != (uint64_t)p->data->train.n || h->seed != (uint64_t)p->conf->seed) {
+        snprintf(why, why_len,
+                 "was taken with %" PRIu64 " training samples and seed %" PRIu64
+                 "; this run has %lld and %lld (data.train_limit, train.seed), so its position in "
+                 "the data would be meaningless",
+                 h->train_samples, h->seed, (long long)p->data->train.n, (long long)p->conf->seed);
+        return true;
+    }
     /* SGD's momentum is not Adam's first moment, and SGD has no second moment: no carrying over.
      * Adam and AdamW keep the same state (as torch's state_dicts), so either resumes the other. */
     bool was_adam = h->optimizer != SNAPSHOT_OPTIM_SGD, is_adam = p->optim->kind != OPTIM_SGD;
-    if (was_adam != is_adam)
-        die(DDP_EXIT_CONFIG,
-            "snapshot %s was taken with optim.name=%s; train.conf asks for "
-            "optim.name=%s, which cannot continue %s's state: keep optim.name=%s, or start "
-            "afresh in another snapshot.dir",
-            path, optimizer_name(h->optimizer), optimizer_name(p->optim->kind),
-            optimizer_name(h->optimizer), optimizer_name(h->optimizer));
+    if (was_adam != is_adam) {
+        snprintf(why, why_len,
+                 "was taken with optim.name=%s; train.conf asks for optim.name=%s, which cannot "
+                 "continue %s's state: keep optim.name=%s, or start afresh in another "
+                 "snapshot.dir",
+                 optimizer_name(h->optimizer), optimizer_name(p->optim->kind),
+                 optimizer_name(h->optimizer), optimizer_name(h->optimizer));
+        return true;
+    }
+    return false;
+}
+
+static void check_compatible(const train_parts_t *p, const snapshot_header_t *h, const char *path) {
+    char why[1024];
+    if (is_incompatible(p, h, why, sizeof why)) die(DDP_EXIT_CONFIG, "snapshot %s %s", path, why);
     if (h->optimizer != (uint32_t)p->optim->kind)
         printf("ddpworker: note: snapshot %s was taken with optim.name=%s; continuing its moments "
                "and step count with %s\n",
@@ -216,8 +230,19 @@ static int find_candidate(const train_parts_t *p, snapshot_data_t *d, char *path
     if (mem_dir && *mem_dir && (!local_rank || strcmp(local_rank, "0") == 0)) {
         memory_snapshot_source_t m =
             memory_snapshot_find_latest(mem_dir, stderr, d, path, path_len, reached);
-        if (m != MEMORY_SNAPSHOT_NONE)
+        char why[1024];
+        if (m != MEMORY_SNAPSHOT_NONE && is_incompatible(p, &d->header, why, sizeof why)) {
+            /* the node's region outlived a run of another train.conf under the same run id (an
+             * agent restarted with it): not this run's state, and not the user's snapshot.dir */
+            printf("ddpworker: memory snapshot %s %s; not resumed from it\n", path, why);
+            fflush(stdout);
+            snapshot_data_free(d);
+            *d = (snapshot_data_t){0};
+            *reached = -1;
+            path[0] = '\0';
+        } else if (m != MEMORY_SNAPSHOT_NONE) {
             source = m == MEMORY_SNAPSHOT_OWN ? SOURCE_MEMORY : SOURCE_PEER;
+        }
     }
     if (p->rank != 0 || !p->conf->snapshot_dir[0]) return source;
     if (source != SOURCE_NONE &&
