@@ -109,6 +109,7 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, const char *dir, 
     p->sent_step = -1;
     p->round = -1;
     snprintf(p->dir, sizeof p->dir, "%s", dir);
+    p->job_tag = (uint32_t)XXH3_64bits(o->rdzv_id, strlen(o->rdzv_id));
     if (store_secret_from_env(&p->secret, err, err_len) < 0 ||
         (p->secret.is_set && store_auth_init() < 0)) {
         free(p);

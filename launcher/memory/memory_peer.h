@@ -2,10 +2,12 @@
  * connections (not the store). Nodes form a ring by group rank: each agent sends every sealed
  * generation its workers write into its memory region (own-*.ddps, worker/memory_snapshot.h) to
  * the next node's agent, which keeps the newest two it received complete (peer-<node>-<0|1>.ddps
- * in its own region) so a lost node's state survives it. A generation is read and verified
- * (header and section checksums) before it is sent, written header-last on the receiving side, so
- * a transfer cut by a crash never replaces a good copy. The sender holds at most one generation;
- * a generation sealed while the previous one is on the wire is skipped for the newest.
+ * in its own region; another node's copies go once they are older than one received) so a lost
+ * node's state survives it. Frames carry a tag of the run id: another job's are refused. A
+ * generation is read and verified (header and section checksums) before it is sent, written
+ * header-last on the receiving side, so a transfer cut by a crash never replaces a good copy. The
+ * sender holds at most one generation; a generation sealed while the previous one is on the wire is
+ * skipped for the newest.
  *
  * With a shared secret in the agents' environment (DDPRUN_STORE_SECRET[_FILE]) a receiver takes
  * frames only after the sender's HMAC over a nonce it sent (docs/protocol.md).

@@ -49,6 +49,7 @@ struct memory_peer {
     uv_tcp_t listener;
     uv_timer_t poll;
     store_secret_t secret; /* the store's (DDPRUN_STORE_SECRET...): peers prove it */
+    uint32_t job_tag;      /* of the run id, in every frame: another job's frames are refused */
     int open_handles;
     bool is_stopping;
     conn_t *conns;

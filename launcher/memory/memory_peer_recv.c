@@ -33,26 +33,45 @@ void memory_peer__conn_close(conn_t *c) {
     if (!uv_is_closing((uv_handle_t *)&c->tcp)) uv_close((uv_handle_t *)&c->tcp, conn_closed);
 }
 
-/* Other origins' copies go once a newer origin's is complete: two generations per peer. */
-static void remove_other_origins(memory_peer_t *p, uint32_t origin) {
-    DIR *d = opendir(p->dir);
-    if (!d) return;
+/* Other origins' copies go once origin's copy of step is complete (two generations per peer):
+ * those of an older step, or none that verifies. A newer one stays (its node's state, which a
+ * resume may still need: ranks are renumbered by rounds, the copies are not), as does its
+ * progress file while a copy of its origin is left. */
+static void remove_other_origins(memory_peer_t *p, uint32_t origin, int64_t step) {
     char keep[64];
     snprintf(keep, sizeof keep, "peer-%u-", origin);
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, "peer-", 5) != 0 || strncmp(e->d_name, keep, strlen(keep)) == 0)
-            continue;
-        char path[1500];
-        snprintf(path, sizeof path, "%s/%s", p->dir, e->d_name);
-        unlink(path);
+    for (int pass = 0; pass < 2; pass++) { /* copies, then the progress files left alone */
+        DIR *d = opendir(p->dir);
+        if (!d) return;
+        for (struct dirent *e; (e = readdir(d));) {
+            unsigned other;
+            char kind[16], extra;
+            if (strncmp(e->d_name, keep, strlen(keep)) == 0 ||
+                sscanf(e->d_name, "peer-%u-%15[a-z0-9.]%c", &other, kind, &extra) != 2)
+                continue;
+            char path[1500];
+            snprintf(path, sizeof path, "%s/%s", p->dir, e->d_name);
+            bool is_progress = strcmp(kind, "progress") == 0;
+            if (pass == 0 && !is_progress && memory_peer__file_step(path) <= step) unlink(path);
+            if (pass == 1 && is_progress) {
+                char copy[2][1500];
+                for (int i = 0; i < 2; i++)
+                    snprintf(copy[i], sizeof copy[i], "%s/peer-%u-%d.ddps", p->dir, other, i);
+                if (access(copy[0], F_OK) != 0 && access(copy[1], F_OK) != 0) unlink(path);
+            }
+        }
+        closedir(d);
     }
-    closedir(d);
 }
 
 /* The frame is complete: open the slot that does not hold origin's newest copy. */
 static int begin_payload(conn_t *c) {
     memory_peer_t *p = c->p;
     if (memcmp(c->frame, MEMORY_PEER_MAGIC, 8) != 0) return -EPROTO;
+    uint32_t job_tag;
+    memcpy(&job_tag, c->frame + 12, 4);
+    /* another job's agent (reusing the port of one of this job's that died): not ours to keep */
+    if (job_tag != p->job_tag) return -EXDEV;
     memcpy(&c->origin, c->frame + 8, 4);
     memcpy(&c->n_bytes, c->frame + 24, 8);
     memcpy(&c->reached, c->frame + 32, 8);
@@ -84,7 +103,7 @@ static void end_payload(conn_t *c) {
     int64_t step = memory_peer__header_step(&c->head);
     if (step >= 0) {
         memcpy(c->map, &c->head, sizeof c->head);
-        remove_other_origins(c->p, c->origin);
+        remove_other_origins(c->p, c->origin, step);
         char path[1500];
         snprintf(path, sizeof path, "%s/peer-%u-progress", c->p->dir, c->origin);
         uint64_t v[2] = {c->reached, ~c->reached};
@@ -151,6 +170,7 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
                          rc == -EPROTO     ? "not a ddprun "
                                              "memory snapshot frame"
                          : rc == -EMSGSIZE ? "size out of bounds"
+                         : rc == -EXDEV    ? "sent by an agent of another run id"
                                            : strerror(-rc),
                          c->p->dir);
                 memory_peer__conn_close(c);

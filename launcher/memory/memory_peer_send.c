@@ -193,10 +193,9 @@ static void after_read(uv_work_t *req, int status) {
     }
     if (!p->is_read_ok || !p->is_connected) return; /* torn by the next generation: the next poll */
     memcpy(p->frame, MEMORY_PEER_MAGIC, 8);
-    uint32_t zero = 0;
     uint64_t step = (uint64_t)p->read_step, n = p->buf_len;
     memcpy(p->frame + 8, &p->origin, 4);
-    memcpy(p->frame + 12, &zero, 4);
+    memcpy(p->frame + 12, &p->job_tag, 4);
     memcpy(p->frame + 16, &step, 8);
     memcpy(p->frame + 24, &n, 8);
     memcpy(p->frame + 32, &p->reached, 8);

@@ -4,7 +4,9 @@
  * receiver slow to send its nonce gets no second connection meanwhile (the 2026-11-27 "sent too
  * much": a connection per 10 ms poll, each left open, both nonces read as one challenge), and one
  * that never sends it is dropped after CHALLENGE_MS and connected to again; on the receiving side
- * a connection that never proves the secret is closed after PROOF_MS. */
+ * a connection that never proves the secret is closed after PROOF_MS; a frame of another run id
+ * writes nothing, and another origin's copies go only where they are older than the one received.
+ */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include "memory/memory_peer_internal.h"
 #include "store_auth.h"
 #include "temp_dir.h"
+#include "xxh3_simd.h"
 
 #define SECRET "memory-peer-unit-test-secret"
 
@@ -35,6 +38,7 @@ static void setup(void) {
     cr_assert_eq(uv_loop_init(&loop), 0);
     memset(&opts, 0, sizeof opts);
     strcpy(opts.local_addr, "127.0.0.1");
+    strcpy(opts.rdzv_id, "unit-job");
     /* the next node's receiver: a listener that accepts only when the test says so */
     receiver = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     cr_assert_geq(receiver, 0);
@@ -156,5 +160,107 @@ Test(memory_peer, a_sender_that_never_proves_the_secret_is_closed) {
     int fds[64];
     for (int i = 0, n = accept_all(fds, 64); i < n && i < 64; i++)
         close(fds[i]);
+    stop_sender(p);
+}
+
+/* The receiving side without a secret: frames of another run id (an agent of another job that
+ * took over the port of one of this job's) write nothing; this job's are kept, and another
+ * origin's copies go only where they are older than the one received. */
+
+/* A sealed snapshot header of step (what the receiver verifies). */
+static snapshot_header_t sealed_header(uint64_t step) {
+    snapshot_header_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, SNAPSHOT_MAGIC, sizeof h.magic);
+    h.version = SNAPSHOT_VERSION;
+    h.header_bytes = sizeof h;
+    h.step = step;
+    h.header_checksum = XXH3_64bits(&h, HEADER_CHECKED);
+    return h;
+}
+
+static void write_file(const char *name, const void *bytes, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+    cr_assert_eq(write(fd, bytes, n), (ssize_t)n);
+    close(fd);
+}
+
+static bool has_file(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+/* Connect to p's listener and send one frame of origin's generation of step (header only), tagged
+ * with run id's tag; returns the connection. */
+static int send_copy(memory_peer_t *p, const char *run_id, uint32_t origin, uint64_t step) {
+    const char *host;
+    uint16_t port;
+    memory_peer_address(p, &host, &port);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+    snapshot_header_t h = sealed_header(step);
+    uint8_t frame[FRAME_BYTES];
+    uint32_t tag = (uint32_t)XXH3_64bits(run_id, strlen(run_id));
+    uint64_t n = sizeof h, reached = step;
+    memcpy(frame, MEMORY_PEER_MAGIC, 8);
+    memcpy(frame + 8, &origin, 4);
+    memcpy(frame + 12, &tag, 4);
+    memcpy(frame + 16, &step, 8);
+    memcpy(frame + 24, &n, 8);
+    memcpy(frame + 32, &reached, 8);
+    cr_assert_eq(write(fd, frame, sizeof frame), (ssize_t)sizeof frame);
+    cr_assert_eq(write(fd, &h, sizeof h), (ssize_t)sizeof h);
+    run_for(300);
+    return fd;
+}
+
+static void drain_receiver(void) {
+    int fds[64];
+    for (int i = 0, n = accept_all(fds, 64); i < n && i < 64; i++)
+        close(fds[i]);
+}
+
+Test(memory_peer, a_copy_from_an_agent_of_another_run_id_is_refused) {
+    unsetenv(STORE_SECRET_ENV);
+    memory_peer_t *p = start_sender();
+    int fd = send_copy(p, "another-job", 7, 50);
+    uint8_t byte;
+    cr_assert_eq(recv(fd, &byte, 1, MSG_DONTWAIT), 0, "the connection stays open");
+    cr_assert_not(has_file("peer-7-0.ddps") || has_file("peer-7-1.ddps"), "a copy was written");
+    close(fd);
+    fd = send_copy(p, opts.rdzv_id, 7, 50);
+    cr_assert_eq(recv(fd, &byte, 1, MSG_DONTWAIT), -1, "this job's sender was closed");
+    cr_assert(has_file("peer-7-0.ddps"), "this job's copy was not written");
+    cr_assert(has_file("peer-7-progress"));
+    close(fd);
+    drain_receiver();
+    stop_sender(p);
+}
+
+Test(memory_peer, another_origins_newer_copy_stays_when_an_older_step_arrives) {
+    unsetenv(STORE_SECRET_ENV);
+    memory_peer_t *p = start_sender();
+    snapshot_header_t newer = sealed_header(100), older = sealed_header(10);
+    uint64_t progress[2] = {100, ~(uint64_t)100};
+    write_file("peer-5-0.ddps", &newer, sizeof newer);
+    write_file("peer-5-progress", progress, sizeof progress);
+    write_file("peer-4-0.ddps", &older, sizeof older);
+    write_file("peer-4-1.ddps", "torn", 4);
+    write_file("peer-4-progress", progress, sizeof progress);
+    int fd = send_copy(p, opts.rdzv_id, 7, 50);
+    cr_assert(has_file("peer-7-0.ddps"), "the copy was not written");
+    cr_assert(has_file("peer-5-0.ddps") && has_file("peer-5-progress"),
+              "a copy of a newer step was deleted");
+    cr_assert_not(has_file("peer-4-0.ddps") || has_file("peer-4-1.ddps") ||
+                      has_file("peer-4-progress"),
+                  "an older origin's copies stay");
+    close(fd);
+    drain_receiver();
     stop_sender(p);
 }
