@@ -114,6 +114,7 @@ static const backend_memory_i gpu_mem = make_mem();
 static const backend_i gpu_ops = make_ops();
 
 cudaStream_t backend_cuda_stream(backend_t *b) {
+    gpu_bind_thread(gpu_of(b)); /* NCCL's calls come from the gradient buckets' thread too */
     return gpu_of(b)->stream;
 }
 

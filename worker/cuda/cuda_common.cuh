@@ -82,6 +82,7 @@ typedef struct {
     cudnnConvolutionDescriptor_t conv_desc;
     conv_algos_t algos[CONV_CACHE];
     int n_algos;
+    int algo_victim;    /* the entry a new shape replaces once all CONV_CACHE are taken */
     float *bn_partials; /* batch-norm reductions: chunks x C partial sums, twice */
     size_t bn_partials_len;
     float *bn_sums;   /* 2 x BN_MAX_CHANNELS */
@@ -263,6 +264,10 @@ bool gpu_is_device(backend_t *b, const void *p);
 int gpu_reserve_workspace(backend_t *b, size_t n_bytes);
 /* Device scratch grown on first use (the first step) and kept. */
 float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes);
+/* Make g's device current on the calling thread (once per thread): CUDA's current device is per
+ * thread and starts at 0, and a thread other than the trainer's (the gradient buckets' all-reduce)
+ * would otherwise make GPU 0's context for a rank of another GPU. */
+void gpu_bind_thread(gpu_t *g);
 void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes);
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes);
 int gpu_pin_host(backend_t *b, void *p, size_t n_bytes);

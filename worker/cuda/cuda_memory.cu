@@ -64,8 +64,16 @@ static float *stage(gpu_t *g, size_t n_bytes) {
     return gpu_grown(g, &g->stage, &g->stage_bytes, n_bytes);
 }
 
+void gpu_bind_thread(gpu_t *g) {
+    static __thread int bound = -1;
+    if (bound == g->device) return;
+    CHECK_CUDA(cudaSetDevice(g->device));
+    bound = g->device;
+}
+
 void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
+    gpu_bind_thread(g);
     if (!n_bytes) return;
     /* from pageable memory the copy has read src before it returns, so src may be reused */
     if (!in_low_arena(g, dst)) {
@@ -80,6 +88,7 @@ void gpu_to_device(backend_t *b, void *dst, const void *src, size_t n_bytes) {
 
 void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
+    gpu_bind_thread(g);
     if (n_bytes && in_low_arena(g, src)) {
         float *s = stage(g, n_bytes);
         size_t n = n_bytes / sizeof(float);
@@ -134,7 +143,7 @@ void gpu_copy_out_fence(backend_t *b) {
 void gpu_copy_out_wait(backend_t *b) {
     gpu_t *g = gpu_of(b);
     if (!g->copy_stream) return;
-    CHECK_CUDA(cudaSetDevice(g->device)); /* another thread than the trainer's may wait */
+    gpu_bind_thread(g); /* another thread than the trainer's may wait */
     CHECK_CUDA(cudaStreamSynchronize(g->copy_stream));
 }
 
@@ -158,20 +167,29 @@ int gpu_mark_arenas(backend_t *b, float *params, size_t n_params, float *acts, f
     return 0;
 }
 
+/* The startup trace's first step ends where the second begins (its forward, or the recording of
+ * it): the first has been queued whole, wait for it. Never while recording: a capturing stream
+ * cannot be waited for (the capture would fail, and the worker with it). */
+static void trace_first_step_end(gpu_t *g) {
+    g->trace_forwards = 2;
+    CHECK_CUDA(cudaStreamSynchronize(g->stream));
+    char what[160];
+    snprintf(what, sizeof what,
+             "first step (of which cuDNN's algorithm search: %.3f s for %d shapes)",
+             g->search_seconds, g->searched_shapes);
+    startup_trace_end(what, g->trace_first_forward);
+}
+
 /* The parameters may have changed (an optimizer step, a broadcast, a resume): refresh their copy.
  */
 void gpu_prepare_forward(backend_t *b) {
     gpu_t *g = gpu_of(b);
     if (g->trace_forwards < 2 && startup_trace_is_on()) {
-        if (++g->trace_forwards == 1) {
+        if (g->trace_forwards == 0) {
+            g->trace_forwards = 1;
             g->trace_first_forward = startup_trace_now();
-        } else { /* the first step has been queued whole: wait for it */
-            CHECK_CUDA(cudaStreamSynchronize(g->stream));
-            char what[160];
-            snprintf(what, sizeof what,
-                     "first step (of which cuDNN's algorithm search: %.3f s for %d shapes)",
-                     g->search_seconds, g->searched_shapes);
-            startup_trace_end(what, g->trace_first_forward);
+        } else if (!g->is_recording) { /* recordings end it in gpu_graph_begin */
+            trace_first_step_end(g);
         }
     }
     if (g->profile_first > 0) { /* the capture range: whole steps, each from its forward on */
@@ -199,6 +217,7 @@ typedef struct {
 int gpu_graph_begin(backend_t *b) {
     gpu_t *g = gpu_of(b);
     if (!g->is_graphs || g->profile_first > 0 || g->is_recording) return -1;
+    if (g->trace_forwards == 1 && startup_trace_is_on()) trace_first_step_end(g);
     /* thread-local: the collective's thread may use CUDA meanwhile without spoiling this */
     CHECK_CUDA(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
     g->is_recording = true;

@@ -141,8 +141,14 @@ static const conv_algos_t *conv_algos(gpu_t *g, const conv_shape_t *s) {
         a->is_shared_only = false;
     }
     if (!a) {
-        if (g->n_algos == CONV_CACHE) g->n_algos = 0; /* more shapes than any model here has */
-        a = &g->algos[g->n_algos++];
+        /* more shapes than any model here has: replace the entries in turn (the others stay
+         * found) */
+        if (g->n_algos < CONV_CACHE) {
+            a = &g->algos[g->n_algos++];
+        } else {
+            a = &g->algos[g->algo_victim];
+            g->algo_victim = (g->algo_victim + 1) % CONV_CACHE;
+        }
         memset(a, 0, sizeof *a);
         a->shape = *s;
         a->shape.is_dx_written = false;

@@ -309,7 +309,7 @@ int gpu_conv2d_bn_forward(backend_t *b, const conv_shape_t *s, tensor_desc_t x_d
     if (!g->is_conv_fusion || g->low == LOW_NONE || (has_affine && g->low != LOW_FP16) ||
         !is_low(g, x_d) || !is_low(g, y_d) || s->c % 8 || s->k % 8 || s->c > BN_MAX_CHANNELS ||
         !aligned16(x_d.data) || !aligned16(y_d.data) || !aligned16(shadow_of(g, w)) ||
-        (has_affine && (!scale || !bias)))
+        !aligned16(sum) || !aligned16(sqsum) || (has_affine && (!scale || !bias)))
         return -1;
     conv_fusion_plan_t *p = plan_for(g, s, has_affine);
     if (!p || !p->plan) return -1;
