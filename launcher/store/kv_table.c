@@ -10,9 +10,16 @@
 #include <sodium.h>
 #include <xxhash.h>
 
-/* Bytes charged per entry and per queue item on top of their payload, so that a flood of empty
- * keys is bounded by max_bytes too. */
-#define ENTRY_OVERHEAD 64u
+/* What the budget charges on top of payloads, so that it bounds the heap the table holds, not just
+ * the bytes peers sent (a flood of empty keys, of 1-byte values, of WAITs on many keys): an
+ * entry's struct, malloc's header and its share of the slot array (at most 4 pointers: the load
+ * stays between 1/8 and 1/2); a value's malloc header and smallest chunk; a queue item's struct
+ * and header; a waiter's struct, header and links. */
+#define MALLOC_OVERHEAD 16u
+#define ENTRY_OVERHEAD  (sizeof(kv_entry_t) + MALLOC_OVERHEAD + 4 * sizeof(kv_entry_t *))
+#define VALUE_OVERHEAD  32u
+#define ITEM_OVERHEAD   (sizeof(queue_item_t) + MALLOC_OVERHEAD)
+#define MIN_SLOTS       64u
 
 typedef struct kv_entry kv_entry_t;
 
@@ -23,6 +30,8 @@ typedef struct wait_link {
 } wait_link_t;
 
 struct kv_waiter {
+    kv_table_t *t;
+    size_t charge; /* what t's budget holds for it */
     kv_wake_cb cb;
     void *owner;
     uint64_t max_links;
@@ -62,7 +71,7 @@ struct kv_table {
 int kv_table_create(size_t max_bytes, kv_table_t **out) {
     kv_table_t *t = calloc(1, sizeof *t);
     if (!t) return -ENOMEM;
-    t->cap = 64;
+    t->cap = MIN_SLOTS;
     t->slots = calloc(t->cap, sizeof *t->slots);
     if (!t->slots) {
         free(t);
@@ -122,8 +131,7 @@ static kv_entry_t *find(const kv_table_t *t, const void *key, size_t len) {
     return t->slots[find_slot(t, key, len, hash_key(t, key, len))];
 }
 
-static int grow(kv_table_t *t) {
-    size_t new_cap = t->cap * 2;
+static int resize(kv_table_t *t, size_t new_cap) {
     kv_entry_t **slots = calloc(new_cap, sizeof *slots);
     if (!slots) return -ENOMEM;
     for (size_t i = 0; i < t->cap; i++) {
@@ -158,7 +166,7 @@ static int get_or_create(kv_table_t *t, const void *key, size_t len, size_t extr
     size_t cost = len + ENTRY_OVERHEAD;
     if (extra_bytes > SIZE_MAX - cost || would_exceed(t, cost + extra_bytes)) return -ENOSPC;
     if ((t->n_entries + 1) * 2 > t->cap) {
-        int rc = grow(t);
+        int rc = resize(t, t->cap * 2);
         if (rc < 0) return rc;
         i = find_slot(t, key, len, h);
     }
@@ -193,13 +201,20 @@ static void maybe_remove(kv_table_t *t, kv_entry_t *e) {
     t->bytes -= e->key_len + ENTRY_OVERHEAD;
     free(e->val);
     free(e);
+    /* a table emptied of most of its keys gives the slots back (what the budget charges them) */
+    if (t->cap > MIN_SLOTS && t->n_entries * 8 < t->cap) resize(t, t->cap / 2);
 }
 
 static void link_waiter(kv_waiter_t *w, kv_entry_t *e);
 
+static void waiter_free(kv_waiter_t *w) {
+    w->t->bytes -= w->charge;
+    free(w);
+}
+
 static void fire(kv_waiter_t *w) {
     w->cb(w->owner);
-    free(w);
+    waiter_free(w);
 }
 
 static void unlink_wait(kv_entry_t *e, wait_link_t *l) {
@@ -240,9 +255,14 @@ static void wake_one(kv_entry_t *e) {
     }
 }
 
+/* What the budget holds for e's value buffer. */
+static size_t value_charge(const kv_entry_t *e) {
+    return e && e->val ? e->val_cap + VALUE_OVERHEAD : 0;
+}
+
 static int store_value(kv_table_t *t, kv_entry_t *e, const void *val, size_t len) {
-    /* The budget charges val_len: a buffer much larger than its value (left by a bigger one)
-     * would be memory held without being charged, so it is not reused. */
+    size_t before = value_charge(e);
+    /* a buffer much larger than its value (left by a bigger one) is not kept */
     if (len > e->val_cap || len < e->val_cap / 2 || !e->val) {
         uint8_t *p = malloc(len ? len : 1);
         if (!p) return -ENOMEM;
@@ -251,19 +271,17 @@ static int store_value(kv_table_t *t, kv_entry_t *e, const void *val, size_t len
         e->val_cap = len;
     }
     if (len) memcpy(e->val, val, len);
-    if (e->is_set)
-        t->bytes -= e->val_len;
-    else
-        t->n_set++;
-    t->bytes += len;
+    if (!e->is_set) t->n_set++;
+    t->bytes = t->bytes - before + value_charge(e);
     e->val_len = len;
     e->is_set = true;
     return 0;
 }
 
+/* What storing a value of new_len bytes into e (NULL: a new entry) adds to the budget at most. */
 static size_t value_delta(const kv_entry_t *e, size_t new_len) {
-    size_t old = e && e->is_set ? e->val_len : 0;
-    return new_len > old ? new_len - old : 0;
+    size_t after = new_len + VALUE_OVERHEAD, before = value_charge(e);
+    return after > before ? after - before : 0;
 }
 
 int kv_table_set(kv_table_t *t, const void *key, size_t key_len, const void *val, size_t val_len) {
@@ -358,18 +376,18 @@ int kv_table_append(kv_table_t *t, const void *key, size_t key_len, const void *
                     size_t val_len) {
     kv_entry_t *e = find(t, key, key_len);
     if (!e || !e->is_set) return kv_table_set(t, key, key_len, val, val_len);
-    if (would_exceed(t, val_len)) return -ENOSPC;
     size_t total = e->val_len + val_len;
     if (total > e->val_cap) {
         size_t cap = e->val_cap * 2 > total ? e->val_cap * 2 : total;
+        if (would_exceed(t, cap - e->val_cap)) return -ENOSPC;
         uint8_t *p = realloc(e->val, cap);
         if (!p) return -ENOMEM;
         e->val = p;
+        t->bytes += cap - e->val_cap;
         e->val_cap = cap;
     }
     if (val_len) memcpy(e->val + e->val_len, val, val_len);
     e->val_len = total;
-    t->bytes += val_len;
     wake_all(e);
     return 0;
 }
@@ -377,7 +395,7 @@ int kv_table_append(kv_table_t *t, const void *key, size_t key_len, const void *
 int kv_table_delete(kv_table_t *t, const void *key, size_t key_len) {
     kv_entry_t *e = find(t, key, key_len);
     if (!e || !e->is_set) return 0;
-    t->bytes -= e->val_len;
+    t->bytes -= value_charge(e);
     t->n_set--;
     e->is_set = false;
     e->val_len = 0;
@@ -405,7 +423,7 @@ size_t kv_table_bytes(const kv_table_t *t) {
 int kv_table_queue_push(kv_table_t *t, const void *key, size_t key_len, const void *val,
                         size_t val_len) {
     kv_entry_t *e;
-    size_t cost = val_len + ENTRY_OVERHEAD;
+    size_t cost = val_len + ITEM_OVERHEAD;
     int rc = get_or_create(t, key, key_len, cost, &e);
     if (rc < 0) return rc;
     queue_item_t *item = malloc(sizeof *item + val_len);
@@ -443,7 +461,7 @@ int kv_table_queue_pop(kv_table_t *t, const void *key, size_t key_len, int64_t *
     e->q_head = item->next;
     if (!e->q_head) e->q_tail = NULL;
     e->q_len--;
-    t->bytes -= item->len + ENTRY_OVERHEAD;
+    t->bytes -= item->len + ITEM_OVERHEAD;
     free(item);
     maybe_remove(t, e);
     return 0;
@@ -456,10 +474,15 @@ int64_t kv_table_queue_len(kv_table_t *t, const void *key, size_t key_len) {
 
 int kv_table_wait_begin(kv_table_t *t, uint64_t max_keys, kv_wake_cb cb, void *owner,
                         kv_waiter_t **out) {
-    (void)t;
-    if (max_keys > (SIZE_MAX - sizeof(kv_waiter_t)) / sizeof(wait_link_t)) return -ENOMEM;
-    kv_waiter_t *w = calloc(1, sizeof *w + (size_t)max_keys * sizeof(wait_link_t));
+    if (max_keys > (SIZE_MAX - sizeof(kv_waiter_t) - MALLOC_OVERHEAD) / sizeof(wait_link_t))
+        return -ENOMEM;
+    size_t size = sizeof(kv_waiter_t) + (size_t)max_keys * sizeof(wait_link_t);
+    if (would_exceed(t, size + MALLOC_OVERHEAD)) return -ENOSPC;
+    kv_waiter_t *w = calloc(1, size);
     if (!w) return -ENOMEM;
+    w->t = t;
+    w->charge = size + MALLOC_OVERHEAD;
+    t->bytes += w->charge;
     w->cb = cb;
     w->owner = owner;
     w->max_links = max_keys;
@@ -487,7 +510,7 @@ void kv_table_wait_cancel(kv_table_t *t, kv_waiter_t *w) {
         unlink_wait(e, l);
         maybe_remove(t, e);
     }
-    free(w);
+    waiter_free(w);
 }
 
 int kv_table_wait_commit(kv_table_t *t, kv_waiter_t *w) {
@@ -545,8 +568,8 @@ int kv_table_barrier(kv_table_t *t, const void *key, size_t key_len, int64_t wor
     int rc = get_or_create(t, key, key_len, value_delta(e, (size_t)n), &e);
     if (rc == 0) rc = store_value(t, e, text, (size_t)n);
     if (rc < 0) {
-        free(w);
-        maybe_remove(t, e);
+        if (w) waiter_free(w);
+        if (e) maybe_remove(t, e); /* NULL: a new key the table had no room for */
         return rc;
     }
     if (!w) {

@@ -3,8 +3,9 @@
  * callback. Single-threaded (the store's loop). Keys are hashed with a per-table random seed so
  * a peer cannot choose colliding keys.
  *
- * Memory held for keys, values and queue items is accounted and bounded by max_bytes: writes that
- * would cross it fail with -ENOSPC and change nothing.
+ * Memory held for keys, values, queue items and WAIT registrations is accounted (with what malloc
+ * and the slots add) and bounded by max_bytes: writes and waits that would cross it fail with
+ * -ENOSPC and change nothing.
  */
 #ifndef DDP_LAUNCHER_KV_TABLE_H
 #define DDP_LAUNCHER_KV_TABLE_H
@@ -69,7 +70,8 @@ bool kv_table_next_key(const kv_table_t *t, size_t *cursor, const uint8_t **key,
 int kv_table_barrier(kv_table_t *t, const void *key, size_t key_len, int64_t world_size,
                      kv_wake_cb cb, void *owner, kv_waiter_t **out);
 
-/* WAIT: begin(max_keys), add each key, then commit. commit returns 1 when all keys are already
+/* WAIT: begin(max_keys: the keys missing now, whose links it holds; -ENOSPC when the budget has no
+ * room for them), add each key, then commit. commit returns 1 when all keys are already
  * present (waiter freed, cb not called), 0 when registered (cb fires later), or a negative code
  * (waiter freed). A registered waiter is cancelled with kv_table_wait_cancel (no cb); so is one
  * whose add_key failed (-ENOSPC, -ENOMEM, -EINVAL past max_keys). */

@@ -98,10 +98,15 @@ static void op_wait(store_ops_t *ops, store_session_t *s, const store_request_t 
          * WAIT replaces the abandoned one. */
         store_ops_forget_waiter(s);
     }
-    kv_waiter_t *w = NULL;
-    int rc = kv_table_wait_begin(t, req->n_items, on_wait_done, s, &w);
+    /* links for the keys missing now only: the waiter is charged to the table's budget */
+    uint64_t n_missing = 0;
     size_t cursor = 0;
     store_bytes_t key;
+    while (store_proto_next_item(req, &cursor, &key, NULL))
+        n_missing += !kv_table_check(t, key.ptr, key.len);
+    kv_waiter_t *w = NULL;
+    int rc = kv_table_wait_begin(t, n_missing, on_wait_done, s, &w);
+    cursor = 0;
     while (rc == 0 && store_proto_next_item(req, &cursor, &key, NULL))
         rc = kv_table_wait_add_key(t, w, key.ptr, key.len);
     if (rc < 0) {

@@ -490,6 +490,41 @@ Test(kv_table, many_empty_keys_are_bounded_too) {
     kv_table_destroy(small);
 }
 
+Test(kv_table, a_barrier_on_a_new_key_the_table_has_no_room_for_is_refused) {
+    kv_table_t *small;
+    cr_assert_eq(kv_table_create(4096, &small), 0);
+    char big[4096] = {0};
+    size_t n = 1;
+    while (kv_table_set(small, S("fill"), big, n) == 0)
+        n++; /* the table full to the byte */
+    size_t used = kv_table_bytes(small);
+    kv_waiter_t *w = NULL;
+    cr_assert_eq(kv_table_barrier(small, S("new barrier key"), 2, on_wake, NULL, &w), -ENOSPC);
+    cr_assert_null(w);
+    cr_assert_not(kv_table_check(small, S("new barrier key")));
+    cr_assert_eq(kv_table_bytes(small), used, "the refusal changed nothing");
+    kv_table_destroy(small);
+}
+
+Test(kv_table, waits_are_charged_to_the_budget) {
+    kv_table_t *small;
+    cr_assert_eq(kv_table_create(64 * 1024, &small), 0);
+    kv_waiter_t *w = NULL;
+    /* 16384 keys' links are a quarter of a MiB or more: past this budget, refused up front */
+    cr_assert_eq(kv_table_wait_begin(small, 16384, on_wake, NULL, &w), -ENOSPC);
+    cr_assert_eq(kv_table_bytes(small), 0);
+    cr_assert_eq(kv_table_wait_begin(small, 1, on_wake, (void *)3, &w), 0);
+    cr_assert_eq(kv_table_wait_add_key(small, w, S("awaited")), 0);
+    cr_assert_eq(kv_table_wait_commit(small, w), 0);
+    cr_assert_gt(kv_table_bytes(small), 0);
+    memset(woken, 0, sizeof woken);
+    cr_assert_eq(kv_table_set(small, S("awaited"), S("x")), 0);
+    cr_assert_eq(woken[3], 1);
+    cr_assert_eq(kv_table_delete(small, S("awaited")), 1);
+    cr_assert_eq(kv_table_bytes(small), 0, "the fired waiter's charge is released");
+    kv_table_destroy(small);
+}
+
 /* Heap bytes in use. Under AddressSanitizer (every CI build) malloc is the sanitizer's, which
  * mallinfo2 does not see: its own counter, which counts a freed block as freed even while it waits
  * in quarantine. */
@@ -529,6 +564,26 @@ Test(kv_table, memory_held_follows_the_budget) {
     cr_assert_lt(held, 4 * charged + (1u << 20),
                  "the table holds %zu bytes of heap but charges %zu", held, charged);
     free(v);
+}
+
+/* Many small keys and values: the charge covers what they hold (entries, values, slots), so that
+ * the budget bounds the heap (2.3 times less was charged before). */
+Test(kv_table, small_keys_cost_no_more_heap_than_charged) {
+    char key[32];
+    size_t h0 = heap_in_use(), c0 = kv_table_bytes(t);
+    for (int i = 0; i < 20000; i++) {
+        snprintf(key, sizeof key, "k%05d", i);
+        cr_assert_eq(kv_table_set(t, S(key), "x", 1), 0);
+    }
+    size_t held = heap_in_use() - h0, charged = kv_table_bytes(t) - c0;
+    cr_assert_leq(held, charged, "the table holds %zu bytes of heap but charges %zu", held,
+                  charged);
+    for (int i = 0; i < 20000; i++) {
+        snprintf(key, sizeof key, "k%05d", i);
+        cr_assert_eq(kv_table_delete(t, S(key)), 1);
+    }
+    cr_assert_eq(kv_table_bytes(t), c0);
+    cr_assert_lt(heap_in_use() - h0, 64 * 1024, "the slots of 20000 keys stay after them");
 }
 
 /* ---- the hash table ----------------------------------------------------------------------- */
