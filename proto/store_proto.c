@@ -140,6 +140,7 @@ typedef struct {
     size_t pos;
     size_t need;
     size_t max_frame;
+    store_proto_resume_t *resume; /* NULL: every item is walked */
 } reader_t;
 
 static int rd_take(reader_t *r, size_t n, const uint8_t **out) {
@@ -206,10 +207,19 @@ static int rd_items(reader_t *r, const store_limits_t *lim, bool has_values, sto
     RD(rd_u64(r, &q->n_items));
     if (q->n_items > lim->max_keys_per_op) return STORE_PROTO_E_TOO_MANY_KEYS;
     size_t start = r->pos;
-    for (uint64_t i = 0; i < q->n_items; i++) {
+    uint64_t i = 0;
+    if (r->resume && r->resume->items_done && r->resume->items_done < q->n_items &&
+        r->resume->pos >= start && r->resume->pos <= r->len) {
+        i = r->resume->items_done; /* those before were walked in a shorter prefix */
+        r->pos = r->resume->pos;
+    }
+    for (; i < q->n_items; i++) {
+        size_t at = r->pos;
         store_bytes_t k, v;
-        RD(rd_key(r, lim, &k));
-        if (has_values) RD(rd_value(r, lim, &v));
+        int rc = rd_key(r, lim, &k);
+        if (rc == 1 && has_values) rc = rd_value(r, lim, &v);
+        if (rc == 0 && r->resume) *r->resume = (store_proto_resume_t){.items_done = i, .pos = at};
+        if (rc != 1) return rc;
     }
     q->items.ptr = r->buf + start;
     q->items.len = r->pos - start;
@@ -270,7 +280,18 @@ static int decode_body(reader_t *r, const store_limits_t *lim, store_request_t *
 int store_proto_decode_request(store_dialect_t dialect, const store_limits_t *lim,
                                const uint8_t *buf, size_t len, store_request_t *out,
                                size_t *need_bytes) {
-    reader_t r = {.buf = buf, .len = len, .pos = 0, .need = 1, .max_frame = lim->max_frame_bytes};
+    return store_proto_decode_request_resume(dialect, lim, buf, len, out, need_bytes, NULL);
+}
+
+int store_proto_decode_request_resume(store_dialect_t dialect, const store_limits_t *lim,
+                                      const uint8_t *buf, size_t len, store_request_t *out,
+                                      size_t *need_bytes, store_proto_resume_t *resume) {
+    reader_t r = {.buf = buf,
+                  .len = len,
+                  .pos = 0,
+                  .need = 1,
+                  .max_frame = lim->max_frame_bytes,
+                  .resume = resume};
     memset(out, 0, sizeof *out);
     uint8_t wire;
     int rc = rd_u8(&r, &wire);

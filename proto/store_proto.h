@@ -122,6 +122,19 @@ int store_proto_decode_request(store_dialect_t dialect, const store_limits_t *li
                                const uint8_t *buf, size_t len, store_request_t *out,
                                size_t *need_bytes);
 
+/* Where an incomplete frame of many items (CHECK WAIT MULTI_GET MULTI_SET) was left: the items
+ * already checked are not walked again when more of the frame arrives. Zero it for a new frame. */
+typedef struct {
+    uint64_t items_done;
+    size_t pos; /* where item items_done starts */
+} store_proto_resume_t;
+
+/* store_proto_decode_request for a frame whose earlier prefixes (same bytes, shorter) were decoded
+ * with the same *resume (a new frame: zeroed). */
+int store_proto_decode_request_resume(store_dialect_t dialect, const store_limits_t *lim,
+                                      const uint8_t *buf, size_t len, store_request_t *out,
+                                      size_t *need_bytes, store_proto_resume_t *resume);
+
 /* Walk CHECK/WAIT/MULTI_GET keys (value unused) or MULTI_SET pairs. *cursor starts at 0.
  * Only valid on a request returned by store_proto_decode_request. Returns false when done. */
 bool store_proto_next_item(const store_request_t *req, size_t *cursor, store_bytes_t *key,

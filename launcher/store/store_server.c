@@ -48,6 +48,7 @@ typedef struct store_conn {
     bool is_closing;
     uint8_t *in;
     size_t in_len, in_cap, in_need;
+    store_proto_resume_t in_resume; /* how far the frame at in[0] was checked */
     uint64_t accepted_ms;
     uint64_t first_byte_ms;    /* 0 until the peer sends something */
     uint64_t frame_started_ms; /* 0 when no partial frame is buffered */
@@ -307,20 +308,43 @@ static void conn_close(store_conn_t *c) {
 
 /* ---- input -------------------------------------------------------------------------------- */
 
+/* Whether the buffer budget has room for add more bytes of c's input. When it has not, the
+ * connection holding the most input (more than c would) is dropped to make it: whoever holds the
+ * budget goes, not whoever asks next. */
+static bool make_room(store_server_t *s, store_conn_t *c, size_t add) {
+    size_t most = s->limits.max_total_buffer_bytes;
+    while (s->buffered_bytes + add > most) {
+        store_conn_t *big = NULL;
+        for (store_conn_t *x = s->conns; x; x = x->next)
+            if (x != c && (!big || x->in_cap > big->in_cap)) big = x;
+        if (!big || big->in_cap <= c->in_cap) return false; /* c holds the most itself */
+        conn_drop(big,
+                  "it holds the most buffered input (%zu bytes) and all connections together "
+                  "reached the limit of %zu bytes",
+                  big->in_cap, most);
+        release_input(big); /* now: its close completes later */
+    }
+    return true;
+}
+
+/* c's input buffer: what it holds, grown only once it is full or the frame being read is known to
+ * be larger, and then by what arrived (doubling, at least a chunk), up to the frame: a peer holds
+ * the budget with bytes it sent, not with a length it claims. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     (void)suggested;
     store_conn_t *c = h->data;
     store_server_t *s = c->srv;
     *buf = uv_buf_init(NULL, 0);
     if (c->is_closing) return;
-    size_t want = c->in_len + INPUT_CHUNK_BYTES;
-    if (c->in_need > want) want = c->in_need;
+    size_t want = c->in_cap ? c->in_cap : INPUT_INITIAL_BYTES;
+    if (c->in_len >= want || c->in_need > want) {
+        want = c->in_len + (c->in_len > INPUT_CHUNK_BYTES ? c->in_len : INPUT_CHUNK_BYTES);
+        if (c->in_need > c->in_len && c->in_need < want) want = c->in_need;
+    }
     if (want > s->limits.max_frame_bytes) want = s->limits.max_frame_bytes;
-    if (c->in_cap == 0 && want > INPUT_INITIAL_BYTES && c->in_need <= INPUT_INITIAL_BYTES)
-        want = INPUT_INITIAL_BYTES; /* most peers send small frames: start small */
     if (want > c->in_cap) {
         size_t grow = want - c->in_cap;
-        if (s->buffered_bytes + grow > s->limits.max_total_buffer_bytes) return; /* -> ENOBUFS */
+        if (!make_room(s, c, grow)) return; /* -> ENOBUFS */
         uint8_t *p = realloc(c->in, want);
         if (!p) return;
         c->in = p;
@@ -375,8 +399,8 @@ static void process_input(store_conn_t *c) {
         }
         store_request_t req;
         size_t need = 0;
-        int rc = store_proto_decode_request(c->session.dialect, &s->limits, c->in + off,
-                                            c->in_len - off, &req, &need);
+        int rc = store_proto_decode_request_resume(c->session.dialect, &s->limits, c->in + off,
+                                                   c->in_len - off, &req, &need, &c->in_resume);
         if (rc == STORE_PROTO_NEED_MORE) {
             c->in_need = need;
             break;
@@ -397,6 +421,7 @@ static void process_input(store_conn_t *c) {
         apply_result(c, &res);
         off += (size_t)rc;
         c->in_need = 0;
+        c->in_resume = (store_proto_resume_t){0};
         c->frame_started_ms = 0;
     }
     if (c->is_closing) return;
@@ -406,7 +431,7 @@ static void process_input(store_conn_t *c) {
     }
     if (c->in_len > 0 && c->frame_started_ms == 0) c->frame_started_ms = clock_now_ms();
     /* A big frame leaves a big buffer behind: give it back once it is drained. */
-    if (c->in_len == 0 && c->in_cap > INPUT_CHUNK_BYTES) release_input(c);
+    if (c->in_len == 0 && c->in_cap > INPUT_INITIAL_BYTES) release_input(c);
 }
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
@@ -427,6 +452,9 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     if (nread == 0) return;
     if (c->first_byte_ms == 0) c->first_byte_ms = clock_now_ms();
     c->in_len += (size_t)nread;
+    /* the frame is known to need more: decoding it again now would only walk what it walked (a
+     * frame of 16384 keys sent a byte at a time: seconds of the loop's time) */
+    if (c->in_need > c->in_len) return;
     process_input(c);
 }
 

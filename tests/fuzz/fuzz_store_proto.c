@@ -154,12 +154,20 @@ static void check_request(store_dialect_t d, const store_limits_t *lim, const ui
  * growing and never beyond the frame; the byte before the end must ask for exactly the frame. */
 static void check_incremental(store_dialect_t d, const store_limits_t *lim, const uint8_t *frame,
                               size_t flen) {
-    store_request_t q;
+    store_request_t q, whole;
     size_t have = 0, need = 0;
+    CHECK(store_proto_decode_request(d, lim, frame, flen, &whole, NULL) == (int)flen);
+    /* resumed: the same answers, and the same request once whole */
+    store_proto_resume_t resume = {0};
     for (int steps = 0; steps < 64; steps++) {
-        int rc = store_proto_decode_request(d, lim, frame, have, &q, &need);
+        size_t plain_need = 0;
+        int plain = store_proto_decode_request(d, lim, frame, have, &q, &plain_need);
+        int rc = store_proto_decode_request_resume(d, lim, frame, have, &q, &need, &resume);
+        CHECK(rc == plain && (rc > 0 || need == plain_need));
         if (rc > 0) {
             CHECK((size_t)rc == flen && have == flen);
+            CHECK(q.op == whole.op && q.n_items == whole.n_items &&
+                  q.items.ptr == whole.items.ptr && q.items.len == whole.items.len);
             break;
         }
         CHECK(rc == STORE_PROTO_NEED_MORE && need > have && need <= flen);

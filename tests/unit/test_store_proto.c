@@ -58,6 +58,7 @@ static int decode(store_dialect_t d, const frame_t *f, size_t len, store_request
  * - every proper prefix is NEED_MORE with a need hint beyond the prefix, within the frame and never
  *   shrinking as bytes arrive;
  * - a reader that waits for exactly `need` bytes each time reaches the frame in a few steps;
+ * - decoding resumed where the previous prefix left off answers as decoding afresh;
  * - trailing bytes of a next frame are not consumed. */
 static void expect_frame(store_dialect_t d, const frame_t *f, store_request_t *req) {
     cr_assert_not(f->w.is_overflow);
@@ -78,6 +79,17 @@ static void expect_frame(store_dialect_t d, const frame_t *f, store_request_t *r
         cr_assert_lt(++steps, 64, "too many steps to decode a %zu-byte frame", len);
     }
     cr_assert_eq(rc, (int)len, "frame read by need hints: rc %d, want %zu", rc, len);
+
+    store_proto_resume_t resume = {0};
+    for (size_t n = 0; n <= len; n++) {
+        size_t plain_need = 0, resumed_need = 0;
+        int plain = decode(d, f, n, req, &plain_need);
+        rc = store_proto_decode_request_resume(d, &lim, f->buf, n, req, &resumed_need, &resume);
+        cr_assert_eq(rc, plain, "prefix %zu resumed: rc %d, afresh %d", n, rc, plain);
+        if (rc == STORE_PROTO_NEED_MORE)
+            cr_assert_eq(resumed_need, plain_need, "prefix %zu resumed: need %zu, afresh %zu", n,
+                         resumed_need, plain_need);
+    }
 
     frame_t g = *f;
     g.w.data = g.buf;

@@ -1053,3 +1053,107 @@ Test(store_server, a_full_store_drops_the_writer_and_keeps_the_data) {
     store_client_destroy(c);
     server_stop(s);
 }
+
+/* ---- the buffer budget -------------------------------------------------------------------- */
+
+/* Poll the stats until buffered_bytes is at least (is_at_least) or at most want. */
+static bool await_buffered(server_t *s, size_t want, bool is_at_least) {
+    for (int i = 0; i < 300; i++) {
+        size_t b = stats(s).buffered_bytes;
+        if (is_at_least ? b >= want : b <= want) return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
+/* A SET header claiming an 8 MiB value and a byte of it: the peer holds what it sent, not what
+ * it claims (128 such peers, 3 KB sent, held the whole 1 GiB budget). */
+Test(store_server, a_claimed_length_reserves_nothing_it_did_not_send) {
+    server_t *s = server_start(NULL);
+    uint8_t buf[64];
+    store_writer_t w;
+    int fd = raw_connect(s->port);
+    store_writer_init(&w, buf, sizeof buf);
+    put_validate(&w);
+    store_put_u8(&w, STORE_OP_SET);
+    store_put_u64(&w, 1);
+    store_put_u8(&w, 'k');
+    store_put_u64(&w, 8u << 20);
+    store_put_u8(&w, 'z');
+    raw_send(fd, &w);
+    sleep_ms(50);
+    cr_assert_eq(send(fd, "z", 1, MSG_NOSIGNAL), 1);
+    sleep_ms(50);
+    cr_assert_eq(send(fd, "z", 1, MSG_NOSIGNAL), 1);
+    sleep_ms(100);
+    size_t held = stats(s).buffered_bytes;
+    cr_assert_leq(held, 128 * 1024, "%zu bytes held for a frame of 30 bytes so far", held);
+    close(fd);
+    server_stop(s);
+}
+
+/* Idle connections are cheap: one that has sent two small requests holds no more than one that
+ * sent one (each held 64 KiB of the budget for good). */
+Test(store_server, connections_that_sent_small_requests_hold_little) {
+    server_t *s = server_start(NULL);
+    enum { N = 16 };
+    int fds[N];
+    uint8_t buf[64], reply[4];
+    store_writer_t w;
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_connect(s->port);
+        store_writer_init(&w, buf, sizeof buf);
+        put_validate(&w);
+        raw_send(fds[i], &w);
+        sleep_ms(20);
+        store_writer_init(&w, buf, sizeof buf);
+        store_put_u8(&w, STORE_OP_PING);
+        store_put_u32(&w, 7);
+        raw_send(fds[i], &w);
+        cr_assert_eq(recv(fds[i], reply, sizeof reply, MSG_WAITALL), 4, "no PING reply");
+    }
+    size_t held = stats(s).buffered_bytes;
+    cr_assert_leq(held, (size_t)N * 4096, "%d idle connections hold %zu bytes", N, held);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    server_stop(s);
+}
+
+/* With the budget spent, the connection holding the most goes, not the next to ask: a peer
+ * holding a partial frame cannot lock everyone else out. */
+Test(store_server, a_full_buffer_budget_drops_whoever_holds_the_most) {
+    store_limits_t lim;
+    store_limits_default(&lim);
+    lim.max_total_buffer_bytes = 1u << 20;
+    server_t *s = server_launch(0, &lim, NULL, 0);
+    enum { PART = 300 * 1024 };
+    uint8_t *buf = calloc(1, PART + 64), *part = calloc(1, PART);
+    store_writer_t w;
+    int hog = raw_connect(s->port);
+    store_writer_init(&w, buf, PART + 64);
+    put_validate(&w);
+    store_put_u8(&w, STORE_OP_SET);
+    store_put_u64(&w, 1);
+    store_put_u8(&w, 'h');
+    store_put_u64(&w, 2u << 20); /* then only part of it */
+    store_put_raw(&w, part, PART);
+    raw_send(hog, &w);
+    cr_assert(await_buffered(s, PART, true), "the partial frame was not buffered");
+    store_client_t *c = client(s, STORE_DIALECT_CURRENT);
+    size_t n = 600 * 1024;
+    char *value = malloc(n);
+    memset(value, 'v', n);
+    cr_assert_eq(store_client_set(c, "innocent", value, n), 0);
+    uint8_t *got;
+    size_t got_n;
+    cr_assert_eq(store_client_get(c, "innocent", &got, &got_n), 0, "the innocent writer dropped");
+    cr_assert(got_n == n && memcmp(got, value, n) == 0);
+    free(got);
+    cr_assert(raw_is_closed(hog), "the connection holding the budget stays");
+    close(hog);
+    store_client_destroy(c);
+    free(value);
+    free(buf);
+    free(part);
+    server_stop(s);
+}
