@@ -138,10 +138,8 @@ Test(memory_peer, a_receiver_that_never_sends_its_nonce_is_left_for_a_new_connec
     stop_sender(p);
 }
 
-/* The receiving side: a connection that takes the nonce and never proves the secret is closed
- * after PROOF_MS (it would hold a descriptor and a 64 KiB buffer for good). */
-Test(memory_peer, a_sender_that_never_proves_the_secret_is_closed) {
-    memory_peer_t *p = start_sender();
+/* A connection to p's own listener (the receiving side), as another node's sender makes. */
+static int connect_to_receiver(memory_peer_t *p) {
     const char *host;
     uint16_t port;
     memory_peer_address(p, &host, &port);
@@ -149,6 +147,14 @@ Test(memory_peer, a_sender_that_never_proves_the_secret_is_closed) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, host, &sa.sin_addr);
     cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+    return fd;
+}
+
+/* The receiving side: a connection that takes the nonce and never proves the secret is closed
+ * after PROOF_MS (it would hold a descriptor and a 64 KiB buffer for good). */
+Test(memory_peer, a_sender_that_never_proves_the_secret_is_closed) {
+    memory_peer_t *p = start_sender();
+    int fd = connect_to_receiver(p);
     run_for(200);
     uint8_t nonce[STORE_AUTH_NONCE_BYTES + 1];
     cr_assert_eq(recv(fd, nonce, sizeof nonce, MSG_DONTWAIT), STORE_AUTH_NONCE_BYTES);
@@ -197,13 +203,7 @@ static bool has_file(const char *name) {
 /* Connect to p's listener and send one frame of origin's generation of step (header only), tagged
  * with run id's tag; returns the connection. */
 static int send_copy(memory_peer_t *p, const char *run_id, uint32_t origin, uint64_t step) {
-    const char *host;
-    uint16_t port;
-    memory_peer_address(p, &host, &port);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    inet_pton(AF_INET, host, &sa.sin_addr);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+    int fd = connect_to_receiver(p);
     snapshot_header_t h = sealed_header(step);
     uint8_t frame[FRAME_BYTES];
     uint32_t tag = (uint32_t)XXH3_64bits(run_id, strlen(run_id));
