@@ -323,17 +323,96 @@ def test_help_lists_every_flag_and_the_man_page_documents_them(ddprun):
 def test_a_process_left_behind_outside_the_group_cannot_wedge_the_agent(ddprun, script,
                                                                        tmp_path):
     # The worker starts a daemon in a session of its own (out of reach of the group SIGKILL) that
-    # keeps the worker's stdout open, then exits: the agent must still finish.
+    # keeps the worker's stdout open, then exits: the agent must still finish, and the daemon not
+    # outlive its worker (it did: the shim, its subreaper, now kills it).
     leaver = script("#!/bin/sh\nsetsid sh -c 'echo $$ > \"$OUT_DIR/daemon\"; exec sleep 30' &\n"
                     "sleep 0.2\necho done\n", name="leaver.sh")
     t0 = time.monotonic()
     r = launch(ddprun, ["--standalone", leaver], tmp_path, timeout=30)
     took = time.monotonic() - t0
     daemon = int((tmp_path / "daemon").read_text())
-    os.kill(daemon, signal.SIGKILL)
+    left = wait_for(lambda: not alive(daemon), timeout=5)
+    if not left:
+        os.kill(daemon, signal.SIGKILL)
     assert r.returncode == 0, r.stderr
     assert took < 10, f"the agent waited {took:.1f} s for the daemon's pipe"
-    assert "still open" in r.stderr
+    assert left, "a process in a session of its own outlived its worker"
+
+
+ESCAPER = r"""#!/bin/sh
+setsid sh -c 'echo $$ > "$OUT_DIR/escaped$RANK"; exec sleep 60' < /dev/null > /dev/null 2>&1 &
+exec sleep 60
+"""
+
+
+def test_agent_sigkill_leaves_no_process_that_left_the_group_behind(ddprun, script, tmp_path):
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2", script(ESCAPER)],
+                            env=dict(os.environ, OUT_DIR=str(tmp_path)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: all((tmp_path / f"escaped{i}").exists() for i in range(2)))
+    time.sleep(0.1)  # the pid is written before the exec
+    escaped = [int((tmp_path / f"escaped{i}").read_text()) for i in range(2)]
+    proc.kill()
+    proc.wait()
+    gone = wait_for(lambda: not any(alive(p) for p in escaped), timeout=5)
+    for p in escaped:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
+    assert gone, "processes in sessions of their own outlived their agent"
+
+
+SESSION_LEADER = r"""import os, signal, sys, time
+os.setsid()
+def on_term(signum, frame):
+    open(os.path.join(os.environ["OUT_DIR"], "term%s" % os.environ["RANK"]), "w").write("term")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(os.environ["OUT_DIR"], "ready%s" % os.environ["RANK"]), "w").write("")
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_sigterm_reaches_a_program_that_left_its_process_group(ddprun, tmp_path):
+    # torchrun signals its worker process itself: a program in a session of its own still gets
+    # SIGTERM (to save its state), not only the SIGKILL after the shutdown timeout
+    program = tmp_path / "leader.py"
+    program.write_text(SESSION_LEADER)
+    proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2", "--shutdown-timeout",
+                             "20", str(program)], env=dict(os.environ, OUT_DIR=str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: all((tmp_path / f"ready{i}").exists() for i in range(2)), timeout=30)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert (tmp_path / "term0").exists() and (tmp_path / "term1").exists(), err
+    assert time.monotonic() - t0 < 15, "the workers waited for the shutdown timeout's SIGKILL"
+
+
+FD_CHECK = r"""import os, sys
+try:
+    os.fstat(int(os.environ["INHERITED_FD"]))
+    state = "open"
+except OSError:
+    state = "closed"
+open(os.path.join(os.environ["OUT_DIR"], "fd%s" % os.environ["RANK"]), "w").write(state)
+"""
+
+
+def test_workers_inherit_no_descriptor_of_the_agent_beyond_stdio(ddprun, tmp_path):
+    # as torchrun's close_fds: a descriptor the agent holds without close-on-exec (libcurl's
+    # sockets to etcd; here one its own parent passed it) does not reach the workers
+    program = tmp_path / "fds.py"
+    program.write_text(FD_CHECK)
+    held = os.open(str(tmp_path), os.O_RDONLY)
+    try:
+        r = launch(ddprun, ["--standalone", "--nproc-per-node", "2", str(program)], tmp_path,
+                   env={"INHERITED_FD": str(held)}, pass_fds=(held,))
+    finally:
+        os.close(held)
+    assert r.returncode == 0, r.stderr
+    assert [(tmp_path / f"fd{i}").read_text() for i in range(2)] == ["closed", "closed"]
 
 
 @pytest.mark.parametrize("make_bad", ["missing_parent_is_a_file", "under_proc"])
