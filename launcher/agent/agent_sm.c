@@ -268,8 +268,30 @@ static void on_start_failed(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm
     report(sm, out, DDP_EXIT_EXEC_FAILED, true);
 }
 
+/* How much a failure tells of what went wrong: a permanent code (config, data) most; least a peer
+ * failure (75: another rank went first) and the SIGTERM this agent sends the others once one
+ * failed. Workers are reaped in spawn order, not in the order they died: the first failure seen
+ * may be a consequence of a later one. */
+static int telling(const agent_sm_exit_t *r) {
+    if (failure_is_permanent(r)) return 2;
+    bool is_consequence =
+        r->term_signal ? r->term_signal == SIGTERM
+                       : r->exit_status == DDP_EXIT_PEER_FAILURE || r->exit_status == 128 + SIGTERM;
+    return is_consequence ? 0 : 1;
+}
+
 static void on_worker_exited(agent_sm_t *sm, const agent_sm_exit_t *r, agent_sm_actions_t *out) {
     bool is_failure = r->term_signal != 0 || r->exit_status != 0;
+    if (is_failure && sm->has_failure && sm->state == AGENT_SM_STOPPING && !sm->stop_signal &&
+        !sm->has_restart && sm->root_cause.pid && telling(r) > telling(&sm->root_cause)) {
+        /* one node decides from it (several: the report is out, the key decides) */
+        say(out, AGENT_SAY_WARN,
+            "worker rank %d (pid %d) %s %d: the root cause rather than rank %d", r->rank, r->pid,
+            r->term_signal ? "was killed by signal" : "exited with",
+            r->term_signal ? r->term_signal : r->exit_status, sm->root_cause.rank);
+        sm->root_cause = *r;
+        return;
+    }
     if (!is_failure || sm->has_failure || sm->stop_signal || sm->has_restart) return;
     sm->has_failure = true;
     sm->root_cause = *r;

@@ -100,7 +100,7 @@ static int spawn_spare(spares_t *s, int local_rank) {
     char **argv = NULL;
     bool is_spawn_tried = false;
     if (rc == 0) {
-        rc = worker_env_base(&env);
+        rc = worker_env_base(&env, s->opts->nproc_per_node);
         rc |= worker_env_set(&env, "LOCAL_RANK", "%d", local_rank);
         rc |= worker_env_set(&env, "LOCAL_WORLD_SIZE", "%d", s->opts->nproc_per_node);
         rc |= worker_env_set(&env, DDP_SPARE_FD_ENV, "%d", SPARE_SOCKET_FD);

@@ -52,7 +52,7 @@ void worker_env_free(worker_env_t *e) {
     *e = (worker_env_t){0};
 }
 
-int worker_env_base(worker_env_t *e) {
+int worker_env_base(worker_env_t *e, int nproc_per_node) {
     int rc = 0;
     for (char **p = environ; *p && rc == 0; p++) {
         char *eq = strchr(*p, '=');
@@ -67,14 +67,17 @@ int worker_env_base(worker_env_t *e) {
     /* as current torchrun: NCCL errors abort the process instead of hanging it */
     if (!getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
         rc |= worker_env_set(e, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-    if (!getenv("OMP_NUM_THREADS")) rc |= worker_env_set(e, "OMP_NUM_THREADS", "1");
+    /* as torchrun: one thread each where several workers share the node's cores; a lone worker
+     * keeps them all */
+    if (!getenv("OMP_NUM_THREADS") && nproc_per_node > 1)
+        rc |= worker_env_set(e, "OMP_NUM_THREADS", "1");
     if (!getenv("PYTHONUNBUFFERED")) rc |= worker_env_set(e, "PYTHONUNBUFFERED", "1");
     return rc;
 }
 
 int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) {
     const ddprun_opts_t *o = sp->opts;
-    int rc = worker_env_base(e);
+    int rc = worker_env_base(e, o->nproc_per_node);
     int rank = sp->rank_offset + local_rank;
     rc |= worker_env_set(e, "RANK", "%d", rank);
     rc |= worker_env_set(e, "LOCAL_RANK", "%d", local_rank);

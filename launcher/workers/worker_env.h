@@ -41,9 +41,10 @@ typedef struct {
 int worker_env_set(worker_env_t *e, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void worker_env_free(worker_env_t *e);
-/* The agent's environment plus the defaults every worker gets (OMP_NUM_THREADS=1, unbuffered
- * Python, NCCL errors that abort) unless the agent's environment sets them. 0 or -ENOMEM. */
-int worker_env_base(worker_env_t *e);
+/* The agent's environment plus the defaults every worker gets (OMP_NUM_THREADS=1 when the node
+ * runs several, unbuffered Python, NCCL errors that abort) unless the agent's environment sets
+ * them. 0 or -ENOMEM. */
+int worker_env_base(worker_env_t *e, int nproc_per_node);
 /* worker_env_base plus torchrun's variables and DDPRUN_* for local_rank of the round. */
 int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e);
 /* argv of the shim: SHIM __shim AGENT_PID (SHIM: ddprun-shim, or ddprun itself) -- [python3 -u

@@ -113,6 +113,14 @@ def test_environment_of_every_worker(ddprun, script, tmp_path):
         assert f"[0/{i}]: warning from rank {i}" in r.stderr
 
 
+def test_a_lone_worker_keeps_every_thread_as_under_torchrun(ddprun, script, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    r = subprocess.run([ddprun, "--standalone", script(ENV_DUMP)], capture_output=True, text=True,
+                       env=dict(env, OUT_DIR=str(tmp_path)), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.load(open(tmp_path / "rank0.attempt0.json"))["OMP_NUM_THREADS"] is None
+
+
 def test_omp_num_threads_is_kept_when_set(ddprun, script, tmp_path):
     r = launch(ddprun, ["--standalone", script(ENV_DUMP)], tmp_path, env={"OMP_NUM_THREADS": "7"})
     assert r.returncode == 0

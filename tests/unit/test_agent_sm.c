@@ -194,6 +194,23 @@ Test(agent_sm_one_node, permanent_exit_is_not_retried) {
     expect_exit(DDP_EXIT_CONFIG);
 }
 
+/* Workers are reaped in spawn order: rank 0's exit 75 (its peer went first) may be seen before
+ * rank 1's permanent 65 that caused it. The permanent one is the root cause, and is not retried. */
+Test(agent_sm_one_node, the_root_cause_is_the_most_telling_failure_not_the_first_reaped) {
+    setup(false, 3, 1);
+    start_one_node();
+    worker_exits(0, DDP_EXIT_PEER_FAILURE, 0);
+    worker_exits(2, 128 + SIGTERM, 0); /* stopped by this agent: no cause */
+    cr_assert_eq(sm.root_cause.rank, 0);
+    worker_exits(1, DDP_EXIT_DATA, 0);
+    cr_assert(said("worker rank 1 (pid 1001) exited with 65: the root cause rather than rank 0"));
+    worker_exits(3, 0, SIGTERM);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    cr_assert_eq(must_find(AGENT_ACT_PRINT_ROOT_CAUSE)->root.rank, 1);
+    cr_assert(said("exit 65 is not retried"));
+    expect_exit(DDP_EXIT_DATA);
+}
+
 Test(agent_sm_one_node, killed_worker_is_128_plus_signal) {
     setup(false, 0, 1);
     start_one_node();
