@@ -680,9 +680,11 @@ int store_client_multi_get(store_client_t *c, const char *const *keys, size_t n_
         if (rc == 0) rc = copy_out(c, &r.bytes, &vals[i], &val_lens[i]);
         if (rc < 0) break;
     }
-    if (rc < 0)
-        while (i-- > 0)
+    if (rc < 0) /* what was got is freed, and not left for the caller to free again */
+        while (i-- > 0) {
             free(vals[i]);
+            vals[i] = NULL;
+        }
     return rc;
 }
 

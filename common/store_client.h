@@ -69,7 +69,8 @@ int store_client_barrier(store_client_t *c, const char *key, int64_t world_size,
 int store_client_list_keys(store_client_t *c, char ***keys, size_t *n_keys);
 int store_client_delete_key(store_client_t *c, const char *key, bool *was_deleted);
 int store_client_append(store_client_t *c, const char *key, const void *val, size_t val_len);
-/* vals[i]/val_lens[i] for each key (empty when missing); free each vals[i]. No waiting. */
+/* vals[i]/val_lens[i] for each key (empty when missing); free each vals[i]. No waiting. On failure
+ * nothing is left to free (the values got are freed and set NULL). */
 int store_client_multi_get(store_client_t *c, const char *const *keys, size_t n_keys,
                            uint8_t **vals, size_t *val_lens);
 int store_client_multi_set(store_client_t *c, const char *const *keys, const void *const *vals,

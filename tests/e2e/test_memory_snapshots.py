@@ -403,6 +403,34 @@ def test_generations_of_another_train_conf_are_not_resumed_from(ddprun, tmp_path
     assert [e["step"] for e in events if e["event"] == "train"][-1] == 32, events
 
 
+def test_a_node_without_a_memory_region_trains_with_the_others(ddprun, tmp_path, start_store):
+    """No snapshot.dir, and node 1's agent cannot make its memory region (its DDPRUN_SHM_DIR does
+    not exist): its ranks have no memory snapshots while node 0's have. Every rank still takes
+    part in the agreement on what to resume from; before, node 1's ranks skipped it and entered the
+    next collective, and every attempt failed the same way (exit 75 until the budget ran out)."""
+    conf = write_conf(tmp_path, 8)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=5"
+    jobs = []
+    for node in (0, 1):
+        env = clean_env()
+        if node == 1:
+            env["DDPRUN_SHM_DIR"] = str(tmp_path / "no such directory")
+        cmd = [ddprun, "--nproc-per-node", "2", "--max-restarts", "1", "--nnodes", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{store.port}",
+               "--rdzv-id", "noregion", "--node-rank", str(node), "--local-addr", "127.0.0.1",
+               "--rdzv-conf", rdzv, conf, "snapshot.dir=", "train.epochs=1"]
+        jobs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, start_new_session=True))
+    try:
+        outs = [finish(j) for j in jobs]
+    finally:
+        kill_left(jobs)
+    assert "restarts resume from snapshot.dir" in outs[1], outs[1]
+    assert [j.returncode for j in jobs] == [0, 0], outs[0] + outs[1]
+    assert "restarting" not in outs[0] + outs[1], outs[0] + outs[1]
+
+
 def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):
     """An agent that holds a shared secret takes copies only from peers that prove it: a
     well-formed frame sent without the proof writes nothing and is logged."""

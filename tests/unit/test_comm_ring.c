@@ -2,15 +2,20 @@
  * in f32 and f64 for awkward sizes and world sizes,
  * bit-identical results on every rank, broadcast from every root, barrier, and failures: a peer
  * that exits or hangs makes the others fail within the deadline with a message naming a rank, never
- * hang; ranks that disagree on a collective fail on its opening frame. Ranks are forked processes;
+ * hang; ranks that disagree on a collective fail on its opening frame; an agreement whose store
+ * dies mid-reply fails cleanly. Ranks are forked processes;
  * the store they meet through is a forked `store_server` (a libuv loop in a child process). */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +24,7 @@
 #include "comm.h"
 #include "ddp_error.h"
 #include "store/store_server.h"
+#include "store_proto.h"
 
 #define MAX_WORLD 4
 
@@ -505,4 +511,85 @@ Test(comm_ring, agreement_with_a_missing_rank_ends_at_the_store_timeout) {
     cr_assert(!all_yes && now_ms() - start < 5000, "%s", err);
     cr_assert(strstr(err, "q") != NULL, "%s", err);
     store_client_destroy(store);
+}
+
+/* Between a client and the suite's store: forwards both ways until the client's MULTI_GET, then
+ * relays the reply's first value only and closes both sides: the store's host dying mid-reply.
+ * The client frees what it got, and comm_agree_all must not free it again (a double free that
+ * aborted the worker instead of its exit 75). */
+static void *store_that_dies_mid_reply(void *arg) {
+    int listener = *(int *)arg;
+    int client = accept(listener, NULL, NULL);
+    int store = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(store_port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (client < 0 || connect(store, (struct sockaddr *)&sa, sizeof sa) < 0) goto out;
+    uint8_t req[1 << 16];
+    size_t req_len = 0;
+    store_dialect_t dialect = STORE_DIALECT_UNKNOWN;
+    store_limits_t lim;
+    store_limits_default(&lim);
+    for (;;) {
+        struct pollfd p[2] = {{.fd = client, .events = POLLIN}, {.fd = store, .events = POLLIN}};
+        if (poll(p, 2, 10000) <= 0) goto out;
+        uint8_t buf[4096];
+        if (p[1].revents & POLLIN) {
+            ssize_t n = recv(store, buf, sizeof buf, 0);
+            if (n <= 0 || send(client, buf, (size_t)n, MSG_NOSIGNAL) != n) goto out;
+        }
+        if (!(p[0].revents & (POLLIN | POLLHUP))) continue;
+        ssize_t n = recv(client, req + req_len, sizeof req - req_len, 0);
+        if (n <= 0 || send(store, req + req_len, (size_t)n, MSG_NOSIGNAL) != n) goto out;
+        req_len += (size_t)n;
+        if (dialect == STORE_DIALECT_UNKNOWN &&
+            (dialect = store_proto_detect_dialect(req, req_len)) == STORE_DIALECT_UNKNOWN)
+            continue;
+        store_request_t q;
+        int used;
+        while ((used = store_proto_decode_request(dialect, &lim, req, req_len, &q, NULL)) > 0) {
+            if (q.op == STORE_OP_MULTI_GET) {
+                uint64_t first_len;
+                if (recv(store, &first_len, 8, MSG_WAITALL) != 8 || first_len > sizeof buf ||
+                    recv(store, buf, first_len, MSG_WAITALL) != (ssize_t)first_len)
+                    goto out;
+                send(client, &first_len, 8, MSG_NOSIGNAL);
+                send(client, buf, first_len, MSG_NOSIGNAL);
+                goto out;
+            }
+            memmove(req, req + used, req_len - (size_t)used);
+            req_len -= (size_t)used;
+        }
+    }
+out:
+    if (client >= 0) close(client);
+    close(store);
+    return NULL;
+}
+
+Test(comm_ring, agreement_whose_store_dies_mid_reply_fails_cleanly) {
+    store_client_opts_t so = {
+        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
+    store_client_t *direct = NULL;
+    cr_assert_eq(store_client_connect(&so, &direct), 0);
+    cr_assert_eq(store_client_set(direct, "/dying/q/1", "1", 1), 0); /* rank 1's vote */
+    store_client_destroy(direct);
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sa_len = sizeof sa;
+    cr_assert_eq(bind(listener, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(listener, 4), 0);
+    cr_assert_eq(getsockname(listener, (struct sockaddr *)&sa, &sa_len), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, store_that_dies_mid_reply, &listener);
+    so.port = ntohs(sa.sin_port);
+    store_client_t *store = NULL;
+    cr_assert_eq(store_client_connect(&so, &store), 0);
+    bool all_yes = true;
+    char err[256] = "";
+    int rc = comm_agree_all(store, "/dying/", "q", 0, 2, true, &all_yes, err, sizeof err);
+    store_client_destroy(store);
+    pthread_join(t, NULL);
+    close(listener);
+    cr_assert(rc < 0 && !all_yes, "rc %d: %s", rc, err);
 }

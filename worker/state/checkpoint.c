@@ -266,7 +266,9 @@ static int find_candidate(const train_parts_t *p, snapshot_data_t *d, char *path
 
 bool checkpoint_resume(checkpoint_t *ck, const train_parts_t *p, train_state_t *s) {
     bool has_memory = getenv(MEMORY_SNAPSHOT_DIR_ENV) && *getenv(MEMORY_SNAPSHOT_DIR_ENV);
-    if (!p->conf->snapshot_dir[0] && !has_memory) return false;
+    /* the memory region is each node's (an agent that could not make one runs without): several
+     * ranks always agree, or some would enter the agreement and others the next collective */
+    if (p->world == 1 && !p->conf->snapshot_dir[0] && !has_memory) return false;
     int64_t where[6] = {0};       /* found, step, epoch, cursor, optimizer steps, is finished */
     double run[3] = {NAN, -1, 0}; /* best value, its step, elapsed seconds */
     loss_scale_t ls = {0};
