@@ -1217,7 +1217,16 @@ int agent_main(ddprun_opts_t *o) {
     rdzv_kv_destroy(a->watch);
     rdzv_lease_free(a->lease);
     memory_region_remove(a->memory_dir);
-    /* Without --log-dir the run directory is scratch (error files): kept only for a failure. */
-    if (!o->log_dir[0]) run_dir_release(a->run_dir, a->run_dir_lock, a->exit_code != 0);
+    /* Without --log-dir the run directory is scratch (error files): kept only for a failure, or
+     * when it holds the only copy of output --redirects took off the console (torchrun keeps
+     * its temporary log directory too) */
+    if (!o->log_dir[0]) {
+        bool has_redirects = false;
+        for (int i = 0; i < o->nproc_per_node && i < DDP_MAX_LOCAL_WORKERS; i++)
+            has_redirects |= o->redirects[i] != 0;
+        if (has_redirects && a->exit_code == 0)
+            LOG_INFO("the output --redirects took off the console is kept in %s", a->run_dir);
+        run_dir_release(a->run_dir, a->run_dir_lock, a->exit_code != 0 || has_redirects);
+    }
     return a->exit_code;
 }

@@ -1,7 +1,9 @@
 """The launcher on one node: torchrun's environment, supervision, restarts, signals, logs, exit codes.
 Workers are small shell scripts that record what they saw into files the test then reads."""
+import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -244,6 +246,19 @@ def test_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout(ddprun, sc
     assert proc.returncode == 128 + signal.SIGTERM
     assert 0.4 < time.monotonic() - t0 < 5
     assert not alive(int((tmp_path / "pid0").read_text()))
+
+
+def test_redirects_without_a_log_dir_keep_the_output(ddprun, script, tmp_path):
+    # the output --redirects takes off the console lives only in the run directory: kept after a
+    # success too, and said where (it was removed with the scratch directory)
+    r = launch(ddprun, ["--standalone", "--redirects", "3", script(ENV_DUMP)], tmp_path,
+               env={"TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "hello from rank 0" not in r.stdout
+    found = re.search(r"kept in (\S+)", r.stderr)
+    assert found, r.stderr
+    logs = list(glob.glob(f"{found.group(1)}/attempt_0/0/stdout.log"))
+    assert logs and "hello from rank 0" in open(logs[0]).read(), os.listdir(found.group(1))
 
 
 def test_log_dir_redirects_tee_and_filter(ddprun, script, tmp_path):
