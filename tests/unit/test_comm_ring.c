@@ -593,3 +593,103 @@ Test(comm_ring, agreement_whose_store_dies_mid_reply_fails_cleanly) {
     close(listener);
     cr_assert(rc < 0 && !all_yes, "rc %d: %s", rc, err);
 }
+
+/* ---- a peer that trickles: progress, a byte now and then, but never the collective ---- */
+
+static uint64_t fnv1a(const char *s) { /* the ring's job hash of its key prefix */
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Rank 1 of 2 played by hand: it joins the ring (address in the store, hello to next, accepts
+ * prev), then echoes rank 0's opening frame and sends the collective's data a byte every 100 ms. */
+static void trickling_rank(const char *prefix) {
+    store_client_opts_t so = {.host = "127.0.0.1",
+                              .port = store_port,
+                              .connect_timeout_ms = 5000,
+                              .op_timeout_ms = 10000};
+    store_client_t *store = NULL;
+    if (store_client_connect(&so, &store) < 0) _exit(10);
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sa_len = sizeof sa;
+    if (bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(ls, 4) < 0 ||
+        getsockname(ls, (struct sockaddr *)&sa, &sa_len) < 0)
+        _exit(11);
+    char key[128], addr[64];
+    snprintf(key, sizeof key, "%sring/1", prefix);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", ntohs(sa.sin_port));
+    if (store_client_set(store, key, addr, strlen(addr)) < 0) _exit(12);
+    snprintf(key, sizeof key, "%sring/0", prefix);
+    uint8_t *next_addr = NULL;
+    size_t next_len = 0;
+    if (store_client_get(store, key, &next_addr, &next_len) < 0) _exit(13);
+    char text[64];
+    snprintf(text, sizeof text, "%.*s", (int)next_len, (const char *)next_addr);
+    char *colon = strrchr(text, ':');
+    if (!colon) _exit(14);
+    struct sockaddr_in next = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)atoi(colon + 1)),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    free(next_addr);
+    store_client_destroy(store);
+    int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(out, (struct sockaddr *)&next, sizeof next) < 0) _exit(15);
+    struct {
+        uint64_t magic, job_hash;
+        uint32_t rank, world;
+    } hello = {0x444450524e473031ull, fnv1a(prefix), 1, 2};
+    if (send(out, &hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) _exit(16);
+    int in = accept(ls, NULL, NULL);
+    uint8_t frame[32];
+    if (in < 0 || recv(in, &hello, sizeof hello, MSG_WAITALL) != (ssize_t)sizeof hello ||
+        recv(in, frame, sizeof frame, MSG_WAITALL) != (ssize_t)sizeof frame ||
+        send(out, frame, sizeof frame, MSG_NOSIGNAL) != (ssize_t)sizeof frame)
+        _exit(17);
+    uint8_t sink[4096], zero = 0;
+    for (int i = 0; i < 600; i++) { /* a minute at most */
+        if (send(out, &zero, 1, MSG_NOSIGNAL) != 1) break;
+        while (recv(in, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+        }
+        usleep(100 * 1000);
+    }
+    _exit(0);
+}
+
+Test(comm_ring, a_peer_that_trickles_fails_the_collective_within_its_bound) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "/trickle/%d/", (int)getpid());
+    pid_t fake = fork();
+    if (fake == 0) trickling_rank(prefix);
+    store_client_opts_t so = {.host = "127.0.0.1",
+                              .port = store_port,
+                              .connect_timeout_ms = 5000,
+                              .op_timeout_ms = 10000};
+    store_client_t *store = NULL;
+    cr_assert_eq(store_client_connect(&so, &store), 0);
+    comm_ring_opts_t ro = {.rank = 0,
+                           .world = 2,
+                           .store = store,
+                           .key_prefix = prefix,
+                           .store_host = "127.0.0.1",
+                           .timeout_ms = 3000};
+    comm_t *c = NULL;
+    char err[512];
+    cr_assert_eq(comm_ring_create(&ro, &c, err, sizeof err), 0, "%s", err);
+    store_client_destroy(store);
+    /* 256 KiB: the bound is 3 s plus 2 s at the slowest rate allowed; the trickle moves 10 B/s */
+    size_t n = 64 * 1024;
+    float *data = calloc(n, sizeof *data);
+    int64_t start = now_ms();
+    int rc = c->ops->allreduce_sum_f32(c, data, n);
+    int64_t took = now_ms() - start;
+    cr_assert_lt(rc, 0, "the collective ended well on a trickle");
+    cr_assert_lt(took, 15000, "held %lld ms", (long long)took);
+    cr_assert(strstr(comm_error(c), "too slowly"), "%s", comm_error(c));
+    c->ops->destroy(c);
+    free(data);
+    kill(fake, SIGKILL);
+    waitpid(fake, NULL, 0);
+}

@@ -4,7 +4,9 @@
  * of the data per rank on the wire), in pieces so a bounded scratch buffer suffices; each step
  * sends and receives at once through poll(2) on non-blocking sockets, so no ordering deadlocks.
  * Every wait is bounded: no progress for timeout_ms (per wait, not per collective: a 1 GB
- * all-reduce may take longer, a stalled peer may not) is a failure naming the silent peer. Each
+ * all-reduce may take longer, a stalled peer may not) is a failure naming the silent peer; and a
+ * collective as a whole gets timeout_ms plus its bytes at RING_MIN_BYTES_PER_S, so a peer that
+ * trickles a byte now and then (progress, each time) cannot hold a rank without end. Each
  * collective opens with a small frame (op, sequence number, size, root) checked against prev's, so
  * ranks that disagree on what they are doing fail with a message instead of mixing bytes. After a
  * failure every call returns the same error. Runs on whichever single thread calls it. */
@@ -30,7 +32,8 @@
 #define RING_PIECE_BYTES         (1u << 18)
 #define RING_MAGIC               0x444450524e473031ull /* "DDPRNG01" */
 #define RING_SOCKET_BUFFER_BYTES (4 << 20)
-#define RING_FRAME_MAGIC         0x52444444u /* "DDDR" */
+#define RING_FRAME_MAGIC         0x52444444u  /* "DDDR" */
+#define RING_MIN_BYTES_PER_S     (256u << 10) /* a 2 Mbit/s link still passes */
 
 enum { RING_OP_ALLREDUCE_F32 = 1, RING_OP_ALLREDUCE_F64, RING_OP_BROADCAST, RING_OP_BARRIER };
 
@@ -54,6 +57,7 @@ typedef struct {
     uint8_t *scratch;  /* RING_PIECE_BYTES */
     const char *doing; /* the collective in progress, for messages */
     uint64_t seq;      /* collectives begun so far */
+    int64_t bound_ms;  /* the collective in progress ends by then (clock_now_ms) */
     int failed_rc;     /* 0, or the code of the failure that made this ring unusable */
 } ring_t;
 
@@ -111,13 +115,24 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
             p[n] = (struct pollfd){.fd = r->prev_fd, .events = POLLIN};
             recv_at = n++;
         }
-        int64_t left = r->timeout_ms - ((int64_t)clock_now_ms() - last_progress);
+        int64_t now = (int64_t)clock_now_ms();
+        int64_t left = r->timeout_ms - (now - last_progress);
+        bool is_bounded = r->bound_ms && r->bound_ms - now < left;
+        if (is_bounded) left = r->bound_ms - now;
         int ready = left > 0 ? poll(p, (nfds_t)n, (int)(left > 1000000000 ? 1000000000 : left)) : 0;
         if (ready < 0 && errno == EINTR) continue;
         if (ready < 0)
             return ring_fail(r, -errno, "poll failed during %s: %s", r->doing, strerror(errno));
         if (ready == 0) {
             bool is_recv_stuck = got < recv_len;
+            if (is_bounded)
+                return ring_fail(
+                    r, DDP_ETIMEOUT,
+                    "rank %d (%s, %s) moves its data too slowly: %s did not end within "
+                    "collective_timeout (%lld ms) plus %u KiB/s for its bytes",
+                    is_recv_stuck ? prev_rank(r) : next_rank(r),
+                    is_recv_stuck ? r->prev_addr : r->next_addr, is_recv_stuck ? "prev" : "next",
+                    r->doing, (long long)r->timeout_ms, RING_MIN_BYTES_PER_S >> 10);
             return ring_fail(
                 r, DDP_ETIMEOUT, "no data %s rank %d (%s, %s) for %lld ms during %s; is it alive?",
                 is_recv_stuck ? "from" : "to", is_recv_stuck ? prev_rank(r) : next_rank(r),
@@ -197,6 +212,10 @@ static int begin(ring_t *r, uint32_t op, size_t n_bytes, int root) {
     r->doing = op == RING_OP_BARRIER     ? "barrier"
                : op == RING_OP_BROADCAST ? "broadcast"
                                          : "allreduce";
+    /* what each rank moves: 2 (W-1)/W of the data for an all-reduce, at most twice for the rest */
+    uint64_t wire_bytes = 2 * (uint64_t)n_bytes + sizeof(ring_frame_t);
+    r->bound_ms = (int64_t)clock_now_ms() + r->timeout_ms +
+                  (int64_t)(wire_bytes * 1000 / RING_MIN_BYTES_PER_S);
     ring_frame_t mine = {.magic = RING_FRAME_MAGIC,
                          .op = op,
                          .seq = r->seq++,
