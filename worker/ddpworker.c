@@ -155,11 +155,13 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
         store_client_destroy(store);
         return comm;
     }
+    const char *local_addr = getenv("DDPRUN_LOCAL_ADDR"); /* ddprun --local-addr */
     comm_ring_opts_t ro = {.rank = rank,
                            .world = world,
                            .store = store,
                            .key_prefix = prefix,
                            .store_host = host,
+                           .advertise_host = local_addr && *local_addr ? local_addr : NULL,
                            .timeout_ms = timeout_ms};
     char err[512];
     if (comm_ring_create(&ro, &comm, err, sizeof err) < 0)

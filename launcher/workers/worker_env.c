@@ -101,6 +101,9 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) 
     rc |= worker_env_set(e, "DDPRUN_PID_FILE", "%s/%d/pid", sp->attempt_dir, local_rank);
     if (sp->memory_dir && sp->memory_dir[0])
         rc |= worker_env_set(e, SNAPSHOT_MEMORY_DIR_ENV, "%s", sp->memory_dir);
+    /* the address other nodes reach this one at: ddpworker's ring listens there (its route to
+     * the store may be loopback on the store's own node: 127.0.1.1 in /etc/hosts) */
+    if (o->local_addr[0]) rc |= worker_env_set(e, "DDPRUN_LOCAL_ADDR", "%s", o->local_addr);
     return rc;
 }
 

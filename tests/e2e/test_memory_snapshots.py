@@ -431,6 +431,58 @@ def test_a_node_without_a_memory_region_trains_with_the_others(ddprun, tmp_path,
     assert "restarting" not in outs[0] + outs[1], outs[0] + outs[1]
 
 
+def connected_addresses(pid):
+    """The local addresses of the process's established TCP connections (IPv4: /proc/net/tcp
+    rows its sockets own)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    for line in open(f"/proc/{pid}/net/tcp").read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "01" and f[9] in inodes:  # ESTABLISHED
+            addr = socket.inet_ntoa(struct.pack("<I", int(f[1].split(":")[0], 16)))
+            found.append(addr)
+    return found
+
+
+def test_the_ring_is_reached_at_the_nodes_local_addr(ddprun, tmp_path, start_store):
+    """ddpworker's ring advertises --local-addr (given to the workers as DDPRUN_LOCAL_ADDR) and
+    listens there only: node 1 says 127.0.0.2, and rank 1 reaches rank 2 there (it was dialled at
+    rank 2's route to the store, 127.0.0.1, which on a store's own node may be loopback)."""
+    conf = write_conf(tmp_path, 8, epochs=8)
+    store = start_store()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=5"
+    jobs = [start_job(ddprun, conf, tmp_path / f"snap{node}", tmp_path / f"m{node}.jsonl",
+                      "--node-rank", str(node), "--local-addr", f"127.0.0.{node + 1}",
+                      "--rdzv-conf", rdzv, nnodes="2", port=store.port) for node in (0, 1)]
+    try:
+        read_until_step(jobs[0], 8)
+        workers = []
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"ddpworker" in cmd and b"__shim" not in cmd and b"RANK=2" in env:
+                workers.append(pid)
+        assert workers, "rank 2 not found"
+        addresses = connected_addresses(workers[0])
+    finally:
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+        for j in jobs:
+            j.communicate()
+    assert "127.0.0.2" in addresses, addresses
+
+
 def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, start_store):
     """An agent that holds a shared secret takes copies only from peers that prove it: a
     well-formed frame sent without the proof writes nothing and is logged."""

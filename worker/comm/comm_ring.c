@@ -537,13 +537,21 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t 
     else if (o->store_host && route_address(o->store_host, host, sizeof host) < 0)
         snprintf(host, sizeof host, "127.0.0.1");
     if (o->world > 1) {
+        /* on the advertised address only, as the store: not every interface of the host */
         struct sockaddr_in addr = {.sin_family = AF_INET};
+        struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+        if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai) {
+            rc = ring_fail(r, -EADDRNOTAVAIL, "cannot resolve this host's address %s", host);
+            goto done;
+        }
+        addr.sin_addr = ((struct sockaddr_in *)ai->ai_addr)->sin_addr;
+        freeaddrinfo(ai);
         socklen_t len = sizeof addr;
         listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (listen_fd < 0 || bind(listen_fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
             listen(listen_fd, 16) < 0 ||
             getsockname(listen_fd, (struct sockaddr *)&addr, &len) < 0) {
-            rc = ring_fail(r, -errno, "cannot listen for rank %d: %s", prev_rank(r),
+            rc = ring_fail(r, -errno, "cannot listen on %s for rank %d: %s", host, prev_rank(r),
                            strerror(errno));
             goto done;
         }
