@@ -1,7 +1,9 @@
 /* comm_staged: collectives over GPU memory through a host-memory transport (the ring), for ranks
  * that share a GPU, where NCCL refuses to run. Each call on device memory copies a chunk to the
  * host, runs the inner collective on it and copies the result back, chunk after chunk; host
- * memory passes straight through. Sums and broadcasts are elementwise, so chunking changes no bit.
+ * memory passes straight through. Broadcasts are copies, so chunking changes no bit; a sum's order
+ * for an element follows the ring's chunk of it, so a staged sum may differ in its last bits from
+ * an unstaged one (each is the same on every rank and in every run).
  */
 #include <errno.h>
 #include <stdlib.h>

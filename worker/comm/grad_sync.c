@@ -41,6 +41,8 @@ int grad_sync_init(grad_sync_t *g, comm_t *comm, float *grads, size_t n_elems,
     pthread_cond_init(&g->cv, NULL);
     int rc = pthread_create(&g->thread, NULL, bucket_thread, g);
     if (rc != 0) {
+        pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->mu);
         free(g->bucket_start);
         return -rc;
     }
