@@ -261,8 +261,9 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
     fprintf(stderr,
             "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
             "of %d\n",
-            round->group_rank, r->rank, r->local_rank, r->pid, how, round->round + 1,
-            a->opts->max_restarts + 1);
+            round->group_rank, r->rank, r->local_rank, r->pid, how,
+            /* failures, this one included: rounds also change with membership, not attempts */
+            a->sm.failures > 0 ? a->sm.failures : round->round + 1, a->opts->max_restarts + 1);
     const char *tail = a->workers ? workers_tail(a->workers, r->local_rank) : "";
     if (*tail) {
         const char *p = tail;
