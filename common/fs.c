@@ -32,6 +32,19 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return 0; /* best effort: the rest still goes */
 }
 
+int fs_write_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -errno;
+        if (w == 0) return -EIO;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 void fs_remove_tree(const char *path) {
     if (path && path[0]) nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }

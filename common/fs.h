@@ -10,6 +10,9 @@ int fs_mkdir_p(const char *path);
 /* rm -rf path without following links, best effort (what cannot be removed stays); "" or NULL:
  * nothing. */
 void fs_remove_tree(const char *path);
+/* write(2) all n bytes, again after EINTR and short writes. Returns 0 or -errno (EPIPE: a reader
+ * gone; 0 bytes written: -EIO). */
+int fs_write_all(int fd, const void *p, size_t n);
 /* Whether this process can create files in dir: creates and removes a probe file. Returns 0 or
  * -errno (dir missing, read-only, full, permissions). */
 int fs_check_writable(const char *dir);

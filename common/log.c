@@ -9,6 +9,11 @@
 
 static const char *log_component = "ddprun";
 static log_level_t log_threshold = LOG_LEVEL_INFO;
+static void (*log_writer)(const char *line, size_t len);
+
+void log_set_writer(void (*writer)(const char *line, size_t len)) {
+    log_writer = writer;
+}
 
 void log_init(const char *component, log_level_t level) {
     log_component = component;
@@ -39,6 +44,10 @@ void log_write(log_level_t level, const char *fmt, ...) {
     size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
     if (len > sizeof line - 2) len = sizeof line - 2;
     line[len++] = '\n';
+    if (log_writer) {
+        log_writer(line, len);
+        return;
+    }
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;
 }

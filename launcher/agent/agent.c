@@ -23,6 +23,7 @@
 #include "clock.h"
 #include "commands.h"
 #include "ddp_error.h"
+#include "workers/console.h"
 #include "workers/error_file.h"
 #include "exit_codes.h"
 #include "fs.h"
@@ -188,6 +189,7 @@ static void on_exit_deadline(uv_timer_t *t) {
               : a->watching.job.is_busy ? "restart watch"
                                         : "store",
               (double)uv_timer_get_repeat(t) / 1000);
+    console_stop(1000);
     fflush(NULL);
     _exit(a->sm.state == AGENT_SM_DONE ? a->exit_code : 128 + a->sm.stop_signal);
 }
@@ -258,12 +260,13 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
                  strsignal(r->term_signal));
     else
         snprintf(how, sizeof how, "exited with %d", r->exit_status);
-    fprintf(stderr,
-            "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
-            "of %d\n",
-            round->group_rank, r->rank, r->local_rank, r->pid, how,
-            /* failures, this one included: rounds also change with membership, not attempts */
-            a->sm.failures > 0 ? a->sm.failures : round->round + 1, a->opts->max_restarts + 1);
+    console_printf(
+        2,
+        "ddprun: root cause: node %d rank %d (local rank %d, pid %d) %s on attempt %d "
+        "of %d\n",
+        round->group_rank, r->rank, r->local_rank, r->pid, how,
+        /* failures, this one included: rounds also change with membership, not attempts */
+        a->sm.failures > 0 ? a->sm.failures : round->round + 1, a->opts->max_restarts + 1);
     const char *tail = a->workers ? workers_tail(a->workers, r->local_rank) : "";
     if (*tail) {
         const char *p = tail;
@@ -273,8 +276,8 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
                 p = q;
                 break;
             }
-        fprintf(stderr, "ddprun: last lines of its stderr:\n%s%s", p,
-                tail[strlen(tail) - 1] == '\n' ? "" : "\n");
+        console_printf(2, "ddprun: last lines of its stderr:\n%s%s", p,
+                       tail[strlen(tail) - 1] == '\n' ? "" : "\n");
     }
     char error_file[1400];
     snprintf(error_file, sizeof error_file, "%s/attempt_%d/%d/error.json", a->run_dir, round->round,
@@ -282,10 +285,19 @@ static void print_root_cause(agent_t *a, const agent_sm_exit_t *r, const rdzv_re
     /* a PyTorch script's @record left the exception and its traceback: the real root cause */
     error_file_t ef;
     int rc = error_file_read(error_file, &ef);
-    if (rc == 0)
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *f = rc == 0 ? open_memstream(&text, &text_len) : NULL;
+    if (f) { /* behind what the console queue holds */
+        error_file_print(&ef, f);
+        fclose(f);
+        console_write(2, text, text_len);
+        free(text);
+    } else if (rc == 0) {
         error_file_print(&ef, stderr);
-    else if (rc != -ENOENT)
-        fprintf(stderr, "ddprun: %s is not a PyTorch error file (ignored)\n", error_file);
+    } else if (rc != -ENOENT) {
+        console_printf(2, "ddprun: %s is not a PyTorch error file (ignored)\n", error_file);
+    }
 }
 
 /* ---- workers ------------------------------------------------------------------------------ */
@@ -861,7 +873,7 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
     switch (act->kind) {
     case AGENT_ACT_SAY:
         if (act->say == AGENT_SAY_PLAIN)
-            fprintf(stderr, "ddprun: %s\n", act->text);
+            console_printf(2, "ddprun: %s\n", act->text);
         else
             log_write(act->say == AGENT_SAY_WARN ? LOG_LEVEL_WARN : LOG_LEVEL_INFO, "%s",
                       act->text);
@@ -1212,6 +1224,10 @@ int agent_main(ddprun_opts_t *o) {
                           err, sizeof err) < 0)
             LOG_WARN("%s: workers start fresh", err);
     }
+    /* the workers' lines and the agent's own go out from a thread: a console that stops reading
+     * cannot stop the loop (heartbeats, signals, the shutdown timeout) */
+    if (console_start(a->loop, workers_console_room, NULL) < 0)
+        LOG_WARN("cannot start the console's writer thread: the console is written directly");
     post(a, AGENT_EV_START);
     uv_run(a->loop, UV_RUN_DEFAULT);
     rdzv_kv_destroy(a->ops);
@@ -1229,5 +1245,7 @@ int agent_main(ddprun_opts_t *o) {
             LOG_INFO("the output --redirects took off the console is kept in %s", a->run_dir);
         run_dir_release(a->run_dir, a->run_dir_lock, a->exit_code != 0 || has_redirects);
     }
+    /* what is queued goes out first; after a signal, a console that does not read gets 2 s */
+    console_stop(a->sm.stop_signal ? 2000 : -1);
     return a->exit_code;
 }

@@ -13,6 +13,7 @@
 
 #include "fs.h"
 #include "log.h"
+#include "workers/console.h"
 #include "workers/spares.h"
 
 #define LINE_MAX_BYTES        65536
@@ -31,6 +32,7 @@ typedef struct {
     int log_fd;      /* -1 without --log-dir */
     bool is_console; /* shown on our console */
     bool is_open;
+    bool is_reading; /* its process runs: read unless the console is full */
     char line[LINE_MAX_BYTES];
     size_t line_len;
 } stream_t;
@@ -69,17 +71,32 @@ struct workers {
     uv_timer_t kill_timer, drain_timer, hang_timer;
     bool is_stopping, is_done, is_timer_open;
     int lifeline[2];
+    workers_t *next_live; /* the sets not freed yet: their console output pauses together */
     worker_t w[];
 };
 
-static void write_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        p += w;
-        n -= (size_t)w;
-    }
+static workers_t *live_sets;
+/* The console's queue is past its high mark: the console streams are not read (their workers
+ * block on their own writes) until it has room again. */
+static bool is_output_paused;
+
+static void set_free(workers_t *s) {
+    for (workers_t **p = &live_sets; *p; p = &(*p)->next_live)
+        if (*p == s) {
+            *p = s->next_live;
+            break;
+        }
+    free(s);
+}
+
+/* Start or stop reading every open console stream of every set. */
+static void read_console_streams(bool is_reading);
+
+void workers_console_room(void *arg) {
+    (void)arg;
+    if (!is_output_paused) return;
+    is_output_paused = false;
+    read_console_streams(true);
 }
 
 static void check_done(workers_t *s) {
@@ -100,7 +117,7 @@ static void handle_closed(worker_t *w) {
         s->n_active--;
         check_done(s);
     }
-    if (s->is_destroyed && s->n_open_handles == 0) free(s);
+    if (s->is_destroyed && s->n_open_handles == 0) set_free(s);
 }
 
 static void on_proc_closed(uv_handle_t *h) {
@@ -138,7 +155,10 @@ static void emit_line(stream_t *s, const char *p, size_t n) {
     memcpy(buf + len, p, n);
     len += n;
     if (buf[len - 1] != '\n') buf[len++] = '\n';
-    write_all(s->fd_index, buf, len);
+    if (console_write(s->fd_index, buf, len) && !is_output_paused) {
+        is_output_paused = true;
+        read_console_streams(false);
+    }
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -147,6 +167,23 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     static char chunk[65536];
     (void)s;
     *buf = uv_buf_init(chunk, sizeof chunk);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+
+static void read_console_streams(bool is_reading) {
+    for (workers_t *s = live_sets; s; s = s->next_live)
+        for (int i = 0; i < s->n; i++) {
+            stream_t *streams[2] = {&s->w[i].out, &s->w[i].err};
+            for (int k = 0; k < 2; k++) {
+                stream_t *st = streams[k];
+                if (!st->is_open || !st->is_console || !st->is_reading) continue;
+                if (is_reading)
+                    uv_read_start((uv_stream_t *)&st->pipe, on_alloc, on_read);
+                else
+                    uv_read_stop((uv_stream_t *)&st->pipe);
+            }
+        }
 }
 
 static void close_stream(stream_t *s) {
@@ -167,7 +204,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     }
     const char *p = buf->base;
     size_t n = (size_t)nread;
-    if (s->log_fd >= 0) write_all(s->log_fd, p, n);
+    if (s->log_fd >= 0) (void)fs_write_all(s->log_fd, p, n);
     while (n > 0) {
         const char *nl = memchr(p, '\n', n);
         size_t take = nl ? (size_t)(nl - p) + 1 : n;
@@ -194,6 +231,10 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 
 static void on_drain_timer(uv_timer_t *t) {
     workers_t *s = t->data;
+    if (is_output_paused) { /* unread because the console is full, not left behind: wait on */
+        uv_timer_start(&s->drain_timer, on_drain_timer, DRAIN_AFTER_EXIT_MS, 0);
+        return;
+    }
     for (int i = 0; i < s->n; i++) {
         worker_t *w = &s->w[i];
         if (!w->result.has_exited || (!w->out.is_open && !w->err.is_open)) continue;
@@ -367,8 +408,11 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
         return rc;
     }
     w->started_ms = uv_now(s->loop);
-    uv_read_start((uv_stream_t *)&w->out.pipe, on_alloc, on_read);
-    uv_read_start((uv_stream_t *)&w->err.pipe, on_alloc, on_read);
+    for (int i = 0; i < 2; i++) {
+        streams[i]->is_reading = true;
+        if (!is_output_paused || !streams[i]->is_console)
+            uv_read_start((uv_stream_t *)&streams[i]->pipe, on_alloc, on_read);
+    }
     return 0;
 }
 
@@ -428,11 +472,14 @@ int workers_start(uv_loop_t *loop, const workers_spec_t *spec, workers_exit_cb o
     s->on_done = on_done;
     s->arg = arg;
     s->n = n;
+    s->next_live = live_sets;
+    live_sets = s;
     /* The write end stays in the agent (close-on-exec): its death closes every lifeline. */
     if (pipe2(s->lifeline, O_CLOEXEC) < 0) {
-        snprintf(err, err_len, "cannot create the lifeline pipe: %s", strerror(errno));
-        free(s);
-        return -errno;
+        int e = errno;
+        snprintf(err, err_len, "cannot create the lifeline pipe: %s", strerror(e));
+        set_free(s);
+        return -e;
     }
     uv_timer_init(loop, &s->kill_timer);
     s->kill_timer.data = s;
@@ -518,7 +565,7 @@ static void on_timer_closed(uv_handle_t *h) {
     workers_t *s = h->data;
     if (--s->n_open_timers > 0) return;
     s->is_destroyed = true;
-    if (s->n_open_handles == 0) free(s);
+    if (s->n_open_handles == 0) set_free(s);
 }
 
 void workers_destroy(workers_t *s) {

@@ -40,6 +40,8 @@ void workers_stop(workers_t *w, int signum, double timeout_s);
 bool workers_are_training(workers_t *w);
 /* The last lines a worker wrote to stderr (NUL-terminated, may be empty). */
 const char *workers_tail(const workers_t *w, int local_rank);
+/* The console has room again (console_start's callback): read the workers' output again. */
+void workers_console_room(void *arg);
 /* Free after on_done. */
 void workers_destroy(workers_t *w);
 

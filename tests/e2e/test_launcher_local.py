@@ -248,6 +248,42 @@ def test_worker_ignoring_sigterm_is_killed_after_the_shutdown_timeout(ddprun, sc
     assert not alive(int((tmp_path / "pid0").read_text()))
 
 
+CHATTY = r"""import sys
+line = "x" * 1000 + "\n"
+while True:
+    sys.stdout.write(line)
+"""
+
+
+def test_a_console_that_stops_reading_cannot_wedge_the_agent(ddprun, tmp_path):
+    # the agent's stdout is a pipe nobody reads (a stalled `| tee`, a terminal on XOFF): its loop
+    # still answers SIGTERM, stops the workers and exits (it blocked in write(2) before, and only
+    # SIGKILL ended it)
+    program = tmp_path / "chatty.py"
+    program.write_text(CHATTY)
+    fifo = tmp_path / "console"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # held open, never read
+    try:
+        with open(fifo, "w") as console:
+            proc = subprocess.Popen([ddprun, "--standalone", "--nproc-per-node", "2",
+                                     "--shutdown-timeout", "2", str(program)], stdout=console,
+                                    stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # the pipe is full long before
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("the agent did not exit on SIGTERM with its console stalled")
+    finally:
+        os.close(reader)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert time.monotonic() - t0 < 12
+
+
 def test_redirects_without_a_log_dir_keep_the_output(ddprun, script, tmp_path):
     # the output --redirects takes off the console lives only in the run directory: kept after a
     # success too, and said where (it was removed with the scratch directory)

@@ -88,6 +88,16 @@ static uint64_t hash_bytes(const void *p, size_t n) {
     return h;
 }
 
+/* A client of the store at port (the suite's: store_port); NULL when it cannot connect. */
+static store_client_t *connect_store(uint16_t port, int64_t op_timeout_ms) {
+    store_client_opts_t so = {.host = "127.0.0.1",
+                              .port = port,
+                              .connect_timeout_ms = 5000,
+                              .op_timeout_ms = op_timeout_ms};
+    store_client_t *store = NULL;
+    return store_client_connect(&so, &store) == 0 ? store : NULL;
+}
+
 typedef int (*rank_fn)(comm_t *c, int rank, int world);
 
 /* Runs fn on `world` forked ranks joined in a ring; returns how many ranks exited non-zero. */
@@ -99,12 +109,8 @@ static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
     for (int rank = 0; rank < world; rank++) {
         pids[rank] = fork();
         if (pids[rank] != 0) continue;
-        store_client_opts_t so = {.host = "127.0.0.1",
-                                  .port = store_port,
-                                  .connect_timeout_ms = 5000,
-                                  .op_timeout_ms = 10000};
-        store_client_t *store = NULL;
-        if (store_client_connect(&so, &store) < 0) _exit(10);
+        store_client_t *store = connect_store(store_port, 10000);
+        if (!store) _exit(10);
         comm_ring_opts_t ro = {.rank = rank,
                                .world = world,
                                .store = store,
@@ -448,10 +454,8 @@ Test(comm_ring, staged_collectives_over_device_memory_match_the_ring) {
 /* ---- comm_agree_all: every rank gets the same answer, "no" from any rank wins ---- */
 
 static int agree_as(int rank, int world, const char *prefix, unsigned yes_mask) {
-    store_client_opts_t so = {
-        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
-    store_client_t *store = NULL;
-    if (store_client_connect(&so, &store) < 0) return 10;
+    store_client_t *store = connect_store(store_port, 5000);
+    if (!store) return 10;
     bool all_yes = true;
     char err[256];
     if (comm_agree_all(store, prefix, "q", rank, world, (yes_mask >> rank) & 1, &all_yes, err,
@@ -486,10 +490,8 @@ Test(comm_ring, every_rank_gets_the_same_agreement_and_one_no_wins) {
 }
 
 Test(comm_ring, agreement_refuses_a_value_that_is_not_a_vote) {
-    store_client_opts_t so = {
-        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
-    store_client_t *store = NULL;
-    cr_assert_eq(store_client_connect(&so, &store), 0);
+    store_client_t *store = connect_store(store_port, 5000);
+    cr_assert_not_null(store);
     cr_assert_eq(store_client_set(store, "/bad/q/1", "maybe", 5), 0);
     bool all_yes = true;
     char err[256] = "";
@@ -500,10 +502,8 @@ Test(comm_ring, agreement_refuses_a_value_that_is_not_a_vote) {
 }
 
 Test(comm_ring, agreement_with_a_missing_rank_ends_at_the_store_timeout) {
-    store_client_opts_t so = {
-        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 500};
-    store_client_t *store = NULL;
-    cr_assert_eq(store_client_connect(&so, &store), 0);
+    store_client_t *store = connect_store(store_port, 500);
+    cr_assert_not_null(store);
     bool all_yes = true;
     char err[256] = "";
     int64_t start = now_ms();
@@ -568,10 +568,8 @@ out:
 }
 
 Test(comm_ring, agreement_whose_store_dies_mid_reply_fails_cleanly) {
-    store_client_opts_t so = {
-        .host = "127.0.0.1", .port = store_port, .connect_timeout_ms = 5000, .op_timeout_ms = 5000};
-    store_client_t *direct = NULL;
-    cr_assert_eq(store_client_connect(&so, &direct), 0);
+    store_client_t *direct = connect_store(store_port, 5000);
+    cr_assert_not_null(direct);
     cr_assert_eq(store_client_set(direct, "/dying/q/1", "1", 1), 0); /* rank 1's vote */
     store_client_destroy(direct);
     int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -582,9 +580,8 @@ Test(comm_ring, agreement_whose_store_dies_mid_reply_fails_cleanly) {
     cr_assert_eq(getsockname(listener, (struct sockaddr *)&sa, &sa_len), 0);
     pthread_t t;
     pthread_create(&t, NULL, store_that_dies_mid_reply, &listener);
-    so.port = ntohs(sa.sin_port);
-    store_client_t *store = NULL;
-    cr_assert_eq(store_client_connect(&so, &store), 0);
+    store_client_t *store = connect_store(ntohs(sa.sin_port), 5000);
+    cr_assert_not_null(store);
     bool all_yes = true;
     char err[256] = "";
     int rc = comm_agree_all(store, "/dying/", "q", 0, 2, true, &all_yes, err, sizeof err);
@@ -606,12 +603,8 @@ static uint64_t fnv1a(const char *s) { /* the ring's job hash of its key prefix 
 /* Rank 1 of 2 played by hand: it joins the ring (address in the store, hello to next, accepts
  * prev), then echoes rank 0's opening frame and sends the collective's data a byte every 100 ms. */
 static void trickling_rank(const char *prefix) {
-    store_client_opts_t so = {.host = "127.0.0.1",
-                              .port = store_port,
-                              .connect_timeout_ms = 5000,
-                              .op_timeout_ms = 10000};
-    store_client_t *store = NULL;
-    if (store_client_connect(&so, &store) < 0) _exit(10);
+    store_client_t *store = connect_store(store_port, 10000);
+    if (!store) _exit(10);
     int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t sa_len = sizeof sa;
@@ -663,12 +656,8 @@ Test(comm_ring, a_peer_that_trickles_fails_the_collective_within_its_bound) {
     snprintf(prefix, sizeof prefix, "/trickle/%d/", (int)getpid());
     pid_t fake = fork();
     if (fake == 0) trickling_rank(prefix);
-    store_client_opts_t so = {.host = "127.0.0.1",
-                              .port = store_port,
-                              .connect_timeout_ms = 5000,
-                              .op_timeout_ms = 10000};
-    store_client_t *store = NULL;
-    cr_assert_eq(store_client_connect(&so, &store), 0);
+    store_client_t *store = connect_store(store_port, 10000);
+    cr_assert_not_null(store);
     comm_ring_opts_t ro = {.rank = 0,
                            .world = 2,
                            .store = store,
