@@ -134,7 +134,9 @@ int worker_shim_main(int argc, char **argv) {
             /* the agent is gone: the program first (its escaped children become ours), those,
              * then the whole group, ourselves too */
             kill(child, SIGKILL);
-            waitpid(child, NULL, 0);
+            /* a second at most: a program stuck in the kernel must not keep the group alive */
+            for (int i = 0; i < 100 && waitpid(child, NULL, WNOHANG) == 0; i++)
+                usleep(10 * 1000);
             kill_descendants();
             kill(0, SIGKILL);
             _exit(DDP_EXIT_PEER_FAILURE);
