@@ -151,6 +151,7 @@ void console_stop(int timeout_ms) {
     bool is_drained = con.queued == 0;
     con.is_running = false; /* later writes are direct; what is left is the writer's */
     con.is_stopping = true;
+    con.is_full = false; /* no room signal to a loop that is done with it */
     pthread_cond_signal(&con.has_work);
     pthread_mutex_unlock(&con.mu);
     log_set_writer(NULL);
