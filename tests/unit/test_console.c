@@ -15,8 +15,8 @@
 #include "workers/console.h"
 
 static uv_loop_t loop;
-static uv_timer_t
-    alive; /* the console's handle does not keep a loop alive: the agent's others do */
+/* the console's handle does not keep a loop alive: the agent's other handles do */
+static uv_timer_t alive;
 static int console_pipe[2], saved_stdout = -1;
 static int rooms;
 
