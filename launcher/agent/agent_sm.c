@@ -92,7 +92,7 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
 
 static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
     /* restart_text stays until the next key: past the budget, the join's outcome names it */
-    sm->has_failure = sm->has_restart = sm->is_judging_members = false;
+    sm->has_failure = sm->has_restart = sm->is_judging_members = sm->is_report_deferred = false;
     sm->round.round = round;
     if (!sm->cfg.is_multi) {
         sm->round = (rdzv_result_t){.round = round,
@@ -290,6 +290,10 @@ static void on_worker_exited(agent_sm_t *sm, const agent_sm_exit_t *r, agent_sm_
             r->term_signal ? "was killed by signal" : "exited with",
             r->term_signal ? r->term_signal : r->exit_status, sm->root_cause.rank);
         sm->root_cause = *r;
+        if (sm->is_report_deferred) {
+            sm->is_report_deferred = false;
+            report(sm, out, failure_code(r), failure_is_permanent(r));
+        }
         return;
     }
     if (!is_failure || sm->has_failure || sm->stop_signal || sm->has_restart) return;
@@ -300,6 +304,13 @@ static void on_worker_exited(agent_sm_t *sm, const agent_sm_exit_t *r, agent_sm_
         r->pid, r->term_signal ? "was killed by signal" : "exited with",
         r->term_signal ? r->term_signal : r->exit_status);
     stop_workers(sm, out, SIGTERM, sm->cfg.shutdown_timeout_s);
+    /* several nodes: the first report sets the key for every agent, and a consequence reaped
+     * first (workers are reaped in spawn order) would hide a permanent cause reaped after it;
+     * another node's cause reports itself meanwhile */
+    if (sm->cfg.is_multi && telling(r) == 0) {
+        sm->is_report_deferred = true;
+        return;
+    }
     report(sm, out, failure_code(r), failure_is_permanent(r));
 }
 
@@ -413,6 +424,12 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
         return;
     case AGENT_EV_WORKERS_DONE:
         sm->is_workers_done = true;
+        if (sm->is_report_deferred) { /* no more telling failure came */
+            sm->is_report_deferred = false;
+            if (!sm->has_restart && !sm->stop_signal)
+                report(sm, out, failure_code(&sm->root_cause),
+                       failure_is_permanent(&sm->root_cause));
+        }
         settle(sm, out);
         return;
     case AGENT_EV_RESTART_SEEN:

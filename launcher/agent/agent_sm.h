@@ -144,6 +144,9 @@ typedef struct {
     /* what ended the round; more than one may hold, the signal first, then the key */
     bool has_failure; /* a local worker failed (root_cause) or could not start */
     agent_sm_exit_t root_cause;
+    /* several nodes: the root cause so far is a consequence (75, a SIGTERM's end); its report
+     * waits for a telling local failure or the workers' end */
+    bool is_report_deferred;
     bool has_restart; /* the restart key was seen (restart, restart_text) */
     rdzv_why_t restart;
     char restart_text[256]; /* the last key seen, kept across the join that follows it */

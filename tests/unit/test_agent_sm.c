@@ -304,6 +304,34 @@ Test(agent_sm_nodes, one_node_of_several_has_no_heartbeats) {
     expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_WORKERS, END);
 }
 
+/* Several nodes: the first report sets the key every agent decides from. A peer failure (75) reaped
+ * first is a consequence: its report waits, and the permanent cause reaped after it is reported. */
+Test(agent_sm_nodes, a_consequence_reaped_first_does_not_hide_the_cause_from_the_key) {
+    setup(true, 3, 2);
+    start_several(1, 2);
+    worker_exits(2, DDP_EXIT_PEER_FAILURE, 0);
+    expect(AGENT_ACT_SAY, AGENT_ACT_STOP_WORKERS, END); /* no report yet */
+    worker_exits(3, DDP_EXIT_DATA, 0);
+    expect(AGENT_ACT_SAY, AGENT_ACT_REPORT, END);
+    cr_assert_eq(acts.a[1].why.code, DDP_EXIT_DATA);
+    cr_assert(acts.a[1].why.is_permanent);
+    cr_assert_eq(acts.a[1].why.rank, 3);
+}
+
+/* ... and when no telling failure comes, the consequence is reported once the workers ended. */
+Test(agent_sm_nodes, a_consequence_alone_is_reported_when_the_workers_ended) {
+    setup(true, 3, 2);
+    start_several(1, 2);
+    worker_exits(2, DDP_EXIT_PEER_FAILURE, 0);
+    expect(AGENT_ACT_SAY, AGENT_ACT_STOP_WORKERS, END);
+    worker_exits(3, 0, SIGTERM); /* stopped by this agent */
+    expect(END);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    expect(AGENT_ACT_REPORT, END);
+    cr_assert_eq(acts.a[0].why.code, DDP_EXIT_PEER_FAILURE);
+    cr_assert_not(acts.a[0].why.is_permanent);
+}
+
 Test(agent_sm_nodes, local_failure_waits_for_the_key_then_restarts) {
     setup(true, 3, 2);
     start_several(1, 2);
