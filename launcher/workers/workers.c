@@ -32,7 +32,6 @@ typedef struct {
     int log_fd;      /* -1 without --log-dir */
     bool is_console; /* shown on our console */
     bool is_open;
-    bool is_reading; /* its process runs: read unless the console is full */
     char line[LINE_MAX_BYTES];
     size_t line_len;
 } stream_t;
@@ -177,7 +176,7 @@ static void read_console_streams(bool is_reading) {
             stream_t *streams[2] = {&s->w[i].out, &s->w[i].err};
             for (int k = 0; k < 2; k++) {
                 stream_t *st = streams[k];
-                if (!st->is_open || !st->is_console || !st->is_reading) continue;
+                if (!st->is_open || !st->is_console) continue;
                 if (is_reading)
                     uv_read_start((uv_stream_t *)&st->pipe, on_alloc, on_read);
                 else
@@ -408,11 +407,9 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
         return rc;
     }
     w->started_ms = uv_now(s->loop);
-    for (int i = 0; i < 2; i++) {
-        streams[i]->is_reading = true;
+    for (int i = 0; i < 2; i++) /* a full console's room starts the console streams later */
         if (!is_output_paused || !streams[i]->is_console)
             uv_read_start((uv_stream_t *)&streams[i]->pipe, on_alloc, on_read);
-    }
     return 0;
 }
 
