@@ -30,8 +30,7 @@ typedef struct wait_link {
 } wait_link_t;
 
 struct kv_waiter {
-    kv_table_t *t;
-    size_t charge; /* what t's budget holds for it */
+    kv_table_t *t; /* whose budget holds waiter_charge(max_links) for it */
     kv_wake_cb cb;
     void *owner;
     uint64_t max_links;
@@ -207,8 +206,13 @@ static void maybe_remove(kv_table_t *t, kv_entry_t *e) {
 
 static void link_waiter(kv_waiter_t *w, kv_entry_t *e);
 
+/* The heap a waiter with max_links links holds, as its table's budget charges it. */
+static size_t waiter_charge(uint64_t max_links) {
+    return sizeof(kv_waiter_t) + (size_t)max_links * sizeof(wait_link_t) + MALLOC_OVERHEAD;
+}
+
 static void waiter_free(kv_waiter_t *w) {
-    w->t->bytes -= w->charge;
+    w->t->bytes -= waiter_charge(w->max_links);
     free(w);
 }
 
@@ -476,13 +480,11 @@ int kv_table_wait_begin(kv_table_t *t, uint64_t max_keys, kv_wake_cb cb, void *o
                         kv_waiter_t **out) {
     if (max_keys > (SIZE_MAX - sizeof(kv_waiter_t) - MALLOC_OVERHEAD) / sizeof(wait_link_t))
         return -ENOMEM;
-    size_t size = sizeof(kv_waiter_t) + (size_t)max_keys * sizeof(wait_link_t);
-    if (would_exceed(t, size + MALLOC_OVERHEAD)) return -ENOSPC;
-    kv_waiter_t *w = calloc(1, size);
+    if (would_exceed(t, waiter_charge(max_keys))) return -ENOSPC;
+    kv_waiter_t *w = calloc(1, sizeof *w + (size_t)max_keys * sizeof(wait_link_t));
     if (!w) return -ENOMEM;
     w->t = t;
-    w->charge = size + MALLOC_OVERHEAD;
-    t->bytes += w->charge;
+    t->bytes += waiter_charge(max_keys);
     w->cb = cb;
     w->owner = owner;
     w->max_links = max_keys;
