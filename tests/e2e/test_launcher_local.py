@@ -84,8 +84,11 @@ def alive(pid):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:           # a zombie is not alive
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    try:  # a zombie is not alive; nor is one reaped between the kill and the read (ESRCH)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def test_environment_of_every_worker(ddprun, script, tmp_path):
