@@ -65,24 +65,26 @@ void store_auth_random_nonce(uint8_t nonce[STORE_AUTH_NONCE_BYTES]) {
     randombytes_buf(nonce, STORE_AUTH_NONCE_BYTES);
 }
 
-static void role_mac(const store_secret_t *s, const char *role, const uint8_t *server_nonce,
-                     const uint8_t *client_nonce, uint8_t *mac) {
+void store_auth_mac(const store_secret_t *s, const char *role, const uint8_t *server_nonce,
+                    const uint8_t *client_nonce, const void *bound, size_t bound_len,
+                    uint8_t mac[STORE_AUTH_MAC_BYTES]) {
     crypto_auth_hmacsha256_state st;
     crypto_auth_hmacsha256_init(&st, s->key, sizeof s->key);
     crypto_auth_hmacsha256_update(&st, (const unsigned char *)role, strlen(role) + 1);
     crypto_auth_hmacsha256_update(&st, server_nonce, STORE_AUTH_NONCE_BYTES);
     crypto_auth_hmacsha256_update(&st, client_nonce, STORE_AUTH_NONCE_BYTES);
+    if (bound_len) crypto_auth_hmacsha256_update(&st, bound, bound_len);
     crypto_auth_hmacsha256_final(&st, mac);
 }
 
 void store_auth_client_mac(const store_secret_t *s, const uint8_t *server_nonce,
                            const uint8_t *client_nonce, uint8_t mac[STORE_AUTH_MAC_BYTES]) {
-    role_mac(s, "ddprun-store-client", server_nonce, client_nonce, mac);
+    store_auth_mac(s, "ddprun-store-client", server_nonce, client_nonce, NULL, 0, mac);
 }
 
 void store_auth_server_mac(const store_secret_t *s, const uint8_t *server_nonce,
                            const uint8_t *client_nonce, uint8_t mac[STORE_AUTH_MAC_BYTES]) {
-    role_mac(s, "ddprun-store-server", server_nonce, client_nonce, mac);
+    store_auth_mac(s, "ddprun-store-server", server_nonce, client_nonce, NULL, 0, mac);
 }
 
 bool store_auth_mac_equal(const uint8_t *a, const uint8_t *b) {

@@ -33,7 +33,13 @@ int store_secret_from_text(const char *text, size_t len, const char *origin, sto
 int store_secret_from_env(store_secret_t *out, char *err, size_t err_len);
 
 void store_auth_random_nonce(uint8_t nonce[STORE_AUTH_NONCE_BYTES]);
-/* MACs binding both nonces; the role string makes the two directions differ. */
+/* HMAC(key, role NUL, server_nonce, client_nonce, bound): a proof of the secret that binds both
+ * nonces (no replay) and bound (what the proof vouches for; NULL, 0: nothing more). role names the
+ * protocol and direction, so that no proof passes for another's. */
+void store_auth_mac(const store_secret_t *s, const char *role, const uint8_t *server_nonce,
+                    const uint8_t *client_nonce, const void *bound, size_t bound_len,
+                    uint8_t mac[STORE_AUTH_MAC_BYTES]);
+/* The store's MACs (store_auth_mac with the store's roles): both directions differ. */
 void store_auth_client_mac(const store_secret_t *s, const uint8_t *server_nonce,
                            const uint8_t *client_nonce, uint8_t mac[STORE_AUTH_MAC_BYTES]);
 void store_auth_server_mac(const store_secret_t *s, const uint8_t *server_nonce,

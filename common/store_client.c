@@ -306,7 +306,7 @@ static int auth_exchange(store_client_t *c) {
         disconnect(c);
         return fail(c, DDP_ENOSECRET,
                     "the store requires a shared secret; set %s or %s (or pass "
-                    "--secret-file)",
+                    "--store-secret-file)",
                     STORE_SECRET_FILE_ENV, STORE_SECRET_ENV);
     }
     uint8_t server_nonce[STORE_AUTH_NONCE_BYTES], client_nonce[STORE_AUTH_NONCE_BYTES];

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,6 +397,14 @@ static int set_warm_spares(ddprun_opts_t *o, const char *v, char *err, size_t el
     return 0;
 }
 
+static int set_store_secret_file(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    char path[PATH_MAX];
+    if (!realpath(v, path))
+        return DDP_ERRF_EINVAL(err, el, "--store-secret-file %s: %s", v, strerror(errno));
+    return copy_str(o->store_secret_file, sizeof o->store_secret_file, path, "--store-secret-file",
+                    err, el);
+}
+
 static int set_dry_run(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     (void)v, (void)err, (void)el;
     o->is_dry_run = true;
@@ -462,6 +471,10 @@ static const opt_spec_t opt_table[] = {
      "keep an initialized spare train.conf worker per local rank "
      "that a restart takes over (auto: on a GPU node)",
      set_warm_spares},
+    {"store-secret-file", 0, "FILE",
+     "the store's shared secret (as ddprun store --secret-file; else "
+     "$DDPRUN_STORE_SECRET[_FILE]): agents, workers and the hosted store prove it",
+     set_store_secret_file},
     {"dry-run", 0, NULL, "print the resolved configuration and exit", set_dry_run},
 };
 #define N_OPTS (sizeof opt_table / sizeof opt_table[0])
@@ -674,6 +687,19 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     }
     if (o->is_no_python && o->is_module)
         return DDP_ERRF_EINVAL(err, el, "--no-python and --module exclude each other");
+    return options_load_store_secret(o, err, el);
+}
+
+int options_load_store_secret(ddprun_opts_t *o, char *err, size_t el) {
+    char msg[512];
+    int rc = store_auth_init();
+    if (rc == 0)
+        rc = o->store_secret_file[0]
+                 ? store_secret_load_file(o->store_secret_file, &o->store_secret, msg, sizeof msg)
+                 : store_secret_from_env(&o->store_secret, msg, sizeof msg);
+    else
+        snprintf(msg, sizeof msg, "libsodium failed to start");
+    if (rc < 0) return DDP_ERRF_EINVAL(err, el, "%s", msg);
     return 0;
 }
 
@@ -756,7 +782,10 @@ void options_print(const ddprun_opts_t *o, FILE *f) {
             o->is_host < 0 ? "auto"
             : o->is_host   ? "true"
                            : "false");
-    fprintf(f, "start_method: %s\n", o->start_method);
+    fprintf(f, "start_method: %s\nstore_secret: %s\n", o->start_method,
+            !o->store_secret.is_set   ? "none"
+            : o->store_secret_file[0] ? o->store_secret_file
+                                      : "(from the environment)");
     if (o->slurm_job_id[0])
         fprintf(f, "slurm: job %s, %d node(s), this node %d\n", o->slurm_job_id, o->slurm_nodes,
                 o->slurm_node_id);

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "store_auth.h"
+
 #define DDP_MAX_LOCAL_WORKERS 1024
 #define DDP_MAX_SIGNALS       16
 
@@ -53,6 +55,9 @@ typedef struct {
     double start_timeout_s; /* 0: none; a worker must report progress this soon after its start */
     int warm_spares;        /* 1: keep a warm spare worker per local rank, 0: none (-1 auto until
                                parsed: 1 for train.conf on a GPU node) */
+    char store_secret_file[1024]; /* --store-secret-file, absolute; "": the environment's */
+    store_secret_t store_secret;  /* from that file, else DDPRUN_STORE_SECRET[_FILE]; agents,
+                                     workers and the hosted store prove it (docs/protocol.md) */
     bool is_dry_run;
     char slurm_job_id[64]; /* "" outside Slurm; else the allocation these defaults came from */
     int slurm_nodes, slurm_node_id;
@@ -73,6 +78,9 @@ int options_parse(int argc, char **argv, ddprun_opts_t *out, options_defaults_fn
 int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el);
 /* etcd's settings checked and completed (the password from its file or the environment). */
 int options_finish_etcd(ddprun_opts_t *o, char *err, size_t el);
+/* o->store_secret from --store-secret-file, else the environment (options_parse does it; `ddprun
+ * status` too). 0, or -EINVAL with a message naming the file or variable in err. */
+int options_load_store_secret(ddprun_opts_t *o, char *err, size_t el);
 /* The agent: run PROGRAM as configured until done; returns the process exit code (agent.c). */
 int agent_main(ddprun_opts_t *o);
 /* The --help text, generated from the option table. */

@@ -130,10 +130,15 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
             "WORLD_SIZE is %d but MASTER_ADDR/MASTER_PORT are not set "
             "(run it with ddprun)",
             world);
+    /* the agent's: its store and the ring's handshake ask for it (docs/protocol.md) */
+    static store_secret_t secret;
+    char err[512];
+    if (store_secret_from_env(&secret, err, sizeof err) < 0) die(DDP_EXIT_CONFIG, "%s", err);
     store_client_opts_t so = {.host = host,
                               .port = (uint16_t)port,
                               .connect_timeout_ms = 60000,
-                              .op_timeout_ms = timeout_ms};
+                              .op_timeout_ms = timeout_ms,
+                              .secret = &secret};
     store_client_t *store = NULL;
     if (store_client_connect(&so, &store) < 0)
         die(DDP_EXIT_PEER_FAILURE, "cannot reach the job's store: %s", store_client_error(store));
@@ -145,7 +150,6 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
     if (conf->collective == COLLECTIVE_AUTO && conf->backend == BACKEND_CUDA) {
         /* NCCL needs a GPU per rank, and nodes may differ: every rank says whether its node has
          * enough, and all take NCCL only if all can */
-        char err[512];
         if (comm_agree_all(store, prefix, "nccl_possible", rank, world, local_world <= cuda_devices,
                            &is_nccl, err, sizeof err) < 0)
             die(DDP_EXIT_PEER_FAILURE, "agreeing on the collective: %s", err);
@@ -162,8 +166,8 @@ static comm_t *make_comm(int rank, int world, int local_world, const train_conf_
                            .key_prefix = prefix,
                            .store_host = host,
                            .advertise_host = local_addr && *local_addr ? local_addr : NULL,
-                           .timeout_ms = timeout_ms};
-    char err[512];
+                           .timeout_ms = timeout_ms,
+                           .secret = &secret};
     if (comm_ring_create(&ro, &comm, err, sizeof err) < 0)
         die(DDP_EXIT_PEER_FAILURE, "cannot join the ring of %d workers: %s", world, err);
     store_client_destroy(store);

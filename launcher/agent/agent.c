@@ -1000,7 +1000,8 @@ static int prepare_run_dir(agent_t *a) {
  * the rounds where it is node 0 use. */
 static int host_store(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
-    store_server_opts_t so = {.host = o->rdzv_host, .port = o->rdzv_port};
+    store_server_opts_t so = {
+        .host = o->rdzv_host, .port = o->rdzv_port, .secret = o->store_secret};
     char own_host[256] = "";
     /* on etcd even one node, which rendezvouses with nobody: the endpoint is etcd's, not a store's
      */

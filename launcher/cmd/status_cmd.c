@@ -30,7 +30,7 @@ static const char status_usage[] =
     "usage: ddprun status --rdzv-endpoint HOST[:PORT] --rdzv-id JOB [--rdzv-backend c10d|etcd]\n"
     "                     [--rdzv-conf cacert=..,cert=..,key=..,user=..,password_file=..] "
     "[--json]\n"
-    "                     [--timeout MS]\n"
+    "                     [--timeout MS] [--store-secret-file F]\n"
     "A job's round, nodes, restarts, last failure and per-rank progress, from its store (while it\n"
     "runs) or from etcd (while it runs, and for --rdzv-conf status_ttl after it ended).\n";
 
@@ -45,6 +45,8 @@ static const struct option status_options[] = {
     {"rdzv_conf", required_argument, NULL, 'c'},
     {"json", no_argument, NULL, 'j'},
     {"timeout", required_argument, NULL, 't'},
+    {"store-secret-file", required_argument, NULL, 's'},
+    {"secret-file", required_argument, NULL, 's'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -377,6 +379,9 @@ int status_cmd_main(int argc, char **argv) {
         case 't':
             timeout_ms = strtol(optarg, NULL, 10);
             break;
+        case 's':
+            snprintf(o.store_secret_file, sizeof o.store_secret_file, "%s", optarg);
+            break;
         default:
             fprintf(stderr, "ddprun status: unknown option %s\n%s", argv[optind - 1], status_usage);
             return 2;
@@ -385,6 +390,10 @@ int status_cmd_main(int argc, char **argv) {
     if (!o.rdzv_endpoints[0] || !o.rdzv_id[0] || timeout_ms <= 0) {
         fprintf(stderr, "ddprun status: --rdzv-endpoint and --rdzv-id are needed\n%s",
                 status_usage);
+        return 2;
+    }
+    if (options_load_store_secret(&o, msg, sizeof msg) < 0) {
+        fprintf(stderr, "ddprun status: %s\n", msg);
         return 2;
     }
     bool is_etcd = strcmp(o.rdzv_backend, "etcd") == 0;

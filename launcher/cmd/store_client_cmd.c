@@ -35,6 +35,7 @@ static const struct option cli_options[] = {
     {"endpoint", required_argument, NULL, 'e'},
     {"legacy", no_argument, NULL, 'l'},
     {"secret-file", required_argument, NULL, 's'},
+    {"store-secret-file", required_argument, NULL, 's'},
     {"timeout", required_argument, NULL, 't'},
     {"connect-timeout", required_argument, NULL, 'c'},
     {"max-value-bytes", required_argument, NULL, 'm'},

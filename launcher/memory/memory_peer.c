@@ -110,11 +110,7 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, const char *dir, 
     p->round = -1;
     snprintf(p->dir, sizeof p->dir, "%s", dir);
     p->job_tag = (uint32_t)XXH3_64bits(o->rdzv_id, strlen(o->rdzv_id));
-    if (store_secret_from_env(&p->secret, err, err_len) < 0 ||
-        (p->secret.is_set && store_auth_init() < 0)) {
-        free(p);
-        return -EINVAL;
-    }
+    p->secret = o->store_secret;
     if (o->local_addr[0])
         snprintf(p->host, sizeof p->host, "%s", o->local_addr);
     else if (gethostname(p->host, sizeof p->host - 1) != 0)

@@ -13,12 +13,14 @@
 #include "snapshot_format.h"
 #include "store_auth.h"
 
-#define POLL_MS        10
-#define RETRY_MS       500
-#define CHALLENGE_MS   5000 /* a connected receiver's nonce (with a secret) is this late at most */
-#define PROOF_MS       5000 /* and a connected sender's proof */
-#define FRAME_BYTES    40
-#define HEADER_CHECKED offsetof(snapshot_header_t, header_checksum)
+#define POLL_MS      10
+#define RETRY_MS     500
+#define CHALLENGE_MS 5000 /* a connected receiver's nonce (with a secret) is this late at most */
+#define PROOF_MS     5000 /* and a connected sender's proof */
+/* the sender's proof (store_auth_mac): its own role, so that no store proof passes for it */
+#define MEMORY_PEER_ROLE "ddprun-memory-peer"
+#define FRAME_BYTES      40
+#define HEADER_CHECKED   offsetof(snapshot_header_t, header_checksum)
 
 typedef struct conn conn_t;
 struct conn {

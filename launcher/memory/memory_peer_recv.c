@@ -148,7 +148,7 @@ static void conn_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
         left -= take;
         if (c->proof_got < sizeof c->proof) return;
         uint8_t want[STORE_AUTH_MAC_BYTES];
-        store_auth_client_mac(&c->p->secret, c->nonce, c->proof, want);
+        store_auth_mac(&c->p->secret, MEMORY_PEER_ROLE, c->nonce, c->proof, NULL, 0, want);
         if (!store_auth_mac_equal(want, c->proof + STORE_AUTH_NONCE_BYTES)) {
             LOG_WARN("memory snapshots: a peer connection without the store's secret refused");
             memory_peer__conn_close(c);

@@ -52,7 +52,8 @@ static void challenge_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     if (p->challenge_got < sizeof p->challenge) return;
     uv_read_stop(s);
     store_auth_random_nonce(p->proof);
-    store_auth_client_mac(&p->secret, p->challenge, p->proof, p->proof + STORE_AUTH_NONCE_BYTES);
+    store_auth_mac(&p->secret, MEMORY_PEER_ROLE, p->challenge, p->proof, NULL, 0,
+                   p->proof + STORE_AUTH_NONCE_BYTES);
     uv_buf_t pb = uv_buf_init((char *)p->proof, sizeof p->proof);
     if (uv_write(&p->proof_req, s, &pb, 1, NULL) < 0) {
         memory_peer__drop_out(p);

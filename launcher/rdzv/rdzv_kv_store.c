@@ -103,7 +103,8 @@ int rdzv_kv_store_connect(const ddprun_opts_t *o, int64_t connect_timeout_ms, in
                               .port = o->rdzv_port,
                               .connect_timeout_ms = connect_timeout_ms,
                               .op_timeout_ms = op_timeout_ms,
-                              .max_value_bytes = o->store_max_value_bytes};
+                              .max_value_bytes = o->store_max_value_bytes,
+                              .secret = &o->store_secret};
     int rc = store_client_new(&co, &s->c);
     if (!s->c) {
         free(s);

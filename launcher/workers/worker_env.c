@@ -104,6 +104,12 @@ int worker_env_round(const workers_spec_t *sp, int local_rank, worker_env_t *e) 
     /* the address other nodes reach this one at: ddpworker's ring listens there (its route to
      * the store may be loopback on the store's own node: 127.0.1.1 in /etc/hosts) */
     if (o->local_addr[0]) rc |= worker_env_set(e, "DDPRUN_LOCAL_ADDR", "%s", o->local_addr);
+    /* --store-secret-file: the workers read it as the agent did (an empty DDPRUN_STORE_SECRET is
+     * none, so the file is not outranked by one in the agent's environment) */
+    if (o->store_secret_file[0]) {
+        rc |= worker_env_set(e, STORE_SECRET_FILE_ENV, "%s", o->store_secret_file);
+        rc |= worker_env_set(e, STORE_SECRET_ENV, "%s", "");
+    }
     return rc;
 }
 

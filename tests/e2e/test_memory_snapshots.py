@@ -262,7 +262,7 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
     # node 0 was killed (no restart, nothing resumed)
     conf = write_conf(tmp_path, 8, epochs=8)
     env = clean_env(DDPRUN_STORE_SECRET=SECRET)
-    store = start_store()
+    store = start_store(env=env)
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
     nnodes = "1:2" if after == "scaled_down" else "2"
     snaps = [tmp_path / "snap0", tmp_path / "snap1"]
@@ -305,14 +305,13 @@ def test_a_lost_node_and_its_disk_resume_from_the_peer_copy(ddprun, ddpworker, t
         assert jobs[2].returncode == 0 and "resuming from" not in out0, out0
     # `ddprun status` (the store outlives the job here) and rank 0's metrics say the same
     r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
-                        "memsnap", "--json"], capture_output=True, text=True, timeout=30,
-                       env=clean_env())
+                        "memsnap", "--json"], capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)["last_resume"]
     assert (res["step"], res["source"], res["rank"], res["steps_lost"]) == \
         (step, "peer", root, lost), res
     r = subprocess.run([ddprun, "status", "--rdzv-endpoint", store.endpoint, "--rdzv-id",
-                        "memsnap"], capture_output=True, text=True, timeout=30, env=clean_env())
+                        "memsnap"], capture_output=True, text=True, timeout=30, env=env)
     assert f"last resume: step {step} from peer (rank {root}), {lost} step" in r.stdout, r.stdout
     rank0 = metrics[1] if after == "scaled_down" else metrics[0]
     events = [e for e in map(json.loads, open(rank0)) if e["event"] == "resume"]
@@ -488,7 +487,7 @@ def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, star
     well-formed frame sent without the proof writes nothing and is logged."""
     conf = write_conf(tmp_path, 8)
     env = clean_env(DDPRUN_STORE_SECRET=SECRET)
-    store = start_store()
+    store = start_store(env=env)
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=5"
     jobs = [start_job(ddprun, conf, tmp_path / f"snap{node}", tmp_path / f"m{node}.jsonl",
                       "--node-rank", str(node), "--local-addr", "127.0.0.1", "--rdzv-conf", rdzv,
@@ -499,7 +498,7 @@ def test_a_copy_from_a_peer_without_the_secret_is_refused(ddprun, tmp_path, star
         for index in (0, 1):
             r = subprocess.run([ddprun, "store-client", "--endpoint", store.endpoint, "get",
                                 f"/ddprun/memsnap/r0/rank/{index}"], capture_output=True,
-                               text=True, timeout=30, env=clean_env())
+                               text=True, timeout=30, env=env)
             assert r.returncode == 0, r.stderr
             record = json.loads(r.stdout)
             if record["node"] == 0:

@@ -24,6 +24,7 @@
 #include "comm.h"
 #include "ddp_error.h"
 #include "store/store_server.h"
+#include "store_auth.h"
 #include "store_proto.h"
 
 #define MAX_WORLD 4
@@ -100,8 +101,11 @@ static store_client_t *connect_store(uint16_t port, int64_t op_timeout_ms) {
 
 typedef int (*rank_fn)(comm_t *c, int rank, int world);
 
-/* Runs fn on `world` forked ranks joined in a ring; returns how many ranks exited non-zero. */
-static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
+/* Runs fn on `world` forked ranks joined in a ring, rank r holding the store secret secrets[r]
+ * (secrets NULL, or an entry NULL: none); returns how many ranks exited non-zero. A rank that
+ * cannot join leaves its message in shared->err[rank]. */
+static int run_ring_with_secrets(int world, int64_t timeout_ms, rank_fn fn,
+                                 const char *const *secrets) {
     static int round;
     char prefix[64];
     snprintf(prefix, sizeof prefix, "/test/%d/%d/", (int)getpid(), round++);
@@ -111,16 +115,23 @@ static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
         if (pids[rank] != 0) continue;
         store_client_t *store = connect_store(store_port, 10000);
         if (!store) _exit(10);
+        store_secret_t secret = {0};
+        char err[512];
+        if (secrets && secrets[rank] &&
+            store_secret_from_text(secrets[rank], strlen(secrets[rank]), "test", &secret, err,
+                                   sizeof err) < 0)
+            _exit(12);
         comm_ring_opts_t ro = {.rank = rank,
                                .world = world,
                                .store = store,
                                .key_prefix = prefix,
                                .store_host = "127.0.0.1",
-                               .timeout_ms = timeout_ms};
+                               .timeout_ms = timeout_ms,
+                               .secret = &secret};
         comm_t *c = NULL;
-        char err[512];
         if (comm_ring_create(&ro, &c, err, sizeof err) < 0) {
             fprintf(stderr, "rank %d: %s\n", rank, err);
+            snprintf(shared->err[rank], sizeof shared->err[rank], "%s", err);
             _exit(11);
         }
         store_client_destroy(store);
@@ -135,6 +146,10 @@ static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
     }
     return failed;
+}
+
+static int run_ring(int world, int64_t timeout_ms, rank_fn fn) {
+    return run_ring_with_secrets(world, timeout_ms, fn, NULL);
 }
 
 /* n < world (0 to world - 1 covers every world here), a prime, odd large sizes */
@@ -591,7 +606,7 @@ Test(comm_ring, agreement_whose_store_dies_mid_reply_fails_cleanly) {
     cr_assert(rc < 0 && !all_yes, "rc %d: %s", rc, err);
 }
 
-/* ---- a peer that trickles: progress, a byte now and then, but never the collective ---- */
+/* ---- ranks played by hand: the join's handshake (comm_ring_join.c) on raw sockets ---- */
 
 static uint64_t fnv1a(const char *s) { /* the ring's job hash of its key prefix */
     uint64_t h = 1469598103934665603ull;
@@ -600,9 +615,30 @@ static uint64_t fnv1a(const char *s) { /* the ring's job hash of its key prefix 
     return h;
 }
 
-/* Rank 1 of 2 played by hand: it joins the ring (address in the store, hello to next, accepts
- * prev), then echoes rank 0's opening frame and sends the collective's data a byte every 100 ms. */
-static void trickling_rank(const char *prefix) {
+#define HAND_MAGIC 0x444450524e473032ull
+enum { HAND_ACCEPTED = 1, HAND_NOT_THIS_JOB, HAND_BAD_PROOF, HAND_WRONG_RANK };
+
+typedef struct {
+    uint64_t magic;
+    uint32_t has_secret, reserved;
+    uint8_t nonce[32];
+} hand_challenge_t;
+
+typedef struct {
+    uint64_t magic, job_hash;
+    uint32_t rank, world;
+    uint8_t nonce[32], mac[32];
+} hand_hello_t;
+
+typedef struct {
+    uint64_t magic;
+    uint32_t verdict, reserved;
+    uint8_t mac[32];
+} hand_verdict_t;
+
+/* A rank's listener on loopback, its address published as rank's under prefix; the listening fd.
+ * next: the address rank + 1 (of world) published, as a sockaddr. */
+static int hand_join(const char *prefix, int rank, int world, struct sockaddr_in *next) {
     store_client_t *store = connect_store(store_port, 10000);
     if (!store) _exit(10);
     int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -612,10 +648,10 @@ static void trickling_rank(const char *prefix) {
         getsockname(ls, (struct sockaddr *)&sa, &sa_len) < 0)
         _exit(11);
     char key[128], addr[64];
-    snprintf(key, sizeof key, "%sring/1", prefix);
+    snprintf(key, sizeof key, "%sring/%d", prefix, rank);
     snprintf(addr, sizeof addr, "127.0.0.1:%u", ntohs(sa.sin_port));
     if (store_client_set(store, key, addr, strlen(addr)) < 0) _exit(12);
-    snprintf(key, sizeof key, "%sring/0", prefix);
+    snprintf(key, sizeof key, "%sring/%d", prefix, (rank + 1) % world);
     uint8_t *next_addr = NULL;
     size_t next_len = 0;
     if (store_client_get(store, key, &next_addr, &next_len) < 0) _exit(13);
@@ -623,21 +659,59 @@ static void trickling_rank(const char *prefix) {
     snprintf(text, sizeof text, "%.*s", (int)next_len, (const char *)next_addr);
     char *colon = strrchr(text, ':');
     if (!colon) _exit(14);
-    struct sockaddr_in next = {.sin_family = AF_INET,
-                               .sin_port = htons((uint16_t)atoi(colon + 1)),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    *next = (struct sockaddr_in){.sin_family = AF_INET,
+                                 .sin_port = htons((uint16_t)atoi(colon + 1)),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     free(next_addr);
     store_client_destroy(store);
-    int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (connect(out, (struct sockaddr *)&next, sizeof next) < 0) _exit(15);
-    struct {
-        uint64_t magic, job_hash;
-        uint32_t rank, world;
-    } hello = {0x444450524e473031ull, fnv1a(prefix), 1, 2};
-    if (send(out, &hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) _exit(16);
+    return ls;
+}
+
+/* Take prev's connection: challenge (saying it holds a secret when has_secret, though it proves
+ * none), its hello, ACCEPTED. The connected fd. */
+static int hand_accept(int ls, bool has_secret) {
     int in = accept(ls, NULL, NULL);
+    hand_challenge_t ch = {.magic = HAND_MAGIC, .has_secret = has_secret};
+    hand_hello_t hello;
+    hand_verdict_t v = {.magic = HAND_MAGIC, .verdict = HAND_ACCEPTED};
+    if (in < 0 || send(in, &ch, sizeof ch, MSG_NOSIGNAL) != (ssize_t)sizeof ch ||
+        recv(in, &hello, sizeof hello, MSG_WAITALL) != (ssize_t)sizeof hello ||
+        send(in, &v, sizeof v, MSG_NOSIGNAL) != (ssize_t)sizeof v)
+        _exit(15);
+    return in;
+}
+
+/* Connect to next and say hello as rank of world of prefix's job, with a MAC of zeros (no secret,
+ * or a forged proof); the connected fd, the verdict in *verdict. */
+static int hand_connect(const struct sockaddr_in *next, const char *prefix, int rank, int world,
+                        uint32_t *verdict) {
+    int out = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    hand_challenge_t ch;
+    hand_hello_t hello = {.magic = HAND_MAGIC,
+                          .job_hash = fnv1a(prefix),
+                          .rank = (uint32_t)rank,
+                          .world = (uint32_t)world};
+    hand_verdict_t v;
+    if (connect(out, (const struct sockaddr *)next, sizeof *next) < 0 ||
+        recv(out, &ch, sizeof ch, MSG_WAITALL) != (ssize_t)sizeof ch || ch.magic != HAND_MAGIC ||
+        send(out, &hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello ||
+        recv(out, &v, sizeof v, MSG_WAITALL) != (ssize_t)sizeof v)
+        _exit(16);
+    *verdict = v.verdict;
+    return out;
+}
+
+/* Rank 1 of 2 played by hand: it joins the ring (rank 0 connects first: it accepts, then
+ * connects), then echoes rank 0's opening frame and sends the collective's data a byte every
+ * 100 ms. */
+static void trickling_rank(const char *prefix) {
+    struct sockaddr_in next;
+    int ls = hand_join(prefix, 1, 2, &next);
+    int in = hand_accept(ls, false);
+    uint32_t verdict = 0;
+    int out = hand_connect(&next, prefix, 1, 2, &verdict);
     uint8_t frame[32];
-    if (in < 0 || recv(in, &hello, sizeof hello, MSG_WAITALL) != (ssize_t)sizeof hello ||
+    if (verdict != HAND_ACCEPTED ||
         recv(in, frame, sizeof frame, MSG_WAITALL) != (ssize_t)sizeof frame ||
         send(out, frame, sizeof frame, MSG_NOSIGNAL) != (ssize_t)sizeof frame)
         _exit(17);
@@ -681,4 +755,98 @@ Test(comm_ring, a_peer_that_trickles_fails_the_collective_within_its_bound) {
     free(data);
     kill(fake, SIGKILL);
     waitpid(fake, NULL, 0);
+}
+
+/* ---- the store's shared secret on the ring ---- */
+
+static const char *const same_secret[] = {"the-job-secret-0123456789", "the-job-secret-0123456789",
+                                          "the-job-secret-0123456789"};
+
+Test(comm_ring, ranks_that_prove_the_store_secret_make_a_ring) {
+    cr_assert_eq(run_ring_with_secrets(3, 10000, allreduce_exact, same_secret), 0, "%s | %s | %s",
+                 shared->err[0], shared->err[1], shared->err[2]);
+}
+
+Test(comm_ring, ranks_with_different_secrets_are_refused_naming_the_secret) {
+    const char *const secrets[] = {"the-job-secret-0123456789", "another-secret-0123456789"};
+    memset(shared->err, 0, sizeof shared->err);
+    int64_t start = now_ms();
+    cr_assert_eq(run_ring_with_secrets(2, 3000, allreduce_exact, secrets), 2);
+    cr_assert_lt(now_ms() - start, 10000);
+    /* the rank that connects first (rank 0) hears the refusal at once */
+    cr_assert(strstr(shared->err[0], "hold different secrets"), "%s", shared->err[0]);
+}
+
+Test(comm_ring, a_rank_without_the_secret_is_told_its_peer_requires_it) {
+    const char *const secrets[] = {NULL, "the-job-secret-0123456789"};
+    memset(shared->err, 0, sizeof shared->err);
+    cr_assert_eq(run_ring_with_secrets(2, 3000, allreduce_exact, secrets), 2);
+    cr_assert(strstr(shared->err[0], "requires the store's shared secret"), "%s", shared->err[0]);
+}
+
+/* Rank 1 of 2 with the secret, rank 0 a stranger that knows the job's prefix and the ring's
+ * address but not the secret (rank_alone, by hand) */
+static int join_alone(const char *prefix, int rank, int64_t timeout_ms, char *err, size_t err_len) {
+    store_client_t *store = connect_store(store_port, 10000);
+    cr_assert_not_null(store);
+    store_secret_t secret;
+    cr_assert_eq(store_secret_from_text(same_secret[0], strlen(same_secret[0]), "test", &secret,
+                                        err, err_len),
+                 0);
+    comm_ring_opts_t ro = {.rank = rank,
+                           .world = 2,
+                           .store = store,
+                           .key_prefix = prefix,
+                           .store_host = "127.0.0.1",
+                           .timeout_ms = timeout_ms,
+                           .secret = &secret};
+    comm_t *c = NULL;
+    int rc = comm_ring_create(&ro, &c, err, err_len);
+    store_client_destroy(store);
+    if (c) c->ops->destroy(c);
+    return rc;
+}
+
+/* The stranger says hello as rank 0 with a forged proof: rank 1 refuses it (BAD_PROOF), never
+ * joins it, and names it when rank 0 never comes. */
+Test(comm_ring, a_stranger_without_the_secret_cannot_join_the_ring) {
+    char prefix[64], err[512];
+    snprintf(prefix, sizeof prefix, "/stranger/%d/", (int)getpid());
+    uint32_t *verdict = (uint32_t *)&shared->result_hash[0];
+    *verdict = 0;
+    pid_t fake = fork();
+    if (fake == 0) {
+        struct sockaddr_in next;
+        hand_join(prefix, 0, 2, &next);
+        close(hand_connect(&next, prefix, 0, 2, verdict));
+        pause();
+        _exit(0);
+    }
+    int rc = join_alone(prefix, 1, 2000, err, sizeof err);
+    kill(fake, SIGKILL);
+    waitpid(fake, NULL, 0);
+    cr_assert_lt(rc, 0, "a ring with a stranger in it");
+    cr_assert_eq(*verdict, HAND_BAD_PROOF);
+    cr_assert(strstr(err, "failed the proof of the store's shared secret"), "%s", err);
+}
+
+/* The stranger listens as rank 1 and takes rank 0's hello without proving the secret back: rank 0
+ * does not go on with it. */
+Test(comm_ring, a_rank_that_does_not_prove_the_secret_back_is_not_joined) {
+    char prefix[64], err[512];
+    snprintf(prefix, sizeof prefix, "/impostor/%d/", (int)getpid());
+    pid_t fake = fork();
+    if (fake == 0) {
+        struct sockaddr_in next;
+        close(hand_accept(hand_join(prefix, 1, 2, &next), true));
+        pause();
+        _exit(0);
+    }
+    int64_t start = now_ms();
+    int rc = join_alone(prefix, 0, 5000, err, sizeof err);
+    kill(fake, SIGKILL);
+    waitpid(fake, NULL, 0);
+    cr_assert_lt(rc, 0, "rank 0 joined an impostor");
+    cr_assert_lt(now_ms() - start, 4000, "not at once");
+    cr_assert(strstr(err, "did not prove the store's shared secret"), "%s", err);
 }

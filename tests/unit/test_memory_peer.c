@@ -34,9 +34,13 @@ static uint16_t receiver_port;
 
 static void setup(void) {
     temp_dir_make(dir, sizeof dir, "memory_peer");
-    setenv(STORE_SECRET_ENV, SECRET, 1);
     cr_assert_eq(uv_loop_init(&loop), 0);
     memset(&opts, 0, sizeof opts);
+    char err[256];
+    cr_assert_eq(store_auth_init(), 0);
+    cr_assert_eq(
+        store_secret_from_text(SECRET, strlen(SECRET), "test", &opts.store_secret, err, sizeof err),
+        0, "%s", err);
     strcpy(opts.local_addr, "127.0.0.1");
     strcpy(opts.rdzv_id, "unit-job");
     /* the next node's receiver: a listener that accepts only when the test says so */
@@ -112,11 +116,8 @@ Test(memory_peer, a_slow_receiver_gets_one_connection_and_the_proof_of_its_nonce
     cr_assert_eq(write(fds[0], nonce, sizeof nonce), (ssize_t)sizeof nonce);
     run_for(200);
     cr_assert_eq(recv(fds[0], proof, sizeof proof, MSG_DONTWAIT), (ssize_t)sizeof proof);
-    store_secret_t secret;
-    char err[256];
-    cr_assert_eq(store_secret_from_env(&secret, err, sizeof err), 0, "%s", err);
     uint8_t want[STORE_AUTH_MAC_BYTES];
-    store_auth_client_mac(&secret, nonce, proof, want);
+    store_auth_mac(&opts.store_secret, MEMORY_PEER_ROLE, nonce, proof, NULL, 0, want);
     cr_assert(store_auth_mac_equal(want, proof + STORE_AUTH_NONCE_BYTES), "the proof is not ours");
     run_for(100);
     cr_assert_eq(accept_all(fds + 1, 63), 0, "a connection after the proof");
@@ -227,7 +228,7 @@ static void drain_receiver(void) {
 }
 
 Test(memory_peer, a_copy_from_an_agent_of_another_run_id_is_refused) {
-    unsetenv(STORE_SECRET_ENV);
+    opts.store_secret.is_set = false;
     memory_peer_t *p = start_sender();
     int fd = send_copy(p, "another-job", 7, 50);
     uint8_t byte;
@@ -244,7 +245,7 @@ Test(memory_peer, a_copy_from_an_agent_of_another_run_id_is_refused) {
 }
 
 Test(memory_peer, another_origins_newer_copy_stays_when_an_older_step_arrives) {
-    unsetenv(STORE_SECRET_ENV);
+    opts.store_secret.is_set = false;
     memory_peer_t *p = start_sender();
     snapshot_header_t newer = sealed_header(100), older = sealed_header(10);
     uint64_t progress[2] = {100, ~(uint64_t)100};

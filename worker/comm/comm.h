@@ -41,19 +41,22 @@ struct comm {
 
 typedef struct {
     int rank, world;
-    store_client_t *store;      /* address exchange, during create only; not kept */
-    const char *key_prefix;     /* unique per job round, e.g. "/ddpworker/<run id>/<attempt>/" */
-    const char *advertise_host; /* address peers dial; NULL: this host's address on the route to
-                                   store_host (127.0.0.1 when the store is on loopback) */
-    const char *store_host;     /* the store's host, for the route lookup above */
-    int64_t timeout_ms;         /* bound of connecting and of every socket wait in a collective */
+    store_client_t *store;        /* address exchange, during create only; not kept */
+    const char *key_prefix;       /* unique per job round, e.g. "/ddpworker/<run id>/<attempt>/" */
+    const char *advertise_host;   /* address peers dial; NULL: this host's address on the route to
+                                     store_host (127.0.0.1 when the store is on loopback) */
+    const char *store_host;       /* the store's host, for the route lookup above */
+    int64_t timeout_ms;           /* bound of connecting and of every socket wait in a collective */
+    const store_secret_t *secret; /* the store's shared secret, which every rank proves to its
+                                     neighbours; NULL or unset: none */
 } comm_ring_opts_t;
 
 /* A communicator for a world of one: every collective returns at once. */
 int comm_null_create(comm_t **out);
-/* Listen, publish "host:port" under key_prefix + "ring/<rank>", connect to rank + 1 and accept
- * rank - 1 (both checked with a hello naming the job and rank). Returns 0, or a negative code with
- * the reason in err. Blocks at most timeout_ms (plus the store's own bounds). */
+/* Listen, publish "a.b.c.d:port" under key_prefix + "ring/<rank>", connect to rank + 1 and accept
+ * rank - 1 (a handshake naming the job and rank, and proving the secret when there is one; see
+ * comm_ring_join.c). Returns 0, or a negative code with the reason in err. Blocks at most
+ * timeout_ms (plus the store's own bounds). */
 int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t err_len);
 
 /* Every rank publishes is_yes under key_prefix + question + "/<rank>", waits for all the others

@@ -23,10 +23,14 @@ status_report_t *status_report_open(int rank) {
     if (!host || !*host || p <= 0 || p > 65535 || !run_id || !*run_id) return NULL;
     status_report_t *s = calloc(1, sizeof *s);
     if (!s) return NULL;
+    store_secret_t secret; /* the store's, when it has one; a bad one ends the worker elsewhere */
+    char err[256];
+    if (store_secret_from_env(&secret, err, sizeof err) < 0) secret.is_set = false;
     store_client_opts_t so = {.host = host,
                               .port = (uint16_t)p,
                               .connect_timeout_ms = STATUS_TIMEOUT_MS,
-                              .op_timeout_ms = STATUS_TIMEOUT_MS};
+                              .op_timeout_ms = STATUS_TIMEOUT_MS,
+                              .secret = &secret};
     if (store_client_connect(&so, &s->store) < 0) {
         store_client_destroy(s->store);
         free(s);
