@@ -181,8 +181,8 @@ static int introduce_to_next(ring_t *r, int fd, const store_secret_t *secret,
      * its proof could not be checked */
     uint8_t expect[STORE_AUTH_MAC_BYTES];
     if (has_secret(secret)) verdict_mac(&h, v.verdict, expect);
-    if (v.magic != RING_MAGIC || (v.verdict == RING_ACCEPTED && has_secret(secret) &&
-                                  !store_auth_mac_equal(expect, v.mac)))
+    if (v.magic != RING_MAGIC ||
+        (v.verdict == RING_ACCEPTED && has_secret(secret) && !store_auth_mac_equal(expect, v.mac)))
         return comm_ring__fail(r, DDP_EAUTH,
                                "rank %d at %s did not prove the store's shared secret "
                                "(an impostor on its port?)",
