@@ -345,7 +345,7 @@ static void on_restart_seen(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm
 
 /* Kubernetes and Slurm send SIGTERM and expect an exit: without workers at once, with workers
  * once they ended (SIGKILL after --shutdown-timeout). Nothing in flight is waited for when there
- * are no workers: a join or an exit barrier is interrupted, a spare's report goes out (agent.c
+ * are no workers: a join or an exit barrier is interrupted, a spare leaves without a word (agent.c
  * bounds how long the process waits for what is still on the thread pool). */
 static void on_signal(agent_sm_t *sm, int signum, agent_sm_actions_t *out) {
     if (sm->stop_signal) { /* a second signal: no more grace */
@@ -366,6 +366,12 @@ static void on_signal(agent_sm_t *sm, int signum, agent_sm_actions_t *out) {
     sm->stop_signal = signum;
     if (sm->state == AGENT_SM_JOINING) {
         push(out, AGENT_ACT_INTERRUPT_JOIN);
+        exit_with(sm, out, 128 + signum);
+        return;
+    }
+    if (sm->state == AGENT_SM_SPARE) {
+        /* not a member: the round runs on without it, as torchrun's running group goes on when
+         * a waiting node leaves (a permanent report here ended every node's job with 143) */
         exit_with(sm, out, 128 + signum);
         return;
     }

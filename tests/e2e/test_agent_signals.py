@@ -169,3 +169,25 @@ def test_restarting(agents, tmp_path):
     assert not (tmp_path / "started.0.1").exists(), "round 1 should wait for node 1"
     rc, took = a.signal_and_time(signal.SIGTERM)
     assert_at_once(a, rc, took, 143)
+
+
+def test_a_spare_leaves_without_ending_the_members_round(agents, tmp_path):
+    """A third node of a full 2-node job waits as a spare; a signal makes it leave at once and
+    the members run on (its 143 report used to end every node's job, which torchrun's running
+    group does not do when a waiting node leaves)."""
+    port = free_port()
+    a = agents("n0", job_args(port), {"SLEEP0": "60"})
+    a.wait_log("store hosted on")
+    b = agents("n1", job_args(port))
+    assert wait_until(lambda: (tmp_path / "started.0.0").exists() and
+                      (tmp_path / "started.1.0").exists(), 30), a.text() + b.text()
+    spare = agents("spare", job_args(port))
+    spare.wait_log("without this one")
+    rc, took = spare.signal_and_time(signal.SIGTERM)
+    assert_at_once(spare, rc, took, 143)
+    assert "waiting for the next round: leaving" in spare.text()
+    time.sleep(2)
+    for member in (a, b):
+        assert member.proc.poll() is None, member.text()
+        assert "ends" not in member.text() and "failed" not in member.text(), member.text()
+    assert not (tmp_path / "started.0.1").exists(), "the members' workers were restarted"
