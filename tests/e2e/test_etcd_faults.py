@@ -298,3 +298,21 @@ def test_a_member_lost_while_the_others_are_in_the_exit_barrier_does_not_hold_th
         assert took < 20, f"{took:.1f} s: they waited for the barrier's timeout\n{errs}"
         assert "counting it done" in errs, errs
         assert "not every node confirmed" not in errs, errs
+
+
+def test_a_member_stopped_gracefully_is_left_for_another(ddprun, tmp_path):
+    """Both agents talk to one member first; it is stopped with SIGTERM (a rolling restart, a
+    node drained), which ends each watch on it with an in-stream error ("transport is closing",
+    gRPC 14) rather than a cut connection. The watches go on from another member and the job
+    ends well; before, each agent took the error for a lost store and left with 75."""
+    with etcd_cluster_or_skip(tmp_path / "etcd") as etcd:
+        leader = etcd.wait_leader()
+        follower = (leader + 1) % etcd.members
+        agents = two_agents_asking_first(ddprun, etcd, "graceful-stop", 6, follower)
+        time.sleep(1)  # both watch the restart key on it
+        etcd.stop(follower)
+        codes = [a.finish(60) for a in agents]
+        errs = "\n----\n".join(a.err for a in agents)
+        assert codes == [0, 0], errs
+        for bad in ("lost the job's store", "leaving", "round 1"):
+            assert bad not in errs, errs
