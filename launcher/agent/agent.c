@@ -566,8 +566,13 @@ static void hb_work_cb(uv_work_t *req) {
     const ddprun_opts_t *o = a->opts;
     a->beat.job.rc = 0;
     if (!a->hb) {
+        /* the store's beats give up at half the limit: the two failures in a row that decide
+         * (hb_after_cb) then fit in about the limit, not in twice it (a SIGSTOPped store made
+         * the agents leave after 2.25 x heartbeat_timeout); etcd's lease calls bound each
+         * member by themselves and need the whole TTL to try the others */
         int64_t limit_ms = (int64_t)(beat_limit_s(a) * 1000);
-        a->beat.job.rc = rdzv_kv_connect(o, a->lease, limit_ms, limit_ms, &a->hb);
+        int64_t op_ms = a->is_etcd ? limit_ms : limit_ms / 2;
+        a->beat.job.rc = rdzv_kv_connect(o, a->lease, op_ms, op_ms, &a->hb);
         if (a->beat.job.rc < 0) {
             if (a->hb) LOG_DEBUG("heartbeat: %s", a->hb->ops->error(a->hb));
             rdzv_kv_destroy(a->hb);

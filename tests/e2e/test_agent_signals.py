@@ -191,3 +191,29 @@ def test_a_spare_leaves_without_ending_the_members_round(agents, tmp_path):
         assert member.proc.poll() is None, member.text()
         assert "ends" not in member.text() and "failed" not in member.text(), member.text()
     assert not (tmp_path / "started.0.1").exists(), "the members' workers were restarted"
+
+
+def test_a_silent_store_makes_the_agents_leave_within_the_heartbeat_timeout(agents, tmp_path,
+                                                                               start_store):
+    """The job's store freezes (SIGSTOP): each agent leaves after heartbeat_timeout and a beat
+    or so, not after twice it (a beat waited the whole timeout, and two failures decide: 2.25 x
+    heartbeat_timeout measured by a review)."""
+    store = start_store()
+    conf = ("keep_alive_interval=0.5", "heartbeat_timeout=6")
+    a = agents("n0", job_args(store.port, *conf), {"SLEEP0": "60"})
+    b = agents("n1", job_args(store.port, *conf))
+    assert wait_until(lambda: (tmp_path / "started.0.0").exists() and
+                      (tmp_path / "started.1.0").exists(), 30), a.text() + b.text()
+    time.sleep(1)
+    store.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    said = "took no heartbeat for 6 s: leaving the job"
+    try:
+        assert wait_until(lambda: said in a.text() and said in b.text(), 60, 0.05), \
+            a.text() + b.text()
+        took = time.monotonic() - t0
+        codes = [x.proc.wait(timeout=60) for x in (a, b)]
+    finally:
+        store.proc.send_signal(signal.SIGCONT)
+    assert codes == [75, 75], a.text() + b.text()
+    assert took < 6 + 3, f"the agents decided to leave {took:.1f} s after the store froze"
