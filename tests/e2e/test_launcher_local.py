@@ -315,6 +315,24 @@ def test_log_dir_redirects_tee_and_filter(ddprun, script, tmp_path):
     assert "rank 2" not in r.stdout + r.stderr.replace("3 worker(s)", ""), "filtered out"
 
 
+def test_a_rerun_in_the_same_log_dir_names_its_own_root_cause(ddprun, script, tmp_path):
+    """Two runs of one --rdzv-id in one --log-dir: the second's worker fails without an error
+    file, and the summary must not show the first run's (it did: "its error: ... FROM RUN
+    ONE")."""
+    logs = tmp_path / "logs"
+    first = script('#!/bin/sh\nprintf \'{"message": {"message": "RuntimeError: OLD ERROR FROM '
+                   'RUN ONE"}}\' > "$TORCHELASTIC_ERROR_FILE"\nexit 3\n', "first.sh")
+    second = script("#!/bin/sh\necho second run failing >&2\nexit 4\n", "second.sh")
+    args = ["--master-port", "0", "--nproc-per-node", "1", "--rdzv-id", "again", "--log-dir",
+            str(logs)]
+    r = launch(ddprun, args + [first], tmp_path)
+    assert r.returncode == 3 and "OLD ERROR FROM RUN ONE" in r.stderr, r.stderr
+    r = launch(ddprun, args + [second], tmp_path)
+    assert r.returncode == 4, r.stderr
+    assert "OLD ERROR" not in r.stderr, r.stderr
+    assert "second run failing" in r.stderr, r.stderr
+
+
 def test_python_scripts_run_under_python_exec(ddprun, tmp_path):
     py = tmp_path / "hello.py"
     py.write_text("import os, sys\nprint('py', os.environ['RANK'], sys.argv[1:])\n")
