@@ -288,8 +288,14 @@ int spares_take(spares_t *s, int local_rank, char *const *env, int out_fd, int e
     if (!sp->is_ready) {
         char said;
         ssize_t n = recv(sp->sock, &said, 1, MSG_DONTWAIT);
-        if (n < 0) return -1;                    /* still starting: it stays for a later round */
-        if (n == 0 || said != DDP_SPARE_READY) { /* ending, or not speaking the handoff */
+        if (n < 0) return -1; /* still starting: it stays for a later round */
+        if (n == 0) { /* ending: its exit is counted (on_spare_exit), so that a spare dying in
+                       * its start over and over turns spares off instead of coming back */
+            forget(sp);
+            kill(-sp->proc.pid, SIGKILL);
+            return -1;
+        }
+        if (said != DDP_SPARE_READY) { /* not speaking the handoff */
             retire(sp);
             uv_timer_start(&s->refill, on_refill, REFILL_DELAY_MS, 0);
             return -1;

@@ -119,6 +119,11 @@ int worker_shim_main(int argc, char **argv) {
         _exit(DDP_EXIT_EXEC_FAILED);
     }
     program = child;
+    /* a spare's handoff socket is the program's alone: held here too, a program that died after
+     * saying it was ready would still take a round (the agent's send succeeds while the shim
+     * lives), and its end would count as the round's failure */
+    const char *spare_fd = getenv(DDP_SPARE_FD_ENV);
+    if (spare_fd && *spare_fd && atoi(spare_fd) > LIFELINE_FD) close(atoi(spare_fd));
     write_pid_file(child);
     struct sigaction sa = {.sa_handler = forward};
     sigemptyset(&sa.sa_mask);

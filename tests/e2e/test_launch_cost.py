@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from conftest import clean_env
+from conftest import clean_env, wait_until
 
 
 def needed(path):
@@ -48,3 +48,44 @@ def test_libcurl_is_not_linked_and_is_named_where_missing(ddprun):
     assert r.returncode == 1, r.stderr
     assert re.search(r"--rdzv-backend etcd: libcurl \(/nonexistent/libcurl.so.4\) cannot be "
                      r"loaded .*install libcurl4", r.stderr), r.stderr
+
+
+def test_the_shim_leaves_a_spares_handoff_socket_to_the_program(build_dir, tmp_path):
+    """The shim passes DDPRUN_SPARE_FD to the program and keeps no copy: the agent must see the
+    socket close when the program dies, even while the shim is still ending (a review found a
+    spare whose program died after READY could still be handed a round)."""
+    import socket
+    shim = os.path.join(build_dir, "launcher", "ddprun-shim")
+    agent_end, spare_end = socket.socketpair()
+    lifeline_r, lifeline_w = os.pipe()
+    fd = spare_end.fileno()
+    proc = subprocess.Popen(
+        ["/bin/bash", "-c", f'exec 3<&{lifeline_r}; exec "$@"', "bash", shim, "__shim",
+         str(os.getpid()), "--", "/bin/sleep", "30"],
+        pass_fds=(lifeline_r, fd), env=clean_env(DDPRUN_SPARE_FD=str(fd)), stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert wait_until(lambda: len(children(proc.pid)) == 1 or proc.poll() is not None, 10)
+        assert proc.poll() is None, f"the shim exited {proc.returncode}: {proc.stderr.read()}"
+        program = children(proc.pid)[0]
+        held = lambda pid: any(os.readlink(f"/proc/{pid}/fd/{n}") ==  # noqa: E731
+                               os.readlink(f"/proc/{os.getpid()}/fd/{fd}")
+                               for n in os.listdir(f"/proc/{pid}/fd")
+                               if os.path.exists(f"/proc/{pid}/fd/{n}"))
+        assert held(program), "the program did not get the handoff socket"
+        assert not held(proc.pid), "the shim keeps the spare's handoff socket"
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(lifeline_w)
+        os.close(lifeline_r)
+        agent_end.close()
+        spare_end.close()
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
