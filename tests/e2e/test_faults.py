@@ -456,3 +456,29 @@ def test_a_fifo_named_like_a_snapshot_does_not_block_resume(ddprun, ddpworker, c
     assert "not a regular file" in out, out
     assert f"resuming from {snap}/snapshot-{8:012d}.ddps" in out, out
     assert (snap / f"snapshot-{99:012d}.ddps").exists(), "not ours: left alone"
+
+
+def test_a_fifo_of_a_later_step_is_not_counted_toward_keep(ddpworker, conf, tmp_path):
+    """keep = 1 with a FIFO named like a snapshot of step 999999 (the resume skips it and leaves
+    it): retention must not rank it above what the run writes. It used to unlink each snapshot
+    right after writing it; the run said "3 snapshots written", `latest` named a missing file and
+    a rerun trained again from scratch."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    fifo = snap / f"snapshot-{999999:012d}.ddps"
+    os.mkfifo(fifo)
+
+    def run():
+        return subprocess.run([ddpworker, conf, f"snapshot.dir={snap}", "train.max_steps=3",
+                               "snapshot.every=1", "snapshot.keep=1"], capture_output=True,
+                              text=True, timeout=120, env=clean_env())
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert snapshot_steps(snap) == [3, 999999], "the newest snapshot written, and the FIFO"
+    assert final_state(ddpworker, snap)[1] == 3   # `latest` exists and verifies
+    warning = f"{fifo}: not a regular file; not counted toward snapshot.keep, left in place"
+    assert r.stderr.count(warning) == 1, r.stderr   # said once, not at every snapshot
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "already finished at step 3" in r.stdout, r.stdout   # not trained again from scratch
+

@@ -37,8 +37,11 @@ typedef struct {
 
 /* Write one snapshot into dir (which must exist) as snapshot-<step>.ddps; fills in the header's
  * magic, version, sections and checksums (the second moment's when header.optimizer is adam or
- * adamw: d->second_moment must then be set); then rewrites the manifest and prunes. Returns 0, or
- * -1 with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
+ * adamw: d->second_moment must then be set); then rewrites the manifest and prunes: only the
+ * snapshots a resume could use count toward keep (this one, and older regular files whose header
+ * verifies); a file a resume skips and leaves (a FIFO, an unreadable file, one of a later step) is
+ * left in place and reported on stderr. Returns 0, or -1 with "what failed, the path, and the
+ * system's reason" in err (nothing existing is damaged). */
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
                    const snapshot_progress_t *progress, char *err, size_t err_len);
 /* Fill in h's magic, version, section table (sections laid out back to back after the header, as
