@@ -558,6 +558,17 @@ uint64_t snapshot_state_hash(const snapshot_data_t *d) {
     return h;
 }
 
+const char *snapshot_data_kind_name(uint32_t data_kind) {
+    static const char *const names[] = {[SNAPSHOT_DATA_UNRECORDED] = "not recorded",
+                                        [SNAPSHOT_DATA_FASHION_MNIST] = "fashion-mnist",
+                                        [SNAPSHOT_DATA_MNIST] = "mnist",
+                                        [SNAPSHOT_DATA_CIFAR10] = "cifar10",
+                                        [SNAPSHOT_DATA_CIFAR100] = "cifar100",
+                                        [SNAPSHOT_DATA_SYNTHETIC] = "synthetic",
+                                        [SNAPSHOT_DATA_IMAGEFOLDER] = "imagefolder"};
+    return data_kind < sizeof names / sizeof *names ? names[data_kind] : "unknown";
+}
+
 int snapshot_inspect(const char *path, FILE *out) {
     snapshot_data_t d;
     char err[1024];
@@ -583,6 +594,7 @@ int snapshot_inspect(const char *path, FILE *out) {
             " parameters, %" PRIu64 " buffer values\n",
             h->model, h->width, h->height, h->img_width, h->channels, h->classes, h->n_params,
             h->n_buffers);
+    fprintf(out, "data:        %s\n", snapshot_data_kind_name(h->data_kind));
     if (has_second_moment(h))
         fprintf(out, "optimizer:   %s lr %g weight decay %g, %" PRIu64 " steps taken\n",
                 h->optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw", h->lr, h->weight_decay,

@@ -82,6 +82,9 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
 /* XXH3-64 over params, momentum and buffers, then (adam/adamw) the second moment and the step
  * count: one number to compare two runs' final state. */
 uint64_t snapshot_state_hash(const snapshot_data_t *d);
+/* data.kind's name for a header's data_kind ("fashion-mnist", ...; "not recorded" for 0, as in
+ * files written before the field was; "unknown" for a number this ddpworker does not know). */
+const char *snapshot_data_kind_name(uint32_t data_kind);
 /* `ddpworker inspect`: header, per-section verification, state hash. Returns 0 if it verifies. */
 int snapshot_inspect(const char *path, FILE *out);
 
