@@ -1,7 +1,8 @@
 /* snapshot: round trip, verification of every kind of damage (magic, header, sections, torn
- * files), newest-good selection with reports, retention (keep N, keep every Mth), the manifest,
- * the writer thread (including a failed write reported on the next acquire), and Adam's state
- * (the second-moment section and the step count). */
+ * files), newest-good selection with reports, retention (keep N, keep every Mth; only snapshots a
+ * resume could use count, and what is no snapshot of the run is left alone), the manifest, the
+ * writer thread (including a failed write reported on the next acquire), and Adam's state (the
+ * second-moment section and the step count). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -292,6 +293,25 @@ Test(snapshot, retention_counts_only_the_snapshots_a_resume_could_use) {
     cr_assert(exists(40) && exists(30) && !exists(20), "keep 2: 40 and 30");
     cr_assert(!exists(27), "a regular file older than the kept ones goes as before");
     cr_assert(exists(25), "a FIFO is never removed");
+}
+
+/* A symbolic link named like a snapshot (to a good one elsewhere) is not a file the writer made:
+ * retention neither counts it (in place of a snapshot of the run) nor removes it. */
+Test(snapshot, retention_leaves_a_link_named_like_a_snapshot_alone) {
+    write_step(3, &keep_all);
+    char p3[512], target[512], link5[512], link15[512];
+    path_of(3, p3, sizeof p3);
+    snprintf(target, sizeof target, "%s/elsewhere.ddps", dir);
+    cr_assert_eq(rename(p3, target), 0);
+    path_of(5, link5, sizeof link5);
+    path_of(15, link15, sizeof link15);
+    cr_assert_eq(symlink(target, link5), 0);
+    cr_assert_eq(symlink(target, link15), 0);
+    snapshot_retention_t keep = {.keep = 2};
+    write_step(10, &keep);
+    write_step(20, &keep);
+    cr_assert(exists(20) && exists(10), "keep 2: the run's two, the link between them not counted");
+    cr_assert(exists(5) && exists(15), "a link is not the writer's to remove");
 }
 
 /* A snapshot the file system does not let this run read (here: another user's, mode 0; likewise

@@ -428,15 +428,15 @@ static void quarantine(const char *path, FILE *report) {
  * verifies. When it is not, why gets "PATH: the reason". */
 static bool is_resumable(const char *path, char *why, size_t why_len) {
     struct stat st;
-    if (stat(path, &st) < 0) {
+    if (lstat(path, &st) < 0) {
         ddp_errf(why, why_len, "%s: %s", path, strerror(errno));
         return false;
     }
-    if (!S_ISREG(st.st_mode)) { /* never opened: a FIFO or a device is not ours to touch */
+    if (!S_ISREG(st.st_mode)) { /* never opened: a FIFO, a device or a link is not ours */
         ddp_errf(why, why_len, "%s: not a regular file", path);
         return false;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0) {
         ddp_errf(why, why_len, "%s: cannot open: %s", path, strerror(errno));
         return false;
@@ -484,7 +484,7 @@ static void prune(const char *dir, const snapshot_retention_t *keep, const char 
         for (size_t i = 0; i < n; i++) {
             if (!is_stray[i]) continue;
             snprintf(path, sizeof path, "%s/%s", dir, list[i].name);
-            if (is_resumable(path, why, sizeof why))
+            if (is_resumable(path, why, sizeof why)) /* then not counted for its step alone */
                 snprintf(why, sizeof why,
                          "%s: step %" PRId64 " is past the snapshot just written (step %" PRIu64
                          "): the resume did not take it",
