@@ -32,6 +32,17 @@ typedef enum {
     SNAPSHOT_OPTIM_ADAMW = 2
 } snapshot_optim_t;
 
+/* data.kind, as the header records it (numbers of the format, not of train.conf's enum) */
+typedef enum {
+    SNAPSHOT_DATA_UNRECORDED = 0, /* written before the field was: not compared on resume */
+    SNAPSHOT_DATA_FASHION_MNIST = 1,
+    SNAPSHOT_DATA_MNIST = 2,
+    SNAPSHOT_DATA_CIFAR10 = 3,
+    SNAPSHOT_DATA_CIFAR100 = 4,
+    SNAPSHOT_DATA_SYNTHETIC = 5,
+    SNAPSHOT_DATA_IMAGEFOLDER = 6
+} snapshot_data_kind_t;
+
 typedef struct {
     uint32_t kind;     /* snapshot_section_kind_t */
     uint32_t reserved; /* 0 */
@@ -54,7 +65,9 @@ typedef struct {
     uint64_t train_samples; /* dataset size the cursor refers to */
     /* the model */
     char model[32];
-    uint32_t width, height, img_width, channels, classes, reserved1;
+    uint32_t width, height, img_width, channels, classes;
+    /* data.kind (snapshot_data_kind_t); 0 in older files, where the field was reserved */
+    uint32_t data_kind;
     uint64_t n_params, n_buffers;
     /* the optimizer (informational: train.conf may change it on resume) */
     double lr, momentum, weight_decay;

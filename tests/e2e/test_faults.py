@@ -3,10 +3,13 @@ ddprun + ddpworker (CPU backend) with snapshots on. Every test asserts on the fi
 weights' hash from `ddpworker inspect`, the step reached, the files on disk), and the bar is exact:
 a run that is killed and resumed ends with the same weights, bit for bit, as one that never failed
 (with Adam's state too)."""
+import ctypes
+import ctypes.util
 import os
 import random
 import re
 import signal
+import struct
 import subprocess
 import time
 
@@ -339,6 +342,93 @@ def test_an_sgd_snapshot_is_not_resumed_as_adam_nor_the_reverse(ddpworker, conf,
         .endswith(", 8 steps taken")
 
 
+SHAPE_CONF = """[model]
+name = resnet18
+width = 4
+[data]
+kind = synthetic
+height = 8
+width = 8
+channels = 3
+classes = 10
+train_limit = 64
+test_limit = 16
+[train]
+batch_size = 16
+threads = 1
+"""
+
+
+def run_worker(ddpworker, conf, snap, *overrides):
+    return subprocess.run([ddpworker, str(conf), f"snapshot.dir={snap}", *overrides],
+                          capture_output=True, text=True, timeout=120, env=clean_env())
+
+
+def test_a_snapshot_of_another_input_shape_is_not_resumed(ddpworker, tmp_path):
+    """A resnet's parameter count does not depend on its input's size: a snapshot taken at 8x8
+    used to continue silently at 16x16. The input's height, width, channels and the class count
+    are compared too (a config error naming both shapes); the same shape still resumes."""
+    conf = tmp_path / "shape.conf"
+    conf.write_text(SHAPE_CONF)
+    snap = tmp_path / "snap"
+    r = run_worker(ddpworker, conf, snap, "train.max_steps=2")
+    assert r.returncode == 0, r.stderr
+    r = run_worker(ddpworker, conf, snap, "train.max_steps=4", "data.height=16", "data.width=16")
+    assert r.returncode == EXIT_CONFIG, r.stdout + r.stderr
+    assert "holds model resnet18 for 8x8x3 inputs and 10 classes; train.conf gives 16x16x3 and 10" \
+        in r.stderr, r.stderr
+    assert snapshot_steps(snap) == [2], "nothing was written"
+    r = run_worker(ddpworker, conf, snap, "train.max_steps=4")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming from {snap}/snapshot-{2:012d}.ddps" in r.stdout, r.stdout
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+DATA_KIND_AT = 116   # proto/snapshot_format.h: the header's data_kind (reserved1 before it)
+
+
+def reseal_without_data_kind(path):
+    """The header as a ddpworker from before data_kind wrote it: the field 0 (it was reserved),
+    the header's XXH3-64 (over every byte before the checksum, its last 8) made again."""
+    lib = ctypes.CDLL(ctypes.util.find_library("xxhash"))
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    data = bytearray(path.read_bytes())
+    header_bytes = struct.unpack_from("<I", data, 12)[0]
+    struct.pack_into("<I", data, DATA_KIND_AT, 0)
+    struct.pack_into("<Q", data, header_bytes - 8,
+                     lib.XXH3_64bits(bytes(data[:header_bytes - 8]), header_bytes - 8))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION),
+                    reason="Debian's dataset-fashion-mnist is not installed")
+def test_a_snapshot_of_another_data_kind_is_not_resumed(ddpworker, tmp_path):
+    """MNIST and Fashion-MNIST have the same shape and size: switching data.kind used to resume
+    the other dataset's weights and position. The header records data.kind; files written before
+    it was (the field 0) still resume as they did."""
+    conf = tmp_path / "kind.conf"
+    conf.write_text(f"[model]\nname = mlp\nwidth = 16\n[data]\nkind = mnist\ndir = {FASHION}\n"
+                    "train_limit = 64\ntest_limit = 16\n[train]\nbatch_size = 16\nthreads = 1\n")
+    snap = tmp_path / "snap"
+    r = run_worker(ddpworker, conf, snap, "train.max_steps=2")
+    assert r.returncode == 0, r.stderr
+    r = run_worker(ddpworker, conf, snap, "train.max_steps=4", "data.kind=fashion-mnist")
+    assert r.returncode == EXIT_CONFIG, r.stdout + r.stderr
+    assert "was taken on data.kind=mnist; train.conf asks for data.kind=fashion-mnist" \
+        in r.stderr, r.stderr
+    assert snapshot_steps(snap) == [2], "nothing was written"
+    path = snap / f"snapshot-{2:012d}.ddps"
+    rc, fields = inspect(ddpworker, path)
+    assert rc == 0 and fields["data"] == "mnist", fields
+    reseal_without_data_kind(path)
+    rc, fields = inspect(ddpworker, path)
+    assert rc == 0 and fields["data"] == "not recorded", fields
+    r = run_worker(ddpworker, conf, snap, "train.max_steps=4", "data.kind=fashion-mnist")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming from {path}" in r.stdout, r.stdout
+
+
 def test_a_lost_node_scales_the_job_down_and_it_resumes_with_fewer_ranks(ddprun, ddpworker, conf,
                                                                          tmp_path):
     snap = tmp_path / "elastic"
@@ -456,3 +546,29 @@ def test_a_fifo_named_like_a_snapshot_does_not_block_resume(ddprun, ddpworker, c
     assert "not a regular file" in out, out
     assert f"resuming from {snap}/snapshot-{8:012d}.ddps" in out, out
     assert (snap / f"snapshot-{99:012d}.ddps").exists(), "not ours: left alone"
+
+
+def test_a_fifo_of_a_later_step_is_not_counted_toward_keep(ddpworker, conf, tmp_path):
+    """keep = 1 with a FIFO named like a snapshot of step 999999 (the resume skips it and leaves
+    it): retention must not rank it above what the run writes. It used to unlink each snapshot
+    right after writing it; the run said "3 snapshots written", `latest` named a missing file and
+    a rerun trained again from scratch."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    fifo = snap / f"snapshot-{999999:012d}.ddps"
+    os.mkfifo(fifo)
+
+    def run():
+        return subprocess.run([ddpworker, conf, f"snapshot.dir={snap}", "train.max_steps=3",
+                               "snapshot.every=1", "snapshot.keep=1"], capture_output=True,
+                              text=True, timeout=120, env=clean_env())
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert snapshot_steps(snap) == [3, 999999], "the newest snapshot written, and the FIFO"
+    assert final_state(ddpworker, snap)[1] == 3   # `latest` exists and verifies
+    warning = f"{fifo}: not a regular file; not counted toward snapshot.keep, left in place"
+    assert r.stderr.count(warning) == 1, r.stderr   # said once, not at every snapshot
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "already finished at step 3" in r.stdout, r.stdout   # not trained again from scratch
+

@@ -2,7 +2,8 @@
  * the newest that verifies wins; a torn copy (a section half overwritten, a header not yet
  * written) never hides the good generation; a corrupt one is reported; a peer's copy is found and
  * loses a tie to the node's own; the slots survive the writer (a new process keeps the newest);
- * the progress record. */
+ * the progress record; a slot whose sections do not verify, or sealed for another state, is
+ * reused by the next writer, never the good one. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -150,6 +151,61 @@ Test(memory_snapshot, a_new_writer_keeps_the_newest_generation_and_overwrites_th
     cr_assert_eq(found_step(&source, NULL), 4);
     cr_assert_str_eq(slot_of(4), slot4);
     memory_snapshot_destroy(m);
+}
+
+/* A slot whose header verifies but whose sections do not (a stray write, a byte flipped) holds no
+ * generation: a new writer reuses it rather than the good one. It used to take the header's word,
+ * overwrite the older, good slot at every generation and leave the corrupt one as it was: one slot
+ * in use, and a kill while its header was zeroed left no memory snapshot at all. */
+Test(memory_snapshot, a_slot_with_corrupt_sections_is_reused_not_the_good_one) {
+    memory_snapshot_t *m = open_slots();
+    take(m, 3);
+    take(m, 4);
+    memory_snapshot_destroy(m);
+    char bad[32], good[32];
+    snprintf(bad, sizeof bad, "%s", slot_of(4));
+    snprintf(good, sizeof good, "%s", slot_of(3));
+    scribble(bad, 1000, 0x5a, 1); /* a parameter's byte, the header intact */
+    m = open_slots();             /* the restarted worker */
+    cr_assert_eq(memory_snapshot_sealed_step(m), 3, "the corrupt slot counted as step 4");
+    snapshot_data_t *d = memory_snapshot_begin(m); /* killed while copying step 5 */
+    fill(d, 5);
+    memory_snapshot_source_t source;
+    cr_assert_eq(found_step(&source, NULL), 3, "the good generation was overwritten");
+    cr_assert_str_eq(slot_of(3), good);
+    memory_snapshot_destroy(m);
+    m = open_slots();
+    take(m, 5);
+    take(m, 6);
+    memory_snapshot_destroy(m);
+    cr_assert_neq(strcmp(slot_of(5), slot_of(6)), 0, "two generations share a slot");
+}
+
+/* Slots sealed for another state (the region outlived a run of another train.conf) are not this
+ * state's generations: both are reused, never read past the resized mapping. */
+Test(memory_snapshot, slots_of_another_state_size_hold_no_generation) {
+    memory_snapshot_t *m;
+    char err[512];
+    cr_assert_eq(
+        memory_snapshot_create(dir, 2 * N_PARAMS, N_BUFFERS, false, NULL, &m, err, sizeof err), 0,
+        "%s", err);
+    for (int64_t step = 100; step <= 101; step++) {
+        snapshot_data_t *d = memory_snapshot_begin(m);
+        memset(d->params, 0, 2 * N_PARAMS * sizeof(float));
+        memset(d->momentum, 0, 2 * N_PARAMS * sizeof(float));
+        memset(d->buffers, 0, N_BUFFERS * sizeof(float));
+        snapshot_header_t h = {
+            .step = (uint64_t)step, .n_params = 2 * N_PARAMS, .n_buffers = N_BUFFERS};
+        memory_snapshot_submit(m, &h);
+        memory_snapshot_flush(m);
+    }
+    memory_snapshot_destroy(m);
+    m = open_slots(); /* half the parameters: the files shrink under the old headers */
+    cr_assert_eq(memory_snapshot_sealed_step(m), -1);
+    take(m, 1);
+    take(m, 2);
+    memory_snapshot_destroy(m);
+    cr_assert_neq(strcmp(slot_of(1), slot_of(2)), 0, "two generations share a slot");
 }
 
 Test(memory_snapshot, a_peer_copy_is_found_and_the_own_one_wins_a_tie) {

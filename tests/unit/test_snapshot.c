@@ -1,7 +1,8 @@
 /* snapshot: round trip, verification of every kind of damage (magic, header, sections, torn
- * files), newest-good selection with reports, retention (keep N, keep every Mth), the manifest,
- * the writer thread (including a failed write reported on the next acquire), and Adam's state
- * (the second-moment section and the step count). */
+ * files), newest-good selection with reports, retention (keep N, keep every Mth; only snapshots a
+ * resume could use count, and what is no snapshot of the run is left alone), the manifest, the
+ * writer thread (including a failed write reported on the next acquire), and Adam's state (the
+ * second-moment section and the step count). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -235,6 +236,108 @@ Test(snapshot, retention_keeps_the_newest_and_every_mth) {
         cr_assert_neq(access(path, F_OK), 0, "step %llu was kept",
                       (unsigned long long)expect_gone[i]);
     }
+}
+
+static bool exists(uint64_t step) {
+    char path[512];
+    path_of(step, path, sizeof path);
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+static void make_fifo(uint64_t step) {
+    char path[512];
+    path_of(step, path, sizeof path);
+    cr_assert_eq(mkfifo(path, 0644), 0, "mkfifo %s", path);
+}
+
+/* A FIFO named like a snapshot of a later step (the resume skips it and leaves it): with keep = 1
+ * it must not outrank every snapshot the run writes, each unlinked right after being written. */
+Test(snapshot, retention_never_deletes_what_it_just_wrote_for_a_fifo_of_a_later_step) {
+    make_fifo(999999);
+    snapshot_retention_t keep = {.keep = 1};
+    for (uint64_t s = 1; s <= 3; s++) {
+        write_step(s, &keep);
+        cr_assert(exists(s), "step %llu was unlinked right after being written",
+                  (unsigned long long)s);
+    }
+    cr_assert(!exists(1) && !exists(2), "keep = 1 kept older snapshots");
+    cr_assert(exists(999999), "the FIFO is not ours: left alone");
+    char found[512], err[1024];
+    snapshot_data_t d;
+    cr_assert_eq(snapshot_find_latest(dir, NULL, &d, found, sizeof found, err, sizeof err), 1);
+    cr_assert_eq(d.header.step, 3);
+    snapshot_data_free(&d);
+}
+
+/* Only snapshots a resume could use count toward keep: a FIFO, a file of another kind, anything
+ * past the step just written stay and count for nothing; older regular files beyond the window go
+ * as before, a FIFO never. */
+Test(snapshot, retention_counts_only_the_snapshots_a_resume_could_use) {
+    snapshot_retention_t keep = {.keep = 2};
+    write_step(10, &keep);
+    write_step(20, &keep);
+    make_fifo(25);
+    char path[512];
+    path_of(27, path, sizeof path);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("not a snapshot", f);
+    fclose(f);
+    write_step(30, &keep);
+    cr_assert(exists(30) && exists(20), "the two newest good snapshots were not both kept");
+    cr_assert(exists(25) && exists(27),
+              "files that are no snapshot were removed inside the window");
+    cr_assert(!exists(10), "step 10 is a third good snapshot: pruned");
+    write_step(40, &keep);
+    cr_assert(exists(40) && exists(30) && !exists(20), "keep 2: 40 and 30");
+    cr_assert(!exists(27), "a regular file older than the kept ones goes as before");
+    cr_assert(exists(25), "a FIFO is never removed");
+}
+
+/* A symbolic link named like a snapshot (to a good one elsewhere) is not a file the writer made:
+ * retention neither counts it (in place of a snapshot of the run) nor removes it. */
+Test(snapshot, retention_leaves_a_link_named_like_a_snapshot_alone) {
+    write_step(3, &keep_all);
+    char p3[512], target[512], link5[512], link15[512];
+    path_of(3, p3, sizeof p3);
+    snprintf(target, sizeof target, "%s/elsewhere.ddps", dir);
+    cr_assert_eq(rename(p3, target), 0);
+    path_of(5, link5, sizeof link5);
+    path_of(15, link15, sizeof link15);
+    cr_assert_eq(symlink(target, link5), 0);
+    cr_assert_eq(symlink(target, link15), 0);
+    snapshot_retention_t keep = {.keep = 2};
+    write_step(10, &keep);
+    write_step(20, &keep);
+    cr_assert(exists(20) && exists(10), "keep 2: the run's two, the link between them not counted");
+    cr_assert(exists(5) && exists(15), "a link is not the writer's to remove");
+}
+
+/* A snapshot the file system does not let this run read (here: another user's, mode 0; likewise
+ * EIO) is neither counted toward keep nor allowed to outrank the snapshot just written. */
+Test(snapshot, retention_does_not_count_a_snapshot_it_cannot_read) {
+    if (geteuid() != 0) cr_skip_test("needs root to become another user");
+    write_step(999, &keep_all);
+    char p999[512];
+    path_of(999, p999, sizeof p999);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    cr_assert_eq(chmod(p999, 0), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+        snapshot_retention_t keep = {.keep = 1};
+        for (uint64_t s = 1; s <= 2; s++) {
+            snapshot_data_t d = sample(s);
+            char err[1024];
+            if (snapshot_write(dir, &d, &keep, NULL, err, sizeof err) != 0) _exit(3);
+        }
+        _exit(exists(2) && !exists(1) ? 0 : 4);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    cr_assert(exists(999), "the unreadable snapshot stays: nothing is known of its bytes");
 }
 
 Test(snapshot, the_writer_thread_writes_and_reports_a_failure_once) {

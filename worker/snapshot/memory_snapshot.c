@@ -93,15 +93,30 @@ static int map_file(const char *path, size_t bytes, uint8_t **out, char *err, si
     return 0;
 }
 
-/* The step a slot's mapping holds when its header verifies, else -1. The sections are not hashed
- * again here: a slot the writer reuses is overwritten anyway, and readers verify everything. */
-static int64_t sealed_step_of(const slot_t *s) {
+/* The step a slot's mapping holds when its generation verifies whole, else -1 (the writer reuses
+ * it). Called once, when the region is opened (a hash of both slots at the worker's start, none on
+ * the steps): the header alone would let a slot whose sections were damaged (a stray write) or
+ * that was sealed for another state pass as the newest generation, and begin would then overwrite
+ * the other, good slot at every generation while the damaged one stayed. */
+static int64_t sealed_step_of(const memory_snapshot_t *m, const slot_t *s) {
     snapshot_header_t h;
     memcpy(&h, s->map, sizeof h);
     if (memcmp(h.magic, SNAPSHOT_MAGIC, sizeof h.magic) != 0 || h.version != SNAPSHOT_VERSION ||
         h.header_bytes != sizeof h ||
         XXH3_64bits(&h, offsetof(snapshot_header_t, header_checksum)) != h.header_checksum)
         return -1;
+    /* this state's layout (what begin and the seal write), or another run's generation */
+    bool is_adam = h.optimizer == SNAPSHOT_OPTIM_ADAM || h.optimizer == SNAPSHOT_OPTIM_ADAMW;
+    if (h.n_params != m->n_params || h.n_buffers != m->n_buffers || is_adam != m->has_second_moment)
+        return -1;
+    snapshot_header_t want = h;
+    if (snapshot_layout(&want) > m->bytes || want.n_sections != h.n_sections) return -1;
+    for (uint32_t i = 0; i < h.n_sections; i++) {
+        const snapshot_section_t *got = &h.sections[i], *at = &want.sections[i];
+        if (got->kind != at->kind || got->offset != at->offset || got->n_bytes != at->n_bytes ||
+            XXH3_64bits(s->map + got->offset, got->n_bytes) != got->checksum)
+            return -1;
+    }
     return (int64_t)h.step;
 }
 
@@ -295,7 +310,7 @@ static int open_region(const char *dir, bool has_slots, size_t n_params, size_t 
     for (int i = 0; has_slots && i < SLOTS; i++) {
         snprintf(path, sizeof path, "%s/own-%d" SNAPSHOT_FILE_SUFFIX, dir, i);
         if (map_file(path, m->bytes, &m->slots[i].map, err, err_len) < 0) goto fail;
-        m->slots[i].step = sealed_step_of(&m->slots[i]);
+        m->slots[i].step = sealed_step_of(m, &m->slots[i]);
     }
     snprintf(path, sizeof path, "%s/" PROGRESS_FILE, dir);
     uint8_t *progress;

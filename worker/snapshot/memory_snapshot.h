@@ -40,7 +40,9 @@ typedef struct {
 
 /* Open dir's two own slots for a state of n_params / n_buffers floats (and a second moment of
  * n_params): created or resized, mapped, pre-faulted; the newest sealed generation already there
- * is kept. Returns 0 or -1 with err (what, the path, the system's reason). */
+ * is kept. Each slot is verified whole (its sections hashed: the only hashing outside a seal); one
+ * that fails, or was sealed for another state, counts as empty and is written next. Returns 0 or
+ * -1 with err (what, the path, the system's reason). */
 int memory_snapshot_create(const char *dir, size_t n_params, size_t n_buffers,
                            bool has_second_moment, const memory_snapshot_wait_t *wait,
                            memory_snapshot_t **out, char *err, size_t err_len);

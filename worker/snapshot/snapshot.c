@@ -136,19 +136,6 @@ static int list_snapshots(const char *dir, entry_t **out, size_t *n) {
     return 0;
 }
 
-static void prune(const char *dir, const snapshot_retention_t *keep) {
-    entry_t *list;
-    size_t n;
-    if (list_snapshots(dir, &list, &n) < 0) return;
-    for (size_t i = (size_t)(keep->keep > 0 ? keep->keep : 1); i < n; i++) {
-        if (keep->keep_every > 0 && list[i].step % keep->keep_every == 0) continue;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, list[i].name);
-        unlink(path);
-    }
-    free(list);
-}
-
 static size_t section_floats(const snapshot_header_t *h, uint32_t kind) {
     return kind == SNAPSHOT_SECTION_BUFFERS ? h->n_buffers : h->n_params;
 }
@@ -186,8 +173,14 @@ uint64_t snapshot_seal(snapshot_header_t *h, const snapshot_data_t *d) {
     return bytes;
 }
 
-int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
-                   const snapshot_progress_t *progress, char *err, size_t err_len) {
+static void prune(const char *dir, const snapshot_retention_t *keep, const char *written,
+                  uint64_t written_step, uint64_t *reported);
+
+/* snapshot_write; *reported is what prune last reported (snapshot_writer_t keeps it, so a stray
+ * file is reported once, not at every snapshot). */
+static int write_snapshot(const char *dir, const snapshot_data_t *d,
+                          const snapshot_retention_t *keep, const snapshot_progress_t *progress,
+                          uint64_t *reported, char *err, size_t err_len) {
     snapshot_header_t h = d->header;
     const float *arrays[4] = {d->params, d->momentum, d->buffers, d->second_moment};
     if (has_second_moment(&h) && !d->second_moment)
@@ -211,8 +204,14 @@ int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_ret
     size_t msizes[1] = {(size_t)len};
     if (write_atomically(dir, SNAPSHOT_MANIFEST, mparts, msizes, 1, NULL, err, err_len) < 0)
         return -1;
-    prune(dir, keep);
+    prune(dir, keep, name, h.step, reported);
     return 0;
+}
+
+int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
+                   const snapshot_progress_t *progress, char *err, size_t err_len) {
+    uint64_t reported = 0;
+    return write_snapshot(dir, d, keep, progress, &reported, err, err_len);
 }
 
 void snapshot_data_free(snapshot_data_t *d) {
@@ -424,6 +423,83 @@ static void quarantine(const char *path, FILE *report) {
     }
 }
 
+/* Whether path is a snapshot a resume could use, judged by its header alone (the sections are
+ * hashed when a resume reads them, not at every write): a regular file, readable, whose header
+ * verifies. When it is not, why gets "PATH: the reason". */
+static bool is_resumable(const char *path, char *why, size_t why_len) {
+    struct stat st;
+    if (lstat(path, &st) < 0) {
+        ddp_errf(why, why_len, "%s: %s", path, strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode)) { /* never opened: a FIFO, a device or a link is not ours */
+        ddp_errf(why, why_len, "%s: not a regular file", path);
+        return false;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) {
+        ddp_errf(why, why_len, "%s: cannot open: %s", path, strerror(errno));
+        return false;
+    }
+    snapshot_header_t h;
+    bool is_ok = read_header(fd, path, (uint64_t)st.st_size, &h, why, why_len) == 0;
+    close(fd);
+    return is_ok;
+}
+
+/* keep-N retention once the snapshot `written` (of step written_step) is in place. Only the
+ * snapshots a resume could use count toward keep: the one just written, and older regular files
+ * whose header verifies. Whatever the resume skips and leaves (a FIFO named like a snapshot, a file
+ * it may not read, one of a later step than this run's) is neither counted nor removed: counted,
+ * a FIFO of step 999999 outranked every snapshot the run wrote, each unlinked as it landed. Files
+ * older than the oldest one kept are removed as before (a non-regular one never). Files not counted
+ * are reported on stderr when the set of them changes (*reported: a fingerprint of the last). */
+static void prune(const char *dir, const snapshot_retention_t *keep, const char *written,
+                  uint64_t written_step, uint64_t *reported) {
+    entry_t *list;
+    size_t n;
+    if (list_snapshots(dir, &list, &n) < 0) return;
+    size_t want = (size_t)(keep->keep > 0 ? keep->keep : 1), n_kept = 0;
+    bool *is_stray = calloc(n ? n : 1, sizeof *is_stray);
+    uint64_t fingerprint = 0;
+    char path[4096], why[4400];
+    for (size_t i = 0; i < n && is_stray; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, list[i].name);
+        bool is_written = strcmp(list[i].name, written) == 0;
+        if (!is_written && ((uint64_t)list[i].step > written_step ||
+                            (n_kept < want && !is_resumable(path, why, sizeof why)))) {
+            is_stray[i] = true;
+        } else if (n_kept < want) {
+            n_kept++;
+        } else if (keep->keep_every <= 0 || list[i].step % keep->keep_every != 0) {
+            struct stat st;
+            if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+                unlink(path);
+            else
+                is_stray[i] = true;
+        }
+        if (is_stray[i]) fingerprint += XXH3_64bits(list[i].name, strlen(list[i].name)) | 1;
+    }
+    if (is_stray && fingerprint != *reported) {
+        for (size_t i = 0; i < n; i++) {
+            if (!is_stray[i]) continue;
+            snprintf(path, sizeof path, "%s/%s", dir, list[i].name);
+            if (is_resumable(path, why, sizeof why)) /* then not counted for its step alone */
+                snprintf(why, sizeof why,
+                         "%s: step %" PRId64 " is past the snapshot just written (step %" PRIu64
+                         "): the resume did not take it",
+                         path, list[i].step, written_step);
+            fprintf(stderr,
+                    "ddpworker: warning: snapshot.dir: %s; not counted toward snapshot.keep, "
+                    "left in place\n",
+                    why);
+        }
+        *reported = fingerprint;
+    }
+    free(is_stray);
+    free(list);
+}
+
 int64_t snapshot_newest_step(const char *dir) {
     entry_t *list;
     size_t n;
@@ -482,6 +558,17 @@ uint64_t snapshot_state_hash(const snapshot_data_t *d) {
     return h;
 }
 
+const char *snapshot_data_kind_name(uint32_t data_kind) {
+    static const char *const names[] = {[SNAPSHOT_DATA_UNRECORDED] = "not recorded",
+                                        [SNAPSHOT_DATA_FASHION_MNIST] = "fashion-mnist",
+                                        [SNAPSHOT_DATA_MNIST] = "mnist",
+                                        [SNAPSHOT_DATA_CIFAR10] = "cifar10",
+                                        [SNAPSHOT_DATA_CIFAR100] = "cifar100",
+                                        [SNAPSHOT_DATA_SYNTHETIC] = "synthetic",
+                                        [SNAPSHOT_DATA_IMAGEFOLDER] = "imagefolder"};
+    return data_kind < sizeof names / sizeof *names ? names[data_kind] : "unknown";
+}
+
 int snapshot_inspect(const char *path, FILE *out) {
     snapshot_data_t d;
     char err[1024];
@@ -507,6 +594,7 @@ int snapshot_inspect(const char *path, FILE *out) {
             " parameters, %" PRIu64 " buffer values\n",
             h->model, h->width, h->height, h->img_width, h->channels, h->classes, h->n_params,
             h->n_buffers);
+    fprintf(out, "data:        %s\n", snapshot_data_kind_name(h->data_kind));
     if (has_second_moment(h))
         fprintf(out, "optimizer:   %s lr %g weight decay %g, %" PRIu64 " steps taken\n",
                 h->optimizer == SNAPSHOT_OPTIM_ADAM ? "adam" : "adamw", h->lr, h->weight_decay,
@@ -545,6 +633,7 @@ struct snapshot_writer {
     char last_err[1024];
     char last_path[2300];
     snapshot_progress_t progress;
+    uint64_t reported; /* prune's, of the files it last reported: the writer thread's */
     /* the last snapshot that landed (CLOCK_MONOTONIC seconds, 0: none yet) and the error of the
      * writes that failed since (empty once one lands) */
     double landed_s;
@@ -563,7 +652,8 @@ static void *writer_main(void *arg) {
         w->is_busy = true;
         pthread_mutex_unlock(&w->mu);
         char err[1024];
-        int rc = snapshot_write(w->dir, &w->data, &w->keep, &w->progress, err, sizeof err);
+        int rc =
+            write_snapshot(w->dir, &w->data, &w->keep, &w->progress, &w->reported, err, sizeof err);
         pthread_mutex_lock(&w->mu);
         w->is_busy = false;
         w->last_rc = rc;

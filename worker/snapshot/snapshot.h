@@ -37,8 +37,11 @@ typedef struct {
 
 /* Write one snapshot into dir (which must exist) as snapshot-<step>.ddps; fills in the header's
  * magic, version, sections and checksums (the second moment's when header.optimizer is adam or
- * adamw: d->second_moment must then be set); then rewrites the manifest and prunes. Returns 0, or
- * -1 with "what failed, the path, and the system's reason" in err (nothing existing is damaged). */
+ * adamw: d->second_moment must then be set); then rewrites the manifest and prunes: only the
+ * snapshots a resume could use count toward keep (this one, and older regular files whose header
+ * verifies); a file a resume skips and leaves (a FIFO, an unreadable file, one of a later step) is
+ * left in place and reported on stderr. Returns 0, or -1 with "what failed, the path, and the
+ * system's reason" in err (nothing existing is damaged). */
 int snapshot_write(const char *dir, const snapshot_data_t *d, const snapshot_retention_t *keep,
                    const snapshot_progress_t *progress, char *err, size_t err_len);
 /* Fill in h's magic, version, section table (sections laid out back to back after the header, as
@@ -79,6 +82,9 @@ int snapshot_find_latest(const char *dir, FILE *report, snapshot_data_t *d, char
 /* XXH3-64 over params, momentum and buffers, then (adam/adamw) the second moment and the step
  * count: one number to compare two runs' final state. */
 uint64_t snapshot_state_hash(const snapshot_data_t *d);
+/* data.kind's name for a header's data_kind ("fashion-mnist", ...; "not recorded" for 0, as in
+ * files written before the field was; "unknown" for a number this ddpworker does not know). */
+const char *snapshot_data_kind_name(uint32_t data_kind);
 /* `ddpworker inspect`: header, per-section verification, state hash. Returns 0 if it verifies. */
 int snapshot_inspect(const char *path, FILE *out);
 

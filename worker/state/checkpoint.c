@@ -21,6 +21,25 @@ _Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD &&
                    (int)OPTIM_ADAMW == (int)SNAPSHOT_OPTIM_ADAMW,
                "train.conf's optimizer numbers are the snapshot header's");
 
+/* data.kind as the snapshot header records it (the format's numbers, not train.conf's order) */
+static uint32_t data_kind_code(data_kind_t kind) {
+    switch (kind) {
+    case DATA_FASHION_MNIST:
+        return SNAPSHOT_DATA_FASHION_MNIST;
+    case DATA_MNIST:
+        return SNAPSHOT_DATA_MNIST;
+    case DATA_CIFAR10:
+        return SNAPSHOT_DATA_CIFAR10;
+    case DATA_CIFAR100:
+        return SNAPSHOT_DATA_CIFAR100;
+    case DATA_SYNTHETIC:
+        return SNAPSHOT_DATA_SYNTHETIC;
+    case DATA_IMAGEFOLDER:
+        return SNAPSHOT_DATA_IMAGEFOLDER;
+    }
+    return SNAPSHOT_DATA_UNRECORDED;
+}
+
 static volatile sig_atomic_t stop_signal;
 
 static void on_stop_signal(int signum) {
@@ -70,6 +89,7 @@ void checkpoint_describe(const train_parts_t *p, const train_state_t *s, snapsho
     h->img_width = (uint32_t)m->w;
     h->channels = (uint32_t)m->c;
     h->classes = (uint32_t)m->classes;
+    h->data_kind = data_kind_code(c->data_kind);
     h->n_params = m->n_params;
     h->n_buffers = m->n_buffers;
     h->lr = c->lr;
@@ -165,6 +185,27 @@ static bool is_incompatible(const train_parts_t *p, const snapshot_header_t *h, 
                  "holds model %.32s width %u (%" PRIu64
                  " parameters); train.conf asks for %s width %lld (%zu): use another snapshot.dir",
                  h->model, h->width, h->n_params, m->name, (long long)p->conf->width, m->n_params);
+        return true;
+    }
+    /* a resnet's parameters do not depend on the input's size: the counts alone let a snapshot
+     * taken at 8x8 continue at 16x16 */
+    if (h->height != (uint32_t)m->h || h->img_width != (uint32_t)m->w ||
+        h->channels != (uint32_t)m->c || h->classes != (uint32_t)m->classes) {
+        snprintf(why, why_len,
+                 "holds model %.32s for %ux%ux%u inputs and %u classes; train.conf gives "
+                 "%dx%dx%d and %d (data.height, data.width, data.channels, data.image_size, "
+                 "model.classes or the dataset's): use another snapshot.dir",
+                 h->model, h->height, h->img_width, h->channels, h->classes, m->h, m->w, m->c,
+                 m->classes);
+        return true;
+    }
+    /* 0: a file written before the kind was recorded, resumed as before */
+    uint32_t kind = data_kind_code(p->conf->data_kind);
+    if (h->data_kind != SNAPSHOT_DATA_UNRECORDED && h->data_kind != kind) {
+        snprintf(why, why_len,
+                 "was taken on data.kind=%s; train.conf asks for data.kind=%s, where its position "
+                 "in the data and its weights mean nothing: use another snapshot.dir",
+                 snapshot_data_kind_name(h->data_kind), snapshot_data_kind_name(kind));
         return true;
     }
     if (h->train_samples != (uint64_t)p->data->train.n || h->seed != (uint64_t)p->conf->seed) {
