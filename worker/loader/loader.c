@@ -101,6 +101,7 @@ static int make_sample(worker_t *w, const slot_t *s, int64_t index, float *dst, 
     if (read_file(w, s->data->paths[index], &n, err, err_len) < 0) return -1;
     image_info_t info;
     if (image_decode_info(&w->decoder, w->file, n, &info, err, err_len) < 0) return -1;
+    if (image_plan_check(s->kind, info.width, info.height, o->size, err, err_len) < 0) return -1;
     image_plan_t plan =
         image_plan(s->kind, info.width, info.height, o->size, o->seed, s->epoch, index);
     int min_w, min_h, dw, dh;
