@@ -32,6 +32,32 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return 0; /* best effort: the rest still goes */
 }
 
+static const char *file_kind(mode_t mode) {
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+                            : "of an unknown kind";
+}
+
+int fs_open_regular(const char *path, struct stat *st, char *why, size_t why_len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        snprintf(why, why_len, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, st) < 0) {
+        snprintf(why, why_len, "cannot stat: %s", strerror(errno));
+    } else if (!S_ISREG(st->st_mode)) {
+        snprintf(why, why_len, "not a regular file (%s)", file_kind(st->st_mode));
+    } else {
+        return fd;
+    }
+    close(fd);
+    return -1;
+}
+
 int fs_write_all(int fd, const void *p, size_t n) {
     const char *c = p;
     while (n > 0) {

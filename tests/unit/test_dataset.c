@@ -1,11 +1,14 @@
 /* Unit tests of worker/data/dataset: the held-out validation split (data.val_split) is a pure
  * function of the sample count, disjoint from what is trained on and in the original order; int32
- * labels carry 1000 classes without wrapping. */
+ * labels carry 1000 classes without wrapping; an IDX test split of another shape than train's is
+ * refused naming both files; synthetic sizes are checked before anything is generated. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dataset.h"
+#include "temp_dir.h"
 
 /* n samples of 2x1x1 whose pixels and label both encode the index, so any mix-up shows. */
 static dataset_t numbered(int64_t n) {
@@ -126,4 +129,74 @@ Test(dataset, val_split_holds_out_of_train_and_leaves_test_alone) {
     c.val_split = 0.001; /* 0.4 samples: none */
     cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), -1);
     cr_assert(strstr(err, "data.val_split"), "%s", err);
+}
+
+/* dir/name: an IDX file of unsigned bytes, big-endian dims, then `payload` bytes i % 10. */
+static void write_idx(const char *dir, const char *name, int ndims, const uint32_t *dims,
+                      size_t payload) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    uint8_t head[4] = {0, 0, 8, (uint8_t)ndims};
+    fwrite(head, 1, 4, f);
+    for (int i = 0; i < ndims; i++) {
+        uint8_t b[4] = {(uint8_t)(dims[i] >> 24), (uint8_t)(dims[i] >> 16), (uint8_t)(dims[i] >> 8),
+                        (uint8_t)dims[i]};
+        fwrite(b, 1, 4, f);
+    }
+    for (size_t i = 0; i < payload; i++)
+        fputc((int)(i % 10), f);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* The model, its input buffer and the augmentation are sized by train's images: a 40x40 test split
+ * beside 28x28 training images overflowed the input buffer at evaluation. */
+Test(dataset, an_idx_test_split_of_another_shape_is_refused_naming_both_files) {
+    char dir[64];
+    temp_dir_make(dir, sizeof dir, "dataset_test");
+    uint32_t train_dims[3] = {4, 28, 28}, test_dims[3] = {4, 40, 40}, labels[1] = {4};
+    write_idx(dir, "train-images-idx3-ubyte", 3, train_dims, 4 * 28 * 28);
+    write_idx(dir, "train-labels-idx1-ubyte", 1, labels, 4);
+    write_idx(dir, "t10k-images-idx3-ubyte", 3, test_dims, 4 * 40 * 40);
+    write_idx(dir, "t10k-labels-idx1-ubyte", 1, labels, 4);
+    train_conf_t c;
+    train_conf_default(&c);
+    c.data_kind = DATA_MNIST;
+    snprintf(c.data_dir, sizeof c.data_dir, "%s", dir);
+    data_splits_t d;
+    char err[1024] = "";
+    cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), -1, "a 40x40 test split was accepted");
+    cr_assert(strstr(err, "t10k-images-idx3-ubyte holds 40x40x1 images") &&
+                  strstr(err, "train-images-idx3-ubyte holds 28x28x1") && strstr(err, dir),
+              "%s", err);
+    cr_assert(strstr(err, "the test split must have the training split's shape"), "%s", err);
+    /* the same shape loads */
+    write_idx(dir, "t10k-images-idx3-ubyte", 3, train_dims, 4 * 28 * 28);
+    cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), 0, "%s", err);
+    cr_assert(d.test.h == 28 && d.test.w == 28 && d.test.n == 4);
+    data_splits_free(&d);
+    temp_dir_remove(dir);
+}
+
+/* 4096 x 4096 x 64 bytes times 2^34 images is 2^64: malloc(0), then every image written past it.
+ * The channel count (at most AUGMENT_MAX_CHANNELS) was checked only after all that. */
+Test(dataset, synthetic_sizes_are_checked_before_anything_is_generated, .timeout = 20) {
+    train_conf_t c = synthetic_conf(10, (int64_t)1 << 34, 0);
+    c.height = c.width_px = 4096;
+    c.channels = 64;
+    data_splits_t d;
+    char err[512] = "";
+    cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), -1);
+    cr_assert(strstr(err, "data.channels: 64; at most 4 are supported"), "%s", err);
+    c.channels = 4; /* 2^26 bytes an image, 2^38 of them: 2^64 again */
+    c.train_limit = (int64_t)1 << 38;
+    cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), -1);
+    cr_assert(strstr(err, "data.train_limit: 274877906944 synthetic images of 4096x4096x4 bytes") &&
+                  strstr(err, "overflow"),
+              "%s", err);
+    c.train_limit = 64;
+    c.test_limit = (int64_t)1 << 38;
+    cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), -1);
+    cr_assert(strstr(err, "data.test_limit: 274877906944 synthetic images"), "%s", err);
 }

@@ -1,7 +1,8 @@
 /* Unit tests of worker/loader/image_transform: the geometry of each transform (torchvision's
  * numbers for Resize + CenterCrop, RandomResizedCrop's constraints and its central fallback),
  * plans as pure functions of (seed, epoch, index), DCT-scaled plans, and the resampling on
- * images whose result is known (identity, flat colours, a flip, a 2:1 reduction). The pixels
+ * images whose result is known (identity, flat colours, a flip, a 2:1 reduction); a Resize +
+ * CenterCrop whose longer side would exceed IMAGE_PLAN_MAX_SIDE is refused. The pixels
  * against torchvision itself: tests/interop/test_transforms.py. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -25,6 +26,26 @@ Test(image_transform, resize_center_crop_has_torchvisions_numbers) {
     p = image_plan(IMAGE_RESIZE, 500, 375, 224, 0, 0, 0);
     cr_assert(p.w == 500 && p.h == 375 && p.out_w == 224 && p.out_h == 224 && p.wx == 0 &&
               p.wy == 0);
+}
+
+/* int(256 * 9000000 / 1) does not fit an int: the plan was undefined (a black sample, or a bogus
+ * out of memory). */
+Test(image_transform, an_extreme_aspect_ratio_is_refused_before_it_is_planned) {
+    char err[256] = "";
+    cr_assert_eq(image_plan_check(IMAGE_RESIZE_CENTER_CROP, 1, 9000000, 224, err, sizeof err), -1);
+    cr_assert_str_eq(err, "resizing 1x9000000 to a shorter side of 256 makes the longer one "
+                          "2304000000 pixels, more than 1048576 (an extreme aspect ratio)");
+    cr_assert_eq(image_plan_check(IMAGE_RESIZE_CENTER_CROP, 9000000, 1, 224, err, sizeof err), -1);
+    cr_assert(strstr(err, "resizing 9000000x1"), "%s", err);
+    /* the other kinds resample to size x size; ordinary photographs pass */
+    cr_assert_eq(image_plan_check(IMAGE_RESIZE, 1, 9000000, 224, err, sizeof err), 0);
+    cr_assert_eq(image_plan_check(IMAGE_RANDOM_RESIZED_CROP, 1, 9000000, 224, err, sizeof err), 0);
+    cr_assert_eq(image_plan_check(IMAGE_RESIZE_CENTER_CROP, 500, 375, 224, err, sizeof err), 0);
+    cr_assert_eq(image_plan_check(IMAGE_RESIZE_CENTER_CROP, 1, 4096, 224, err, sizeof err), 0);
+    /* planned anyway, the sides stay in range (no int overflow) */
+    image_plan_t p = image_plan(IMAGE_RESIZE_CENTER_CROP, 1, 9000000, 224, 0, 0, 0);
+    cr_assert(p.out_w == 256 && p.out_h == IMAGE_PLAN_MAX_SIDE, "%dx%d", p.out_w, p.out_h);
+    cr_assert(p.wy >= 0 && p.wy + 224 <= p.out_h);
 }
 
 Test(image_transform, random_resized_crop_keeps_torchvisions_constraints) {

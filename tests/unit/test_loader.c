@@ -2,9 +2,11 @@
  * order with their labels, a sample's pixels depend only on (seed, epoch, index) (not on the
  * batch it is in, the rank, or the number of threads), bad files stop the batch naming the file
  * or are replaced deterministically and counted, a full ring makes submit wait for a release,
- * and destroying with batches queued neither hangs nor leaks. */
+ * and destroying with batches queued neither hangs nor leaks; an image whose resize would exceed
+ * IMAGE_PLAN_MAX_SIDE is an error naming it. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <png.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,6 +231,47 @@ Test(loader, a_fifo_named_like_an_image_is_an_error_not_a_hang) {
     loader_release(l, 1);
     loader_destroy(l);
     imagefolder_free(&f.folder);
+}
+
+/* A 1 x 2000000 strip at Resize(1170) + CenterCrop(1024): its longer side would become
+ * 2340000000 pixels, beyond int (which the plan was cast to: a garbage sample, or a bogus out of
+ * memory). */
+Test(loader, an_extreme_aspect_ratio_is_an_error_naming_the_image) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/strip.png", root);
+    FILE *file = fopen(path, "wb");
+    cr_assert_not_null(file);
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    cr_assert(png && info && !setjmp(png_jmpbuf(png)));
+    png_init_io(png, file);
+    png_set_user_limits(png, 1, 2000000); /* libpng's default stops at 1000000 */
+    png_set_compression_level(png, 1);
+    png_set_IHDR(png, info, 1, 2000000, 8, PNG_COLOR_TYPE_GRAY, PNG_INTERLACE_NONE,
+                 PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(png, info);
+    for (int y = 0; y < 2000000; y++) {
+        png_byte v = (png_byte)(y >> 13);
+        png_write_row(png, &v);
+    }
+    png_write_end(png, info);
+    png_destroy_write_struct(&png, &info);
+    cr_assert_eq(fclose(file), 0);
+    char *paths[1] = {path};
+    int32_t labels[1] = {0};
+    dataset_t d = {
+        .n = 1, .h = 1024, .w = 1024, .c = 3, .classes = 2, .labels = labels, .paths = paths};
+    loader_t *l = start(1, 1, 1, 1024, false);
+    int64_t idx[] = {0};
+    loader_submit(l, 1, &d, IMAGE_RESIZE_CENTER_CROP, 0, idx, 1);
+    loader_batch_t b;
+    char err[1300] = "";
+    cr_assert_eq(loader_take(l, 1, &b, err, sizeof err), -1, "a 1x2000000 image was resampled");
+    cr_assert(strstr(err, "strip.png: resizing 1x2000000 to a shorter side of 1170 makes the "
+                          "longer one 2340000000 pixels, more than 1048576"),
+              "%s", err);
+    loader_release(l, 1);
+    loader_destroy(l);
 }
 
 typedef struct {

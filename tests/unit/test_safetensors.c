@@ -193,5 +193,20 @@ Test(safetensors, open_names_the_file) {
     cr_assert_eq(safetensors_open("/nonexistent/x.safetensors", &ix, err, sizeof err), -1);
     cr_assert(strstr(err, "/nonexistent/x.safetensors: cannot open"), "%s", err);
     cr_assert_eq(safetensors_open("/tmp", &ix, err, sizeof err), -1);
-    cr_assert(strstr(err, "/tmp: not a regular file"), "%s", err);
+    cr_assert(strstr(err, "/tmp: not a regular file (a directory)"), "%s", err);
+}
+
+/* model.init or train.best_file naming a FIFO: open() without O_NONBLOCK waited for a writer
+ * forever. */
+Test(safetensors, a_fifo_is_refused_not_waited_on, .timeout = 10) {
+    char dir[] = "/tmp/safetensors_fifo.XXXXXX", path[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/init.safetensors", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    safetensors_index_t ix;
+    char err[512] = "";
+    cr_assert_eq(safetensors_open(path, &ix, err, sizeof err), -1);
+    cr_assert(strstr(err, "init.safetensors: not a regular file (a FIFO)"), "%s", err);
+    unlink(path);
+    rmdir(dir);
 }

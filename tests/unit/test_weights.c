@@ -2,8 +2,9 @@
  * architecture; the file holds PyTorch's layouts (a conv filter's (K, C, R, S), a linear layer's
  * columns in (C, H, W) order after a conv); num_batches_tracked is the step count; a tensor of
  * another shape is an error naming it, or with skipping a line on the log and the model's value
- * kept. */
+ * kept; a NaN, infinite or out-of-float-range value is an error naming the file and the tensor. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,6 +268,92 @@ Test(weights, tags_are_kept_in_the_metadata) {
         too_many[i] = "x";
     cr_assert_eq(weights_save_tagged(&a, path, 12, too_many, err, sizeof err), -1);
     cr_assert(strstr(err, "more than 8 tags"), "%s", err);
+    model_free(&a);
+    model_free(&b);
+}
+
+/* A diverged run's weights (NaN, inf) were accepted as model.init and trained from. */
+Test(weights, a_non_finite_value_is_refused_naming_the_file_and_the_tensor) {
+    model_t a, b;
+    char err[1024];
+    make(&a, "cnn", 4, 16, 3, 1);
+    make(&b, "cnn", 4, 16, 3, 2);
+    const layer_t *fc = &a.layers[a.n_layers - 1];
+    a.params[fc->param_offset + 1] = NAN;
+    a.params[fc->param_offset + 5] = INFINITY;
+    a.params[fc->param_offset + 6] = -INFINITY;
+    const char *path = path_of("nan.safetensors");
+    cr_assert_eq(weights_save(&a, path, 0, err, sizeof err), 0, "%s", err);
+    float *before = malloc(b.n_params * sizeof(float));
+    memcpy(before, b.params, b.n_params * sizeof(float));
+    cr_assert_eq(weights_load(&b, path, false, NULL, err, sizeof err), -1, "NaN weights loaded");
+    char want[512];
+    snprintf(want, sizeof want, "%s: tensor '%s.weight': 3 of its %zu values are NaN, infinite",
+             path, fc->name, (size_t)(fc->n_params - 3));
+    cr_assert(strstr(err, want), "'%s' lacks '%s'", err, want);
+    cr_assert(strstr(err, "(the first is element"), "%s", err);
+    cr_assert(memcmp(b.params, before, b.n_params * sizeof(float)) == 0,
+              "a refused load changes nothing");
+    free(before);
+    model_free(&a);
+    model_free(&b);
+}
+
+typedef struct {
+    const safetensors_index_t *ix;
+    int fd;
+    double huge;
+} f64_copy_t;
+
+/* Tensor i of the F32 file as F64, its first element replaced by huge when it is a weight. */
+static int fill_f64(void *arg, int i, void *buf, char *err, size_t err_len) {
+    f64_copy_t *c = arg;
+    const safetensors_entry_t *e = &c->ix->entries[i];
+    size_t n = (size_t)safetensors_elems(e->ndim, e->shape);
+    if (e->dtype != SAFETENSORS_F32) return safetensors_read(c->fd, c->ix, e, buf, err, err_len);
+    float *f = malloc(n * sizeof *f + 1);
+    cr_assert_eq(safetensors_read(c->fd, c->ix, e, f, err, err_len), 0, "%s", err);
+    double *d = buf;
+    for (size_t j = 0; j < n; j++)
+        d[j] = f[j];
+    if (n && strstr(e->name, ".weight")) d[0] = c->huge;
+    free(f);
+    return 0;
+}
+
+/* An F64 value beyond float's range became inf (undefined, strictly) on conversion. */
+Test(weights, an_f64_value_beyond_floats_range_is_refused) {
+    model_t a, b;
+    char err[1024];
+    make(&a, "mlp", 4, 8, 3, 1);
+    make(&b, "mlp", 4, 8, 3, 2);
+    const char *path32 = path_of("f32.safetensors");
+    cr_assert_eq(weights_save(&a, path32, 0, err, sizeof err), 0, "%s", err);
+    safetensors_index_t ix;
+    int fd = safetensors_open(path32, &ix, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    safetensors_tensor_t *t = calloc((size_t)ix.n, sizeof *t);
+    for (int i = 0; i < ix.n; i++) {
+        const safetensors_entry_t *e = &ix.entries[i];
+        t[i] = (safetensors_tensor_t){.name = e->name, .dtype = e->dtype, .ndim = e->ndim};
+        if (e->dtype == SAFETENSORS_F32) t[i].dtype = SAFETENSORS_F64;
+        memcpy(t[i].shape, e->shape, sizeof e->shape);
+    }
+    f64_copy_t copy = {.ix = &ix, .fd = fd, .huge = 1e300};
+    const char *path64 = path_of("f64.safetensors");
+    cr_assert_eq(safetensors_write(path64, t, ix.n, NULL, fill_f64, &copy, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_eq(weights_load(&b, path64, false, NULL, err, sizeof err), -1, "1e300 loaded");
+    cr_assert(strstr(err, "f64.safetensors: tensor '") && strstr(err, ".weight': 1 of its ") &&
+                  strstr(err, "beyond float's range"),
+              "%s", err);
+    copy.huge = 0.25; /* within range: the F64 file loads */
+    cr_assert_eq(safetensors_write(path64, t, ix.n, NULL, fill_f64, &copy, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_eq(weights_load(&b, path64, false, NULL, err, sizeof err), 0, "%s", err);
+    free(t);
+    close(fd);
+    safetensors_index_free(&ix);
     model_free(&a);
     model_free(&b);
 }

@@ -13,6 +13,30 @@
 #define SYNTHETIC_TRAIN_DEFAULT 10000
 #define SYNTHETIC_TEST_DEFAULT  2000
 
+/* Whether the synthetic splits train.conf asks for can be made: checked before anything is
+ * generated, so a shape the augmentation refuses or a size beyond size_t costs nothing first. */
+static int synthetic_check(const train_conf_t *c, int64_t n_train, int64_t n_test, char *err,
+                           size_t err_len) {
+    if (c->channels > AUGMENT_MAX_CHANNELS)
+        return dataset_fail(err, err_len, "data.channels: %lld; at most %d are supported",
+                            (long long)c->channels, AUGMENT_MAX_CHANNELS);
+    /* height, width and channels are bounded by train.conf (4096, 4096, 64): their product fits */
+    uint64_t per = (uint64_t)c->height * (uint64_t)c->width_px * (uint64_t)c->channels;
+    const int64_t counts[2] = {n_train, n_test};
+    for (int i = 0; i < 2; i++) {
+        uint64_t n = (uint64_t)counts[i];
+        if (n > SIZE_MAX / per || n > SIZE_MAX / sizeof(int32_t))
+            return dataset_fail(
+                err, err_len,
+                "data.%s: %lld synthetic images of %lldx%lldx%lld bytes (data.height x data.width "
+                "x data.channels) overflow this machine's sizes; ask for fewer or smaller images",
+                i == 0 ? "train_limit" : "test_limit", (long long)counts[i], (long long)c->height,
+                (long long)c->width_px, (long long)c->channels);
+    }
+    return 0;
+}
+
+/* n synthetic images (synthetic_check passed). */
 static int synthetic(const train_conf_t *c, int64_t n, uint64_t stream, dataset_t *d, char *err,
                      size_t err_len) {
     memset(d, 0, sizeof *d);
@@ -83,6 +107,22 @@ static int load_imagefolder(const train_conf_t *c, data_splits_t *d, char *err, 
     return 0;
 }
 
+/* The test split of an IDX directory in the training split's image shape: the model, its input
+ * buffer and the augmentation are sized by train's (CIFAR's and an image folder's splits have one
+ * shape by construction). */
+static int same_shape(const char *dir, const dataset_t *train, const dataset_t *test, char *err,
+                      size_t err_len) {
+    if (test->h == train->h && test->w == train->w && test->c == train->c) return 0;
+    char train_path[2048], test_path[2048];
+    idx_images_path(dir, true, train_path, sizeof train_path);
+    idx_images_path(dir, false, test_path, sizeof test_path);
+    return dataset_fail(err, err_len,
+                        "%s holds %dx%dx%d images (height x width x channels) but %s holds "
+                        "%dx%dx%d: the test split must have the training split's shape",
+                        test_path, test->h, test->w, test->c, train_path, train->h, train->w,
+                        train->c);
+}
+
 int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t err_len) {
     memset(d, 0, sizeof *d);
     int rc = 0;
@@ -91,6 +131,7 @@ int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t 
     case DATA_MNIST: {
         rc = idx_load_dir(c->data_dir, true, c->train_limit, &d->train, err, err_len);
         if (rc == 0) rc = idx_load_dir(c->data_dir, false, c->test_limit, &d->test, err, err_len);
+        if (rc == 0) rc = same_shape(c->data_dir, &d->train, &d->test, err, err_len);
         static const float fm_mean[1] = {0.2860f}, fm_std[1] = {0.3530f};
         static const float m_mean[1] = {0.1307f}, m_std[1] = {0.3081f};
         bool is_fashion = c->data_kind == DATA_FASHION_MNIST;
@@ -113,7 +154,8 @@ int data_splits_load(const train_conf_t *c, data_splits_t *d, char *err, size_t 
     case DATA_SYNTHETIC: {
         int64_t n_train = c->train_limit ? c->train_limit : SYNTHETIC_TRAIN_DEFAULT;
         int64_t n_test = c->test_limit ? c->test_limit : SYNTHETIC_TEST_DEFAULT;
-        rc = synthetic(c, n_train, 0, &d->train, err, err_len);
+        rc = synthetic_check(c, n_train, n_test, err, err_len);
+        if (rc == 0) rc = synthetic(c, n_train, 0, &d->train, err, err_len);
         if (rc == 0) rc = synthetic(c, n_test, 0x7e57ull, &d->test, err, err_len);
         static const float mean[1] = {0.37f}, std[1] = {0.2f};
         set_stats(d, mean, std, 1);

@@ -27,6 +27,9 @@ int idx_load(const char *images_path, const char *labels_path, int64_t limit, in
 /* The train or test split of an MNIST-layout directory (train-images-idx3-ubyte[.gz] ...). */
 int idx_load_dir(const char *dir, bool is_train, int64_t limit, dataset_t *out, char *err,
                  size_t err_len);
+/* The images file idx_load_dir reads for that split: dir/NAME, else dir/NAME.gz (when dir/NAME is
+ * missing), into out. */
+void idx_images_path(const char *dir, bool is_train, char *out, size_t out_len);
 void dataset_free(dataset_t *d);
 /* Format a loader error into err; returns -1 (the loaders' error return). */
 #define dataset_fail ddp_errf

@@ -5,6 +5,7 @@
 #include "image_transform.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +58,28 @@ static image_plan_t random_resized_crop(int width, int height, int size, uint64_
     return p;
 }
 
+/* Resize's sides for an image of width x height at size: the shorter to int(size / 0.875), the
+ * longer scaled with it and truncated as torchvision's (in int64: it may not fit an int). */
+static void center_crop_sides(int width, int height, int size, int64_t *new_short,
+                              int64_t *new_long) {
+    int short_side = width < height ? width : height, long_side = width < height ? height : width;
+    *new_short = (int64_t)(size / CENTER_CROP_FRACTION);
+    *new_long = (int64_t)((double)*new_short * long_side / short_side);
+}
+
+int image_plan_check(image_transform_kind_t kind, int width, int height, int size, char *err,
+                     size_t err_len) {
+    if (kind != IMAGE_RESIZE_CENTER_CROP) return 0; /* the others resample to size x size */
+    int64_t new_short, new_long;
+    center_crop_sides(width, height, size, &new_short, &new_long);
+    if (new_long <= IMAGE_PLAN_MAX_SIDE) return 0;
+    snprintf(err, err_len,
+             "resizing %dx%d to a shorter side of %lld makes the longer one %lld pixels, more than "
+             "%d (an extreme aspect ratio)",
+             width, height, (long long)new_short, (long long)new_long, IMAGE_PLAN_MAX_SIDE);
+    return -1;
+}
+
 image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int size, uint64_t seed,
                         int64_t epoch, int64_t index) {
     if (kind == IMAGE_RANDOM_RESIZED_CROP) {
@@ -66,14 +89,12 @@ image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int 
     }
     image_plan_t p = {.w = width, .h = height, .out_w = size, .out_h = size};
     if (kind == IMAGE_RESIZE_CENTER_CROP) {
-        /* Resize(int(size / 0.875)) on the shorter side, the longer one truncated as torchvision's
-         */
-        int short_side = width < height ? width : height,
-            long_side = width < height ? height : width;
-        int new_short = (int)(size / CENTER_CROP_FRACTION);
-        int new_long = (int)((double)new_short * long_side / short_side);
-        p.out_w = width <= height ? new_short : new_long;
-        p.out_h = width <= height ? new_long : new_short;
+        int64_t new_short, new_long;
+        center_crop_sides(width, height, size, &new_short, &new_long);
+        if (new_long > IMAGE_PLAN_MAX_SIDE)
+            new_long = IMAGE_PLAN_MAX_SIDE; /* refused by the check */
+        p.out_w = (int)(width <= height ? new_short : new_long);
+        p.out_h = (int)(width <= height ? new_long : new_short);
         p.wx = round_even((p.out_w - size) / 2.0);
         p.wy = round_even((p.out_h - size) / 2.0);
     }

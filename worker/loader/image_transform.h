@@ -36,6 +36,16 @@ typedef struct {
     size_t rows_cap, coeffs_cap, bounds_cap, vcoeffs_cap, vbounds_cap, norm_cap;
 } image_scratch_t;
 
+/* The longest side an image may be resampled to before the crop: Resize + CenterCrop scales the
+ * longer side with the shorter (a 1 x 9000000 image at size 224 would become 256 x 2304000000).
+ * No photograph comes near it, and int's range is far above it. */
+#define IMAGE_PLAN_MAX_SIDE (1 << 20)
+
+/* Whether an image of width x height (each >= 1) can be planned for kind at size: 0, or -1 with
+ * why in err ("resizing 1x9000000 to a shorter side of 256 makes the longer one 2304000000
+ * pixels, more than 1048576"). image_plan's results are only meaningful after a 0. */
+int image_plan_check(image_transform_kind_t kind, int width, int height, int size, char *err,
+                     size_t err_len);
 /* The plan for an image of width x height: a pure function of (seed, epoch, index) for the random
  * kinds. */
 image_plan_t image_plan(image_transform_kind_t kind, int width, int height, int size, uint64_t seed,

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fs.h"
 #include "image_decode.h"
 
 #define MAX_FILE_BYTES ((size_t)256 << 20)
@@ -59,13 +60,13 @@ static size_t sample_floats(const loader_t *l) {
 
 /* The whole file into w->file. */
 static int read_file(worker_t *w, const char *path, size_t *n, char *err, size_t err_len) {
-    /* O_NONBLOCK: a FIFO named like an image must not block the open (it is refused below) */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return snprintf(err, err_len, "cannot open: %s", strerror(errno)), -1;
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > MAX_FILE_BYTES) {
+    int fd = fs_open_regular(path, &st, err, err_len); /* a FIFO named like an image: refused */
+    if (fd < 0) return -1;
+    if ((size_t)st.st_size > MAX_FILE_BYTES) {
         close(fd);
-        return snprintf(err, err_len, "not a regular file of at most %zu bytes", MAX_FILE_BYTES),
+        return snprintf(err, err_len, "%lld bytes; an image file has at most %zu",
+                        (long long)st.st_size, MAX_FILE_BYTES),
                -1;
     }
     size_t size = (size_t)st.st_size;
@@ -100,6 +101,7 @@ static int make_sample(worker_t *w, const slot_t *s, int64_t index, float *dst, 
     if (read_file(w, s->data->paths[index], &n, err, err_len) < 0) return -1;
     image_info_t info;
     if (image_decode_info(&w->decoder, w->file, n, &info, err, err_len) < 0) return -1;
+    if (image_plan_check(s->kind, info.width, info.height, o->size, err, err_len) < 0) return -1;
     image_plan_t plan =
         image_plan(s->kind, info.width, info.height, o->size, o->seed, s->epoch, index);
     int min_w, min_h, dw, dh;

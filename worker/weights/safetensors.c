@@ -3,6 +3,7 @@
  * shape x dtype with overflow checks. */
 #include "safetensors.h"
 #include "ddp_error.h"
+#include "fs.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -256,16 +257,15 @@ static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
 
 int safetensors_open(const char *path, safetensors_index_t *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
+    char why[512];
+    /* model.init or train.best_file naming a FIFO: refused, not a reader waited for forever */
+    int fd = fs_open_regular(path, &st, why, sizeof why);
+    if (fd < 0) return ddp_errf(err, err_len, "%s: %s", path, why);
     uint8_t prefix[8];
     uint64_t n = 0;
-    char why[512];
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        ddp_errf(err, err_len, "%s: not a regular file", path);
-    } else if (read_at(fd, prefix, st.st_size < 8 ? (size_t)st.st_size : 8, 0) < 0 ||
-               header_length(prefix, (uint64_t)st.st_size, &n, why, sizeof why) < 0) {
+    if (read_at(fd, prefix, st.st_size < 8 ? (size_t)st.st_size : 8, 0) < 0 ||
+        header_length(prefix, (uint64_t)st.st_size, &n, why, sizeof why) < 0) {
         ddp_errf(err, err_len, "%s: not a safetensors file: %s", path,
                  st.st_size < 8 ? "too short" : why);
     } else {

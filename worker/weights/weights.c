@@ -2,6 +2,8 @@
  * the layout permutations between ddpworker's NHWC arenas and PyTorch's NCHW state_dict. */
 #include "weights.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,8 +207,9 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-/* Element i of raw data of dtype t as a float (floating types only). */
-static float element(const void *raw, safetensors_dtype_t t, size_t i) {
+/* Element i of raw data of dtype t, exactly (floating types only): F64 stays a double so that a
+ * value beyond float's range is seen before it is converted. */
+static double element(const void *raw, safetensors_dtype_t t, size_t i) {
     switch (t) {
     case SAFETENSORS_F32: {
         float f;
@@ -216,7 +219,7 @@ static float element(const void *raw, safetensors_dtype_t t, size_t i) {
     case SAFETENSORS_F64: {
         double d;
         memcpy(&d, (const uint8_t *)raw + 8 * i, 8);
-        return (float)d;
+        return d;
     }
     case SAFETENSORS_F16: {
         uint16_t h;
@@ -232,8 +235,13 @@ static float element(const void *raw, safetensors_dtype_t t, size_t i) {
         return f;
     }
     default:
-        return 0.0f;
+        return 0.0;
     }
+}
+
+/* Whether v is a float that a parameter may hold: not NaN, not infinite, within float's range. */
+static bool is_finite_float(double v) {
+    return fabs(v) <= FLT_MAX; /* false for NaN too */
 }
 
 static bool is_float_type(safetensors_dtype_t t) {
@@ -473,9 +481,22 @@ int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, 
             rc = ddp_errf(err, err_len, "%s: %s", path, why);
         } else {
             float *dst = values_of(m, host, r);
-            size_t count = (size_t)safetensors_elems(r->t.ndim, r->t.shape);
-            for (size_t j = 0; j < count; j++)
-                dst[ours_of(m, r, j)] = element(raw, e->dtype, j);
+            size_t count = (size_t)safetensors_elems(r->t.ndim, r->t.shape), n_bad = 0, first = 0;
+            for (size_t j = 0; j < count; j++) {
+                double v = element(raw, e->dtype, j);
+                if (!is_finite_float(v)) {
+                    if (n_bad++ == 0) first = j;
+                    continue;
+                }
+                dst[ours_of(m, r, j)] = (float)v;
+            }
+            /* a diverged run's weights: training from them only spreads the NaN */
+            if (n_bad)
+                rc = ddp_errf(err, err_len,
+                              "%s: tensor '%s': %zu of its %zu values are NaN, infinite or beyond "
+                              "float's range (the first is element %zu): not weights to start "
+                              "from",
+                              path, r->name, n_bad, count, first);
         }
         free(raw);
     }

@@ -50,9 +50,10 @@ typedef struct {
  * the file must be m's (a missing num_batches_tracked is fine: m keeps no such count, and PyTorch
  * accepts its absence too), apart from what skip (NULL: nothing) allows; else -1 with "PATH:
  * tensor 'NAME': why; tensor ...; and N more (counts): what to do" in err, and m unchanged. A file
- * of which no tensor fits is an error too. With log, one line says how many tensors loaded and
- * which were skipped (names, the first few), then a line per skipped head tensor saying why.
- * Returns 0 or -1. */
+ * of which no tensor fits is an error too, and so is a value that is NaN, infinite or beyond
+ * float's range ("PATH: tensor 'NAME': N of its M values are ..."). With log, one line says how
+ * many tensors loaded and which were skipped (names, the first few), then a line per skipped head
+ * tensor saying why. Returns 0 or -1. */
 int weights_load_init(model_t *m, const char *path, const weights_skip_t *skip, FILE *log,
                       char *err, size_t err_len);
 /* weights_load_init with skip = {.is_skip_head = is_skip_mismatched}. */
