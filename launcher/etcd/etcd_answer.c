@@ -67,6 +67,14 @@ bool etcd_answer_each_kv(const cJSON *answer, etcd_kv_fn fn, void *arg) {
 }
 
 /* One message: {"result": {"created": true, "events": [...], ...}} or {"error": {...}}. */
+enum { /* gRPC status codes of a member's trouble */
+       GRPC_CANCELLED = 1,
+       GRPC_DEADLINE_EXCEEDED = 4,
+       GRPC_ABORTED = 10,
+       GRPC_INTERNAL = 13,
+       GRPC_UNAVAILABLE = 14,
+};
+
 static void watch_message(etcd_watch_stream_t *w, const char *text, size_t n) {
     cJSON *m = cJSON_ParseWithLength(text, n);
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "result");
@@ -76,6 +84,13 @@ static void watch_message(etcd_watch_stream_t *w, const char *text, size_t n) {
         snprintf(w->error, sizeof w->error, "%s",
                  cJSON_IsString(msg) ? msg->valuestring : "an unreadable message");
         w->is_bad = true;
+        /* a member that stops (SIGTERM) ends its streams with {"error":{"grpc_code":14,...
+         * "transport is closing"}}: the member's trouble, not the watch's */
+        int64_t code = etcd_answer_i64(e, "grpc_code");
+        if (code == 0) code = etcd_answer_i64(e, "code");
+        w->is_member_gone = code == GRPC_CANCELLED || code == GRPC_DEADLINE_EXCEEDED ||
+                            code == GRPC_ABORTED || code == GRPC_INTERNAL ||
+                            code == GRPC_UNAVAILABLE;
         cJSON_Delete(m);
         return;
     }

@@ -48,10 +48,12 @@ typedef struct {
     char *line; /* a message in arrival, up to '\n' */
     size_t len, cap;
     int64_t next_revision; /* after the last event delivered: where to resume elsewhere */
-    bool is_created;   /* the member confirmed the watch: it answers (a frozen one never does) */
-    bool is_done;      /* fn returned true */
-    bool is_bad;       /* error says why: an error message, a compaction, bad encoding */
-    bool is_compacted; /* with is_bad: the start revision was compacted away */
+    bool is_created;     /* the member confirmed the watch: it answers (a frozen one never does) */
+    bool is_done;        /* fn returned true */
+    bool is_bad;         /* error says why: an error message, a compaction, bad encoding */
+    bool is_compacted;   /* with is_bad: the start revision was compacted away */
+    bool is_member_gone; /* with is_bad: the member's own trouble (gRPC unavailable, shutting
+                            down, ...): another member can resume from next_revision */
     char error[256];
 } etcd_watch_stream_t;
 

@@ -593,7 +593,10 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
             break;
         }
         if (rc == DDP_ECLOSED) break;
-        if (w.is_bad) {
+        bool is_member_gone = w.is_bad && w.is_member_gone;
+        if (is_member_gone) { /* as a cut stream: elsewhere, from next_revision */
+            w.is_bad = w.is_member_gone = false;
+        } else if (w.is_bad) {
             if (c->user && is_token_error(w.error)) { /* expired token: fetch another */
                 c->token[0] = '\0';
                 w.is_bad = false;
@@ -609,7 +612,8 @@ int etcd_watch(etcd_t *c, const char *key, bool is_prefix, int64_t start_revisio
             break;
         }
         rc = DDP_ETIMEOUT;
-        if (a.status == 200 && w.is_created) continue; /* a quiet slice: again, same member */
+        if (a.status == 200 && w.is_created && !is_member_gone)
+            continue; /* a quiet slice: again, same member */
         /* the stream ended or never began (the member went away or froze): the next one */
         c->current = (c->current + 1) % c->n_urls;
         struct timespec ts = {0, RETRY_PAUSE_MS * 1000000L};
