@@ -51,15 +51,43 @@ static int copy_str(char *dst, size_t cap, const char *v, const char *what, char
 
 /* ---- resource counting -------------------------------------------------------------------- */
 
+/* Whitespace off both ends of s, in place. */
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* The devices CUDA_VISIBLE_DEVICES leaves visible, as CUDA reads it: the entries up to the first
+ * that is not a device ("-1", "none", a negative index: the usual ways to hide every GPU), empty
+ * entries ignored ("0,1," is two). */
+static int count_visible(const char *visible) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", visible);
+    int n = 0;
+    for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        item = trim(item);
+        if (!*item) continue;
+        if (strncmp(item, "GPU-", 4) == 0 || strncmp(item, "MIG-", 4) == 0) {
+            n++;
+            continue;
+        }
+        long index;
+        char *end;
+        errno = 0;
+        index = strtol(item, &end, 10);
+        if (end == item || *end || errno || index < 0) break;
+        n++;
+    }
+    return n;
+}
+
 static int count_gpus(void) {
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    if (visible) {
-        if (!*visible) return 0;
-        int n = 1;
-        for (const char *p = visible; *p; p++)
-            n += *p == ',';
-        return n;
-    }
+    if (visible) return count_visible(visible);
     DIR *d = opendir("/proc/driver/nvidia/gpus");
     if (!d) return 0;
     int n = 0;
@@ -121,6 +149,7 @@ static int set_node_rank(ddprun_opts_t *o, const char *v, char *err, size_t el) 
 }
 
 static int set_backend(ddprun_opts_t *o, const char *v, char *err, size_t el) {
+    o->is_backend_given = true;
     if (strcmp(v, "etcd-v2") == 0)
         return DDP_ERRF_EINVAL(err, el,
                                "--rdzv-backend etcd-v2: etcd's v2 API is off by default since etcd "
@@ -133,13 +162,27 @@ static int set_backend(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     return 0;
 }
 
-/* Kept as given: a list for etcd, HOST[:PORT] for the store (parsed in finish, once the backend
- * is known whatever the order of the flags). */
+/* Kept as given, without the whitespace around it (torch strips it): a list for etcd,
+ * HOST[:PORT] for the store (parsed in finish, once the backend is known whatever the order of
+ * the flags). */
 static int set_endpoint(ddprun_opts_t *o, const char *v, char *err, size_t el) {
-    if (copy_str(o->rdzv_endpoints, sizeof o->rdzv_endpoints, v, "--rdzv-endpoint", err, el) < 0)
-        return -EINVAL;
+    char buf[sizeof o->rdzv_endpoints];
+    if (copy_str(buf, sizeof buf, v, "--rdzv-endpoint", err, el) < 0) return -EINVAL;
+    strcpy(o->rdzv_endpoints, trim(buf));
     o->has_rdzv_endpoint = true;
+    o->is_endpoint_given = true;
     return 0;
+}
+
+/* torch's RendezvousParameters.get_as_bool spellings, any case. 1, 0, or -1: not a bool. */
+static int parse_bool(const char *v) {
+    static const char *const yes[] = {"1", "true", "t", "yes", "y"};
+    static const char *const no[] = {"0", "false", "f", "no", "n"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (strcasecmp(v, yes[i]) == 0) return 1;
+        if (strcasecmp(v, no[i]) == 0) return 0;
+    }
+    return -1;
 }
 
 static int set_rdzv_id(ddprun_opts_t *o, const char *v, char *err, size_t el) {
@@ -161,20 +204,33 @@ int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el)
                 {"timeout", &o->join_timeout_s}};
     char buf[1024];
     if (copy_str(buf, sizeof buf, v, "--rdzv-conf", err, el) < 0) return -EINVAL;
+    bool is_heartbeat_given = false;
     for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');
-        if (!eq) return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: '%s' is not key=value", item);
+        if (!eq) {
+            if (!*trim(item)) continue; /* "a=1, ,b=2" or a trailing comma */
+            return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: '%s' is not key=value", item);
+        }
         *eq = '\0';
-        const char *v2 = eq + 1;
+        item = trim(item); /* "join_timeout=900, read_timeout=300": torch strips both sides */
+        const char *v2 = trim(eq + 1);
         if (strcmp(item, "is_host") == 0) {
-            if (!strcmp(v2, "true") || !strcmp(v2, "1") || !strcmp(v2, "True"))
-                o->is_host = 1;
-            else if (!strcmp(v2, "false") || !strcmp(v2, "0") || !strcmp(v2, "False"))
-                o->is_host = 0;
-            else
-                return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: is_host=%s is not true or false", v2);
+            int b = parse_bool(v2);
+            if (b < 0)
+                return DDP_ERRF_EINVAL(
+                    err, el, "--rdzv-conf: is_host=%s is not true or false (1/0, yes/no)", v2);
+            o->is_host = b;
             continue;
         }
+        if (strcmp(item, "keep_alive_max_attempt") == 0) {
+            long n;
+            if (parse_int(v2, 1, 1000000, &n) < 0)
+                return DDP_ERRF_EINVAL(
+                    err, el, "--rdzv-conf: keep_alive_max_attempt=%s is not a count >= 1", v2);
+            o->keep_alive_max_attempts = (int)n;
+            continue;
+        }
+        is_heartbeat_given |= strcmp(item, "heartbeat_timeout") == 0;
         struct {
             const char *key;
             char *field;
@@ -210,13 +266,22 @@ int options_set_rdzv_conf(ddprun_opts_t *o, const char *v, char *err, size_t el)
             return DDP_ERRF_EINVAL(
                 err, el,
                 "--rdzv-conf: unknown key '%s' (join_timeout, last_call_timeout, "
-                "close_timeout, heartbeat_timeout, keep_alive_interval, "
+                "close_timeout, heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, "
                 "read_timeout, is_host, store_type; etcd: lease_ttl, status_ttl, "
                 "cacert, cert, key, user, password, password_file)",
                 item);
-        if (parse_seconds(eq + 1, keys[i].field) < 0)
+        if (parse_seconds(v2, keys[i].field) < 0)
             return DDP_ERRF_EINVAL(err, el, "--rdzv-conf: %s=%s is not a number of seconds", item,
-                                   eq + 1);
+                                   v2);
+    }
+    if (o->keep_alive_max_attempts > 0) {
+        /* torch's c10d rendezvous: a node is lost after keep_alive_max_attempt missed beats,
+         * whichever order the two keys came in */
+        if (is_heartbeat_given)
+            return DDP_ERRF_EINVAL(err, el,
+                                   "--rdzv-conf: heartbeat_timeout and keep_alive_max_attempt "
+                                   "both set how long a silent node lives: give one");
+        o->heartbeat_timeout_s = o->keep_alive_interval_s * o->keep_alive_max_attempts;
     }
     return 0;
 }
@@ -295,7 +360,8 @@ static int set_tee(ddprun_opts_t *o, const char *v, char *err, size_t el) {
 static int set_ranks_filter(ddprun_opts_t *o, const char *v, char *err, size_t el) {
     char buf[1024];
     if (copy_str(buf, sizeof buf, v, "--local-ranks-filter", err, el) < 0) return -EINVAL;
-    memset(o->is_rank_shown, 0, sizeof o->is_rank_shown);
+    /* torchrun: an empty filter is no filter (every rank shown) */
+    memset(o->is_rank_shown, !*trim(buf), sizeof o->is_rank_shown);
     for (char *save, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         long r;
         if (parse_int(item, 0, DDP_MAX_LOCAL_WORKERS - 1, &r) < 0)
@@ -306,8 +372,19 @@ static int set_ranks_filter(ddprun_opts_t *o, const char *v, char *err, size_t e
     return 0;
 }
 
+/* torchrun documents "[::1]" for IPv6: kept without the brackets, as endpoint_parse does. */
 static int set_master_addr(ddprun_opts_t *o, const char *v, char *err, size_t el) {
-    return copy_str(o->master_addr, sizeof o->master_addr, v, "--master-addr", err, el);
+    size_t n = strlen(v);
+    if (n >= 2 && v[0] == '[' && v[n - 1] == ']') {
+        if (n == 2 || n - 2 >= sizeof o->master_addr)
+            return DDP_ERRF_EINVAL(err, el, "--master-addr: '%s' is not a host", v);
+        memcpy(o->master_addr, v + 1, n - 2);
+        o->master_addr[n - 2] = '\0';
+    } else if (copy_str(o->master_addr, sizeof o->master_addr, v, "--master-addr", err, el) < 0) {
+        return -EINVAL;
+    }
+    o->is_master_addr_given = true;
+    return 0;
 }
 
 static int set_master_port(ddprun_opts_t *o, const char *v, char *err, size_t el) {
@@ -315,6 +392,7 @@ static int set_master_port(ddprun_opts_t *o, const char *v, char *err, size_t el
     if (parse_int(v, 0, 65535, &p) < 0)
         return DDP_ERRF_EINVAL(err, el, "--master-port: '%s' is not a port", v);
     o->master_port = (uint16_t)p;
+    o->is_master_port_given = true;
     return 0;
 }
 
@@ -424,7 +502,7 @@ static const opt_spec_t opt_table[] = {
     {"rdzv-id", 0, "ID", "job id shared by all nodes (none)", set_rdzv_id},
     {"rdzv-conf", 0, "K=V,...",
      "join_timeout, last_call_timeout, close_timeout, "
-     "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), "
+     "heartbeat_timeout, keep_alive_interval, read_timeout (seconds), keep_alive_max_attempt, "
      "is_host (true|false), store_type (tcp); etcd: lease_ttl (10), "
      "cacert, cert, key, user, password_file, status_ttl (3600)",
      options_set_rdzv_conf},
@@ -438,8 +516,11 @@ static const opt_spec_t opt_table[] = {
     {"tee", 't', "0-3|R:0-3,...", "copy worker stdout(1)/stderr(2)/both(3) to files too", set_tee},
     {"local-ranks-filter", 0, "R,...", "show only these local ranks on the console",
      set_ranks_filter},
-    {"master-addr", 0, "HOST", "static backend: the store's host (127.0.0.1)", set_master_addr},
-    {"master-port", 0, "PORT", "static backend: the store's port (29500)", set_master_port},
+    {"master-addr", 0, "HOST",
+     "static backend without --rdzv-endpoint: the store's host (127.0.0.1; [::1] too)",
+     set_master_addr},
+    {"master-port", 0, "PORT", "static backend without --rdzv-endpoint: the store's port (29500)",
+     set_master_port},
     {"local-addr", 0, "HOST", "this node's address as others reach it", set_local_addr},
     {"no-python", 0, NULL, "run the program directly, not under python3", set_no_python},
     {"module", 'm', NULL, "the program is a Python module (python3 -m)", set_module},
@@ -641,9 +722,16 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
             "a spare, not %s",
             prog);
     if (o->warm_spares < 0) o->warm_spares = is_builtin && count_gpus() > 0;
+    if (o->slurm_job_id[0] && (o->is_master_addr_given || o->is_master_port_given) &&
+        !o->is_backend_given && !o->is_endpoint_given) {
+        /* the user named the store of torchrun's default backend: the allocation's c10d
+         * rendezvous gives way (its host and port stay the defaults of the half not given) */
+        strcpy(o->rdzv_backend, "static");
+        o->has_rdzv_endpoint = false;
+    }
     if (o->is_standalone) {
-        if (o->has_rdzv_endpoint)
-            fprintf(stderr, "ddprun: --standalone ignores --rdzv-endpoint %s\n", o->rdzv_host);
+        if (o->is_endpoint_given)
+            fprintf(stderr, "ddprun: --standalone ignores --rdzv-endpoint %s\n", o->rdzv_endpoints);
         strcpy(o->rdzv_backend, "c10d");
         strcpy(o->rdzv_host, "127.0.0.1");
         o->rdzv_port = 0; /* a free one */
@@ -655,16 +743,27 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
                  id[2], id[3], id[4], id[5], id[6], id[7]);
     }
     bool is_etcd = strcmp(o->rdzv_backend, "etcd") == 0;
-    if (o->has_rdzv_endpoint && !o->is_standalone && !is_etcd && o->rdzv_endpoints[0]) {
+    bool is_static = strcmp(o->rdzv_backend, "static") == 0;
+    if (o->is_endpoint_given && !o->is_standalone && !is_etcd && !o->rdzv_endpoints[0] &&
+        !is_static) {
+        strcpy(o->rdzv_host, "localhost"); /* torch's parse_rendezvous_endpoint of "" */
+        o->rdzv_port = DDP_DEFAULT_STORE_PORT;
+    }
+    if (o->is_endpoint_given && !o->is_standalone && !is_etcd && o->rdzv_endpoints[0]) {
         char msg[256];
         if (strchr(o->rdzv_endpoints, ','))
             return DDP_ERRF_EINVAL(err, el,
                                    "--rdzv-endpoint %s: a list of endpoints is for --rdzv-backend "
                                    "etcd; %s takes one HOST[:PORT]",
                                    o->rdzv_endpoints, o->rdzv_backend);
-        if (endpoint_parse(o->rdzv_endpoints, DDP_DEFAULT_STORE_PORT, o->rdzv_host,
+        if (endpoint_parse(o->rdzv_endpoints, is_static ? 0 : DDP_DEFAULT_STORE_PORT, o->rdzv_host,
                            sizeof o->rdzv_host, &o->rdzv_port, msg, sizeof msg) < 0)
             return DDP_ERRF_EINVAL(err, el, "--rdzv-endpoint: %s", msg);
+        if (is_static && o->rdzv_port == 0)
+            return DDP_ERRF_EINVAL(err, el,
+                                   "--rdzv-endpoint %s: the static backend needs HOST:PORT (as "
+                                   "torchrun)",
+                                   o->rdzv_endpoints);
     }
     if (is_etcd && options_finish_etcd(o, err, el) < 0) return -EINVAL;
     if (strcmp(o->rdzv_backend, "static") == 0) {
@@ -677,9 +776,12 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
         if (o->node_rank >= (int)o->min_nodes)
             return DDP_ERRF_EINVAL(err, el, "--node-rank %d is not below --nnodes %u", o->node_rank,
                                    o->min_nodes);
-        /* The static backend's store is MASTER_ADDR:MASTER_PORT, hosted by node 0. */
-        strcpy(o->rdzv_host, o->master_addr);
-        o->rdzv_port = o->master_port;
+        /* The static backend's store, hosted by node 0: --rdzv-endpoint when given (parsed
+         * above), else MASTER_ADDR:MASTER_PORT, as torchrun's get_rdzv_endpoint. */
+        if (!o->is_endpoint_given || !o->rdzv_endpoints[0]) {
+            strcpy(o->rdzv_host, o->master_addr);
+            o->rdzv_port = o->master_port;
+        }
         o->has_rdzv_endpoint = true;
     } else if (!o->has_rdzv_endpoint) {
         return DDP_ERRF_EINVAL(err, el, "--rdzv-backend %s needs --rdzv-endpoint %s",
@@ -728,7 +830,13 @@ int options_parse(int argc, char **argv, ddprun_opts_t *o, options_defaults_fn d
             s = find_long(a + 2, eq ? (size_t)(eq - a - 2) : strlen(a + 2));
             if (eq) value = eq + 1;
         } else {
-            s = a[2] == '\0' ? find_short(a[1]) : NULL;
+            s = find_short(a[1]);
+            if (s && a[2] != '\0') {
+                if (s->metavar)
+                    value = a + 2; /* -r3, as argparse */
+                else
+                    s = NULL;
+            }
         }
         if (!s) {
             rc = DDP_ERRF_EINVAL(err, sizeof err, "unknown option %s", a);

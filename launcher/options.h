@@ -23,7 +23,10 @@ typedef struct {
     char rdzv_host[256];   /* c10d, static: the store; etcd: unused */
     uint16_t rdzv_port;
     char rdzv_endpoints[1024]; /* --rdzv-endpoint as given (etcd: the member list) */
-    bool has_rdzv_endpoint;
+    bool has_rdzv_endpoint;    /* rdzv_host:rdzv_port is decided (by the flag, Slurm, ...) */
+    /* given by a flag or PET_*, not by a default (Slurm's included): what the user asked for wins
+     * over what an allocation implies, and only what they gave is echoed back */
+    bool is_endpoint_given, is_backend_given, is_master_addr_given, is_master_port_given;
     /* etcd (--rdzv-conf): lease_ttl, TLS and auth; the password never printed */
     double lease_ttl_s;
     double status_ttl_s; /* how long `ddprun status` finds a finished job on etcd */
@@ -32,6 +35,8 @@ typedef struct {
     char rdzv_id[128];
     double join_timeout_s, last_call_timeout_s, close_timeout_s, heartbeat_timeout_s,
         keep_alive_interval_s, read_timeout_s;
+    int keep_alive_max_attempts; /* --rdzv-conf keep_alive_max_attempt (torch's): 0 not given, else
+                                    heartbeat_timeout = keep_alive_interval x this */
     int is_host;           /* --rdzv-conf is_host: -1 decide by binding the endpoint, 0 no, 1 yes */
     char start_method[16]; /* torchrun's --start-method, accepted: workers are always exec'd */
     bool is_standalone;

@@ -2,23 +2,30 @@
  * round and its state, the nodes (host, node rank, ranks), restarts used and left, the last
  * failure (node, rank, exit code or signal, time, first lines of its error), and per rank the last
  * step, img/s and snapshot step (rendezvous.h's and status_report.h's records). As a table, or one
- * JSON object with --json. Reads only, never waits for a key (MULTI_GET), so a store that is there
- * answers at once; bounded by --timeout. The calling thread, blocking. */
+ * JSON object with --json. Reads only, never waits for a key (MULTI_GET, a few requests: the newest
+ * 64 rounds are scanned in one), so a store that is there answers at once; the whole command is
+ * bounded by --timeout (a watchdog thread interrupts what is in progress then). A read that fails
+ * fails the command (exit 1, naming the store): a missing key is not an error, a lost connection
+ * is. The calling thread, blocking. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
 
+#include "clock.h"
 #include "commands.h"
 #include "endpoint.h"
 #include "options.h"
@@ -51,85 +58,155 @@ static const struct option status_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-#define MAX_READ 4096 /* keys read in one status */
+#define MAX_READ   4096 /* members, failures or ranks read in one status */
+#define MAX_ROUNDS 64   /* rounds scanned back from the round counter, in one request */
+
+/* The deadline of the whole command: at --timeout from the start, a watchdog thread interrupts
+ * the operation in progress (the kvs' interrupt is safe from any thread), and read_many starts no
+ * new one after it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    uint64_t deadline_ms;
+    rdzv_kv_t *kvs[2]; /* the job's kv and the round's store, under mu (published by main) */
+    bool is_done, has_fired, is_running;
+} watchdog_t;
 
 typedef struct {
     rdzv_kv_t *kv;       /* the job's rendezvous: the store, or etcd */
     rdzv_kv_t *progress; /* etcd while the job runs: the round's store, where workers report */
     const ddprun_opts_t *opts;
-    int64_t timeout_ms;
+    watchdog_t *dog;
+    char where[1040]; /* the store's address (etcd: its members), for messages */
     char prefix[300];
+    char err[768]; /* why the status cannot be read; set once */
+    bool has_err;
 } reader_t;
 
-/* The value of the key rel (under the job's prefix), malloc'd; NULL when missing. */
-static uint8_t *read_raw(reader_t *r, rdzv_kv_t *kv, const char *rel, size_t *n) {
-    char k[512];
-    snprintf(k, sizeof k, "%s/%s", r->prefix, rel);
-    const char *keys[] = {k};
-    uint8_t *val = NULL;
-    *n = 0;
-    if (kv->ops->multi_get(kv, keys, 1, &val, n) < 0 || *n == 0) {
-        free(val);
-        return NULL;
+static void *watchdog_run(void *arg) {
+    watchdog_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    while (!w->is_done) {
+        int left_ms = clock_remaining_ms(w->deadline_ms);
+        if (left_ms == 0) {
+            w->has_fired = true;
+            for (int i = 0; i < 2; i++) {
+                rdzv_kv_t *kv = __atomic_load_n(&w->kvs[i], __ATOMIC_ACQUIRE);
+                if (kv && kv->ops->interrupt) kv->ops->interrupt(kv);
+            }
+            break;
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += left_ms / 1000;
+        until.tv_nsec += (long)(left_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&w->cv, &w->mu, &until);
     }
-    return val;
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
 }
 
-/* The JSON value of the key rel, or NULL when missing or not JSON. */
-static cJSON *read_key(reader_t *r, const char *rel) {
-    size_t n;
-    uint8_t *val = read_raw(r, r->kv, rel, &n);
-    cJSON *o = val ? cJSON_ParseWithLength((const char *)val, n) : NULL;
-    free(val);
-    return o;
+static void watchdog_stop(watchdog_t *w) {
+    if (!w->is_running) return;
+    pthread_mutex_lock(&w->mu);
+    w->is_done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    w->is_running = false;
 }
 
-/* A worker's progress: from the round's store while it is there, else etcd's copy. */
-static cJSON *read_progress_key(reader_t *r, const char *rel) {
-    size_t n;
-    uint8_t *val = r->progress ? read_raw(r, r->progress, rel, &n) : NULL;
-    cJSON *o = val ? cJSON_ParseWithLength((const char *)val, n) : NULL;
-    free(val);
-    return o ? o : read_key(r, rel);
+static bool watchdog_fired(watchdog_t *w) {
+    pthread_mutex_lock(&w->mu);
+    bool fired = w->has_fired || clock_remaining_ms(w->deadline_ms) == 0;
+    pthread_mutex_unlock(&w->mu);
+    return fired;
 }
 
-static cJSON *read_progress(reader_t *r, int rank) {
-    char rel[64];
-    snprintf(rel, sizeof rel, "progress/%d", rank);
-    return read_progress_key(r, rel);
+static void fail(reader_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(reader_t *r, const char *fmt, ...) {
+    if (r->has_err) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    r->has_err = true;
+}
+
+/* The keys rels[0, n) under the job's prefix, in one request, as JSON: out[i] NULL where missing
+ * or not JSON. 0, or -1 when the read failed (is_optional: say nothing; else r->err says why,
+ * naming the store and the first key). Nothing is read after the deadline or a failure. */
+static int read_many(reader_t *r, rdzv_kv_t *kv, char (*rels)[64], size_t n, cJSON **out,
+                     bool is_optional) {
+    for (size_t i = 0; i < n; i++)
+        out[i] = NULL;
+    if (n == 0) return 0;
+    if (r->has_err) return -1;
+    if (watchdog_fired(r->dog)) {
+        fail(r, "no answer from the store at %s within --timeout (reading %s/%s)", r->where,
+             r->prefix, rels[0]);
+        return -1;
+    }
+    char(*keys)[sizeof r->prefix + 64] = calloc(n, sizeof *keys);
+    const char **key_ptrs = calloc(n, sizeof *key_ptrs);
+    uint8_t **vals = calloc(n, sizeof *vals);
+    size_t *lens = calloc(n, sizeof *lens);
+    int rc = keys && key_ptrs && vals && lens ? 0 : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        snprintf(keys[i], sizeof keys[i], "%s/%s", r->prefix, rels[i]);
+        key_ptrs[i] = keys[i];
+    }
+    if (rc == 0) rc = kv->ops->multi_get(kv, key_ptrs, n, vals, lens);
+    if (rc == 0) {
+        for (size_t i = 0; i < n; i++)
+            out[i] = lens[i] ? cJSON_ParseWithLength((const char *)vals[i], lens[i]) : NULL;
+    } else if (watchdog_fired(r->dog)) {
+        fail(r, "no answer from the store at %s within --timeout (reading %s)", r->where,
+             keys ? keys[0] : rels[0]);
+    } else if (!is_optional) {
+        fail(r, "reading %s from the store at %s failed: %s", keys ? keys[0] : rels[0], r->where,
+             rc == -ENOMEM ? "out of memory" : kv->ops->error(kv));
+    }
+    for (size_t i = 0; vals && i < n; i++)
+        free(vals[i]);
+    free(keys);
+    free(key_ptrs);
+    free(vals);
+    free(lens);
+    return rc == 0 ? 0 : -1;
 }
 
 /* etcd: connect to the store node 0 of round `round` serves (in every member's rank record
  * r<R>/rank/<i>; join index 0 is a member of every round that closed). */
 static void open_round_store(reader_t *r, int round) {
-    char rel[64];
-    snprintf(rel, sizeof rel, "r%d/rank/0", round);
-    size_t n;
-    uint8_t *val = read_raw(r, r->kv, rel, &n);
+    char key[sizeof r->prefix + 64];
+    snprintf(key, sizeof key, "%s/r%d/rank/0", r->prefix, round);
+    const char *k = key;
+    uint8_t *val = NULL;
+    size_t n = 0;
+    if (r->has_err || watchdog_fired(r->dog) || r->kv->ops->multi_get(r->kv, &k, 1, &val, &n) < 0) {
+        free(val);
+        return;
+    }
     rdzv_rank_record_t place;
-    bool is_ok = val && rdzv_record_rank_parse((const char *)val, n, &place);
+    bool is_ok = n && rdzv_record_rank_parse((const char *)val, n, &place);
     free(val);
     if (!is_ok || !place.store_host[0]) return;
     ddprun_opts_t o = *r->opts;
     strcpy(o.rdzv_backend, "c10d");
     snprintf(o.rdzv_host, sizeof o.rdzv_host, "%s", place.store_host);
     o.rdzv_port = place.store_port;
-    int64_t t = r->timeout_ms < 2000 ? r->timeout_ms : 2000; /* gone when the job ended */
-    if (rdzv_kv_connect(&o, NULL, t, t, &r->progress) < 0) {
-        rdzv_kv_destroy(r->progress);
-        r->progress = NULL;
+    int left_ms = clock_remaining_ms(r->dog->deadline_ms);
+    int64_t t = left_ms < 2000 ? left_ms : 2000; /* gone when the job ended */
+    rdzv_kv_t *kv = NULL;
+    if (t <= 0 || rdzv_kv_connect(&o, NULL, t, t, &kv) < 0) {
+        rdzv_kv_destroy(kv);
+        return;
     }
-}
-
-/* read_key of the key a printf format names. */
-static cJSON *read_fmt(reader_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static cJSON *read_fmt(reader_t *r, const char *fmt, ...) {
-    char rel[128];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rel, sizeof rel, fmt, ap);
-    va_end(ap);
-    return read_key(r, rel);
+    r->progress = kv;
+    __atomic_store_n(&r->dog->kvs[1], kv, __ATOMIC_RELEASE);
 }
 
 static int number(const cJSON *o, const char *key, int def) {
@@ -137,91 +214,161 @@ static int number(const cJSON *o, const char *key, int def) {
     return cJSON_IsNumber(v) ? (int)v->valuedouble : def;
 }
 
+static void delete_all(cJSON **items, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        cJSON_Delete(items[i]);
+}
+
+/* The status as one JSON object, or NULL when it could not be read (r->err says why). */
 static cJSON *gather(reader_t *r) {
-    cJSON *out = cJSON_CreateObject();
-    cJSON *round_v = read_key(r, "round");
-    int round = cJSON_IsNumber(round_v) ? (int)round_v->valuedouble : 0;
-    cJSON_Delete(round_v);
-    cJSON *job = read_key(r, "job");
-    cJSON *failures_v = read_key(r, "failures");
-    int failures = cJSON_IsNumber(failures_v) ? (int)failures_v->valuedouble : 0;
-    cJSON_Delete(failures_v);
-    /* the newest round that has members: a round being joined has none yet */
-    cJSON *closed = NULL;
-    for (; round >= 0; round--) {
-        closed = read_fmt(r, "r%d/closed", round);
-        if (cJSON_IsNumber(closed)) break;
-        cJSON_Delete(closed);
-        closed = NULL;
+    char(*rels)[64] = calloc(2 * MAX_READ + 2 * MAX_ROUNDS + 4, sizeof *rels);
+    cJSON **vals = calloc(2 * MAX_READ + 2 * MAX_ROUNDS + 4, sizeof *vals);
+    cJSON *out = NULL, *job = NULL;
+    if (!rels || !vals) {
+        fail(r, "out of memory");
+        goto done;
     }
-    int n_nodes = cJSON_IsNumber(closed) ? (int)closed->valuedouble : 0;
-    cJSON_Delete(closed);
-    cJSON_AddNumberToObject(out, "round", round < 0 ? 0 : round);
-    if (strcmp(r->opts->rdzv_backend, "etcd") == 0 && round >= 0) open_round_store(r, round);
-    cJSON *restart = round >= 0 ? read_fmt(r, "r%d/restart", round) : NULL;
-    cJSON *all_done = round >= 0 ? read_fmt(r, "r%d/all_done", round) : NULL;
-    const char *state = !job       ? "unknown"
-                        : all_done ? "finished"
-                        : restart  ? "restarting"
-                        : n_nodes  ? "running"
-                                   : "joining";
+    strcpy(rels[0], "round");
+    strcpy(rels[1], "job");
+    strcpy(rels[2], "failures");
+    if (read_many(r, r->kv, rels, 3, vals, false) < 0) goto done;
+    cJSON *round_v = vals[0];
+    job = vals[1];
+    int failures = cJSON_IsNumber(vals[2]) ? (int)vals[2]->valuedouble : 0;
+    cJSON_Delete(vals[2]);
+    /* the counter is the store's, so anyone's: an integer in int's range, or no status */
+    double round_d = cJSON_IsNumber(round_v) ? round_v->valuedouble : 0;
+    bool is_round_ok = !round_v || (cJSON_IsNumber(round_v) && round_d >= 0 &&
+                                    round_d <= INT_MAX - 1 && round_d == (double)(int)round_d);
+    cJSON_Delete(round_v);
+    if (!is_round_ok) {
+        fail(r, "%s/round in the store at %s is not a round number (0-%d)", r->prefix, r->where,
+             INT_MAX - 1);
+        goto done;
+    }
+    int counter = (int)round_d;
+    /* the newest round that has members (a round being joined has none yet) and the restart
+     * records of the rounds before it, the newest MAX_ROUNDS in one request */
+    int lo = counter >= MAX_ROUNDS ? counter - MAX_ROUNDS + 1 : 0, n_scan = counter - lo + 1;
+    for (int i = 0; i < n_scan; i++) {
+        snprintf(rels[2 * i], sizeof rels[0], "r%d/closed", counter - i);
+        snprintf(rels[2 * i + 1], sizeof rels[0], "r%d/restart", counter - i);
+    }
+    if (read_many(r, r->kv, rels, 2 * (size_t)n_scan, vals, false) < 0) goto done;
+    int found = -1, n_nodes = 0;
+    for (int i = 0; i < n_scan && found < 0; i++)
+        if (cJSON_IsNumber(vals[2 * i])) {
+            found = counter - i;
+            n_nodes = (int)vals[2 * i]->valuedouble;
+        }
+    if (n_nodes < 0) n_nodes = 0;
+    if (n_nodes > MAX_READ) n_nodes = MAX_READ;
+    /* the last failure: the newest round up to the found one whose restart record names one */
+    cJSON *why = NULL;
+    int why_round = -1;
+    for (int i = found < 0 ? n_scan : counter - found; i < n_scan && !why; i++) {
+        cJSON *rec = vals[2 * i + 1];
+        if (rec && number(rec, "code", 0) != 0) {
+            why = rec;
+            why_round = counter - i;
+            vals[2 * i + 1] = NULL;
+        }
+    }
+    cJSON *restart = found >= 0 ? vals[2 * (counter - found) + 1] : NULL;
+    bool is_restarting = restart != NULL;
+    delete_all(vals, 2 * (size_t)n_scan);
+    out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "round", found < 0 ? 0 : found);
+    if (strcmp(r->opts->rdzv_backend, "etcd") == 0 && found >= 0) open_round_store(r, found);
+
+    /* the round's end, members and failures in one request */
+    size_t n = 0;
+    int why_node = why ? number(why, "node", -1) : -1;
+    int n_fail = why ? (why_node + 1 > n_nodes ? why_node + 1 : n_nodes) : 0;
+    if (n_fail > MAX_READ) n_fail = MAX_READ;
+    if (found >= 0) snprintf(rels[n++], sizeof rels[0], "r%d/all_done", found);
+    for (int i = 0; i < n_nodes; i++)
+        snprintf(rels[n++], sizeof rels[0], "r%d/member/%d", found, i);
+    for (int g = 0; g < n_fail; g++)
+        snprintf(rels[n++], sizeof rels[0], "r%d/failure/%d", why_round, g);
+    if (read_many(r, r->kv, rels, n, vals, false) < 0) {
+        cJSON_Delete(why);
+        goto done;
+    }
+    bool is_all_done = found >= 0 && vals[0];
+    const char *state = !job            ? "unknown"
+                        : is_all_done   ? "finished"
+                        : is_restarting ? "restarting"
+                        : n_nodes       ? "running"
+                                        : "joining";
     cJSON_AddStringToObject(out, "state", state);
-    cJSON_Delete(all_done);
-    cJSON_Delete(restart);
     int max_restarts = number(job, "max_restarts", 0);
     cJSON *restarts = cJSON_AddObjectToObject(out, "restarts");
     cJSON_AddNumberToObject(restarts, "used", failures);
     cJSON_AddNumberToObject(restarts, "left",
                             max_restarts > failures ? max_restarts - failures : 0);
     if (job) cJSON_AddItemToObject(out, "job", job);
+    job = NULL;
     cJSON *nodes = cJSON_AddArrayToObject(out, "nodes");
     int world = 0;
-    for (int i = 0; i < n_nodes && i < MAX_READ; i++) {
-        cJSON *m = read_fmt(r, "r%d/member/%d", round, i);
+    size_t at = found >= 0 ? 1 : 0;
+    for (int i = 0; i < n_nodes; i++, at++) {
+        cJSON *m = vals[at];
+        vals[at] = NULL;
         if (!m) continue;
         world = number(m, "world_size", world);
         cJSON_AddItemToArray(nodes, m);
     }
-    /* the last failure: the newest round whose restart record names one */
-    for (int k = round; k >= 0 && k > round - 64; k--) {
-        cJSON *why = read_fmt(r, "r%d/restart", k);
-        if (!why || number(why, "code", 0) == 0) {
-            cJSON_Delete(why);
-            continue;
-        }
+    if (why) {
         /* the root cause: a node's own failure beats its peers' "peer failure" (75) that it set
          * off, whichever of them reached the restart key first */
-        cJSON *detail = read_fmt(r, "r%d/failure/%d", k, number(why, "node", -1));
-        for (int g = 0; g < MAX_READ && (!detail || number(detail, "exit_code", 0) == 75); g++) {
-            cJSON *other = read_fmt(r, "r%d/failure/%d", k, g);
-            if (!other && g >= n_nodes) break;
-            if (other && number(other, "exit_code", 0) != 75) {
-                cJSON_Delete(detail);
-                detail = other;
-            } else {
-                cJSON_Delete(other);
-            }
-        }
+        cJSON **fails = vals + at;
+        cJSON *detail = why_node >= 0 && why_node < n_fail ? fails[why_node] : NULL;
+        for (int g = 0; g < n_fail && (!detail || number(detail, "exit_code", 0) == 75); g++)
+            if (fails[g] && number(fails[g], "exit_code", 0) != 75) detail = fails[g];
+        for (int g = 0; g < n_fail; g++)
+            if (fails[g] == detail) fails[g] = NULL;
         cJSON *failure = detail ? detail : why;
         if (detail) cJSON_Delete(why);
-        cJSON_AddNumberToObject(failure, "round", k);
+        cJSON_AddNumberToObject(failure, "round", why_round);
         cJSON_AddItemToObject(out, "last_failure", failure);
-        break;
+    }
+    delete_all(vals, n);
+
+    /* per rank progress and the newest resume: from the round's store while it is there (etcd),
+     * else from the job's */
+    if (world > MAX_READ) world = MAX_READ;
+    for (int rank = 0; rank < world; rank++)
+        snprintf(rels[rank], sizeof rels[0], "progress/%d", rank);
+    strcpy(rels[world], "progress/resume");
+    n = (size_t)world + 1;
+    cJSON **from_job = vals + n;
+    if (r->progress && read_many(r, r->progress, rels, n, vals, true) < 0 && r->has_err) goto done;
+    if (read_many(r, r->kv, rels, n, from_job, false) < 0) {
+        delete_all(vals, n);
+        goto done;
     }
     cJSON *ranks = cJSON_AddArrayToObject(out, "ranks");
-    for (int rank = 0; rank < world && rank < MAX_READ; rank++) {
-        cJSON *p = read_progress(r, rank);
+    for (size_t i = 0; i < n; i++) {
+        cJSON *p = vals[i] ? vals[i] : from_job[i];
+        if (p == vals[i]) cJSON_Delete(from_job[i]);
         if (!p) continue;
-        cJSON_AddNumberToObject(p, "rank", rank);
         cJSON_DeleteItemFromObjectCaseSensitive(p, "event");
-        cJSON_AddItemToArray(ranks, p);
+        if (i < (size_t)world) {
+            cJSON_AddNumberToObject(p, "rank", (double)i);
+            cJSON_AddItemToArray(ranks, p);
+        } else {
+            cJSON_AddItemToObject(out, "last_resume", p);
+        }
     }
-    /* the newest restart's resume: where the state came from, how many steps it lost */
-    cJSON *resume = read_progress_key(r, "progress/resume");
-    if (resume) {
-        cJSON_DeleteItemFromObjectCaseSensitive(resume, "event");
-        cJSON_AddItemToObject(out, "last_resume", resume);
+done:
+    cJSON_Delete(job);
+    if (r->has_err) {
+        cJSON_Delete(out);
+        out = NULL;
     }
+    free(rels);
+    free(vals);
     return out;
 }
 
@@ -345,7 +492,7 @@ int status_cmd_main(int argc, char **argv) {
     o.store_max_value_bytes = STORE_DEFAULT_MAX_VALUE_BYTES;
     char msg[768];
     bool is_json = false;
-    long timeout_ms = 10000;
+    uint64_t timeout_ms = 10000;
     optind = 1;
     opterr = 0;
     for (int opt; (opt = getopt_long(argc, argv, "+h", status_options, NULL)) != -1;) {
@@ -377,7 +524,12 @@ int status_cmd_main(int argc, char **argv) {
             is_json = true;
             break;
         case 't':
-            timeout_ms = strtol(optarg, NULL, 10);
+            if (parse_u64(optarg, 1, 86400000, &timeout_ms) < 0) {
+                fprintf(stderr,
+                        "ddprun status: --timeout %s is not milliseconds in [1, 86400000]\n",
+                        optarg);
+                return 2;
+            }
             break;
         case 's':
             snprintf(o.store_secret_file, sizeof o.store_secret_file, "%s", optarg);
@@ -387,7 +539,7 @@ int status_cmd_main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!o.rdzv_endpoints[0] || !o.rdzv_id[0] || timeout_ms <= 0) {
+    if (!o.rdzv_endpoints[0] || !o.rdzv_id[0]) {
         fprintf(stderr, "ddprun status: --rdzv-endpoint and --rdzv-id are needed\n%s",
                 status_usage);
         return 2;
@@ -402,37 +554,64 @@ int status_cmd_main(int argc, char **argv) {
         fprintf(stderr, "ddprun status: %s\n", msg);
         return 2;
     }
-    if (!is_etcd && endpoint_parse(o.rdzv_endpoints, 29400, o.rdzv_host, sizeof o.rdzv_host,
+    /* a static job's store is its MASTER_PORT, whose default is 29500 */
+    uint16_t default_port = strcmp(o.rdzv_backend, "static") == 0 ? 29500 : DDP_DEFAULT_STORE_PORT;
+    if (!is_etcd && endpoint_parse(o.rdzv_endpoints, default_port, o.rdzv_host, sizeof o.rdzv_host,
                                    &o.rdzv_port, msg, sizeof msg) < 0) {
         fprintf(stderr, "ddprun status: --rdzv-endpoint: %s\n", msg);
         return 2;
     }
-    int probe = is_etcd ? 0 : probe_store(o.rdzv_host, o.rdzv_port, timeout_ms);
+    static watchdog_t dog; /* one per process: the command runs once */
+    dog.deadline_ms = clock_deadline_ms((int64_t)timeout_ms);
+    reader_t r = {.opts = &o, .dog = &dog};
+    if (is_etcd)
+        snprintf(r.where, sizeof r.where, "%s", o.rdzv_endpoints);
+    else
+        snprintf(r.where, sizeof r.where, strchr(o.rdzv_host, ':') ? "[%s]:%u" : "%s:%u",
+                 o.rdzv_host, o.rdzv_port);
+    int probe = is_etcd ? 0 : probe_store(o.rdzv_host, o.rdzv_port, (long)timeout_ms);
     if (probe == -ECONNREFUSED) {
         fprintf(stderr,
                 "ddprun status: the job's store at %s is gone (connection refused): job '%s' "
                 "has ended, or its host is down (or --rdzv-endpoint names another host or port)\n",
-                o.rdzv_endpoints, o.rdzv_id);
+                r.where, o.rdzv_id);
         return 1;
     }
     if (probe < 0) {
         fprintf(stderr,
                 "ddprun status: the job's store at %s cannot be reached (%s): its host is "
                 "down or unreachable, or job '%s' has ended\n",
-                o.rdzv_endpoints,
-                probe == -ETIMEDOUT ? "no answer within --timeout" : strerror(-probe), o.rdzv_id);
+                r.where, probe == -ETIMEDOUT ? "no answer within --timeout" : strerror(-probe),
+                o.rdzv_id);
         return 1;
     }
-    reader_t r = {.opts = &o, .timeout_ms = timeout_ms};
     snprintf(r.prefix, sizeof r.prefix, "/ddprun/%s", o.rdzv_id);
-    if (rdzv_kv_connect(&o, NULL, timeout_ms, timeout_ms, &r.kv) < 0) {
-        fprintf(stderr, "ddprun status: %s\n", r.kv ? r.kv->ops->error(r.kv) : "cannot connect");
-        rdzv_kv_destroy(r.kv);
-        return 1;
+    pthread_mutex_init(&dog.mu, NULL);
+    pthread_cond_init(&dog.cv, NULL);
+    int left_ms = clock_remaining_ms(dog.deadline_ms);
+    int64_t left = left_ms > 0 ? left_ms : 1;
+    /* the kv is published before it connects: the watchdog can interrupt the connect too */
+    dog.is_running = pthread_create(&dog.thread, NULL, watchdog_run, &dog) == 0;
+    cJSON *s = NULL;
+    if (rdzv_kv_connect(&o, NULL, left, left, &dog.kvs[0]) < 0) {
+        r.kv = dog.kvs[0];
+        fail(&r, "%s",
+             watchdog_fired(&dog) ? "no answer from the store within --timeout"
+             : r.kv               ? r.kv->ops->error(r.kv)
+                                  : "cannot connect");
+    } else {
+        r.kv = dog.kvs[0];
+        s = gather(&r);
     }
-    cJSON *s = gather(&r);
+    watchdog_stop(&dog);
     rdzv_kv_destroy(r.kv);
     rdzv_kv_destroy(r.progress);
+    pthread_cond_destroy(&dog.cv);
+    pthread_mutex_destroy(&dog.mu);
+    if (!s) {
+        fprintf(stderr, "ddprun status: job '%s': %s\n", o.rdzv_id, r.err);
+        return 1;
+    }
     if (is_json) {
         char *text = cJSON_PrintUnformatted(s);
         printf("%s\n", text ? text : "{}");
@@ -441,7 +620,7 @@ int status_cmd_main(int argc, char **argv) {
         print_table(s, o.rdzv_id);
     }
     int rc = strcmp(str_of(s, "state", ""), "unknown") == 0 ? 1 : 0;
-    if (rc) fprintf(stderr, "ddprun status: no job '%s' at %s\n", o.rdzv_id, o.rdzv_endpoints);
+    if (rc) fprintf(stderr, "ddprun status: no job '%s' at %s\n", o.rdzv_id, r.where);
     cJSON_Delete(s);
     return rc;
 }

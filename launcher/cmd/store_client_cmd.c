@@ -1,6 +1,7 @@
 /* store_client_cmd: `ddprun store-client`, one store operation from the shell through the blocking
  * client (common/store_client.c): for scripts, operators and the interop tests. Values are
  * printed raw, one per line; errors go to stderr with the store's address. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +254,12 @@ int store_client_cmd_main(int argc, char **argv) {
         return usage_error("not a 64-bit integer: ", args[1]);
     if (strcmp(op, "multi-set") == 0 && n_args % 2)
         return usage_error("multi-set needs key/value pairs", "");
+    /* the legacy numbering has no authentication: the secret would go unproved and a store that
+     * requires it would only close the connection */
+    if (secret_file && opts.dialect == STORE_DIALECT_LEGACY)
+        return usage_error("--secret-file: the legacy numbering (torch <= 2.1) has no "
+                           "authentication; drop --legacy or --secret-file",
+                           "");
 
     store_secret_t secret = {0};
     if (store_auth_init() < 0) return usage_error("libsodium failed to initialise", "");
@@ -264,6 +271,13 @@ int store_client_cmd_main(int argc, char **argv) {
     store_client_t *c = NULL;
     rc = store_client_connect(&opts, &c);
     if (rc == 0) rc = run_op(c, opts.dialect == STORE_DIALECT_LEGACY, op, args, n_args);
+    /* what was read is only delivered once stdout took it (a full disk, a closed pipe) */
+    if (rc == 0 && (fflush(stdout) != 0 || ferror(stdout))) {
+        fprintf(stderr, "ddprun store-client: store %s:%u: %s: writing the output failed: %s\n",
+                opts.host, opts.port, op, strerror(errno));
+        store_client_destroy(c);
+        return 1;
+    }
     const char *msg = c ? store_client_error(c) : "";
     if (rc < 0 && msg[0])
         fprintf(stderr, "ddprun store-client: %s\n", msg);

@@ -100,3 +100,137 @@ def test_status_of_a_running_job_and_its_last_failure(ddprun, tmp_path):
 def test_status_usage_errors(ddprun):
     r = subprocess.run([ddprun, "status", "--rdzv-id", "x"], capture_output=True, text=True)
     assert r.returncode == 2 and "--rdzv-endpoint" in r.stderr
+
+
+def set_keys(ddprun, endpoint, pairs):
+    args = [ddprun, "store-client", "--endpoint", endpoint, "multi-set"]
+    for k, v in pairs.items():
+        args += [k, v]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=30, env=clean_env())
+    assert r.returncode == 0, r.stderr
+
+
+class Proxy:
+    """127.0.0.1:port -> the store. It closes every connection once the client's bytes contain
+    cut (None: never), and holds each reply of the store back for delay_s."""
+
+    def __init__(self, target_port, cut=None, delay_s=0.0):
+        import threading
+        self.target_port, self.cut, self.delay_s = target_port, cut, delay_s
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        self.socks = []
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        import threading
+        while True:
+            try:
+                c, _ = self.listener.accept()
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.target_port))
+            self.socks += [c, s]
+            threading.Thread(target=self.pump, args=(c, s, True), daemon=True).start()
+            threading.Thread(target=self.pump, args=(s, c, False), daemon=True).start()
+
+    def pump(self, src, dst, is_request):
+        seen = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if is_request and self.cut is not None:
+                    seen += data
+                    if self.cut in seen:
+                        break
+                if not is_request and self.delay_s:
+                    time.sleep(self.delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for x in (src, dst):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
+        for x in self.socks:
+            x.close()
+
+
+def a_job(ddprun, store, job="J"):
+    set_keys(ddprun, store.endpoint, {
+        f"/ddprun/{job}/round": "1", f"/ddprun/{job}/job": '{"max_restarts": 3, "min_nodes": 1}',
+        f"/ddprun/{job}/failures": "0", f"/ddprun/{job}/r1/closed": "1",
+        f"/ddprun/{job}/r1/member/0": '{"node": 0, "host": "h0", "first_rank": 0, "nproc": 1, '
+                                      '"world_size": 1, "agent_pid": 7}',
+        f"/ddprun/{job}/progress/0": '{"step": 12, "epoch": 0}'})
+
+
+def status_of(ddprun, port, job="J", *extra):
+    t0 = time.monotonic()
+    r = subprocess.run([ddprun, "status", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job,
+                        *extra], capture_output=True, text=True, timeout=60, env=clean_env())
+    return r, time.monotonic() - t0
+
+
+def test_status_of_a_job_in_a_plain_store(ddprun, store):
+    a_job(ddprun, store)
+    r, _ = status_of(ddprun, store.port, "J", "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["state"] == "running" and s["round"] == 1 and s["restarts"] == {"used": 0, "left": 3}
+    assert [n["host"] for n in s["nodes"]] == ["h0"] and s["ranks"][0]["step"] == 12
+
+
+def test_a_store_that_drops_the_connection_fails_the_status(ddprun, store):
+    a_job(ddprun, store)
+    for cut in (b"/ddprun/J/job", b"/closed", b"/member/0", b"/progress/0"):
+        proxy = Proxy(store.port, cut=cut)
+        try:
+            r, _ = status_of(ddprun, proxy.port)
+        finally:
+            proxy.close()
+        assert r.returncode == 1, (cut, r.stdout, r.stderr)
+        assert r.stdout == "", (cut, "no partial status")
+        assert f"the store at 127.0.0.1:{proxy.port}" in r.stderr, (cut, r.stderr)
+        assert "no job" not in r.stderr, (cut, r.stderr)
+
+
+def test_status_is_bounded_by_its_timeout(ddprun, store):
+    a_job(ddprun, store)
+    set_keys(ddprun, store.endpoint, {"/ddprun/J/round": "2000000000"})
+    r, took = status_of(ddprun, store.port, "J", "--timeout", "2000", "--json")
+    assert took < 5, took
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["state"] == "joining", "none of the newest 64 rounds closed"
+    proxy = Proxy(store.port, delay_s=0.4)  # every reply late: more requests than the time allows
+    try:
+        a_job(ddprun, store)
+        r, took = status_of(ddprun, proxy.port, "J", "--timeout", "1000")
+    finally:
+        proxy.close()
+    assert r.returncode == 1 and "within --timeout" in r.stderr, r.stderr
+    assert took < 2.5, took
+    for bad in ("99999999999", "-3", "1.5", '"x"'):
+        set_keys(ddprun, store.endpoint, {"/ddprun/J/round": bad})
+        r, _ = status_of(ddprun, store.port)
+        assert r.returncode == 1 and "/ddprun/J/round" in r.stderr and "not a round" in r.stderr, \
+            (bad, r.stderr)
+
+
+def test_status_timeout_and_port_are_parsed_strictly(ddprun):
+    for bad in ("abc", "2s", "0", "-5", "99999999999999999999999"):
+        r, _ = status_of(ddprun, 1, "J", "--timeout", bad)
+        assert r.returncode == 2 and f"--timeout {bad} is not milliseconds" in r.stderr, r.stderr
+    # a static job's store is at its MASTER_PORT, 29500 unless given
+    r = subprocess.run([ddprun, "status", "--rdzv-backend", "static", "--rdzv-endpoint",
+                        "127.0.0.1", "--rdzv-id", "J", "--timeout", "500"], capture_output=True,
+                       text=True, timeout=30, env=clean_env())
+    assert r.returncode == 1 and "127.0.0.1:29500" in r.stderr, r.stderr

@@ -306,3 +306,24 @@ def test_a_value_over_the_limit_is_refused_by_our_client_and_logged_by_the_store
     assert r.returncode == 1
     assert wait_until(lambda: "value longer than the value-size limit" in store.stderr())
     assert re.search(r"dropping client 127\.0\.0\.1:\d+: value longer", store.stderr())
+
+
+def test_legacy_and_a_secret_file_are_refused_together(ddprun, make_secret):
+    t0 = time.monotonic()
+    r = subprocess.run([ddprun, "store-client", "--endpoint", f"127.0.0.1:{free_port()}",
+                        "--legacy", "--secret-file", make_secret(), "get", "k"],
+                       capture_output=True, text=True, timeout=30, env=clean_env())
+    assert r.returncode == 2, r.stderr
+    assert "the legacy numbering (torch <= 2.1) has no authentication" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 5, "a usage error, found before connecting"
+
+
+def test_output_that_cannot_be_written_is_a_failure(ddprun, store):
+    cli = [ddprun, "store-client", "--endpoint", store.endpoint]
+    assert subprocess.run(cli + ["set", "k", "v" * 100], env=clean_env(), timeout=30).returncode == 0
+    for op in (["get", "k"], ["multi-get", "k"], ["add", "n", "1"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(cli + op, stdout=full, stderr=subprocess.PIPE, text=True,
+                               timeout=30, env=clean_env())
+        assert r.returncode == 1, (op, r.stderr)
+        assert "writing the output failed: No space left on device" in r.stderr, (op, r.stderr)
