@@ -214,9 +214,12 @@ static int number(const cJSON *o, const char *key, int def) {
     return cJSON_IsNumber(v) ? (int)v->valuedouble : def;
 }
 
+/* items are reused from read to read: each is NULL once deleted */
 static void delete_all(cJSON **items, size_t n) {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         cJSON_Delete(items[i]);
+        items[i] = NULL;
+    }
 }
 
 /* The status as one JSON object, or NULL when it could not be read (r->err says why). */
@@ -235,7 +238,8 @@ static cJSON *gather(reader_t *r) {
     cJSON *round_v = vals[0];
     job = vals[1];
     int failures = cJSON_IsNumber(vals[2]) ? (int)vals[2]->valuedouble : 0;
-    cJSON_Delete(vals[2]);
+    vals[0] = vals[1] = NULL; /* round_v and job: taken */
+    delete_all(vals + 2, 1);
     /* the counter is the store's, so anyone's: an integer in int's range, or no status */
     double round_d = cJSON_IsNumber(round_v) ? round_v->valuedouble : 0;
     bool is_round_ok = !round_v || (cJSON_IsNumber(round_v) && round_d >= 0 &&
@@ -343,6 +347,8 @@ static cJSON *gather(reader_t *r) {
     strcpy(rels[world], "progress/resume");
     n = (size_t)world + 1;
     cJSON **from_job = vals + n;
+    for (size_t i = 0; i < n; i++) /* without a round store, only the job's are read */
+        vals[i] = NULL;
     if (r->progress && read_many(r, r->progress, rels, n, vals, true) < 0 && r->has_err) goto done;
     if (read_many(r, r->kv, rels, n, from_job, false) < 0) {
         delete_all(vals, n);
