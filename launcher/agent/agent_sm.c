@@ -118,6 +118,17 @@ static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
 
 /* Everything about the round has settled: the next round, success, or giving up. */
 static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
+    if (sm->has_restart && sm->restart.is_finished && !sm->has_failure && !sm->stop_signal) {
+        /* a spare (or a member judged lost meanwhile): nothing left to run */
+        say(out, AGENT_SAY_INFO,
+            "the job finished in round %d without this node: leaving (a new run of it needs "
+            "another --rdzv-id)",
+            sm->round.round);
+        if (sm->has_workers) push(out, AGENT_ACT_DESTROY_WORKERS);
+        sm->has_workers = false;
+        exit_with(sm, out, 0);
+        return;
+    }
     bool is_failed = sm->has_failure || sm->has_restart || sm->stop_signal;
     rdzv_why_t why = {0};
     if (sm->stop_signal) {

@@ -45,6 +45,7 @@ int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len) {
     cJSON_AddNumberToObject(o, "failures", w->failures);
     cJSON_AddNumberToObject(o, "node", w->node);
     cJSON_AddNumberToObject(o, "rank", w->rank);
+    if (w->is_finished) cJSON_AddBoolToObject(o, "finished", true);
     return print_to(o, out, out_len);
 }
 
@@ -132,6 +133,10 @@ bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out) {
                  get_int(o, "failures", 0, INT_MAX, &out->failures) &&
                  get_int(o, "node", -1, INT_MAX, &out->node) &&
                  get_int(o, "rank", -1, INT_MAX, &out->rank);
+    /* optional: only the end of a job says it, and only with code 0 */
+    out->is_finished = false;
+    if (is_ok && cJSON_GetObjectItemCaseSensitive(o, "finished"))
+        is_ok = get_bool(o, "finished", &out->is_finished) && (!out->is_finished || !out->code);
     cJSON_Delete(o);
     return is_ok;
 }
@@ -164,7 +169,7 @@ bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t
 
 void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len) {
     if (w->code == 0) {
-        snprintf(out, out_len, "a membership change");
+        snprintf(out, out_len, "%s", w->is_finished ? "the job finished" : "a membership change");
         return;
     }
     char where[64] = "";

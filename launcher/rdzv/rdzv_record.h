@@ -68,6 +68,8 @@ typedef struct {
     bool is_permanent; /* retrying cannot help: every agent exits with code */
     int failures;      /* failures of the job so far, this one included: the restart budget */
     int node, rank;    /* where it happened (-1: not a worker) */
+    bool is_finished;  /* code 0: the round ended because the job did, well (its exit barrier
+                          completed): a node still waiting for it has nothing left to run */
 } rdzv_why_t;
 
 /* The record as JSON into out; returns its length, or -1 if it does not fit. */

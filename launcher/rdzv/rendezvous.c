@@ -559,7 +559,21 @@ static int count_done(rdzv_t *r, rdzv_kv_t *c, int round, int n, char *all, size
     key(r, all, all_len, round, "all_done");
     int64_t ticket; /* etcd: a ticket, not an ADD's compare-and-swap, as for a join */
     TRY(c->ops->take_ticket(c, k, all, &ticket));
-    if (ticket + 1 >= n) TRY(c->ops->set(c, all, "1", 1));
+    if (ticket + 1 >= n) {
+        TRY(c->ops->set(c, all, "1", 1));
+        /* the round's end, for whoever still waits on it: a spare of the full job leaves (it
+         * judged the members by heartbeats that now stop, and asked for a next round that then
+         * ran the program again, or waited status_ttl on etcd's leftover records); a restart
+         * reported first stays */
+        char restart[256], text[RDZV_RECORD_MAX_BYTES];
+        rdzv_why_t done = {.node = -1, .rank = -1, .is_finished = true};
+        key(r, restart, sizeof restart, round, "restart");
+        if (rdzv_record_why_format(&done, text, sizeof text) < 0) return -ENOSPC;
+        uint8_t *cur = NULL;
+        size_t cur_n = 0;
+        TRY(c->ops->compare_set(c, restart, "", 0, text, strlen(text), &cur, &cur_n));
+        free(cur);
+    }
     return 0;
 }
 

@@ -779,6 +779,37 @@ Test(agent_sm_signals, while_a_spare) {
     expect_exit(128 + SIGTERM);
 }
 
+Test(agent_sm_signals, a_spare_leaves_with_0_when_the_job_finished) {
+    setup(true, 3, 2);
+    EV(.kind = AGENT_EV_START);
+    joined(0, 2, false);
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END);
+    agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN,
+                           .is_valid = true,
+                           .why = {.node = -1, .rank = -1, .is_finished = true}};
+    snprintf(ev.text, sizeof ev.text, "the job finished");
+    step(ev);
+    /* not a membership change: no next round, which would run the program again */
+    cr_assert_null(find(AGENT_ACT_JOIN));
+    cr_assert(said("the job finished in round 0 without this node: leaving"));
+    expect_exit(0);
+}
+
+Test(agent_sm_nodes, the_end_of_the_job_seen_in_the_exit_barrier_is_no_rerun) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    expect(AGENT_ACT_DESTROY_WORKERS, AGENT_ACT_BARRIER, END);
+    agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN,
+                           .is_valid = true,
+                           .why = {.node = -1, .rank = -1, .is_finished = true}};
+    step(ev);
+    expect(END); /* the barrier decides */
+    EV(.kind = AGENT_EV_FINISH_DONE);
+    expect(AGENT_ACT_EXIT, END);
+    expect_exit(0);
+}
+
 /* ---- start failures, spares ----------------------------------------------------------------- */
 
 Test(agent_sm_start, failure_on_several_nodes_is_reported_and_permanent) {

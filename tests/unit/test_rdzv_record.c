@@ -23,6 +23,24 @@ Test(rdzv_record, node_and_why_round_trip) {
               w2.rank == 5);
 }
 
+Test(rdzv_record, the_end_of_a_job_round_trips_and_only_with_code_0) {
+    char text[RDZV_RECORD_MAX_BYTES];
+    rdzv_why_t w = {.node = -1, .rank = -1, .is_finished = true}, w2;
+    cr_assert_gt(rdzv_record_why_format(&w, text, sizeof text), 0);
+    cr_assert(rdzv_record_why_parse(text, strlen(text), &w2), "%s", text);
+    cr_assert(w2.is_finished && w2.code == 0, "%s", text);
+    rdzv_record_why_describe(&w2, text, sizeof text);
+    cr_assert_str_eq(text, "the job finished");
+    const char *plain = "{\"code\":0,\"permanent\":false,\"failures\":0,\"node\":-1,\"rank\":-1}";
+    cr_assert(rdzv_record_why_parse(plain, strlen(plain), &w2) && !w2.is_finished);
+    const char *bad[] = {
+        "{\"code\":75,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0,\"finished\":true}",
+        "{\"code\":0,\"permanent\":false,\"failures\":0,\"node\":0,\"rank\":0,\"finished\":1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_not(rdzv_record_why_parse(bad[i], strlen(bad[i]), &w2), "%s", bad[i]);
+}
+
 Test(rdzv_record, malformed_records_are_refused) {
     rdzv_why_t w;
     rdzv_node_record_t n;
