@@ -814,8 +814,8 @@ static void join_work_cb(uv_work_t *req) {
         }
     }
     int round = j->plan.round, current = 0;
-    if (j->job.rc == 0 && (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) < 0)
-        snprintf(j->err, sizeof j->err, "%s", a->ops->ops->error(a->ops));
+    if (j->job.rc == 0)
+        j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current, j->err, sizeof j->err);
     for (int lost = 0; j->job.rc == 0; lost++) {
         int at = current > round ? current : round;
         j->job.rc = rdzv_join(&a->rdzv, a->ops, at, &j->joined, j->err, sizeof j->err);
@@ -823,11 +823,14 @@ static void join_work_cb(uv_work_t *req) {
         /* a member died while the round gathered: that round can never start; the next */
         LOG_WARN("%s", j->err);
         rdzv_why_t why = {.code = 0, .node = -1, .rank = -1};
-        if ((j->job.rc = rdzv_request_restart(&a->rdzv, a->ops, at, &why)) == 0 &&
-            (j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current)) == 0 && current <= at)
+        char why_err[512] = "";
+        if ((j->job.rc = rdzv_request_restart(&a->rdzv, a->ops, at, &why)) < 0)
+            snprintf(why_err, sizeof why_err, "%s", a->ops->ops->error(a->ops));
+        else if ((j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current, why_err,
+                                                 sizeof why_err)) == 0 &&
+                 current <= at)
             current = at + 1;
-        if (j->job.rc < 0)
-            snprintf(j->err, sizeof j->err, "ending round %d: %s", at, a->ops->ops->error(a->ops));
+        if (j->job.rc < 0) snprintf(j->err, sizeof j->err, "ending round %d: %s", at, why_err);
     }
     if (j->job.rc == 0 && j->joined.is_member) { /* for `ddprun status`; best effort */
         /* the job's settings are the same from every agent: node 0's put is enough (on etcd

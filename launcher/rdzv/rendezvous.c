@@ -2,6 +2,7 @@
 #include "rdzv/rendezvous.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,18 +33,33 @@ void rdzv_init(rdzv_t *r, const ddprun_opts_t *opts, bool is_store_host) {
     snprintf(r->prefix, sizeof r->prefix, "/ddprun/%s", opts->rdzv_id);
 }
 
-static int get_int(rdzv_kv_t *c, const char *k, int64_t *out) {
+/* The integer at k, in [lo, hi]; otherwise a failure with err naming k and what it holds (the
+ * store is anyone's: any bytes may be there). */
+static int get_int(rdzv_kv_t *c, const char *k, int64_t lo, int64_t hi, int64_t *out, char *err,
+                   size_t err_len) {
     uint8_t *v;
     size_t n;
-    TRY(c->ops->get(c, k, &v, &n));
+    int rc = c->ops->get(c, k, &v, &n);
+    if (rc < 0) {
+        snprintf(err, err_len, "%s", c->ops->error(c));
+        return rc;
+    }
     char text[32];
     size_t m = n < sizeof text - 1 ? n : sizeof text - 1;
     memcpy(text, v, m);
     text[m] = '\0';
     free(v);
     char *end;
+    errno = 0;
     *out = strtoll(text, &end, 10);
-    return end == text ? DDP_EPROTO : 0;
+    if (end == text || *end || m < n || errno || *out < lo || *out > hi) {
+        for (char *p = text; *p; p++) /* shown to people */
+            if (*p < 0x20 || *p > 0x7e) *p = '?';
+        snprintf(err, err_len, "%s holds '%s%s', not a number from %lld to %lld", k, text,
+                 m < n ? "..." : "", (long long)lo, (long long)hi);
+        return DDP_EPROTO;
+    }
+    return 0;
 }
 
 void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port) {
@@ -119,11 +135,20 @@ static int wait_owed(rdzv_t *r, rdzv_kv_t *c, int round, const char *const *keys
     return rc;
 }
 
-int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round) {
+int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round, char *err, size_t err_len) {
     char k[256];
     key(r, k, sizeof k, -1, "round");
     int64_t v;
-    TRY(c->ops->add(c, k, 0, &v));
+    int rc = c->ops->add(c, k, 0, &v);
+    if (rc < 0) {
+        snprintf(err, err_len, "%s", c->ops->error(c));
+        return rc;
+    }
+    if (v < 0 || v >= INT_MAX) { /* round + 1 must be a round too */
+        snprintf(err, err_len, "the job's round counter %s holds %lld, not a round number (0-%d)",
+                 k, (long long)v, INT_MAX - 1);
+        return DDP_EPROTO;
+    }
     *round = (int)v;
     return 0;
 }
@@ -305,6 +330,16 @@ static int read_rank(rdzv_t *r, rdzv_kv_t *c, int round, int index, int n, int64
                  index, len);
         return DDP_EPROTO;
     }
+    /* well-formed, but of this round: a node among its n, ranks inside the world */
+    if (!out->error[0] && (out->group_rank >= n || out->host_join_index >= n ||
+                           (int64_t)out->rank_offset + r->opts->nproc_per_node > out->world_size)) {
+        snprintf(err, err_len,
+                 "round %d: the rank record of join index %d places this node as node %d of %d "
+                 "(node 0: #%d), ranks %d-%d of %d: not a place in this round",
+                 round, index, out->group_rank, n, out->host_join_index, out->rank_offset,
+                 out->rank_offset + r->opts->nproc_per_node - 1, out->world_size);
+        return DDP_EPROTO;
+    }
     return 0;
 }
 
@@ -399,12 +434,13 @@ int rdzv_join(rdzv_t *r, rdzv_kv_t *c, int round, rdzv_result_t *out, char *err,
         return rc;
     }
     int64_t n_members;
-    if (rc < 0 || (rc = get_int(c, closed_key, &n_members)) < 0) goto fail;
-    int64_t closed_revision = c->ops->read_revision ? c->ops->read_revision(c, closed_key) : 0;
-    if (n_members < 1 || n_members > RDZV_MAX_NODES) {
-        snprintf(err, err_len, "round %d closed with %lld members", round, (long long)n_members);
-        return DDP_EPROTO;
+    if (rc < 0) goto fail;
+    char why[512];
+    if ((rc = get_int(c, closed_key, 1, RDZV_MAX_NODES, &n_members, why, sizeof why)) < 0) {
+        snprintf(err, err_len, "rendezvous round %d: %s", round, why);
+        return rc;
     }
+    int64_t closed_revision = c->ops->read_revision ? c->ops->read_revision(c, closed_key) : 0;
     memset(out, 0, sizeof *out);
     out->round = round;
     out->group_world_size = (int)n_members;

@@ -43,8 +43,9 @@ void rdzv_set_own_store(rdzv_t *r, const char *host, uint16_t port);
 /* This agent's memory-snapshot listener: its node record carries it, and the previous node's
  * join hands it back (rdzv_result_t.next_peer_*), so that no agent looks for its successor. */
 void rdzv_set_own_peer(rdzv_t *r, const char *host, uint16_t port);
-/* The round a newly started agent should join (0 unless the job already ran rounds). */
-int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round);
+/* The round a newly started agent should join (0 unless the job already ran rounds). 0, or a
+ * negative code with err saying why (the store's error, or a counter that is no round number). */
+int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round, char *err, size_t err_len);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). DDP_ELOST (etcd): a
  * member lost its lease before it wrote its record, err says which: the round can never start; ask
  * for the next (rdzv_request_restart) and join that. */

@@ -53,7 +53,7 @@ static uint64_t now_ns(void) {
  * has not moved yet (the restart key is written before it). */
 static int join_round(rdzv_t *r, rdzv_kv_t *kv, sim_agent_t *a, int at_least, rdzv_result_t *out) {
     int round = 0;
-    TRY(rdzv_current_round(r, kv, &round));
+    TRY(rdzv_current_round(r, kv, &round, a->err, sizeof a->err));
     return rdzv_join(r, kv, round > at_least ? round : at_least, out, a->err, sizeof a->err);
 }
 

@@ -134,7 +134,7 @@ static void agent_dies(agent_t *a) {
 static void *join_main(void *arg) {
     agent_t *a = arg;
     int current = 0;
-    a->rc = rdzv_current_round(&a->r, a->kv, &current);
+    a->rc = rdzv_current_round(&a->r, a->kv, &current, a->err, sizeof a->err);
     if (a->rc == 0)
         a->rc = rdzv_join(&a->r, a->kv, current > a->round ? current : a->round, &a->out, a->err,
                           sizeof a->err);
@@ -308,7 +308,8 @@ Test(rendezvous, closed_round_whose_members_died_is_ended_by_a_late_agent) {
     cr_assert(said("membership changes: every node joins round 2"));
     cr_assert_eq(must_find(AGENT_ACT_JOIN)->plan.round, 2);
     int current = -1;
-    cr_assert_eq(rdzv_current_round(&d.r, d.kv, &current), 0);
+    char err[512];
+    cr_assert_eq(rdzv_current_round(&d.r, d.kv, &current, err, sizeof err), 0, "%s", err);
     cr_assert_eq(current, 2, "an agent started now joins round 2");
 
     /* round 2: C and D are its members and run */
@@ -766,6 +767,29 @@ Test(rendezvous, a_node_record_without_a_store_fails_every_member) {
     }
     for (int i = 0; i < 2; i++)
         agent_dies(&m[i]);
+    server_stop(&srv);
+}
+
+/* The store is anyone's: a round counter or a closed count that is no number fails with the key
+ * and its value named (a closed count "two" failed with an empty message; a counter past int's
+ * range was cut to another round). */
+Test(rendezvous, a_counter_or_count_that_is_no_number_is_named) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    agent_t a;
+    agent_start(&a, false);
+    char err[512] = "";
+    int current = -1;
+    cr_assert_eq(a.kv->ops->set(a.kv, "/ddprun/stale/round", "99999999999", 11), 0);
+    cr_assert_eq(rdzv_current_round(&a.r, a.kv, &current, err, sizeof err), DDP_EPROTO);
+    cr_assert(strstr(err, "/ddprun/stale/round holds 99999999999, not a round number"), "%s", err);
+    cr_assert_eq(a.kv->ops->set(a.kv, "/ddprun/stale/r0/closed", "two", 3), 0);
+    rdzv_result_t out;
+    cr_assert_eq(rdzv_join(&a.r, a.kv, 0, &out, err, sizeof err), DDP_EPROTO);
+    cr_assert(strstr(err, "/ddprun/stale/r0/closed holds 'two', not a number from 1 to"), "%s",
+              err);
+    agent_dies(&a);
     server_stop(&srv);
 }
 
