@@ -85,7 +85,8 @@ static void report(agent_sm_t *sm, agent_sm_actions_t *out, int code, bool is_pe
     a->why = (rdzv_why_t){.code = code,
                           .is_permanent = is_permanent,
                           .node = sm->round.is_member ? sm->round.group_rank : -1,
-                          .rank = code ? sm->root_cause.rank : -1};
+                          .rank = code ? sm->root_cause.rank : -1,
+                          .nodes = sm->round.group_world_size};
 }
 
 /* ---- rounds ------------------------------------------------------------------------------- */
@@ -162,7 +163,11 @@ static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
                 sm->cfg.max_restarts);
         if (sm->has_workers) push(out, AGENT_ACT_DESTROY_WORKERS);
         sm->has_workers = false;
-        sm->last_round_nodes = sm->round.is_member ? sm->round.group_world_size : 0;
+        /* the reporter's count when the key says it, so that a spare (which ran no round)
+         * judges a lost node's refund as the members do */
+        sm->last_round_nodes = sm->has_restart && why.nodes > 0 ? why.nodes
+                               : sm->round.is_member            ? sm->round.group_world_size
+                                                                : 0;
         sm->last_restart_code = code;
         begin_round(sm, out, sm->round.round + 1);
         return;

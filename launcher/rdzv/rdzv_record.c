@@ -45,6 +45,7 @@ int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len) {
     cJSON_AddNumberToObject(o, "failures", w->failures);
     cJSON_AddNumberToObject(o, "node", w->node);
     cJSON_AddNumberToObject(o, "rank", w->rank);
+    if (w->nodes > 0) cJSON_AddNumberToObject(o, "nodes", w->nodes);
     if (w->is_finished) cJSON_AddBoolToObject(o, "finished", true);
     return print_to(o, out, out_len);
 }
@@ -133,6 +134,9 @@ bool rdzv_record_why_parse(const char *text, size_t n_bytes, rdzv_why_t *out) {
                  get_int(o, "failures", 0, INT_MAX, &out->failures) &&
                  get_int(o, "node", -1, INT_MAX, &out->node) &&
                  get_int(o, "rank", -1, INT_MAX, &out->rank);
+    out->nodes = 0; /* optional: records of older agents lack it */
+    if (is_ok && cJSON_GetObjectItemCaseSensitive(o, "nodes"))
+        is_ok = get_int(o, "nodes", 1, RDZV_MAX_NODES, &out->nodes);
     /* optional: only the end of a job says it, and only with code 0 */
     out->is_finished = false;
     if (is_ok && cJSON_GetObjectItemCaseSensitive(o, "finished"))

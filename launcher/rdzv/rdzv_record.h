@@ -68,6 +68,9 @@ typedef struct {
     bool is_permanent; /* retrying cannot help: every agent exits with code */
     int failures;      /* failures of the job so far, this one included: the restart budget */
     int node, rank;    /* where it happened (-1: not a worker) */
+    int nodes;         /* members of the round that ended, as its reporter saw it (0: not said,
+                          an older agent's record): every agent, a spare too, then judges the
+                          next round's size against the same number (a lost node's refund) */
     bool is_finished;  /* code 0: the round ended because the job did, well (its exit barrier
                           completed): a node still waiting for it has nothing left to run */
 } rdzv_why_t;

@@ -75,3 +75,53 @@ def test_a_resubmission_on_etcd_says_the_job_finished_instead_of_waiting(ddprun,
         assert code == 0, text(again)
         assert FINISHED in text(again), text(again)
         assert time.monotonic() - t0 < 30, text(again)
+
+
+REFUND_WORKER = r"""#!/bin/sh
+i=0
+while [ $i -lt 60 ]; do
+    if [ "$RANK" = 0 ] && [ -e "$FLAG" ]; then rm -f "$FLAG"; exit 75; fi
+    sleep 0.2; i=$((i+1))
+done
+"""
+
+
+def test_a_spare_and_the_members_agree_that_a_lost_node_costs_no_restart(ddprun, tmp_path,
+                                                                         start_store):
+    """Three members and a spare, --nnodes 2:3 --max-restarts 0: two members are killed and
+    rank 0 fails with a peer failure. The next round has a node fewer than the last: a lost node,
+    not a restart. The former spare learns the ended round's size from the restart record and
+    judges so too (it counted no nodes of its own: it took the job for failed, exit 75, and the
+    survivor then waited out join_timeout and failed)."""
+    store = start_store()
+    worker = tmp_path / "worker.sh"
+    worker.write_text(REFUND_WORKER)
+    worker.chmod(0o755)
+    flag = tmp_path / "flag"
+    procs = []
+    for i in range(4):
+        log = open(tmp_path / f"a{i}.log", "w")
+        p = subprocess.Popen(
+            [ddprun, "--nnodes", "2:3", "--max-restarts", "0", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", store.endpoint, "--rdzv-id", "refund",
+             "--rdzv-conf", "join_timeout=30,keep_alive_interval=0.3,heartbeat_timeout=3,"
+             "last_call_timeout=0.5", "--no-python", str(worker)],
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(FLAG=str(flag)),
+            start_new_session=True)
+        p.log_path = tmp_path / f"a{i}.log"
+        procs.append(p)
+        if i == 2:
+            assert wait_until(lambda: all("round 0: node" in text(q) for q in procs), 30), \
+                "\n".join(text(q) for q in procs)
+    try:
+        assert wait_until(lambda: "without this one" in text(procs[3]), 30), text(procs[3])
+        for p in procs[1:3]:
+            os.killpg(p.pid, 9)
+        flag.write_text("")
+        codes = finish_all([procs[0], procs[3]], 90)
+    finally:
+        finish_all(procs, 1)
+    logs = "\n----\n".join(text(p) for p in (procs[0], procs[3]))
+    assert codes == [0, 0], logs
+    for p in (procs[0], procs[3]):
+        assert "does not count against --max-restarts" in text(p), logs

@@ -593,6 +593,25 @@ Test(agent_sm_lost_node, past_the_budget_the_next_round_decides) {
     cr_assert_not(sm.is_budget_pending);
 }
 
+/* A spare of a full 3-node job: the members' restart record says how many the ended round had,
+ * so the spare judges the next round's size as they do (it took the job for failed: "no node was
+ * lost, restarts used up", exit 75, while the members refunded and went on without it). */
+Test(agent_sm_lost_node, a_spare_judges_the_refund_from_the_ended_rounds_size) {
+    setup(true, 0, 3);
+    EV(.kind = AGENT_EV_START);
+    joined(0, 3, false);
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_START_HEARTBEATS, END);
+    agent_sm_event_t ev = {
+        .kind = AGENT_EV_RESTART_SEEN,
+        .is_valid = true,
+        .why = {.code = DDP_EXIT_PEER_FAILURE, .failures = 1, .node = 0, .rank = 0, .nodes = 3}};
+    step(ev);
+    const agent_sm_action_t *join = must_find(AGENT_ACT_JOIN);
+    cr_assert_eq(join->plan.last_round_nodes, 3, "the ended round's size, from the record");
+    cr_assert(agent_sm_join_is_refund(
+        &join->plan, &(rdzv_result_t){.round = 1, .group_world_size = 2, .is_member = true}));
+}
+
 Test(agent_sm_lost_node, past_the_budget_with_no_node_lost) {
     setup(true, 1, 3);
     start_several(0, 3);

@@ -31,8 +31,11 @@ Test(rdzv_record, the_end_of_a_job_round_trips_and_only_with_code_0) {
     cr_assert(w2.is_finished && w2.code == 0, "%s", text);
     rdzv_record_why_describe(&w2, text, sizeof text);
     cr_assert_str_eq(text, "the job finished");
+    rdzv_why_t sized = {.code = 75, .failures = 2, .node = 0, .rank = 1, .nodes = 3};
+    cr_assert_gt(rdzv_record_why_format(&sized, text, sizeof text), 0);
+    cr_assert(rdzv_record_why_parse(text, strlen(text), &w2) && w2.nodes == 3, "%s", text);
     const char *plain = "{\"code\":0,\"permanent\":false,\"failures\":0,\"node\":-1,\"rank\":-1}";
-    cr_assert(rdzv_record_why_parse(plain, strlen(plain), &w2) && !w2.is_finished);
+    cr_assert(rdzv_record_why_parse(plain, strlen(plain), &w2) && !w2.is_finished && !w2.nodes);
     const char *bad[] = {
         "{\"code\":75,\"permanent\":false,\"failures\":1,\"node\":0,\"rank\":0,\"finished\":true}",
         "{\"code\":0,\"permanent\":false,\"failures\":0,\"node\":0,\"rank\":0,\"finished\":1}",
