@@ -108,6 +108,9 @@ def test_rdzv_conf_as_torch_spells_it(ddprun):
     r, conf = dry_run(ddprun, ["--rdzv-backend", "c10d", "--rdzv-endpoint", ""])
     assert r.returncode == 0, r.stderr
     assert conf["rdzv_endpoint"] == "localhost:29400", "torch's parse_rendezvous_endpoint of ''"
+    r, conf = dry_run(ddprun, ["--rdzv-backend", "c10d"])
+    assert r.returncode == 0, r.stderr
+    assert conf["rdzv_endpoint"] == "localhost:29400", "no endpoint is torch's '' too"
 
 
 @pytest.mark.parametrize("visible,want", [("-1", None), ("", None), ("0,1,", "2"),

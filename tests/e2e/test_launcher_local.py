@@ -357,7 +357,6 @@ def test_static_backend_uses_master_port(ddprun, script, tmp_path):
     (["--standalone"], "no program given"),
     (["--rdzv-backend", "etcd", "x"], "--rdzv-backend"),
     (["--rdzv-conf", "bogus=1", "x"], "unknown key 'bogus'"),
-    (["--rdzv-backend", "c10d", "x"], "needs --rdzv-endpoint"),
     (["--nnodes", "2", "--node-rank", "2", "x"], "is not below --nnodes"),
     (["--max-restarts", "-1", "x"], "--max-restarts"),
     (["--signals-to-handle", "SIGFOO", "x"], "SIGFOO"),
