@@ -413,7 +413,7 @@ static void report_after_cb(uv_work_t *req, int status);
 static void on_report_retry(uv_timer_t *t) {
     agent_t *a = t->data;
     if (a->report.job.is_busy || a->sm.state == AGENT_SM_DONE) return;
-    if (agent_sm_needs_store(&a->sm, a->report.job.round.round))
+    if (agent_sm_report_is_wanted(&a->sm, a->report.job.round.round))
         queue_job(a, &a->report.job, &a->report.job.round, report_work_cb, report_after_cb);
     else
         post(a, AGENT_EV_REPORT_DONE);
@@ -427,7 +427,7 @@ static void report_after_cb(uv_work_t *req, int status) {
      * this node lives): a failed one goes again, until it is taken or the store is judged
      * silent; said before the clients close: leaving (DONE) destroys the one that failed */
     bool is_again = a->report.job.rc < 0 && a->sm.state != AGENT_SM_DONE &&
-                    agent_sm_needs_store(&a->sm, a->report.job.round.round);
+                    agent_sm_report_is_wanted(&a->sm, a->report.job.round.round);
     if (a->report.job.rc < 0)
         LOG_ERROR("cannot tell the other agents to restart: %s%s", a->ops->ops->error(a->ops),
                   is_again ? " (trying again in 1 s)" : "");

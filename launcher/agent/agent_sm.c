@@ -508,6 +508,11 @@ bool agent_sm_needs_store(const agent_sm_t *sm, int round) {
            !sm->has_restart && !sm->stop_signal && round == sm->round.round;
 }
 
+bool agent_sm_report_is_wanted(const agent_sm_t *sm, int round) {
+    return agent_sm_needs_store(sm, round) || (sm->state == AGENT_SM_SPARE && !sm->has_restart &&
+                                               !sm->stop_signal && round == sm->round.round);
+}
+
 bool agent_sm_is_beating(const agent_sm_t *sm, int round) {
     return agent_sm_needs_store(sm, round) && !sm->has_failure;
 }

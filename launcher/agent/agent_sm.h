@@ -170,6 +170,10 @@ bool agent_sm_is_beating(const agent_sm_t *sm, int round);
  * the store for the round's end (a store whose host vanished without a FIN would otherwise keep
  * it waiting forever). */
 bool agent_sm_needs_store(const agent_sm_t *sm, int round);
+/* Whether a report of round that failed must go again: while the store is needed, and for a
+ * spare that asked for a new round (nobody else will: the members' round runs on, and the spare
+ * would wait on its restart key for good). */
+bool agent_sm_report_is_wanted(const agent_sm_t *sm, int round);
 /* Whether a join's result shows that the last restart was a lost node: a 'peer failure' whose
  * next round has a node fewer. Pure; agent.c calls it on the join thread, where node 0 then
  * gives the restart back in the store. */

@@ -798,6 +798,20 @@ Test(agent_sm_signals, while_a_spare) {
     expect_exit(128 + SIGTERM);
 }
 
+/* A spare of a job with room asks for a new round: if that report fails it must go again
+ * (agent.c asks), or nobody ends the round and the spare waits for good; a spare of a full job
+ * or one whose round ended has nothing to send. */
+Test(agent_sm_signals, a_spares_request_for_a_new_round_is_sent_again) {
+    setup(true, 3, 3);
+    EV(.kind = AGENT_EV_START);
+    joined(0, 2, false);
+    expect(AGENT_ACT_WATCH, AGENT_ACT_SAY, AGENT_ACT_REPORT, END);
+    cr_assert(agent_sm_report_is_wanted(&sm, 0), "the spare's report is wanted until it is taken");
+    cr_assert_not(agent_sm_report_is_wanted(&sm, 1), "not another round's");
+    key_seen(0, 0, 0, -1, -1);
+    cr_assert_not(agent_sm_report_is_wanted(&sm, 0), "the round ended: nothing to send");
+}
+
 Test(agent_sm_signals, a_spare_leaves_with_0_when_the_job_finished) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);
