@@ -989,9 +989,19 @@ static void on_signal(uv_signal_t *h, int signum) {
 static int prepare_run_dir(agent_t *a) {
     const ddprun_opts_t *o = a->opts;
     if (o->log_dir[0]) {
-        snprintf(a->run_dir, sizeof a->run_dir, "%s/%s", o->log_dir, o->rdzv_id);
-        int rc = fs_mkdir_p(a->run_dir);
-        return rc < 0 ? rc : fs_check_writable(a->run_dir);
+        /* a directory of this run's own, as torchrun's mkdtemp(prefix=ID_): a rerun of the same
+         * id, or another node writing to the same shared --log-dir, keeps its own files */
+        int rc = fs_mkdir_p(o->log_dir);
+        if (rc < 0) return rc;
+        if ((size_t)snprintf(a->run_dir, sizeof a->run_dir, "%s/%s_XXXXXX", o->log_dir,
+                             o->rdzv_id) >= sizeof a->run_dir)
+            return -ENAMETOOLONG;
+        if (!mkdtemp(a->run_dir)) {
+            rc = -errno;
+            snprintf(a->run_dir, sizeof a->run_dir, "%s/%s_XXXXXX", o->log_dir, o->rdzv_id);
+            return rc;
+        }
+        return fs_check_writable(a->run_dir);
     }
     const char *tmp = getenv("TMPDIR");
     int swept = 0;

@@ -377,16 +377,6 @@ static int spawn_one(workers_t *s, int local_rank, char *err, size_t err_len) {
         snprintf(err, err_len, "cannot create %s: %s", dir, strerror(-rc));
         return rc;
     }
-    /* an earlier run of the same --rdzv-id in the same --log-dir left these: its error file
-     * would be this worker's root cause if it writes none (the summary showed another run's
-     * exception), its progress would pass for this one's */
-    const char *leftovers[] = {"error.json", "progress", "pid"};
-    for (size_t i = 0; i < sizeof leftovers / sizeof leftovers[0]; i++) {
-        char path[1600];
-        snprintf(path, sizeof path, "%s/%s", dir, leftovers[i]);
-        if (unlink(path) < 0 && errno != ENOENT)
-            LOG_WARN("cannot remove %s, left by an earlier run: %s", path, strerror(errno));
-    }
     stream_t *streams[2] = {&w->out, &w->err};
     int mask = o->redirects[local_rank] | o->tee[local_rank];
     for (int i = 0; i < 2; i++) {

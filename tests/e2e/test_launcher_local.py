@@ -306,8 +306,10 @@ def test_log_dir_redirects_tee_and_filter(ddprun, script, tmp_path):
                         str(logs), "--redirects", "1:3", "--local-ranks-filter", "0,1",
                         script(ENV_DUMP)], tmp_path)
     assert r.returncode == 0, r.stderr
+    runs = list(logs.glob("job7_*"))
+    assert len(runs) == 1 and str(runs[0]) in r.stderr, (runs, r.stderr)  # named at the start
     for rank in range(3):
-        d = logs / "job7" / "attempt_0" / str(rank)
+        d = runs[0] / "attempt_0" / str(rank)
         assert (d / "stdout.log").read_text() == f"hello from rank {rank}\n"
         assert (d / "stderr.log").read_text() == f"warning from rank {rank}\n"
     assert "[0/0]: hello from rank 0" in r.stdout
@@ -318,7 +320,7 @@ def test_log_dir_redirects_tee_and_filter(ddprun, script, tmp_path):
 def test_a_rerun_in_the_same_log_dir_names_its_own_root_cause(ddprun, script, tmp_path):
     """Two runs of one --rdzv-id in one --log-dir: the second's worker fails without an error
     file, and the summary must not show the first run's (it did: "its error: ... FROM RUN
-    ONE")."""
+    ONE"); each run keeps its own directory, as torchrun's."""
     logs = tmp_path / "logs"
     first = script('#!/bin/sh\nprintf \'{"message": {"message": "RuntimeError: OLD ERROR FROM '
                    'RUN ONE"}}\' > "$TORCHELASTIC_ERROR_FILE"\nexit 3\n', "first.sh")
@@ -331,6 +333,7 @@ def test_a_rerun_in_the_same_log_dir_names_its_own_root_cause(ddprun, script, tm
     assert r.returncode == 4, r.stderr
     assert "OLD ERROR" not in r.stderr, r.stderr
     assert "second run failing" in r.stderr, r.stderr
+    assert len(list(logs.glob("again_*/attempt_0/0/stderr.log"))) == 2, list(logs.rglob("*"))
 
 
 def test_python_scripts_run_under_python_exec(ddprun, tmp_path):
@@ -511,14 +514,22 @@ def test_log_dir_that_cannot_be_created_is_an_error_of_its_own(ddprun, tmp_path,
 
 def test_workers_that_cannot_start_are_a_failure_not_a_success(ddprun, tmp_path):
     from conftest import free_port
-    # the run directory exists, but a worker's own directory cannot be made in it
-    (tmp_path / "myjob").mkdir()
-    (tmp_path / "myjob" / "attempt_0").write_text("")
-    r = subprocess.run([ddprun, "--nnodes", "1", "--rdzv-id", "myjob", "--master-port",
-                        str(free_port()), "--log-dir", str(tmp_path), "--nproc-per-node", "1",
-                        "/bin/true"], capture_output=True, text=True, timeout=30)
+    # the run directory can be made, but a worker's own directory cannot: a tmpfs of 3 inodes
+    # (its root, the run directory, attempt_0)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=3", "tmpfs",
+                            str(logs)], capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (not root?): {mount.stderr.strip()}")
+    try:
+        r = subprocess.run([ddprun, "--nnodes", "1", "--rdzv-id", "myjob", "--master-port",
+                            str(free_port()), "--log-dir", str(logs), "--nproc-per-node", "1",
+                            "/bin/true"], capture_output=True, text=True, timeout=30)
+    finally:
+        subprocess.run(["umount", "-l", str(logs)], capture_output=True)
     assert r.returncode == 127, r.stderr
-    assert "attempt_0/0: Not a directory" in r.stderr
+    assert "attempt_0/0: No space left on device" in r.stderr, r.stderr
 
 
 def test_torchrun_flags_that_scripts_pass_are_accepted(ddprun):
