@@ -17,6 +17,8 @@
 
 /* The shortest slice of the wait for a round to close between looks at its ticket count. */
 #define CLOSE_CHECK_MS 2000
+/* The exit barrier's slice between looks at its done tickets. */
+#define FINISH_SLICE_MS 2000
 
 static void key(const rdzv_t *r, char *out, size_t len, int round, const char *what) {
     if (round < 0)
@@ -588,28 +590,32 @@ int rdzv_wait_restart(rdzv_t *r, rdzv_kv_t *c, const rdzv_result_t *round, char 
     return 0;
 }
 
-/* One member counted done in round's exit barrier; the last of n sets all_done (into all). */
+/* Every member of round is counted done: all_done, and the round's end for whoever still waits
+ * on it: a spare of the full job leaves (it judged the members by heartbeats that now stop, and
+ * asked for a next round that then ran the program again, or waited status_ttl on etcd's leftover
+ * records); a restart reported first stays. */
+static int mark_all_done(rdzv_t *r, rdzv_kv_t *c, int round, const char *all) {
+    TRY(c->ops->set(c, all, "1", 1));
+    char restart[256], text[RDZV_RECORD_MAX_BYTES];
+    rdzv_why_t done = {.node = -1, .rank = -1, .is_finished = true};
+    key(r, restart, sizeof restart, round, "restart");
+    if (rdzv_record_why_format(&done, text, sizeof text) < 0) return -ENOSPC;
+    uint8_t *cur = NULL;
+    size_t cur_n = 0;
+    TRY(c->ops->compare_set(c, restart, "", 0, text, strlen(text), &cur, &cur_n));
+    free(cur);
+    return 0;
+}
+
+/* One member counted done in round's exit barrier; the last of n marks it all done (the key
+ * into all). */
 static int count_done(rdzv_t *r, rdzv_kv_t *c, int round, int n, char *all, size_t all_len) {
     char k[256];
     key(r, k, sizeof k, round, "done");
     key(r, all, all_len, round, "all_done");
     int64_t ticket; /* etcd: a ticket, not an ADD's compare-and-swap, as for a join */
     TRY(c->ops->take_ticket(c, k, all, &ticket));
-    if (ticket + 1 >= n) {
-        TRY(c->ops->set(c, all, "1", 1));
-        /* the round's end, for whoever still waits on it: a spare of the full job leaves (it
-         * judged the members by heartbeats that now stop, and asked for a next round that then
-         * ran the program again, or waited status_ttl on etcd's leftover records); a restart
-         * reported first stays */
-        char restart[256], text[RDZV_RECORD_MAX_BYTES];
-        rdzv_why_t done = {.node = -1, .rank = -1, .is_finished = true};
-        key(r, restart, sizeof restart, round, "restart");
-        if (rdzv_record_why_format(&done, text, sizeof text) < 0) return -ENOSPC;
-        uint8_t *cur = NULL;
-        size_t cur_n = 0;
-        TRY(c->ops->compare_set(c, restart, "", 0, text, strlen(text), &cur, &cur_n));
-        free(cur);
-    }
+    if (ticket + 1 >= n) TRY(mark_all_done(r, c, round, all));
     return 0;
 }
 
@@ -639,7 +645,21 @@ int rdzv_finish(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int64_t t
     else /* judged lost (silent a while) and counted already */
         key(r, all, sizeof all, round, "all_done");
     const char *keys[] = {all};
-    return c->ops->wait(c, keys, 1, timeout_ms);
+    /* in slices: the member whose ticket completed the count may have died before it marked
+     * the round all done, and the others would wait out timeout_ms (join_timeout); a waiter
+     * that finds every ticket taken marks it itself */
+    char done_key[256];
+    key(r, done_key, sizeof done_key, round, "done");
+    uint64_t deadline = clock_deadline_ms(timeout_ms);
+    for (;;) {
+        int64_t left = clock_remaining_ms(deadline); /* -1: never */
+        bool is_last = left >= 0 && left <= FINISH_SLICE_MS;
+        int rc = c->ops->wait(c, keys, 1, is_last ? left : FINISH_SLICE_MS);
+        if (rc != DDP_ETIMEOUT || is_last) return rc;
+        int64_t taken;
+        TRY(c->ops->count_tickets(c, done_key, &taken));
+        if (taken >= n) return mark_all_done(r, c, round, all);
+    }
 }
 
 int rdzv_finish_lost(rdzv_t *r, rdzv_kv_t *c, int round, int n, int member, int judge) {

@@ -542,6 +542,51 @@ Test(rendezvous, a_member_lost_before_the_exit_barrier_is_counted_done_once) {
     server_stop(&srv);
 }
 
+/* The member whose done ticket completed the count dies before it marks the round all done: the
+ * others find every ticket taken and mark it themselves (they waited the barrier's timeout,
+ * join_timeout, before), and the round's restart key says the job finished. */
+Test(rendezvous, a_member_that_died_after_the_last_done_ticket_does_not_hold_the_barrier) {
+    server_t srv;
+    agent_t m[3];
+    start_three(&srv, m);
+    join_together(m, 3);
+    agent_t *by_rank[3];
+    joined_by_rank(m, by_rank);
+    pthread_t t[2];
+    agent_t *done[2] = {by_rank[0], by_rank[2]};
+    for (int i = 0; i < 2; i++) {
+        done[i]->rc = 1;
+        cr_assert_eq(pthread_create(&t[i], NULL, finish_main, done[i]), 0);
+    }
+    usleep(300 * 1000); /* both counted and wait */
+    rdzv_kv_t *kv = by_rank[1]->kv;
+    uint8_t *cur = NULL;
+    size_t cur_n = 0;
+    cr_assert_eq(
+        kv->ops->compare_set(kv, "/ddprun/stale/r0/done_lost/1", "", 0, "self", 4, &cur, &cur_n),
+        0);
+    free(cur);
+    int64_t ticket;
+    cr_assert_eq(kv->ops->take_ticket(kv, "/ddprun/stale/r0/done", NULL, &ticket), 0);
+    cr_assert_eq(ticket, 2, "the last ticket");
+    agent_dies(by_rank[1]); /* before it set all_done */
+    double t0 = now_s();
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(done[i]->rc, 0, "the barrier ends");
+    }
+    cr_assert_lt(now_s() - t0, 8.0, "within a slice or two, not the barrier's 20 s");
+    uint8_t *why;
+    size_t why_n;
+    cr_assert_eq(done[0]->kv->ops->get(done[0]->kv, "/ddprun/stale/r0/restart", &why, &why_n), 0);
+    rdzv_why_t w;
+    cr_assert(rdzv_record_why_parse((const char *)why, why_n, &w) && w.is_finished);
+    free(why);
+    for (int i = 0; i < 2; i++)
+        agent_dies(done[i]);
+    server_stop(&srv);
+}
+
 /* A member that counted itself done and is then judged lost (killed in the barrier) is not
  * counted again: the barrier still waits for the member that has not finished. */
 Test(rendezvous, a_member_lost_after_its_own_count_is_not_counted_twice) {
