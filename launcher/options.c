@@ -744,8 +744,9 @@ static int finish(ddprun_opts_t *o, char *err, size_t el) {
     }
     bool is_etcd = strcmp(o->rdzv_backend, "etcd") == 0;
     bool is_static = strcmp(o->rdzv_backend, "static") == 0;
-    if ((!o->is_endpoint_given || !o->rdzv_endpoints[0]) && !o->is_standalone && !is_etcd &&
-        !is_static) {
+    /* none given and none from Slurm's defaults (which set the endpoint, not is_endpoint_given) */
+    if ((o->is_endpoint_given ? !o->rdzv_endpoints[0] : !o->has_rdzv_endpoint) &&
+        !o->is_standalone && !is_etcd && !is_static) {
         /* torch's parse_rendezvous_endpoint of "" or none: torchrun's c10d meets there */
         strcpy(o->rdzv_host, "localhost");
         o->rdzv_port = DDP_DEFAULT_STORE_PORT;

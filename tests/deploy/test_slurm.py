@@ -225,4 +225,5 @@ def test_sbatch_runs_the_example_through_srun_and_ddprun(ddprun, slurm_cluster, 
     job = r.stdout.split()[-1]
     assert f"run {job}: 2 worker(s), store hosted on" in out, out  # the job id is the rdzv id
     assert '"event":"final"' in out and '"step":4' in out, out
-    assert os.path.isdir(tmp_path / "logs" / job), "ddprun's logs are not under the job's id"
+    assert list((tmp_path / "logs").glob(f"{job}_*/attempt_0")), \
+        "ddprun's logs are not under the job's id"
