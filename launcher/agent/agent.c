@@ -991,11 +991,14 @@ static int prepare_run_dir(agent_t *a) {
     if (o->log_dir[0]) {
         /* a directory of this run's own, as torchrun's mkdtemp(prefix=ID_): a rerun of the same
          * id, or another node writing to the same shared --log-dir, keeps its own files */
-        int rc = fs_mkdir_p(o->log_dir);
-        if (rc < 0) return rc;
         if ((size_t)snprintf(a->run_dir, sizeof a->run_dir, "%s/%s_XXXXXX", o->log_dir,
                              o->rdzv_id) >= sizeof a->run_dir)
             return -ENAMETOOLONG;
+        char parent[sizeof a->run_dir]; /* an id may hold a '/': its folders too */
+        snprintf(parent, sizeof parent, "%.*s", (int)(strrchr(a->run_dir, '/') - a->run_dir),
+                 a->run_dir);
+        int rc = fs_mkdir_p(parent);
+        if (rc < 0) return rc;
         if (!mkdtemp(a->run_dir)) {
             rc = -errno;
             snprintf(a->run_dir, sizeof a->run_dir, "%s/%s_XXXXXX", o->log_dir, o->rdzv_id);

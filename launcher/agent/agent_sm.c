@@ -119,15 +119,22 @@ static void begin_round(agent_sm_t *sm, agent_sm_actions_t *out, int round) {
 
 /* Everything about the round has settled: the next round, success, or giving up. */
 static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
-    if (sm->has_restart && sm->restart.is_finished && !sm->has_failure && !sm->stop_signal) {
-        /* a spare (or a member judged lost meanwhile): nothing left to run */
+    if (sm->has_restart && sm->restart.is_finished && !sm->stop_signal) {
+        /* a spare, or a member judged lost meanwhile (frozen past heartbeat_timeout in the
+         * exit barrier): nothing left to run, never a next round; a failure of this node's own
+         * workers since is still its exit code */
         say(out, AGENT_SAY_INFO,
             "the job finished in round %d without this node: leaving (a new run of it needs "
             "another --rdzv-id)",
             sm->round.round);
+        if (sm->has_failure) {
+            agent_sm_action_t *a = push(out, AGENT_ACT_PRINT_ROOT_CAUSE);
+            a->root = sm->root_cause;
+            a->round = sm->round;
+        }
         if (sm->has_workers) push(out, AGENT_ACT_DESTROY_WORKERS);
         sm->has_workers = false;
-        exit_with(sm, out, 0);
+        exit_with(sm, out, sm->has_failure ? failure_code(&sm->root_cause) : 0);
         return;
     }
     bool is_failed = sm->has_failure || sm->has_restart || sm->stop_signal;

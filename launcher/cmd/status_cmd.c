@@ -267,6 +267,9 @@ static cJSON *gather(reader_t *r) {
         }
     if (n_nodes < 0) n_nodes = 0;
     if (n_nodes > MAX_READ) n_nodes = MAX_READ;
+    /* the found round ended (a restart record) but its next has no members yet: restarting;
+     * read before the failure's record is taken out of vals below */
+    bool is_restarting = found >= 0 && vals[2 * (counter - found) + 1] != NULL;
     /* the last failure: the newest round up to the found one whose restart record names one */
     cJSON *why = NULL;
     int why_round = -1;
@@ -278,8 +281,6 @@ static cJSON *gather(reader_t *r) {
             vals[2 * i + 1] = NULL;
         }
     }
-    cJSON *restart = found >= 0 ? vals[2 * (counter - found) + 1] : NULL;
-    bool is_restarting = restart != NULL;
     delete_all(vals, 2 * (size_t)n_scan);
     out = cJSON_CreateObject();
     cJSON_AddNumberToObject(out, "round", found < 0 ? 0 : found);
@@ -287,7 +288,8 @@ static cJSON *gather(reader_t *r) {
 
     /* the round's end, members and failures in one request */
     size_t n = 0;
-    int why_node = why ? number(why, "node", -1) : -1;
+    int why_node = why ? number(why, "node", -1) : -1; /* the store's: bounded before use */
+    if (why_node < -1 || why_node >= MAX_READ) why_node = -1;
     int n_fail = why ? (why_node + 1 > n_nodes ? why_node + 1 : n_nodes) : 0;
     if (n_fail > MAX_READ) n_fail = MAX_READ;
     if (found >= 0) snprintf(rels[n++], sizeof rels[0], "r%d/all_done", found);
@@ -342,6 +344,7 @@ static cJSON *gather(reader_t *r) {
     /* per rank progress and the newest resume: from the round's store while it is there (etcd),
      * else from the job's */
     if (world > MAX_READ) world = MAX_READ;
+    if (world < 0) world = 0; /* a member record's world_size is anyone's */
     for (int rank = 0; rank < world; rank++)
         snprintf(rels[rank], sizeof rels[0], "progress/%d", rank);
     strcpy(rels[world], "progress/resume");

@@ -853,9 +853,13 @@ static const rdzv_kv_ops_t etcd_ops = {.set = kv_set,
 int rdzv_kv_etcd_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,
                          int64_t op_timeout_ms, rdzv_kv_t **out) {
     etcd_kv_t *e = calloc(1, sizeof *e);
-    *out = (rdzv_kv_t *)e;
-    if (!e) return -ENOMEM;
+    if (!e) {
+        __atomic_store_n(out, NULL, __ATOMIC_RELEASE);
+        return -ENOMEM;
+    }
     e->kv.ops = &etcd_ops;
+    /* published whole (ops set): another thread may read it to interrupt the connect */
+    __atomic_store_n(out, (rdzv_kv_t *)e, __ATOMIC_RELEASE);
     e->lease = lease;
     e->op_timeout_ms = op_timeout_ms;
     e->slice_ms = (int64_t)(o->lease_ttl_s * 1000 / 3);

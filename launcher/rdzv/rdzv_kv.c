@@ -32,7 +32,7 @@ void rdzv_lease_free(rdzv_lease_t *l) {
 
 int rdzv_kv_connect(const ddprun_opts_t *o, rdzv_lease_t *lease, int64_t connect_timeout_ms,
                     int64_t op_timeout_ms, rdzv_kv_t **out) {
-    *out = NULL;
+    __atomic_store_n(out, NULL, __ATOMIC_RELEASE); /* another thread may read it to interrupt */
     if (strcmp(o->rdzv_backend, "etcd") != 0)
         return rdzv_kv_store_connect(o, connect_timeout_ms, op_timeout_ms, out);
 #ifdef DDP_HAVE_ETCD

@@ -492,7 +492,11 @@ int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *w
     size_t n;
     TRY(c->ops->compare_set(c, k, "", 0, text, strlen(text), &cur, &n));
     bool is_winner = n == strlen(text) && memcmp(cur, text, n) == 0;
+    rdzv_why_t there;
+    bool is_finished =
+        !is_winner && rdzv_record_why_parse((const char *)cur, n, &there) && there.is_finished;
     free(cur);
+    if (is_finished) return 0; /* the job ended well before this report: no next round */
     if (is_winner && why->code != 0) {
         char count[24];
         snprintf(count, sizeof count, "%lld", (long long)failures);

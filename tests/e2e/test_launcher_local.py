@@ -336,6 +336,14 @@ def test_a_rerun_in_the_same_log_dir_names_its_own_root_cause(ddprun, script, tm
     assert len(list(logs.glob("again_*/attempt_0/0/stderr.log"))) == 2, list(logs.rglob("*"))
 
 
+def test_a_run_id_with_a_slash_has_its_folders_under_the_log_dir(ddprun, script, tmp_path):
+    logs = tmp_path / "logs"
+    r = launch(ddprun, ["--master-port", "0", "--nproc-per-node", "1", "--rdzv-id", "team/run1",
+                        "--log-dir", str(logs), script(ENV_DUMP)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert list(logs.glob("team/run1_*/attempt_0/0/stdout.log")), list(logs.rglob("*"))
+
+
 def test_python_scripts_run_under_python_exec(ddprun, tmp_path):
     py = tmp_path / "hello.py"
     py.write_text("import os, sys\nprint('py', os.environ['RANK'], sys.argv[1:])\n")

@@ -189,6 +189,33 @@ def test_status_of_a_job_in_a_plain_store(ddprun, store):
     assert [n["host"] for n in s["nodes"]] == ["h0"] and s["ranks"][0]["step"] == 12
 
 
+def test_a_failed_round_whose_next_has_no_members_yet_is_restarting(ddprun, store):
+    """Round 1 failed (exit 3) and round 2 has not closed: restarting, with round 1's failure
+    (the failure's record was taken for last_failure before the state was read: "running")."""
+    a_job(ddprun, store)
+    set_keys(ddprun, store.endpoint, {
+        "/ddprun/J/round": "2",
+        "/ddprun/J/r1/restart": '{"code":3,"permanent":false,"failures":1,"node":0,"rank":0}'})
+    r, _ = status_of(ddprun, store.port, "J", "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["state"] == "restarting" and s["last_failure"]["code"] == 3, s
+
+
+def test_records_of_any_shape_cannot_crash_the_status(ddprun, store):
+    """The store is anyone's: a member's negative world_size and a failure's huge node are
+    bounded before use (they indexed before the status's arrays)."""
+    a_job(ddprun, store)
+    set_keys(ddprun, store.endpoint, {
+        "/ddprun/J/r1/member/0": '{"node": 0, "host": "h0", "first_rank": 0, "nproc": 1, '
+                                 '"world_size": -2, "agent_pid": 7}',
+        "/ddprun/J/r1/restart": '{"code":3,"permanent":false,"failures":1,"node":2147483647,'
+                                '"rank":0}'})
+    r, _ = status_of(ddprun, store.port, "J", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["nodes"][0]["host"] == "h0"
+
+
 def test_a_store_that_drops_the_connection_fails_the_status(ddprun, store):
     a_job(ddprun, store)
     for cut in (b"/ddprun/J/job", b"/closed", b"/member/0", b"/progress/0"):

@@ -828,6 +828,25 @@ Test(agent_sm_signals, a_spare_leaves_with_0_when_the_job_finished) {
     expect_exit(0);
 }
 
+/* A member judged lost (frozen in the exit barrier) wakes up, its worker fails, and its report
+ * finds the job finished: no next round (it ran the program again alone, or waited out
+ * join_timeout); the failure is its exit code. */
+Test(agent_sm_nodes, a_failure_after_the_job_finished_starts_no_round) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    worker_exits(0, 1, 0);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    EV(.kind = AGENT_EV_REPORT_DONE);
+    agent_sm_event_t ev = {.kind = AGENT_EV_RESTART_SEEN,
+                           .is_valid = true,
+                           .why = {.node = -1, .rank = -1, .is_finished = true}};
+    step(ev);
+    cr_assert_null(find(AGENT_ACT_JOIN), "a round after the job's end");
+    cr_assert(said("the job finished in round 0 without this node"));
+    must_find(AGENT_ACT_PRINT_ROOT_CAUSE);
+    expect_exit(1);
+}
+
 Test(agent_sm_nodes, the_end_of_the_job_seen_in_the_exit_barrier_is_no_rerun) {
     setup(true, 3, 2);
     start_several(0, 2);

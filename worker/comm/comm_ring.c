@@ -99,9 +99,10 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
                                    strerror(errno));
         if (ready == 0) {
             bool is_recv_stuck = got < recv_len;
-            /* the collective's bound starts a little before this exchange, so it also ends a
-             * peer that sent nothing at all: that one is silent, not slow */
-            bool has_moved = is_recv_stuck ? got > 0 : sent > 0;
+            /* the collective's bound also ends a peer that moved nothing in the whole
+             * collective (it starts a little before the per-wait timeout): that one is silent,
+             * not slow */
+            bool has_moved = is_recv_stuck ? r->has_received : r->has_sent;
             if (is_bounded && has_moved)
                 return comm_ring__fail(
                     r, DDP_ETIMEOUT,
@@ -120,6 +121,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
             ssize_t k = send(r->next_fd, s + sent, send_len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (k > 0) {
                 sent += (size_t)k;
+                r->has_sent = true;
                 last_progress = (int64_t)clock_now_ms();
             } else if (k < 0 && errno != EAGAIN && errno != EINTR) {
                 return comm_ring__fail(r, DDP_ECLOSED,
@@ -134,6 +136,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
                             : recv(r->prev_fd, d + got, recv_len - got, MSG_DONTWAIT);
             if (k > 0) {
                 got += (size_t)k;
+                r->has_received = true;
                 last_progress = (int64_t)clock_now_ms();
                 fill += (size_t)k;
                 if (add && fill == piece_len) { /* piece_len is whole elements */
@@ -193,6 +196,7 @@ static int begin(ring_t *r, uint32_t op, size_t n_bytes, int root) {
     uint64_t wire_bytes = 2 * (uint64_t)n_bytes + sizeof(ring_frame_t);
     r->bound_ms = (int64_t)clock_now_ms() + r->timeout_ms +
                   (int64_t)(wire_bytes * 1000 / RING_MIN_BYTES_PER_S);
+    r->has_sent = r->has_received = false;
     ring_frame_t mine = {.magic = RING_FRAME_MAGIC,
                          .op = op,
                          .seq = r->seq++,

@@ -4,6 +4,7 @@
 #ifndef DDP_WORKER_COMM_RING_INTERNAL_H
 #define DDP_WORKER_COMM_RING_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "comm.h"
@@ -15,11 +16,12 @@ typedef struct {
     int next_fd, prev_fd;
     char next_addr[80], prev_addr[80];
     int64_t timeout_ms;
-    uint8_t *scratch;  /* RING_PIECE_BYTES */
-    const char *doing; /* the collective in progress, for messages */
-    uint64_t seq;      /* collectives begun so far */
-    int64_t bound_ms;  /* the collective in progress ends by then (clock_now_ms) */
-    int failed_rc;     /* 0, or the code of the failure that made this ring unusable */
+    uint8_t *scratch;            /* RING_PIECE_BYTES */
+    const char *doing;           /* the collective in progress, for messages */
+    uint64_t seq;                /* collectives begun so far */
+    int64_t bound_ms;            /* the collective in progress ends by then (clock_now_ms) */
+    bool has_sent, has_received; /* bytes went to next / came from prev in that collective */
+    int failed_rc;               /* 0, or the code of the failure that made this ring unusable */
 } ring_t;
 
 /* The ring's collectives (comm_ring.c); destroy closes both sockets and frees the ring. */

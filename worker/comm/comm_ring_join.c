@@ -318,7 +318,11 @@ static int accept_prev(ring_t *r, int listen_fd, const store_secret_t *secret, u
         socklen_t from_len = sizeof from;
         int fd =
             accept4(listen_fd, (struct sockaddr *)&from, &from_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) continue;
+        if (fd < 0) { /* out of descriptors, say: named if prev never comes, and no spin */
+            snprintf(stray, sizeof stray, "accepting a connection failed: %s", strerror(errno));
+            usleep(10 * 1000);
+            continue;
+        }
         char from_host[64] = "?";
         if (from.ss_family == AF_INET)
             inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, from_host,
