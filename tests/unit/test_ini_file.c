@@ -112,10 +112,10 @@ Test(ini_file, malformed_files_are_named_errors) {
 
 Test(ini_file, only_regular_files) {
     snprintf(path, sizeof path, "%s", dir);
-    expect_error(": is a directory");
+    expect_error(": not a regular file (a directory)");
     snprintf(path, sizeof path, "%s/fifo.conf", dir);
     cr_assert_eq(mkfifo(path, 0600), 0);
-    expect_error(": is not a regular file"); /* and it returned: the open did not block */
+    expect_error(": not a regular file (a FIFO)"); /* and it returned: the open did not block */
     snprintf(path, sizeof path, "%s/missing.conf", dir);
     expect_error(": cannot open: No such file or directory");
 }

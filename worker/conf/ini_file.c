@@ -1,6 +1,7 @@
 /* ini_file: see ini_file.h. */
 #include "ini_file.h"
 #include "ddp_error.h"
+#include "fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -106,20 +107,10 @@ int ini_file_parse_text(const char *path, char *text, size_t n_bytes, ini_file_c
 }
 
 int ini_file_parse(const char *path, ini_file_cb cb, void *user, char *err, size_t err_len) {
-    /* O_NONBLOCK: a FIFO named as the config must not block the open */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return ddp_errf(err, err_len, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ddp_errf(err, err_len, "%s: %s, not a train.conf file", path,
-                        S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
-    }
+    char why[128];
+    int fd = fs_open_regular(path, &st, why, sizeof why); /* a FIFO does not block it */
+    if (fd < 0) return ddp_errf(err, err_len, "%s: %s", path, why);
     if ((size_t)st.st_size > INI_FILE_MAX_BYTES) {
         close(fd);
         return ddp_errf(err, err_len, "%s: %lld bytes; a train.conf has at most %zu", path,

@@ -370,18 +370,15 @@ static float **section_slot(snapshot_data_t *d, uint32_t kind) {
 
 int snapshot_read(const char *path, snapshot_data_t *d, char *err, size_t err_len) {
     memset(d, 0, sizeof *d);
-    /* O_NONBLOCK: a FIFO named like a snapshot must not block the open (it is refused below) */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        ddp_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-        return SNAPSHOT_E_UNREADABLE;
-    }
     struct stat st;
-    int rc = fstat(fd, &st) < 0
-                 ? (ddp_errf(err, err_len, "%s: %s", path, strerror(errno)), SNAPSHOT_E_UNREADABLE)
-             : !S_ISREG(st.st_mode)
-                 ? ddp_errf(err, err_len, "%s: not a regular file", path)
-                 : read_header(fd, path, (uint64_t)st.st_size, &d->header, err, err_len);
+    char why[128];
+    int fd = fs_open_regular(path, &st, why, sizeof why); /* a FIFO does not block it */
+    if (fd < 0) { /* a FIFO or a folder named like a snapshot is no snapshot; a failed open
+                   * is a snapshot the file system did not give */
+        int refused = ddp_errf(err, err_len, "%s: %s", path, why);
+        return strncmp(why, "not a regular file", 18) == 0 ? refused : SNAPSHOT_E_UNREADABLE;
+    }
+    int rc = read_header(fd, path, (uint64_t)st.st_size, &d->header, err, err_len);
     for (uint32_t i = 0; rc == 0 && i < d->header.n_sections; i++) {
         const snapshot_section_t *s = &d->header.sections[i];
         float **slot = section_slot(d, s->kind);
