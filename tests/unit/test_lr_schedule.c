@@ -50,3 +50,18 @@ Test(lr_schedule, step_cosine_and_one_cycle_shapes) {
     cr_assert_lt(lr_at(&oc, 999), 1e-4);
     cr_assert_geq(lr_at(&oc, 999), 0.1 / 1e4);
 }
+
+/* A run bounded by train.hours alone has no known length (0 steps): its warm-up is kept whole
+ * (it was clamped to the "length" of 1 step, so the first step ran at the full lr). */
+Test(lr_schedule, a_run_of_unknown_length_keeps_its_warmup) {
+    train_conf_t c;
+    train_conf_default(&c);
+    c.lr = 0.1;
+    c.schedule = SCHEDULE_STEP;
+    c.warmup_epochs = 5;
+    lr_schedule_t s;
+    lr_schedule_init(&s, &c, 1, 100, 0);
+    cr_assert_eq(s.warmup_steps, 500);
+    cr_assert_float_eq(lr_at(&s, 0), 0.1 / 500, 1e-15);
+    cr_assert_float_eq(lr_at(&s, 499), 0.1, 1e-15);
+}

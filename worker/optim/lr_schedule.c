@@ -15,7 +15,8 @@ void lr_schedule_init(lr_schedule_t *s, const train_conf_t *c, int world_size,
     s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)steps_per_epoch);
     if (s->schedule == SCHEDULE_ONE_CYCLE && s->warmup_steps == 0)
         s->warmup_steps = (int64_t)(0.3 * (double)s->total_steps);
-    if (s->warmup_steps >= s->total_steps) s->warmup_steps = s->total_steps - 1;
+    /* a run of unknown length (train.hours alone) keeps its whole warm-up */
+    if (total_steps > 0 && s->warmup_steps >= s->total_steps) s->warmup_steps = s->total_steps - 1;
     s->step_every = c->step_every_epochs * (steps_per_epoch > 0 ? steps_per_epoch : 1);
     s->step_gamma = c->step_gamma;
 }

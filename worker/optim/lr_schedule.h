@@ -1,6 +1,7 @@
 /* lr_schedule: the learning rate at each step from train.conf's [optim] keys: base lr scaled with
  * the world size (none, linear, sqrt), linear warm-up, then constant, step, cosine or one-cycle.
- * Pure; a function of the step alone, so a resumed run recomputes it without saved state. */
+ * Pure; a function of the step (of the world it was made for: the trainer maps a run resumed at
+ * another world size onto it), so a resumed run recomputes it without saved state. */
 #ifndef DDP_WORKER_LR_SCHEDULE_H
 #define DDP_WORKER_LR_SCHEDULE_H
 
@@ -17,7 +18,8 @@ typedef struct {
     double step_gamma;
 } lr_schedule_t;
 
-/* From the configuration, the world size and the run's length in steps. */
+/* From the configuration, the world size and the run's length in steps (0: not known, a run of
+ * train.hours alone, which constant and step schedules allow). */
 void lr_schedule_init(lr_schedule_t *s, const train_conf_t *c, int world_size,
                       int64_t steps_per_epoch, int64_t total_steps);
 /* The learning rate for step (0-based). */

@@ -121,6 +121,20 @@ static void init_params(trainer_t *t) {
                       "the initial");
 }
 
+/* The schedule counts this world's steps. A run resumed at another world size took another
+ * number of steps to reach the same samples: the schedule takes the step this world would be at
+ * (the same epoch, as many samples into it), so that the warm-up, the decays and the cosine go on
+ * from where the run is, not from where its step count says (a world of 4 resumed at 2 halfway
+ * through jumped back up the cosine). At the world the run began with the offset is 0. A run
+ * bounded by train.max_steps counts steps, whatever the world. */
+static void align_schedule(trainer_t *t) {
+    t->lr_step_offset = 0;
+    if (t->total_steps != t->p.conf->epochs * t->steps_per_epoch) return;
+    int64_t global_batch = (int64_t)t->p.conf->batch_size * t->p.world;
+    int64_t into_epoch = (t->state.cursor + global_batch - 1) / global_batch;
+    t->lr_step_offset = t->state.epoch * t->steps_per_epoch + into_epoch - t->state.step;
+}
+
 void trainer_start(trainer_t *t, comm_t *comm) {
     const train_conf_t *conf = t->p.conf;
     char err[512];
@@ -137,6 +151,7 @@ void trainer_start(trainer_t *t, comm_t *comm) {
     }
     checkpoint_init(&t->ckpt, &t->p);
     bool is_resumed = checkpoint_resume(&t->ckpt, &t->p, &t->state);
+    align_schedule(t);
     checkpoint_memory_init(&t->memory, &t->p);
     /* trainer_run does nothing: the metrics stay as they are */
     if (t->ckpt.is_already_finished) return;
@@ -207,8 +222,8 @@ int trainer_step(trainer_t *t) {
     /* the summed gradients: every rank finds the same inf or NaN */
     if (s->loss_scale) b->ops->loss_scale_check(b, m->grads, m->n_params, s->loss_scale);
     /* DDP averages: the all-reduce summed, the optimizer divides by the world size */
-    optimizer_step(&t->optim, m->params, m->grads, m->momentum, lr_at(&t->lr, s->step),
-                   1.0f / (float)world, s->loss_scale);
+    optimizer_step(&t->optim, m->params, m->grads, m->momentum,
+                   lr_at(&t->lr, s->step + t->lr_step_offset), 1.0f / (float)world, s->loss_scale);
     if (s->loss_scale)
         b->ops->loss_scale_update(b, s->loss_scale, (uint32_t)c->loss_scale_growth_interval);
     s->step++;
@@ -322,7 +337,7 @@ static void report_progress(trainer_t *t, double loss, double rate, double eta) 
                             .total_steps = t->total_steps,
                             .budget_h = t->p.conf->hours,
                             .loss = loss,
-                            .lr = lr_at(&t->lr, s->step - 1),
+                            .lr = lr_at(&t->lr, s->step - 1 + t->lr_step_offset),
                             .img_per_s = rate,
                             .eta_s = eta,
                             .snapshot = snap};

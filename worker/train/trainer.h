@@ -46,6 +46,8 @@ typedef struct {
     run_log_t log;           /* rank 0's metrics */
     status_report_t *status; /* progress for `ddprun status`, or NULL */
     int64_t steps_per_epoch, total_steps;
+    int64_t lr_step_offset;  /* the schedule's step (of this world) minus state.step: not 0 once
+                                a run resumed at another world size (align_schedule) */
     int64_t samples_trained; /* by this rank in this process, for the summary */
     bool has_written_params; /* train.params_file holds the final weights */
     bool was_spare;          /* this process waited as ddprun's warm spare before its round */
