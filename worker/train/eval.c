@@ -8,6 +8,7 @@
 
 #include "best.h"
 #include "die.h"
+#include "eval_score.h"
 
 #define TOPK 5
 
@@ -31,16 +32,6 @@ void eval_free(eval_t *e) {
     memset(e, 0, sizeof *e);
 }
 
-static void count_hits(const float *logits, int classes, int label, double *top1, double *top5) {
-    int above = 0; /* classes scoring higher than the label (ties count for the label) */
-    for (int j = 0; j < classes; j++) {
-        if (isnan(logits[j])) return; /* NaN compares false: it would look like a hit */
-        if (logits[j] > logits[label]) above++;
-    }
-    if (above == 0) *top1 += 1;
-    if (above < TOPK) *top5 += 1;
-}
-
 eval_result_t eval_run(eval_t *e, data_split_t split) {
     const train_parts_t *p = e->p;
     comm_t *comm = p->comm;
@@ -50,6 +41,8 @@ eval_result_t eval_run(eval_t *e, data_split_t split) {
     train_state_bcast(comm, m, p->optim, TRAIN_STATE_BUFFERS, 0, "rank 0's");
     const dataset_t *d = data_split(p->data, split);
     int batch = (int)p->conf->batch_size, k = m->classes;
+    /* the training criterion, as torchvision's evaluate: cross-entropy with label smoothing */
+    double eps = p->conf->label_smoothing;
     double sums[4] = {0}; /* loss, top1, top5, samples */
     /* each evaluation numbers its batches afresh above the last one's, for the loader */
     uint64_t id = e->batches;
@@ -67,13 +60,10 @@ eval_result_t eval_run(eval_t *e, data_split_t split) {
         for (int i = 0; i < n; i++) {
             const float *z = e->host_logits + (size_t)i * k;
             int label = e->feed->host_labels[i];
-            double zmax = z[0], sum_exp = 0;
-            for (int j = 1; j < k; j++)
-                zmax = z[j] > zmax ? z[j] : zmax;
-            for (int j = 0; j < k; j++)
-                sum_exp += exp(z[j] - zmax);
-            sums[0] += log(sum_exp) + zmax - z[label];
-            count_hits(z, k, label, &sums[1], &sums[2]);
+            sums[0] += eval_score_loss(z, k, label, eps);
+            int above = eval_score_rank(z, k, label);
+            sums[1] += above == 0;
+            sums[2] += above < TOPK;
         }
         sums[3] += n;
     }
