@@ -446,7 +446,7 @@ def test_secret_missing_on_the_client(secret_store, ddprun):
     store, _ = secret_store
     r = cli(ddprun, store, "num-keys")
     assert r.returncode == 1
-    assert "requires a shared secret" in r.stderr and "--secret-file" in r.stderr, r.stderr
+    assert "requires a shared secret" in r.stderr and "--store-secret-file" in r.stderr, r.stderr
     assert store.endpoint in r.stderr
 
 
