@@ -1,6 +1,7 @@
 /* eval_score: one sample's score as torchvision's evaluate() counts it: the training criterion
  * (cross-entropy with label smoothing) and the label's place in the top-k, with torch's tie rule
- * (argmax takes the first of equal maxima). Pure arithmetic in doubles; eval.c's per-sample loop. */
+ * (argmax takes the first of equal maxima). Pure arithmetic in doubles; eval.c's per-sample loop.
+ */
 #ifndef DDP_WORKER_EVAL_SCORE_H
 #define DDP_WORKER_EVAL_SCORE_H
 
