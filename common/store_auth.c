@@ -61,6 +61,11 @@ int store_secret_from_env(store_secret_t *out, char *err, size_t err_len) {
     return 0;
 }
 
+int store_secret_load(const char *path, store_secret_t *out, char *err, size_t err_len) {
+    return path ? store_secret_load_file(path, out, err, err_len)
+                : store_secret_from_env(out, err, err_len);
+}
+
 void store_auth_random_nonce(uint8_t nonce[STORE_AUTH_NONCE_BYTES]) {
     randombytes_buf(nonce, STORE_AUTH_NONCE_BYTES);
 }

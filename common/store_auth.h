@@ -31,6 +31,9 @@ int store_secret_from_text(const char *text, size_t len, const char *origin, sto
 /* DDPRUN_STORE_SECRET, else DDPRUN_STORE_SECRET_FILE, else none (out->is_set = false, returns 0).
  */
 int store_secret_from_env(store_secret_t *out, char *err, size_t err_len);
+/* The secret of a --secret-file when path is given (non-NULL), else the environment's
+ * (store_secret_from_env): the one rule of every command that takes both. */
+int store_secret_load(const char *path, store_secret_t *out, char *err, size_t err_len);
 
 void store_auth_random_nonce(uint8_t nonce[STORE_AUTH_NONCE_BYTES]);
 /* HMAC(key, role NUL, server_nonce, client_nonce, bound): a proof of the secret that binds both

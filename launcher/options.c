@@ -799,9 +799,8 @@ int options_load_store_secret(ddprun_opts_t *o, char *err, size_t el) {
     char msg[512];
     int rc = store_auth_init();
     if (rc == 0)
-        rc = o->store_secret_file[0]
-                 ? store_secret_load_file(o->store_secret_file, &o->store_secret, msg, sizeof msg)
-                 : store_secret_from_env(&o->store_secret, msg, sizeof msg);
+        rc = store_secret_load(o->store_secret_file[0] ? o->store_secret_file : NULL,
+                               &o->store_secret, msg, sizeof msg);
     else
         snprintf(msg, sizeof msg, "libsodium failed to start");
     if (rc < 0) return DDP_ERRF_EINVAL(err, el, "%s", msg);

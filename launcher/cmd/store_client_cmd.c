@@ -263,8 +263,7 @@ int store_client_cmd_main(int argc, char **argv) {
 
     store_secret_t secret = {0};
     if (store_auth_init() < 0) return usage_error("libsodium failed to initialise", "");
-    int rc = secret_file ? store_secret_load_file(secret_file, &secret, err, sizeof err)
-                         : store_secret_from_env(&secret, err, sizeof err);
+    int rc = store_secret_load(secret_file, &secret, err, sizeof err);
     if (rc < 0) return usage_error(err, "");
     opts.secret = &secret;
 

@@ -243,8 +243,7 @@ int store_cmd_main(int argc, char **argv) {
         LOG_ERROR("store: libsodium failed to initialise");
         return 1;
     }
-    int src = secret_file ? store_secret_load_file(secret_file, &opts.secret, err, sizeof err)
-                          : store_secret_from_env(&opts.secret, err, sizeof err);
+    int src = store_secret_load(secret_file, &opts.secret, err, sizeof err);
     if (src < 0) {
         fprintf(stderr, "ddprun store: %s\n", err);
         return 2;
