@@ -389,6 +389,7 @@ static int reconnect(store_client_t *c) {
         for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
             c->deadline_ms = connect_deadline;
             rc = connect_once(c, ai);
+            if (c->is_interrupted) break; /* its ECLOSED is no answer of the store's */
             if (rc < 0) continue;
             /* the handshake gets the shortest of its own bound and the caller's: half of what
              * is left, so that a store of the legacy numbering can still be recognised */
@@ -402,7 +403,10 @@ static int reconnect(store_client_t *c) {
             rc = handshake(c);
             if (rc == DDP_ETIMEOUT) {
                 disconnect(c);
-                if (is_legacy_store(c, ai, clock_deadline_ms(wait_ms / 2 > 0 ? wait_ms / 2 : 1)))
+                bool is_legacy =
+                    is_legacy_store(c, ai, clock_deadline_ms(wait_ms / 2 > 0 ? wait_ms / 2 : 1));
+                if (c->is_interrupted) break;
+                if (is_legacy)
                     rc = fail(c, DDP_EPROTO,
                               "the store speaks the legacy numbering of PyTorch "
                               "<= 2.1 (it answers a legacy request, not our "
@@ -416,6 +420,7 @@ static int reconnect(store_client_t *c) {
                               (long long)wait_ms);
                 break;
             }
+            if (c->is_interrupted) break;
             if (rc == DDP_ECLOSED && c->is_plain) {
                 disconnect(c); /* reconnect without the hello, at once */
                 rc = connect_once(c, ai);
@@ -560,6 +565,9 @@ static int await_stop_waiting(store_client_t *c, int64_t timeout_ms, const char 
         if (rc == 0) rc = recv_reply(c, STORE_REPLY_U8, &r);
         if (rc == 0 && r.u8 == STORE_WAIT_STOP_WAITING) rc = recv_reply(c, STORE_REPLY_U8, &r);
         if (rc < 0 || r.u8 != STORE_WAIT_CANCELED) disconnect(c);
+        /* a silent store's cancel may be what an interrupt ends: say that, not the timeout (the
+         * caller goes on after a timeout and would connect again) */
+        if (rc == DDP_ECLOSED && c->is_interrupted) return rc;
     }
     return fail(c, DDP_ETIMEOUT, "%s on '%s' timed out after %lld ms", what, key,
                 (long long)waited);

@@ -227,7 +227,12 @@ static void finish(agent_t *a, int code) {
         uv_close((uv_handle_t *)&a->beat.timer, NULL);
         a->beat.is_timer_open = false;
     }
-    if (a->hb && !a->beat.job.is_busy) {
+    /* a beat in flight may be reconnecting to a store that is gone (up to half the heartbeat
+     * timeout): end it, its callback destroys the client; the beat's thread publishes the client
+     * before connecting it (rdzv_kv_connect) */
+    rdzv_kv_t *hb = __atomic_load_n(&a->hb, __ATOMIC_ACQUIRE);
+    if (hb && a->beat.job.is_busy) hb->ops->interrupt(hb);
+    if (hb && !a->beat.job.is_busy) {
         rdzv_kv_destroy(a->hb);
         a->hb = NULL;
     }

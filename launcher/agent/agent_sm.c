@@ -195,6 +195,7 @@ static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
     if (sm->cfg.is_multi && !is_failed) {
         sm->state = AGENT_SM_FINISHING;
         sm->barrier_lost = -1;
+        sm->is_barrier_abandoned = false;
         push(out, AGENT_ACT_BARRIER)->round = sm->round;
         return;
     }
@@ -465,9 +466,17 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
         on_restart_seen(sm, ev, out);
         return;
     case AGENT_EV_STORE_SILENT:
-        /* this node's workers succeeded: as with a watch that lost the store, the barrier (bounded
-         * by the join timeout) decides, not which of the two noticed the loss first */
-        if (sm->state == AGENT_SM_FINISHING) return;
+        /* this node's workers succeeded: the barrier ends as when it loses the store itself (exit
+         * 0), at once rather than after its own reconnects and timeouts on a silent store */
+        if (sm->state == AGENT_SM_FINISHING) {
+            if (sm->is_barrier_abandoned) return;
+            sm->is_barrier_abandoned = true;
+            say(out, AGENT_SAY_WARN,
+                "not every node confirmed the end of the job (its store is silent); this node's "
+                "workers succeeded");
+            push(out, AGENT_ACT_INTERRUPT_BARRIER);
+            return;
+        }
         restart_store_lost(sm);
         round_ended(sm);
         stop_workers(sm, out, SIGTERM, sm->cfg.shutdown_timeout_s);

@@ -149,10 +149,11 @@ typedef struct {
     bool is_report_deferred;
     bool has_restart; /* the restart key was seen (restart, restart_text) */
     rdzv_why_t restart;
-    char restart_text[256]; /* the last key seen, kept across the join that follows it */
-    int stop_signal;        /* the first forwarded signal, 0 if none */
-    int barrier_lost;       /* FINISHING: the lost member last counted done for, -1 none */
-    int exit_code;          /* DONE */
+    char restart_text[256];    /* the last key seen, kept across the join that follows it */
+    int stop_signal;           /* the first forwarded signal, 0 if none */
+    int barrier_lost;          /* FINISHING: the lost member last counted done for, -1 none */
+    bool is_barrier_abandoned; /* FINISHING: the store went silent, the barrier was ended */
+    int exit_code;             /* DONE */
 } agent_sm_t;
 
 /* Set up in IDLE. */

@@ -219,3 +219,32 @@ def test_a_silent_store_makes_the_agents_leave_within_the_heartbeat_timeout(agen
         store.proc.send_signal(signal.SIGCONT)
     assert codes == [75, 75], a.text() + b.text()
     assert took < 6 + 3, f"the agents decided to leave {took:.1f} s after the store froze"
+
+
+def test_a_silent_store_ends_the_exit_barrier_with_the_heartbeat_timeout(agents, tmp_path,
+                                                                         start_store):
+    """Node 0's workers succeeded and it waits in the exit barrier when the store freezes: it
+    leaves with 0 (its workers succeeded, as torchrun's agent does when its barrier fails) as soon
+    as the heartbeats find the store silent, and says so once. It used to wait out the barrier's
+    cancel of its WAIT and then a 10 s handshake with the frozen store (an interrupt taken for a
+    timeout), saying "took no heartbeat" every 3.5 s meanwhile."""
+    store = start_store()
+    conf = ("keep_alive_interval=0.5", "heartbeat_timeout=6")
+    a = agents("n0", job_args(store.port, *conf))
+    b = agents("n1", job_args(store.port, *conf))
+    assert wait_until(lambda: (tmp_path / "started.0.0").exists() and
+                      (tmp_path / "started.1.0").exists(), 30), a.text() + b.text()
+    time.sleep(1)  # the node whose group rank is 0 is in the exit barrier now
+    store.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        codes = [x.proc.wait(timeout=60) for x in (a, b)]
+        took = time.monotonic() - t0
+    finally:
+        store.proc.send_signal(signal.SIGCONT)
+    finished, failed = (a, b) if "node 0 of 2" in a.text() else (b, a)
+    assert sorted(codes) == [0, 75], a.text() + b.text()
+    assert finished.proc.returncode == 0 and failed.proc.returncode == 75
+    assert finished.text().count("took no heartbeat") == 1, finished.text()
+    assert "not every node confirmed the end of the job (its store is silent)" in finished.text()
+    assert took < 6 + 3, f"the agents left {took:.1f} s after the store froze"

@@ -176,6 +176,28 @@ def test_losing_the_store_host_stops_every_node(ddprun, tmp_path):
         time.sleep(0.02)
 
 
+def test_a_beat_reconnecting_to_a_lost_store_does_not_hold_the_exit(ddprun, tmp_path):
+    """The store host dies while the other node's worker takes 1 s to stop: the heartbeats go on
+    meanwhile and one of them is reconnecting (for up to half the heartbeat timeout, 15 s) when the
+    agent is done. The agent ends it instead of waiting for it (it exited 15 s late)."""
+    worker = tmp_path / "slow_stop.sh"
+    worker.write_text("#!/bin/sh\ntrap 'sleep 1; exit 1' TERM\necho $$ > \"$OUT_DIR/pid$RANK\"\n"
+                      "while :; do sleep 0.05; done\n")
+    worker.chmod(0o755)
+    agents = spawn_c10d_agents(ddprun, worker, tmp_path, 2, 1,
+                               ["--rdzv-id", "beat", "--rdzv-conf", "keep_alive_interval=0.1"])
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"pid{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    agents[0].kill()
+    agents[0].wait()
+    _, err = agents[1].communicate(timeout=60)
+    assert agents[1].returncode == 75, err
+    assert time.monotonic() - t0 < 1 + 3, err
+
+
 # seen.<round>.<rank>: group world size, world size, group rank, TORCHELASTIC_RESTART_COUNT
 ELASTIC_WORKER = r"""#!/bin/sh
 echo "$GROUP_WORLD_SIZE $WORLD_SIZE $GROUP_RANK $TORCHELASTIC_RESTART_COUNT" > "$OUT_DIR/seen.$DDPRUN_ATTEMPT.$RANK"

@@ -760,6 +760,43 @@ Test(store_server, connect_to_nobody_times_out) {
     store_client_destroy(c);
 }
 
+static void *open_client(void *arg) {
+    job_t *j = arg;
+    j->rc = store_client_open(j->c);
+    j->done_ms = clock_now_ms();
+    return NULL;
+}
+
+/* A frozen store (SIGSTOPped: the kernel still accepts) never answers the handshake: an interrupt
+ * there ends the connect at once. It was read as the store closing on our hello, and the client
+ * connected and waited through the handshake once more (an agent's exit barrier took 10 s). */
+Test(store_server, interrupt_ends_a_handshake_with_a_frozen_store) {
+    int frozen = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(frozen, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(frozen, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(frozen, 8), 0); /* and never accept */
+    socklen_t len = sizeof a;
+    getsockname(frozen, (struct sockaddr *)&a, &len);
+    store_client_opts_t o = {.host = "127.0.0.1",
+                             .port = ntohs(a.sin_port),
+                             .connect_timeout_ms = 30000,
+                             .op_timeout_ms = 30000};
+    job_t j = {0};
+    cr_assert_eq(store_client_new(&o, &j.c), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, open_client, &j);
+    uint64_t t0 = sleep_ms(300); /* inside the handshake's wait */
+    store_client_interrupt(j.c);
+    pthread_join(th, NULL);
+    cr_assert_eq(j.rc, DDP_ECLOSED, "rc %d: %s", j.rc, store_client_error(j.c));
+    cr_assert_lt(j.done_ms - t0, 1000, "the interrupt took %llu ms",
+                 (unsigned long long)(j.done_ms - t0));
+    cr_assert(strstr(store_client_error(j.c), "interrupted"), "%s", store_client_error(j.c));
+    store_client_destroy(j.c);
+    close(frozen);
+}
+
 Test(store_server, port_in_use_is_reported) {
     server_t *a = server_start(NULL);
     server_t *b = server_launch(a->port, NULL, NULL, 1);
