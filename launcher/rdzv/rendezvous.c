@@ -497,11 +497,9 @@ int rdzv_request_restart(rdzv_t *r, rdzv_kv_t *c, int round, const rdzv_why_t *w
         !is_winner && rdzv_record_why_parse((const char *)cur, n, &there) && there.is_finished;
     free(cur);
     if (is_finished) return 0; /* the job ended well before this report: no next round */
-    if (is_winner && why->code != 0) {
-        char count[24];
-        snprintf(count, sizeof count, "%lld", (long long)failures);
-        TRY(c->ops->set(c, failures_key, count, strlen(count)));
-    }
+    /* an ADD, not the count read above written back: a refund landing between the two (a lost
+     * node's, from the round before) would be undone */
+    if (is_winner && why->code != 0) TRY(c->ops->add(c, failures_key, 1, &failures));
     /* The next round begins where agents that start late will look for it: round + 1, once,
      * however many agents report at the same time (a compare-set, not an ADD). */
     key(r, k, sizeof k, -1, "round");

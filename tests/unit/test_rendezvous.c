@@ -629,6 +629,7 @@ typedef struct {
     rdzv_kv_t *inner;
     int requests;
     size_t keys_read;
+    void (*before_compare_set)(const char *key); /* optional: another agent acts then */
 } counting_kv_t;
 
 static rdzv_kv_t *inner(rdzv_kv_t *kv) {
@@ -655,7 +656,8 @@ static int c_add(rdzv_kv_t *kv, const char *key, int64_t delta, int64_t *result)
 static int c_compare_set(rdzv_kv_t *kv, const char *key, const void *expected, size_t expected_len,
                          const void *desired, size_t desired_len, uint8_t **current,
                          size_t *current_len) {
-    counted(kv, 0);
+    counting_kv_t *k = counted(kv, 0);
+    if (k->before_compare_set) k->before_compare_set(key);
     return inner(kv)->ops->compare_set(inner(kv), key, expected, expected_len, desired, desired_len,
                                        current, current_len);
 }
@@ -765,6 +767,42 @@ Test(rendezvous, a_join_reads_a_few_keys_whatever_the_round_size) {
                 cr_assert_lt(m[i].out.group_rank, m[j].out.group_rank);
     for (int i = 0; i < N; i++)
         agent_dies(&m[i]);
+    server_stop(&srv);
+}
+
+/* A refund (round 0 ended by a lost node) lands while round 1's failure is being reported: the
+ * failure counter keeps both, 1 - 1 + 1. The winner of the report wrote back the count it had
+ * read before (1 + 1), and the refund was lost: a restart charged to the budget that was none. */
+static agent_t refunder;
+static void refund_now(const char *key) {
+    if (strstr(key, "/r1/restart"))
+        cr_assert_eq(rdzv_refund_failure(&refunder.r, refunder.kv), 0, "%s",
+                     refunder.kv->ops->error(refunder.kv));
+}
+
+Test(rendezvous, a_refund_during_a_failure_report_is_kept) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    agent_t reporter;
+    agent_start(&reporter, true);
+    agent_start(&refunder, false);
+    int64_t failures;
+    const char *key = "/ddprun/stale/failures";
+    cr_assert_eq(reporter.kv->ops->add(reporter.kv, key, 1, &failures), 0); /* round 0's end */
+    counting_kv_t *k = calloc(1, sizeof *k);
+    cr_assert_not_null(k);
+    k->kv.ops = &counting_ops;
+    k->inner = reporter.kv;
+    k->before_compare_set = refund_now;
+    reporter.kv = &k->kv;
+    rdzv_why_t why = {.code = 1};
+    cr_assert_eq(rdzv_request_restart(&reporter.r, reporter.kv, 1, &why), 0, "%s",
+                 reporter.kv->ops->error(reporter.kv));
+    cr_assert_eq(refunder.kv->ops->add(refunder.kv, key, 0, &failures), 0);
+    cr_assert_eq(failures, 1, "the failure counter reads %lld", (long long)failures);
+    agent_dies(&reporter);
+    agent_dies(&refunder);
     server_stop(&srv);
 }
 
