@@ -296,6 +296,21 @@ static int on_key(void *user, const char *section, const char *key, const char *
     return train_conf_set(ctx->conf, section, key, value, err, err_len);
 }
 
+/* Keys that are each valid but not together: refused as torch.optim refuses them, rather than
+ * ignored. */
+static int check_together(const train_conf_t *c, char *err, size_t err_len) {
+    static const char *const optimizers[] = {"sgd", "adam", "adamw"};
+    if (c->is_nesterov && c->optimizer != OPTIM_SGD)
+        return fail(err, err_len, NULL,
+                    "optim.nesterov: Nesterov momentum is SGD's, and optim.name is %s (drop "
+                    "optim.nesterov)",
+                    optimizers[c->optimizer]);
+    if (c->is_nesterov && c->momentum == 0)
+        return fail(err, err_len, NULL,
+                    "optim.nesterov needs optim.momentum > 0 (torch.optim.SGD refuses it too)");
+    return 0;
+}
+
 int train_conf_load(const char *path, char *const *overrides, int n_overrides, train_conf_t *out,
                     char *err, size_t err_len) {
     train_conf_default(out);
@@ -317,6 +332,7 @@ int train_conf_load(const char *path, char *const *overrides, int n_overrides, t
         if (train_conf_set(out, buf, dot + 1, eq + 1, msg, sizeof msg) < 0)
             return fail(err, err_len, NULL, "override '%s': %s", overrides[i], msg);
     }
+    if (check_together(out, err, err_len) < 0) return -1;
     return 0;
 }
 
