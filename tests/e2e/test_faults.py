@@ -137,6 +137,11 @@ def workers_of(conf):
     return [int(p) for p in r.stdout.split()]
 
 
+def rank_of(pid):
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return int(next(e for e in env if e.startswith(b"RANK="))[5:])
+
+
 def wait_for_new_round(conf, gone, n_workers=4, timeout=60):
     """pids of a full set of workers, none of them in gone."""
     deadline = time.monotonic() + timeout
@@ -448,6 +453,42 @@ def test_a_lost_node_scales_the_job_down_and_it_resumes_with_fewer_ranks(ddprun,
     assert world == 2
     rc, f = inspect(ddpworker, snap / (snap / "latest").read_text().strip())
     assert int(f["epoch"]) == 2 and f["cursor"].startswith("4096 of 4096"), f
+
+
+def test_a_frozen_node_costs_no_shutdown_timeout(ddprun, ddpworker, conf, tmp_path):
+    """Node 1 freezes whole (agent and workers, SIGSTOP: its sockets stay open): node 0 ends the
+    round on the heartbeat timeout and stops its workers, which wait in a collective on the frozen
+    rank. They leave within the stop's grace, not at collective_timeout after --shutdown-timeout's
+    SIGKILL (60 s here), and node 0 resumes alone."""
+    snap = tmp_path / "frozen"
+    port = free_port()
+    rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
+    jobs = [start_job(ddprun, conf, snap, "train.collective_timeout=300", nnodes="1:2", port=port,
+                      rdzv_conf=rdzv, extra_flags=["--shutdown-timeout", "60"])]
+    time.sleep(0.05)
+    jobs.append(start_job(ddprun, conf, snap, "train.collective_timeout=300", nnodes="1:2",
+                          port=port, rdzv_conf=rdzv))
+    frozen = [jobs[1].pid]
+    try:
+        wait_for_snapshot_after(snap, 8)
+        # the agent, and its workers (their shims' sessions are their own)
+        frozen += [pid for pid in workers_of(conf) if rank_of(pid) >= 2]
+        assert len(frozen) == 3, frozen
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        out, _ = jobs[0].communicate(timeout=300)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+        jobs[1].communicate()
+    assert jobs[0].returncode == 0, out
+    ended = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) .*sent no heartbeat", out, re.M)
+    began = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) .*round 1: node 0 of 1", out, re.M)
+    assert ended and began, out
+    seconds = [int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3]) for m in (ended, began)]
+    assert (seconds[1] - seconds[0]) % 86400 < 15, out
+    assert "stopping (SIGTERM) while rank" in out, out
+    assert "resuming from" in out and "0 steps lost" in out, out
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

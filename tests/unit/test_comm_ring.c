@@ -7,6 +7,7 @@
  * the store they meet through is a forked `store_server` (a libuv loop in a child process). */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 
 #include "comm.h"
 #include "ddp_error.h"
+#include "stop_signal.h"
 #include "store/store_server.h"
 #include "store_auth.h"
 #include "store_proto.h"
@@ -287,6 +289,51 @@ Test(comm_ring, a_silent_peer_fails_the_collective_at_the_deadline) {
         cr_assert_lt(shared->failed_after_ms[r], 3500, "rank %d: %s", r, shared->err[r]);
         cr_assert(strstr(shared->err[r], "rank "), "rank %d: '%s'", r, shared->err[r]);
     }
+}
+
+/* SIGTERM (caught, as the trainer catches it once it has a snapshot folder) while rank 0 waits in
+ * a collective on rank 1, silent: the wait ends after the stop's grace, not collective_timeout (30
+ * s here; an agent stopping this worker SIGKILLed it after --shutdown-timeout). */
+static int stopped_while_a_peer_is_silent(comm_t *c, int rank, int world) {
+    (void)world;
+    if (rank == 1) {
+        sleep(8);
+        return 0;
+    }
+    stop_signal_catch();
+    double x = 1;
+    int64_t start = now_ms();
+    raise(SIGTERM);
+    int rc = c->ops->allreduce_sum_f64(c, &x, 1);
+    shared->failed_after_ms[rank] = now_ms() - start;
+    shared->rc[rank] = rc;
+    snprintf(shared->err[rank], sizeof shared->err[rank], "%s", comm_error(c));
+    return 0;
+}
+
+Test(comm_ring, a_stop_does_not_wait_for_a_silent_peer) {
+    cr_assert_eq(run_ring(2, 30000, stopped_while_a_peer_is_silent), 0);
+    cr_assert_eq(shared->rc[0], -ECANCELED, "rc %d: %s", shared->rc[0], shared->err[0]);
+    cr_assert(strstr(shared->err[0], "stopping (SIGTERM) while rank 1 (127.0.0.1:"), "%s",
+              shared->err[0]);
+    cr_assert_geq(shared->failed_after_ms[0], 1900);
+    cr_assert_lt(shared->failed_after_ms[0], 5000, "%s", shared->err[0]);
+}
+
+/* Every rank is stopped (a preemption) and one reaches the collective a second late: the live peer
+ * is waited for, the collective completes (the trainer then stops at the step's boundary). */
+static int stopped_with_every_peer_alive(comm_t *c, int rank, int world) {
+    stop_signal_catch();
+    raise(SIGTERM);
+    if (rank == 1) usleep(1000 * 1000);
+    double x = 1;
+    int rc = c->ops->allreduce_sum_f64(c, &x, 1);
+    if (rc < 0) fprintf(stderr, "rank %d: %s\n", rank, comm_error(c));
+    return rc == 0 && x == world ? 0 : 1;
+}
+
+Test(comm_ring, a_stop_with_every_peer_alive_completes_the_collective) {
+    cr_assert_eq(run_ring(2, 30000, stopped_with_every_peer_alive), 0);
 }
 
 static void *kill_self_soon(void *arg) {

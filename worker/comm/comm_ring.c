@@ -29,9 +29,19 @@
 #include "clock.h"
 #include "comm_ring_internal.h"
 #include "ddp_error.h"
+#include "stop_signal.h"
 
 #define RING_FRAME_MAGIC     0x52444444u  /* "DDDR" */
 #define RING_MIN_BYTES_PER_S (256u << 10) /* a 2 Mbit/s link still passes */
+/* Once a stop is requested (SIGTERM), a peer that moves nothing for this long, or for twice the
+ * longest wait a live peer has needed in this run (ranks that compute at different speeds), is
+ * not waited for: the agent stopping this worker has usually judged that peer lost already, and
+ * would otherwise wait --shutdown-timeout and SIGKILL a worker that waits collective_timeout. A
+ * stop that every rank gets (a preemption) still finds every peer moving, and ends at the step's
+ * boundary with its snapshot. */
+#define RING_STOP_GRACE_MS 2000
+/* how often a wait looks at the stop request (a signal may land just before the poll) */
+#define RING_STOP_CHECK_MS 250
 
 enum { RING_OP_ALLREDUCE_F32 = 1, RING_OP_ALLREDUCE_F64, RING_OP_BROADCAST, RING_OP_BARRIER };
 
@@ -68,6 +78,13 @@ int comm_ring__fail(ring_t *r, int rc, const char *fmt, ...) {
     return rc;
 }
 
+/* Data moved: the time since the last progress was a live peer's wait. Returns now. */
+static int64_t note_progress(ring_t *r, int64_t last_progress) {
+    int64_t now = (int64_t)clock_now_ms();
+    if (now - last_progress > r->longest_quiet_ms) r->longest_quiet_ms = now - last_progress;
+    return now;
+}
+
 /* Send send_len bytes to next while receiving recv_len bytes from prev (either may be 0). With
  * add, what arrives is added into recv_buf (elements of elem bytes) instead of copied: it lands in
  * scratch one piece at a time, so the sender streams its whole chunk ahead of the additions. */
@@ -76,7 +93,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
     const uint8_t *s = send_buf;
     uint8_t *d = recv_buf;
     size_t sent = 0, got = 0, fill = 0; /* fill: bytes of the current piece in scratch */
-    int64_t last_progress = (int64_t)clock_now_ms();
+    int64_t last_progress = (int64_t)clock_now_ms(), stop_seen_ms = 0;
     while (sent < send_len || got < recv_len) {
         struct pollfd p[2];
         int n = 0, send_at = -1, recv_at = -1;
@@ -92,13 +109,36 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
         int64_t left = r->timeout_ms - (now - last_progress);
         bool is_bounded = r->bound_ms && r->bound_ms - now < left;
         if (is_bounded) left = r->bound_ms - now;
-        int ready = left > 0 ? poll(p, (nfds_t)n, (int)(left > 1000000000 ? 1000000000 : left)) : 0;
+        bool is_stopping = false;
+        if (stop_signal_is_stop_requested()) {
+            if (!stop_seen_ms) stop_seen_ms = now;
+            int64_t since = last_progress > stop_seen_ms ? last_progress : stop_seen_ms;
+            int64_t grace = r->longest_quiet_ms * 2 > RING_STOP_GRACE_MS ? r->longest_quiet_ms * 2
+                                                                         : RING_STOP_GRACE_MS;
+            is_stopping = grace - (now - since) < left;
+            if (is_stopping) left = grace - (now - since);
+        }
+        /* a wait that has run out still looks once: this process may itself have been stopped
+         * (SIGSTOP, a paused VM) while the peer's data arrived */
+        int wait_ms = left <= 0 ? 0 : left > RING_STOP_CHECK_MS ? RING_STOP_CHECK_MS : (int)left;
+        int ready = poll(p, (nfds_t)n, wait_ms);
         if (ready < 0 && errno == EINTR) continue;
         if (ready < 0)
             return comm_ring__fail(r, -errno, "poll failed during %s: %s", r->doing,
                                    strerror(errno));
+        if (ready == 0 && left > wait_ms) continue; /* a slice: look at the stop request again */
         if (ready == 0) {
             bool is_recv_stuck = got < recv_len;
+            if (is_stopping)
+                return comm_ring__fail(
+                    r, -ECANCELED,
+                    "stopping (SIGTERM) while rank %d (%s, %s) moved nothing for %lld ms during "
+                    "%s",
+                    is_recv_stuck ? prev_rank(r) : next_rank(r),
+                    is_recv_stuck ? r->prev_addr : r->next_addr, is_recv_stuck ? "prev" : "next",
+                    (long long)((int64_t)clock_now_ms() -
+                                (last_progress > stop_seen_ms ? last_progress : stop_seen_ms)),
+                    r->doing);
             /* the collective's bound also ends a peer that moved nothing in the whole
              * collective (it starts a little before the per-wait timeout): that one is silent,
              * not slow */
@@ -122,7 +162,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
             if (k > 0) {
                 sent += (size_t)k;
                 r->has_sent = true;
-                last_progress = (int64_t)clock_now_ms();
+                last_progress = note_progress(r, last_progress);
             } else if (k < 0 && errno != EAGAIN && errno != EINTR) {
                 return comm_ring__fail(r, DDP_ECLOSED,
                                        "sending to rank %d (%s, next) failed during %s: %s",
@@ -137,7 +177,7 @@ static int exchange_add(ring_t *r, const void *send_buf, size_t send_len, void *
             if (k > 0) {
                 got += (size_t)k;
                 r->has_received = true;
-                last_progress = (int64_t)clock_now_ms();
+                last_progress = note_progress(r, last_progress);
                 fill += (size_t)k;
                 if (add && fill == piece_len) { /* piece_len is whole elements */
                     add(d + got - fill, r->scratch, piece_len / elem);

@@ -21,6 +21,7 @@ typedef struct {
     uint64_t seq;                /* collectives begun so far */
     int64_t bound_ms;            /* the collective in progress ends by then (clock_now_ms) */
     bool has_sent, has_received; /* bytes went to next / came from prev in that collective */
+    int64_t longest_quiet_ms;    /* the longest wait for a peer that then moved its data */
     int failed_rc;               /* 0, or the code of the failure that made this ring unusable */
 } ring_t;
 

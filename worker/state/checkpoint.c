@@ -15,6 +15,7 @@
 #include "exit_codes.h"
 #include "json_lines.h"
 #include "memory_snapshot.h"
+#include "stop_signal.h"
 
 _Static_assert((int)OPTIM_SGD == (int)SNAPSHOT_OPTIM_SGD &&
                    (int)OPTIM_ADAM == (int)SNAPSHOT_OPTIM_ADAM &&
@@ -40,12 +41,6 @@ static uint32_t data_kind_code(data_kind_t kind) {
     return SNAPSHOT_DATA_UNRECORDED;
 }
 
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int signum) {
-    stop_signal = signum;
-}
-
 /* Bytes reaching the disk are progress: a slow but moving snapshot write is no hang. */
 static void beat(void *arg) {
     (void)arg;
@@ -55,10 +50,7 @@ static void beat(void *arg) {
 void checkpoint_init(checkpoint_t *ck, const train_parts_t *p) {
     const train_conf_t *c = p->conf;
     if (!c->snapshot_dir[0]) return;
-    struct sigaction sa = {.sa_handler = on_stop_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    stop_signal_catch();
     if (p->rank != 0) return;
     snapshot_retention_t keep = {.keep = c->snapshot_keep, .keep_every = c->snapshot_keep_every};
     char err[1024];
@@ -163,7 +155,7 @@ int checkpoint_agree_step(const train_parts_t *p, const train_state_t *s, bool *
     if (!has_budget && !has_signals) return 0;
     /* ranks that received each signal, and rank 0's clock: every rank must stop at the same step,
      * and one reduction answers both questions */
-    double got[3] = {stop_signal == SIGTERM, stop_signal == SIGUSR1,
+    double got[3] = {stop_signal_is_stop_requested(), stop_signal_is_snapshot_requested(),
                      has_budget && p->rank == 0 &&
                          train_state_elapsed_s(s) >= p->conf->hours * 3600.0};
     die_comm(p->comm, p->comm->ops->allreduce_sum_f64(p->comm, got, 3),
