@@ -251,6 +251,31 @@ def test_sigterm_takes_a_snapshot_at_the_next_step_and_the_rerun_continues_exact
     assert final_state(ddpworker, snap) == want
 
 
+def test_sigterm_after_the_last_step_is_not_ignored(ddpworker, conf, tmp_path):
+    """A stop that lands after the last step's agreement (here in the last validation) used to be
+    ignored: the worker went on through the final evaluation, which can outlast --shutdown-timeout
+    (then SIGKILL), and exited 0. Now it leaves before the final evaluation with 143, as at a step
+    boundary, and the same command resumes and finishes."""
+    snap = tmp_path / "late"
+    cmd = [ddpworker, conf, f"snapshot.dir={snap}", "train.max_steps=8", "train.log_interval=1",
+           "data.test_limit=20000"]
+    w = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=clean_env())
+    seen = []
+    for line in w.stdout:
+        seen.append(line)
+        if "step 8/8" in line:
+            break
+    w.send_signal(signal.SIGTERM)
+    out = "".join(seen) + w.communicate(timeout=120)[0]
+    assert w.returncode == 128 + signal.SIGTERM, out
+    assert "signal 15 after the last step: exiting before the final evaluation" in out, out
+    assert '"event":"final"' not in out, out
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resuming from" in r.stdout and '"event":"final"' in r.stdout, r.stdout
+
+
 def test_sigusr1_to_one_worker_snapshots_and_the_job_resumes_from_there(ddprun, ddpworker, conf,
                                                                         tmp_path):
     want = reference(ddprun, ddpworker, conf, tmp_path)
