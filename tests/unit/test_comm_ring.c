@@ -291,6 +291,45 @@ Test(comm_ring, a_silent_peer_fails_the_collective_at_the_deadline) {
     }
 }
 
+static void *publish_rank_1_late(void *arg) {
+    const char *prefix = arg;
+    usleep(1500 * 1000);
+    store_client_t *store = connect_store(store_port, 5000);
+    char key[128];
+    snprintf(key, sizeof key, "%sring/1", prefix);
+    if (store) store_client_set(store, key, "127.0.0.1:1", 11);
+    store_client_destroy(store);
+    return NULL;
+}
+
+/* Rank 0 of 3 joins; rank 1 publishes its address late and rank 2 never: the join gives up at the
+ * ring's timeout (2 s), not one timeout per neighbour (rank 1's late key restarted the wait: 3.5
+ * s, and the connect had no time left). */
+Test(comm_ring, joining_waits_one_timeout_for_both_neighbours) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "/late/%d/", (int)getpid());
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, publish_rank_1_late, prefix), 0);
+    store_client_t *store = connect_store(store_port, 10000);
+    cr_assert_not_null(store);
+    comm_ring_opts_t ro = {.rank = 0,
+                           .world = 3,
+                           .store = store,
+                           .key_prefix = prefix,
+                           .store_host = "127.0.0.1",
+                           .timeout_ms = 2000};
+    comm_t *c = NULL;
+    char err[512];
+    int64_t start = now_ms();
+    int rc = comm_ring_create(&ro, &c, err, sizeof err);
+    int64_t took = now_ms() - start;
+    pthread_join(t, NULL);
+    cr_assert_eq(rc, DDP_ETIMEOUT, "rc %d: %s", rc, err);
+    cr_assert(strstr(err, "rank 2 never published its address within 2000 ms"), "%s", err);
+    cr_assert_lt(took, 3000, "gave up after %lld ms", (long long)took);
+    store_client_destroy(store);
+}
+
 /* SIGTERM (caught, as the trainer catches it once it has a snapshot folder) while rank 0 waits in
  * a collective on rank 1, silent: the wait ends after the stop's grace, not collective_timeout (30
  * s here; an agent stopping this worker SIGKILLed it after --shutdown-timeout). */

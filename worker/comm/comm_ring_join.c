@@ -345,7 +345,11 @@ static int accept_prev(ring_t *r, int listen_fd, const store_secret_t *secret, u
     }
 }
 
-static int publish_and_lookup(ring_t *r, const comm_ring_opts_t *o, const char *self_addr) {
+/* Publish this rank's address, then wait for both neighbours' within what is left of the ring's
+ * deadline: one WAIT on the two keys (one after the other, each bounded by the whole timeout, took
+ * up to twice collective_timeout and left the connect no time). */
+static int publish_and_lookup(ring_t *r, const comm_ring_opts_t *o, const char *self_addr,
+                              int64_t deadline_ms) {
     char key[600];
     snprintf(key, sizeof key, "%sring/%d", o->key_prefix, o->rank);
     if (store_client_set(o->store, key, self_addr, strlen(self_addr)) < 0)
@@ -353,17 +357,35 @@ static int publish_and_lookup(ring_t *r, const comm_ring_opts_t *o, const char *
                                store_client_error(o->store));
     int peers[2] = {next_rank(r), prev_rank(r)};
     char *outs[2] = {r->next_addr, r->prev_addr};
+    char keys[2][600];
+    const char *key_list[2] = {keys[0], keys[1]};
+    for (int i = 0; i < 2; i++)
+        snprintf(keys[i], sizeof keys[i], "%sring/%d", o->key_prefix, peers[i]);
+    int64_t left = deadline_ms - (int64_t)clock_now_ms();
+    int rc = store_client_wait(o->store, key_list, 2, left > 0 ? left : 1);
+    uint8_t *vals[2] = {NULL, NULL};
+    size_t lens[2] = {0, 0};
+    if (rc == 0 || rc == DDP_ETIMEOUT)
+        rc = rc == 0 ? store_client_multi_get(o->store, key_list, 2, vals, lens) : rc;
+    if (rc == DDP_ETIMEOUT) { /* which of the two is missing */
+        int missing = peers[0];
+        if (store_client_multi_get(o->store, key_list, 2, vals, lens) == 0 && lens[0] > 0)
+            missing = peers[1];
+        for (int i = 0; i < 2; i++)
+            free(vals[i]);
+        return comm_ring__fail(r, DDP_ETIMEOUT,
+                               "rank %d never published its address within %lld ms (the "
+                               "collective's timeout)",
+                               missing, (long long)r->timeout_ms);
+    }
+    if (rc < 0)
+        return comm_ring__fail(r, rc, "cannot read the neighbours' addresses: %s",
+                               store_client_error(o->store));
     for (int i = 0; i < 2; i++) {
-        snprintf(key, sizeof key, "%sring/%d", o->key_prefix, peers[i]);
-        uint8_t *val = NULL;
-        size_t len = 0;
-        if (store_client_get(o->store, key, &val, &len) < 0)
-            return comm_ring__fail(r, DDP_ETIMEOUT, "rank %d never published its address: %s",
-                                   peers[i], store_client_error(o->store));
-        if (len >= sizeof r->next_addr) len = sizeof r->next_addr - 1;
-        memcpy(outs[i], val, len);
+        size_t len = lens[i] < sizeof r->next_addr ? lens[i] : sizeof r->next_addr - 1;
+        memcpy(outs[i], vals[i], len);
         outs[i][len] = '\0';
-        free(val);
+        free(vals[i]);
     }
     return 0;
 }
@@ -429,7 +451,7 @@ int comm_ring_create(const comm_ring_opts_t *o, comm_t **out, char *err, size_t 
             rc = r->failed_rc;
             goto done;
         }
-        rc = publish_and_lookup(r, o, self_addr);
+        rc = publish_and_lookup(r, o, self_addr, deadline_ms);
         if (rc < 0) goto done;
         if (split_address(r->next_addr, strlen(r->next_addr), peer_host, sizeof peer_host,
                           peer_port, sizeof peer_port) < 0) {
