@@ -36,9 +36,11 @@ struct store_client {
     size_t r_len, r_pos, r_cap;
     uint8_t *wbuf;
     size_t w_cap;
-    uint64_t deadline_ms; /* of the op in progress */
-    int wake[2];          /* store_client_interrupt writes here; every wait polls it too */
-    bool is_interrupted;  /* the wake fired: a connect in progress gives up instead of retrying */
+    uint64_t deadline_ms;  /* of the op in progress */
+    int64_t op_timeout_ms; /* its bound, and its request (for a timeout's message) */
+    store_op_t op;
+    int wake[2];         /* store_client_interrupt writes here; every wait polls it too */
+    bool is_interrupted; /* the wake fired: a connect in progress gives up instead of retrying */
     char err[512];
 };
 
@@ -77,7 +79,7 @@ static int wait_fd(store_client_t *c, short events) {
             }
             disconnect(c);
             c->is_interrupted = true;
-            return DDP_ECLOSED;
+            return fail(c, DDP_ECLOSED, "interrupted: the answer is no longer needed");
         }
         if (n > 0) return 0;
         if (n == 0) return DDP_ETIMEOUT;
@@ -101,7 +103,7 @@ static int send_all(store_client_t *c, const void *p, size_t n) {
                 /* part of the frame may be out: the next request on this connection would be
                  * read as its rest */
                 disconnect(c);
-                return fail(c, rc, "sending: %s", ddp_strerror(rc));
+                return c->is_interrupted ? rc : fail(c, rc, "sending: %s", ddp_strerror(rc));
             }
             continue;
         }
@@ -150,7 +152,10 @@ static int read_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t 
             return fail(c, e == ECONNRESET ? DDP_ECLOSED : -e, "receiving: %s", strerror(e));
         }
         rc = wait_fd(c, POLLIN);
-        if (rc < 0) return rc == DDP_ETIMEOUT ? rc : fail(c, rc, "receiving: %s", ddp_strerror(rc));
+        if (rc < 0)
+            return rc == DDP_ETIMEOUT || c->is_interrupted
+                       ? rc
+                       : fail(c, rc, "receiving: %s", ddp_strerror(rc));
     }
 }
 
@@ -158,14 +163,17 @@ static int read_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t 
  * the next operation's. (A timed-out WAIT is the exception: it is cancelled instead.) */
 static int recv_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t *out) {
     int rc = read_reply(c, kind, out);
-    if (rc == DDP_ETIMEOUT) disconnect(c);
-    return rc;
+    if (rc != DDP_ETIMEOUT) return rc;
+    disconnect(c);
+    return fail(c, rc, "no answer to %s within %lld ms", store_op_name(c->op),
+                (long long)c->op_timeout_ms);
 }
 
 /* ---- framing of requests ------------------------------------------------------------------ */
 
 /* A writer over c->wbuf with room for need bytes. */
 static int begin(store_client_t *c, store_op_t op, size_t need, store_writer_t *w) {
+    c->op = op; /* for a timeout's message */
     int wire = store_proto_wire_opcode(c->opts.dialect, op);
     if (wire < 0)
         return fail(c, -ENOTSUP, "%s is not part of the %s protocol numbering", store_op_name(op),
@@ -187,7 +195,8 @@ static int reconnect(store_client_t *c);
 /* Start an op: reconnect if a previous failure closed the connection, arm the deadline. */
 static int start_op(store_client_t *c, int64_t timeout_ms) {
     if (c->fd < 0) TRY(reconnect(c));
-    c->deadline_ms = clock_deadline_ms(timeout_ms < 0 ? c->opts.op_timeout_ms : timeout_ms);
+    c->op_timeout_ms = timeout_ms < 0 ? c->opts.op_timeout_ms : timeout_ms;
+    c->deadline_ms = clock_deadline_ms(c->op_timeout_ms);
     return 0;
 }
 

@@ -113,7 +113,8 @@ typedef struct {
     job_t barrier;
     bool is_barrier_interrupted; /* a failure elsewhere: its client is then replaced */
     struct {
-        job_t job; /* on a client of its own: the barrier's waits in ops */
+        job_t job;         /* on a client of its own: the barrier's waits in ops */
+        rdzv_kv_t *client; /* published before it connects (finish interrupts it) */
         int member, is_counted;
         char err[256];
         bool is_pending[RDZV_MAX_NODES]; /* lost while another was being counted: next */
@@ -129,15 +130,18 @@ typedef struct {
         bool is_lease_only;     /* etcd between rounds: only keep this agent's lease alive */
         bool is_job_lease_only; /* ... as the job in flight was queued */
         bool is_lease_lost_said;
-        bool is_renewed;    /* the last keep_alive found the lease expired and renewed it */
-        liveness_t members; /* judges the counters (a spare: the members', etcd: their keys) */
+        bool is_renewed;       /* the last keep_alive found the lease expired and renewed it */
+        bool is_unconnected;   /* the beat's client could not connect: hb_after_cb destroys it */
+        char connect_err[256]; /* why, for the messages that would ask the client */
+        liveness_t members;    /* judges the counters (a spare: the members', etcd: their keys) */
         bool known[RDZV_MAX_NODES]; /* the job's copy of liveness.known (the store's ring) */
     } beat;
     struct {
         job_t job;
-        int lost;        /* the join index whose lease expired, -1: none */
-        bool is_wanted;  /* a round's liveness watch should run (restart it when it returns) */
-        int known_round; /* the round of known[] */
+        int lost;            /* the join index whose lease expired, -1: none */
+        bool is_wanted;      /* a round's liveness watch should run (restart it when it returns) */
+        bool is_unconnected; /* its client could not connect: liveness_after_cb destroys it */
+        int known_round;     /* the round of known[] */
         bool known[RDZV_MAX_NODES]; /* seen lost in known_round already (known_lost) */
     } liveness;
 } agent_t;
@@ -244,6 +248,8 @@ static void finish(agent_t *a, int code) {
     }
     if (a->watch && a->watching.job.is_busy)
         a->watch->ops->interrupt(a->watch); /* end its WAIT too */
+    rdzv_kv_t *counting = __atomic_load_n(&a->barrier_lost.client, __ATOMIC_ACQUIRE);
+    if (counting && a->barrier_lost.job.is_busy) counting->ops->interrupt(counting);
     close_idle_clients(a);
     if (!a->store) return;
     /* after a signal nobody waits: the store goes with its host (the other agents then lose it
@@ -405,8 +411,15 @@ static void describe_failure(agent_t *a, const rdzv_result_t *round, char *out, 
 static void report_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const rdzv_result_t *round = &a->report.job.round;
-    if (a->report.failure[0]) /* best effort: status only */
-        rdzv_publish_failure(&a->rdzv, a->ops, round->round, round->group_rank, a->report.failure);
+    /* best effort (status only), but a closed connection ends the report: it may be an interrupt
+     * (a silent store), which this call spent, and the request would connect again, with a bound
+     * of its own, to a store that does not answer; report_after_cb sends it again if wanted */
+    if (a->report.failure[0] &&
+        rdzv_publish_failure(&a->rdzv, a->ops, round->round, round->group_rank,
+                             a->report.failure) == DDP_ECLOSED) {
+        a->report.job.rc = DDP_ECLOSED;
+        return;
+    }
     a->report.job.rc =
         rdzv_request_restart(&a->rdzv, a->ops, a->report.job.round.round, &a->report.why);
 }
@@ -468,6 +481,9 @@ static void watch_after_cb(uv_work_t *req, int status) {
         LOG_ERROR("lost the job's store while watching round %d: %s", a->watching.job.round.round,
                   a->watch->ops->error(a->watch));
         ev.is_store_lost = true;
+        /* the round ends on it: a report in flight to that store would wait out its operation
+         * bound (join_timeout + read_timeout, 11 minutes) on one that froze */
+        if (a->report.job.is_busy && a->ops) a->ops->ops->interrupt(a->ops);
     } else {
         ev.is_valid = rdzv_record_why_parse(a->watching.why, strlen(a->watching.why), &ev.why);
         if (ev.is_valid)
@@ -531,8 +547,8 @@ static void barrier_lost_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const rdzv_result_t *round = &a->barrier_lost.job.round;
     int64_t limit_ms = (int64_t)(beat_limit_s(a) * 1000);
-    rdzv_kv_t *c = NULL;
-    int rc = rdzv_kv_connect(a->opts, a->lease, limit_ms, limit_ms, &c);
+    int rc = rdzv_kv_connect(a->opts, a->lease, limit_ms, limit_ms, &a->barrier_lost.client);
+    rdzv_kv_t *c = a->barrier_lost.client; /* destroyed by barrier_lost_after_cb */
     if (rc == 0)
         rc = rdzv_finish_lost(&a->rdzv, c, round->round, round->group_world_size,
                               a->barrier_lost.member,
@@ -541,17 +557,18 @@ static void barrier_lost_work_cb(uv_work_t *req) {
     a->barrier_lost.err[0] = '\0';
     if (rc < 0 && c)
         snprintf(a->barrier_lost.err, sizeof a->barrier_lost.err, "%s", c->ops->error(c));
-    rdzv_kv_destroy(c);
 }
 
 static void barrier_lost_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->barrier_lost.job.is_busy = false;
+    rdzv_kv_destroy(a->barrier_lost.client);
+    a->barrier_lost.client = NULL;
     if (a->barrier_lost.is_counted < 0) /* the barrier's timeout still ends the wait */
         LOG_WARN("could not count the lost member #%d done: %s", a->barrier_lost.member,
                  a->barrier_lost.err[0] ? a->barrier_lost.err
-                                        : strerror(-a->barrier_lost.is_counted));
+                                        : ddp_strerror(a->barrier_lost.is_counted));
     else
         LOG_DEBUG("the lost member #%d is counted done (%s)", a->barrier_lost.member,
                   a->barrier_lost.is_counted ? "by this node" : "by another node");
@@ -570,6 +587,7 @@ static void hb_work_cb(uv_work_t *req) {
     agent_t *a = req->data;
     const ddprun_opts_t *o = a->opts;
     a->beat.job.rc = 0;
+    a->beat.is_renewed = false;
     if (!a->hb) {
         /* the store's beats give up at half the limit: the two failures in a row that decide
          * (hb_after_cb) then fit in about the limit, not in twice it (a SIGSTOPped store made
@@ -579,14 +597,15 @@ static void hb_work_cb(uv_work_t *req) {
         int64_t op_ms = a->is_etcd ? limit_ms : limit_ms / 2;
         a->beat.job.rc = rdzv_kv_connect(o, a->lease, op_ms, op_ms, &a->hb);
         if (a->beat.job.rc < 0) {
-            if (a->hb) LOG_DEBUG("heartbeat: %s", a->hb->ops->error(a->hb));
-            rdzv_kv_destroy(a->hb);
-            a->hb = NULL;
+            /* destroyed by hb_after_cb, on the loop's thread, which may be interrupting it */
+            snprintf(a->beat.connect_err, sizeof a->beat.connect_err, "%s",
+                     a->hb ? a->hb->ops->error(a->hb) : ddp_strerror(a->beat.job.rc));
+            LOG_DEBUG("heartbeat: %s", a->beat.connect_err);
+            a->beat.is_unconnected = true;
             return;
         }
     }
     const rdzv_result_t *round = &a->beat.job.round;
-    a->beat.is_renewed = false;
     if (a->beat.is_job_lease_only) { /* joining: nothing to judge */
         a->beat.job.rc = a->hb->ops->keep_alive(a->hb, &a->beat.is_renewed);
         return;
@@ -606,18 +625,20 @@ static void hb_after_cb(uv_work_t *req, int status) {
     agent_t *a = req->data;
     struct beat_job *b = &a->beat;
     b->job.is_busy = false;
-    if (a->sm.state == AGENT_SM_DONE) {
+    const char *why = b->is_unconnected ? b->connect_err : NULL;
+    if (a->sm.state == AGENT_SM_DONE || b->is_unconnected) {
+        b->is_unconnected = false;
         rdzv_kv_destroy(a->hb);
         a->hb = NULL;
-        return;
+        if (a->sm.state == AGENT_SM_DONE) return;
     }
+    if (!why) why = a->hb->ops->error(a->hb); /* the messages below: the client may be gone */
     /* a lease that had expired was renewed: the round's members see this agent lost and end
      * the round (its alive key vanished); this agent goes on to the next */
-    if (b->is_renewed) LOG_WARN("%s", a->hb->ops->error(a->hb));
+    if (b->is_renewed) LOG_WARN("%s", why);
     if (b->is_job_lease_only) {
         /* once: the join goes on, and the round's members will see this agent lost */
-        if (b->job.rc == DDP_ELEASE && !b->is_lease_lost_said)
-            LOG_WARN("%s (while joining)", a->hb->ops->error(a->hb));
+        if (b->job.rc == DDP_ELEASE && !b->is_lease_lost_said) LOG_WARN("%s (while joining)", why);
         b->is_lease_lost_said |= b->job.rc == DDP_ELEASE;
         return;
     }
@@ -627,7 +648,7 @@ static void hb_after_cb(uv_work_t *req, int status) {
     uint64_t now = clock_now_ms();
     uint64_t limit_ms = (uint64_t)(beat_limit_s(a) * 1000);
     if (b->job.rc == DDP_ELEASE) {
-        LOG_ERROR("%s: leaving the job", a->hb->ops->error(a->hb));
+        LOG_ERROR("%s: leaving the job", why);
         post(a, AGENT_EV_STORE_SILENT);
         return;
     }
@@ -714,8 +735,7 @@ static void liveness_work_cb(uv_work_t *req) {
         int64_t limit_ms = (int64_t)(a->opts->lease_ttl_s * 1000);
         a->liveness.job.rc = rdzv_kv_connect(a->opts, a->lease, limit_ms, limit_ms, &a->alive);
         if (a->liveness.job.rc < 0) {
-            rdzv_kv_destroy(a->alive);
-            a->alive = NULL;
+            a->liveness.is_unconnected = true; /* destroyed on the loop's thread (as the beat's) */
             return;
         }
     }
@@ -730,10 +750,11 @@ static void liveness_after_cb(uv_work_t *req, int status) {
     (void)status;
     agent_t *a = req->data;
     a->liveness.job.is_busy = false;
-    if (a->sm.state == AGENT_SM_DONE) {
+    if (a->sm.state == AGENT_SM_DONE || a->liveness.is_unconnected) {
+        a->liveness.is_unconnected = false;
         rdzv_kv_destroy(a->alive);
         a->alive = NULL;
-        return;
+        if (a->sm.state == AGENT_SM_DONE) return;
     }
     bool is_current = agent_sm_is_beating(&a->sm, a->liveness.job.round.round);
     if (is_current && a->liveness.job.rc == 0 && a->liveness.lost >= 0) {

@@ -23,7 +23,8 @@
 #include "xxh3_simd.h"
 
 void memory_peer__maybe_free(memory_peer_t *p) {
-    if (p->is_stopping && p->open_handles == 0 && !p->is_reading && !p->is_writing) {
+    if (p->is_stopping && p->open_handles == 0 && !p->is_reading && !p->is_writing &&
+        !p->is_resolving) {
         free(p->buf);
         free(p);
     }
@@ -158,6 +159,7 @@ int memory_peer_start(uv_loop_t *loop, const ddprun_opts_t *o, const char *dir, 
 void memory_peer_stop(memory_peer_t *p) {
     if (!p || p->is_stopping) return;
     p->is_stopping = true;
+    if (p->is_resolving) uv_cancel((uv_req_t *)&p->resolve_req); /* only if not begun yet */
     uv_close((uv_handle_t *)&p->listener, on_handle_closed);
     uv_close((uv_handle_t *)&p->poll, on_handle_closed);
     if (p->out) memory_peer__drop_out(p);

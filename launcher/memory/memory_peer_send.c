@@ -86,32 +86,49 @@ static void on_connect(uv_connect_t *req, int status) {
     p->is_connected = true;
 }
 
-static void start_connect(memory_peer_t *p) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    char port[8];
-    snprintf(port, sizeof port, "%u", p->next_port);
-    if (getaddrinfo(p->next_host, port, &hints, &ai) != 0 || !ai) {
-        p->retry_at = clock_now_s() + RETRY_MS / 1000.0;
-        return;
-    }
+static void connect_to(memory_peer_t *p, const struct sockaddr *addr) {
     p->out = malloc(sizeof *p->out);
-    if (!p->out) {
-        freeaddrinfo(ai);
-        return;
-    }
+    if (!p->out) return;
     uv_tcp_init(p->loop, p->out);
     p->out->data = p;
     p->open_handles++;
     uv_unref((uv_handle_t *)p->out);
     uv_tcp_nodelay(p->out, 1);
     p->connect_req.data = p;
-    int rc = uv_tcp_connect(&p->connect_req, p->out, ai->ai_addr, on_connect);
-    freeaddrinfo(ai);
-    if (rc < 0) {
+    if (uv_tcp_connect(&p->connect_req, p->out, addr, on_connect) < 0) {
         memory_peer__drop_out(p);
         return;
     }
     p->is_connecting = true;
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai) {
+    memory_peer_t *p = req->data;
+    p->is_resolving = false;
+    /* the round may have named another successor meanwhile: that one is resolved next */
+    bool is_current = p->has_next && strcmp(p->resolving, p->next_host) == 0;
+    if (status == 0 && ai && is_current && !p->is_stopping && !p->out)
+        connect_to(p, ai->ai_addr);
+    else if (is_current && !p->is_stopping)
+        p->retry_at = clock_now_s() + RETRY_MS / 1000.0;
+    if (ai) uv_freeaddrinfo(ai);
+    memory_peer__maybe_free(p);
+}
+
+/* The name is resolved on the thread pool: a slow DNS (a lookup waits seconds for each
+ * unreachable nameserver) held the agent's loop, its heartbeats, signals and hosted store, on
+ * every retry. */
+static void start_connect(memory_peer_t *p) {
+    static const struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    char port[8];
+    snprintf(port, sizeof port, "%u", p->next_port);
+    snprintf(p->resolving, sizeof p->resolving, "%s", p->next_host);
+    p->resolve_req.data = p;
+    if (uv_getaddrinfo(p->loop, &p->resolve_req, on_resolved, p->next_host, port, &hints) < 0) {
+        p->retry_at = clock_now_s() + RETRY_MS / 1000.0;
+        return;
+    }
+    p->is_resolving = true;
 }
 
 /* Thread pool: the slot into buf, then every checksum (the worker may have begun overwriting it).
@@ -213,7 +230,8 @@ static void after_read(uv_work_t *req, int status) {
 void memory_peer__on_poll(uv_timer_t *t) {
     memory_peer_t *p = t->data;
     memory_peer__drop_unproven(p);
-    if (!p->has_next || p->is_reading || p->is_writing || p->is_connecting) return;
+    if (!p->has_next || p->is_reading || p->is_writing || p->is_connecting || p->is_resolving)
+        return;
     if (!p->is_connected) {
         /* p->out: the receiver's challenge is awaited on it (another connection would orphan it,
          * and both nonces would arrive into one challenge) */

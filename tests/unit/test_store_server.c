@@ -516,6 +516,8 @@ Test(store_server, interrupt_ends_a_blocked_wait) {
     store_client_interrupt(w.c);
     pthread_join(th, NULL);
     cr_assert_eq(w.rc, DDP_ECLOSED);
+    cr_assert(strstr(store_client_error(w.c), "interrupted"), "said as the store closing: %s",
+              store_client_error(w.c));
     cr_assert_lt(w.done_ms - t0, 2000, "interrupt took %llu ms",
                  (unsigned long long)(w.done_ms - t0));
     /* the client reconnects on its next operation */
