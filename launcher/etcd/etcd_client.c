@@ -210,7 +210,7 @@ static int call(etcd_t *c, const char *path, cJSON *body_obj, cJSON **json) {
     char *body = cJSON_PrintUnformatted(body_obj);
     if (!body) return fail(c, -ENOMEM, "etcd: out of memory");
     uint64_t deadline = clock_now_ms() + (uint64_t)c->opts.op_timeout_ms;
-    int rc = DDP_ETIMEOUT, tries = 0;
+    int rc = DDP_ETIMEOUT, tries = 0, n_not_etcd = 0;
     bool is_reauthed = false;
     for (;;) {
         if (atomic_exchange(&c->is_interrupted, false)) {
@@ -231,6 +231,10 @@ static int call(etcd_t *c, const char *path, cJSON *body_obj, cJSON **json) {
         answer_t a = post_once(c, url, path, body, left, NULL, NULL);
         rc = a.rc;
         if (rc == DDP_ECLOSED) break;
+        /* 200 with a body that is not JSON: no etcd (a web server, a proxy's page) answers
+         * there; once every endpoint did, no retry will change it (it was retried silently
+         * until the operation's bound, 11 minutes by default) */
+        if (rc == DDP_EPROTO && !a.json && ++n_not_etcd >= c->n_urls) break;
         if (rc == 0 && a.status == 200) {
             *json = a.json;
             break;

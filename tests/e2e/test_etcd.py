@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -109,6 +110,37 @@ def test_etcd_v2_is_refused_with_the_reason_and_a_list_is_only_for_etcd(ddprun):
                         "/bin/true"], capture_output=True, text=True, timeout=30,
                        env={**clean_env(), "DDPRUN_ETCD_PASSWORD": ""})
     assert r.returncode == 2 and "password" in r.stderr, r.stderr
+
+
+def test_an_endpoint_that_is_no_etcd_is_said_at_once(ddprun):
+    """A web server at the endpoint answers 200 with a page: every try gets the same, and the agent
+    says so and exits, instead of trying again, silently, until join_timeout + read_timeout."""
+    import http.server
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = b"<html>not etcd</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run([ddprun, "--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+                            f"127.0.0.1:{server.server_address[1]}", "--rdzv-id", "page",
+                            "--no-python", "/bin/true"], capture_output=True, text=True,
+                           timeout=120, env=clean_env())
+    finally:
+        server.shutdown()
+    assert r.returncode != 0 and "the answer is not JSON" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 10, r.stderr
 
 
 def test_the_job_outlives_its_store_host_and_etcds_leader_with_the_uninterrupted_weights(
