@@ -294,7 +294,7 @@ static int auth_exchange(store_client_t *c) {
     store_put_u8(&w, STORE_AUTH_VERSION);
     TRY(send_all(c, w.data, w.len));
     int rc = recv_reply(c, STORE_REPLY_AUTH_HELLO, &r);
-    if (rc == DDP_ECLOSED && !c->secret.is_set) {
+    if (rc == DDP_ECLOSED && !c->secret.is_set && !c->is_interrupted) {
         c->is_plain = true; /* torch's server closes on our hello: it is not a ddprun store */
         return rc;
     }

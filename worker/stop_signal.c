@@ -2,13 +2,16 @@
 #include "stop_signal.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
-static volatile sig_atomic_t is_stop_requested, is_snapshot_requested;
+/* lock-free atomics: safe in the handler, and read by other threads (the gradient thread's
+ * collectives) */
+static atomic_bool is_stop_requested, is_snapshot_requested;
 
 static void on_signal(int signum) {
-    if (signum == SIGTERM) is_stop_requested = 1;
-    if (signum == SIGUSR1) is_snapshot_requested = 1;
+    if (signum == SIGTERM) atomic_store(&is_stop_requested, true);
+    if (signum == SIGUSR1) atomic_store(&is_snapshot_requested, true);
 }
 
 void stop_signal_catch(void) {
@@ -19,9 +22,9 @@ void stop_signal_catch(void) {
 }
 
 bool stop_signal_is_stop_requested(void) {
-    return is_stop_requested;
+    return atomic_load(&is_stop_requested);
 }
 
 bool stop_signal_is_snapshot_requested(void) {
-    return is_snapshot_requested;
+    return atomic_load(&is_snapshot_requested);
 }

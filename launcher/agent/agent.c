@@ -213,6 +213,13 @@ static void arm_exit_deadline(agent_t *a) {
     uv_unref((uv_handle_t *)&a->exit_deadline);
 }
 
+/* The liveness watch in flight (etcd): its thread publishes its client before connecting it
+ * (rdzv_kv_connect), so the loop reads it atomically. */
+static void interrupt_liveness(agent_t *a) {
+    rdzv_kv_t *alive = __atomic_load_n(&a->alive, __ATOMIC_ACQUIRE);
+    if (alive) alive->ops->interrupt(alive);
+}
+
 /* AGENT_ACT_EXIT: close what keeps the loop running; jobs still in flight close their own
  * clients when they come back. */
 static void finish(agent_t *a, int code) {
@@ -235,13 +242,14 @@ static void finish(agent_t *a, int code) {
      * timeout): end it, its callback destroys the client; the beat's thread publishes the client
      * before connecting it (rdzv_kv_connect) */
     rdzv_kv_t *hb = __atomic_load_n(&a->hb, __ATOMIC_ACQUIRE);
+    if (a->beat.job.is_busy) uv_cancel((uv_req_t *)&a->beat.job.req); /* still queued: never runs */
     if (hb && a->beat.job.is_busy) hb->ops->interrupt(hb);
     if (hb && !a->beat.job.is_busy) {
         rdzv_kv_destroy(a->hb);
         a->hb = NULL;
     }
     a->liveness.is_wanted = false;
-    if (a->alive && a->liveness.job.is_busy) a->alive->ops->interrupt(a->alive);
+    if (a->liveness.job.is_busy) interrupt_liveness(a);
     if (a->alive && !a->liveness.job.is_busy) {
         rdzv_kv_destroy(a->alive);
         a->alive = NULL;
@@ -249,6 +257,7 @@ static void finish(agent_t *a, int code) {
     if (a->watch && a->watching.job.is_busy)
         a->watch->ops->interrupt(a->watch); /* end its WAIT too */
     rdzv_kv_t *counting = __atomic_load_n(&a->barrier_lost.client, __ATOMIC_ACQUIRE);
+    if (a->barrier_lost.job.is_busy) uv_cancel((uv_req_t *)&a->barrier_lost.job.req);
     if (counting && a->barrier_lost.job.is_busy) counting->ops->interrupt(counting);
     close_idle_clients(a);
     if (!a->store) return;
@@ -560,11 +569,11 @@ static void barrier_lost_work_cb(uv_work_t *req) {
 }
 
 static void barrier_lost_after_cb(uv_work_t *req, int status) {
-    (void)status;
     agent_t *a = req->data;
     a->barrier_lost.job.is_busy = false;
     rdzv_kv_destroy(a->barrier_lost.client);
     a->barrier_lost.client = NULL;
+    if (status == UV_ECANCELED) return; /* finish took it off the queue */
     if (a->barrier_lost.is_counted < 0) /* the barrier's timeout still ends the wait */
         LOG_WARN("could not count the lost member #%d done: %s", a->barrier_lost.member,
                  a->barrier_lost.err[0] ? a->barrier_lost.err
@@ -778,8 +787,7 @@ static void liveness_after_cb(uv_work_t *req, int status) {
 static void start_liveness(agent_t *a) {
     a->liveness.is_wanted = true;
     if (a->liveness.job.is_busy) { /* the last round's watch: end it, its callback restarts */
-        if (a->liveness.job.round.round != a->sm.round.round && a->alive)
-            a->alive->ops->interrupt(a->alive);
+        if (a->liveness.job.round.round != a->sm.round.round) interrupt_liveness(a);
         return;
     }
     if (a->sm.round.group_world_size < 2 || !agent_sm_is_beating(&a->sm, a->sm.round.round)) {
@@ -945,7 +953,7 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         else if (a->beat.is_timer_open)
             uv_timer_stop(&a->beat.timer);
         a->liveness.is_wanted = false;
-        if (a->liveness.job.is_busy && a->alive) a->alive->ops->interrupt(a->alive);
+        if (a->liveness.job.is_busy) interrupt_liveness(a);
         return;
     case AGENT_ACT_START_WORKERS:
         start_workers(a, act);

@@ -469,7 +469,8 @@ void agent_sm_step(agent_sm_t *sm, const agent_sm_event_t *ev, agent_sm_actions_
         /* this node's workers succeeded: the barrier ends as when it loses the store itself (exit
          * 0), at once rather than after its own reconnects and timeouts on a silent store */
         if (sm->state == AGENT_SM_FINISHING) {
-            if (sm->is_barrier_abandoned) return;
+            /* after a failure key the barrier is ending already, and FINISH_DONE decides */
+            if (sm->is_barrier_abandoned || sm->has_restart) return;
             sm->is_barrier_abandoned = true;
             say(out, AGENT_SAY_WARN,
                 "not every node confirmed the end of the job (its store is silent); this node's "

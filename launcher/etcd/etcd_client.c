@@ -210,7 +210,8 @@ static int call(etcd_t *c, const char *path, cJSON *body_obj, cJSON **json) {
     char *body = cJSON_PrintUnformatted(body_obj);
     if (!body) return fail(c, -ENOMEM, "etcd: out of memory");
     uint64_t deadline = clock_now_ms() + (uint64_t)c->opts.op_timeout_ms;
-    int rc = DDP_ETIMEOUT, tries = 0, n_not_etcd = 0;
+    int rc = DDP_ETIMEOUT, tries = 0;
+    bool is_not_etcd[ETCD_MAX_ENDPOINTS] = {false}; /* answered 200 with no JSON */
     bool is_reauthed = false;
     for (;;) {
         if (atomic_exchange(&c->is_interrupted, false)) {
@@ -234,7 +235,13 @@ static int call(etcd_t *c, const char *path, cJSON *body_obj, cJSON **json) {
         /* 200 with a body that is not JSON: no etcd (a web server, a proxy's page) answers
          * there; once every endpoint did, no retry will change it (it was retried silently
          * until the operation's bound, 11 minutes by default) */
-        if (rc == DDP_EPROTO && !a.json && ++n_not_etcd >= c->n_urls) break;
+        if (rc == DDP_EPROTO && !a.json) {
+            is_not_etcd[c->current] = true;
+            bool is_every = true;
+            for (int i = 0; i < c->n_urls; i++)
+                is_every &= is_not_etcd[i];
+            if (is_every) break;
+        }
         if (rc == 0 && a.status == 200) {
             *json = a.json;
             break;

@@ -63,9 +63,10 @@ struct memory_peer {
     uint32_t origin; /* our group rank in the round being sent for */
     uv_tcp_t *out;
     bool is_connected, is_connecting;
-    bool is_resolving; /* resolve_req is out (next_host as it was then: resolving) */
+    bool is_resolving; /* resolve_req is out (the successor as it was then: resolving) */
     uv_getaddrinfo_t resolve_req;
     char resolving[300];
+    uint16_t resolving_port;
     double retry_at;
     uv_connect_t connect_req;
     uv_work_t read_work;

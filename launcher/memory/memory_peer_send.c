@@ -106,7 +106,8 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *ai) 
     memory_peer_t *p = req->data;
     p->is_resolving = false;
     /* the round may have named another successor meanwhile: that one is resolved next */
-    bool is_current = p->has_next && strcmp(p->resolving, p->next_host) == 0;
+    bool is_current =
+        p->has_next && strcmp(p->resolving, p->next_host) == 0 && p->resolving_port == p->next_port;
     if (status == 0 && ai && is_current && !p->is_stopping && !p->out)
         connect_to(p, ai->ai_addr);
     else if (is_current && !p->is_stopping)
@@ -123,6 +124,7 @@ static void start_connect(memory_peer_t *p) {
     char port[8];
     snprintf(port, sizeof port, "%u", p->next_port);
     snprintf(p->resolving, sizeof p->resolving, "%s", p->next_host);
+    p->resolving_port = p->next_port;
     p->resolve_req.data = p;
     if (uv_getaddrinfo(p->loop, &p->resolve_req, on_resolved, p->next_host, port, &hints) < 0) {
         p->retry_at = clock_now_s() + RETRY_MS / 1000.0;

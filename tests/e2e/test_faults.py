@@ -137,9 +137,17 @@ def workers_of(conf):
     return [int(p) for p in r.stdout.split()]
 
 
-def rank_of(pid):
-    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    return int(next(e for e in env if e.startswith(b"RANK="))[5:])
+def env_of(pid):
+    return dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                if b"=" in e)
+
+
+def agent_of(pid, agents):
+    """The one of agents (pids) that pid descends from."""
+    while pid > 1 and pid not in agents:
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    assert pid in agents, pid
+    return pid
 
 
 def wait_for_new_round(conf, gone, n_workers=4, timeout=60):
@@ -254,11 +262,11 @@ def test_sigterm_takes_a_snapshot_at_the_next_step_and_the_rerun_continues_exact
 def test_sigterm_after_the_last_step_is_not_ignored(ddpworker, conf, tmp_path):
     """A stop that lands after the last step's agreement (here in the last validation) used to be
     ignored: the worker went on through the final evaluation, which can outlast --shutdown-timeout
-    (then SIGKILL), and exited 0. Now it leaves before the final evaluation with 143, as at a step
-    boundary, and the same command resumes and finishes."""
+    (then SIGKILL), and exited 0. Now it stops as at a step boundary: the last step's snapshot (the
+    only one here), 143; the same command resumes at the end, evaluates and finishes."""
     snap = tmp_path / "late"
-    cmd = [ddpworker, conf, f"snapshot.dir={snap}", "train.max_steps=8", "train.log_interval=1",
-           "data.test_limit=20000"]
+    cmd = [ddpworker, conf, f"snapshot.dir={snap}", "snapshot.every=1000", "train.max_steps=8",
+           "train.log_interval=1", "data.test_limit=20000"]
     w = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=clean_env())
     seen = []
@@ -269,11 +277,13 @@ def test_sigterm_after_the_last_step_is_not_ignored(ddpworker, conf, tmp_path):
     w.send_signal(signal.SIGTERM)
     out = "".join(seen) + w.communicate(timeout=120)[0]
     assert w.returncode == 128 + signal.SIGTERM, out
-    assert "signal 15 after the last step: exiting before the final evaluation" in out, out
+    assert "signal 15: snapshot at step 8 taken" in out, out
     assert '"event":"final"' not in out, out
+    assert snapshot_steps(snap) == [8], out
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "resuming from" in r.stdout and '"event":"final"' in r.stdout, r.stdout
+    assert "resuming from" in r.stdout and "step 8" in r.stdout, r.stdout
+    assert '"event":"final"' in r.stdout and "ddpworker: done: 8 steps" in r.stdout, r.stdout
 
 
 def test_sigusr1_to_one_worker_snapshots_and_the_job_resumes_from_there(ddprun, ddpworker, conf,
@@ -489,24 +499,27 @@ def test_a_frozen_node_costs_no_shutdown_timeout(ddprun, ddpworker, conf, tmp_pa
     port = free_port()
     rdzv = "join_timeout=30,last_call_timeout=0.3,keep_alive_interval=0.1,heartbeat_timeout=1"
     jobs = [start_job(ddprun, conf, snap, "train.collective_timeout=300", nnodes="1:2", port=port,
-                      rdzv_conf=rdzv, extra_flags=["--shutdown-timeout", "60"])]
-    time.sleep(0.05)
-    jobs.append(start_job(ddprun, conf, snap, "train.collective_timeout=300", nnodes="1:2",
-                          port=port, rdzv_conf=rdzv))
-    frozen = [jobs[1].pid]
+                      rdzv_conf=rdzv, extra_flags=["--shutdown-timeout", "60"]) for _ in range(2)]
+    frozen = []
     try:
         wait_for_snapshot_after(snap, 8)
-        # the agent, and its workers (their shims' sessions are their own)
-        frozen += [pid for pid in workers_of(conf) if rank_of(pid) >= 2]
+        # node 1 (the agents' start order does not fix which): its agent and its workers (their
+        # shims' sessions are their own)
+        workers = [pid for pid in workers_of(conf) if env_of(pid)[b"GROUP_RANK"] == b"1"]
+        frozen = [agent_of(workers[0], [j.pid for j in jobs])] + workers
         assert len(frozen) == 3, frozen
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
-        out, _ = jobs[0].communicate(timeout=300)
+        survivor = next(j for j in jobs if j.pid != frozen[0])
+        out, _ = survivor.communicate(timeout=300)
     finally:
         for pid in frozen:
             os.kill(pid, signal.SIGKILL)
-        jobs[1].communicate()
-    assert jobs[0].returncode == 0, out
+        for j in jobs:
+            if j.poll() is None:
+                os.killpg(j.pid, signal.SIGKILL)
+            j.wait()
+    assert survivor.returncode == 0, out
     ended = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) .*sent no heartbeat", out, re.M)
     began = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) .*round 1: node 0 of 1", out, re.M)
     assert ended and began, out

@@ -521,6 +521,19 @@ Test(agent_sm_nodes, silent_store_in_the_exit_barrier_is_no_failure) {
     expect_exit(0);
 }
 
+/* A failure key seen in the exit barrier interrupted it already: a silent store then says nothing
+ * of success, and FINISH_DONE decides as after any failure key. */
+Test(agent_sm_nodes, silent_store_after_a_failure_key_in_the_exit_barrier_says_nothing) {
+    setup(true, 3, 2);
+    start_several(0, 2);
+    EV(.kind = AGENT_EV_WORKERS_DONE);
+    key_seen(1, 0, 1, 1, 2);
+    expect(AGENT_ACT_INTERRUPT_BARRIER, END);
+    EV(.kind = AGENT_EV_STORE_SILENT);
+    expect(END);
+    cr_assert_not(said("its store is silent"));
+}
+
 Test(agent_sm_nodes, join_failure) {
     setup(true, 3, 2);
     EV(.kind = AGENT_EV_START);

@@ -97,8 +97,6 @@ Test(train_conf, errors_name_file_line_and_key) {
     expect_error("[train]\nbatch_size = 12x\n", NULL, 0, "train.batch_size");
     expect_error("[model]\nname = transformer\n", NULL, 0, "is not one of mlp|cnn");
     expect_error("[optim]\nnesterov = maybe\n", NULL, 0, "not true or false");
-    expect_error("[optim]\nname = adamw\nnesterov = true\n", NULL, 0,
-                 "optim.nesterov: Nesterov momentum is SGD's, and optim.name is adamw");
     char *no_momentum[] = {"optim.momentum=0"};
     expect_error("[optim]\nnesterov = true\n", no_momentum, 1,
                  "optim.nesterov needs optim.momentum > 0");

@@ -34,12 +34,15 @@
 #define RING_FRAME_MAGIC     0x52444444u  /* "DDDR" */
 #define RING_MIN_BYTES_PER_S (256u << 10) /* a 2 Mbit/s link still passes */
 /* Once a stop is requested (SIGTERM), a peer that moves nothing for this long, or for twice the
- * longest wait a live peer has needed in this run (ranks that compute at different speeds), is
- * not waited for: the agent stopping this worker has usually judged that peer lost already, and
- * would otherwise wait --shutdown-timeout and SIGKILL a worker that waits collective_timeout. A
- * stop that every rank gets (a preemption) still finds every peer moving, and ends at the step's
- * boundary with its snapshot. */
-#define RING_STOP_GRACE_MS 2000
+ * longest wait a live peer has needed since training settled (ranks that compute at different
+ * speeds, rank 0 writing a snapshot), is not waited for: the agent stopping this worker has
+ * usually judged that peer lost already, and would otherwise wait --shutdown-timeout and SIGKILL
+ * a worker that waits collective_timeout. A stop that every rank gets (a preemption) still finds
+ * every peer moving, and ends at the step's boundary with its snapshot. */
+#define RING_STOP_GRACE_MS 5000
+/* the collectives of a start (the parameters' broadcast, a resume's agreement) wait for the
+ * slowest rank's data loading or snapshot read: not a live peer's pace in training */
+#define RING_SETTLED_AFTER 4
 /* how often a wait looks at the stop request (a signal may land just before the poll) */
 #define RING_STOP_CHECK_MS 250
 
@@ -78,10 +81,12 @@ int comm_ring__fail(ring_t *r, int rc, const char *fmt, ...) {
     return rc;
 }
 
-/* Data moved: the time since the last progress was a live peer's wait. Returns now. */
+/* Data moved: the time since the last progress was a live peer's wait (counted once the run has
+ * settled). Returns now. */
 static int64_t note_progress(ring_t *r, int64_t last_progress) {
     int64_t now = (int64_t)clock_now_ms();
-    if (now - last_progress > r->longest_quiet_ms) r->longest_quiet_ms = now - last_progress;
+    if (r->seq > RING_SETTLED_AFTER && now - last_progress > r->longest_quiet_ms)
+        r->longest_quiet_ms = now - last_progress;
     return now;
 }
 

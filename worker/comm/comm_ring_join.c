@@ -365,8 +365,7 @@ static int publish_and_lookup(ring_t *r, const comm_ring_opts_t *o, const char *
     int rc = store_client_wait(o->store, key_list, 2, left > 0 ? left : 1);
     uint8_t *vals[2] = {NULL, NULL};
     size_t lens[2] = {0, 0};
-    if (rc == 0 || rc == DDP_ETIMEOUT)
-        rc = rc == 0 ? store_client_multi_get(o->store, key_list, 2, vals, lens) : rc;
+    if (rc == 0) rc = store_client_multi_get(o->store, key_list, 2, vals, lens);
     if (rc == DDP_ETIMEOUT) { /* which of the two is missing */
         int missing = peers[0];
         if (store_client_multi_get(o->store, key_list, 2, vals, lens) == 0 && lens[0] > 0)

@@ -447,28 +447,18 @@ static void report_summary(trainer_t *t, double attempt_s) {
         .n_snapshots = t->ckpt.n_taken});
 }
 
-/* A stop (SIGTERM, SIGUSR1) that came after the last step's agreement: the final evaluation can
- * take longer than the agent waits (--shutdown-timeout, then SIGKILL), so every rank leaves now,
- * as at a step boundary; the finished snapshot does not land, and the next run resumes the one
- * before and does the final evaluation. */
-static void stop_before_the_final_evaluation(trainer_t *t) {
-    bool is_out_of_time;
-    int signum = checkpoint_agree_step(&t->p, &t->state, &is_out_of_time);
-    if (!signum) return;
-    run_log_end_line();
-    if (t->p.rank == 0)
-        printf("ddpworker: signal %d after the last step: exiting before the final evaluation "
-               "(the next run resumes and does it)\n",
-               signum);
-    fflush(stdout);
-    exit(128 + signum);
-}
-
 /* The run's end: the weights as they are validated (unless the last step was), written, the last
  * snapshot taken, the final test (with the best weights when train.best_by kept any), reported. */
 static eval_result_t finish(trainer_t *t, eval_result_t last, int64_t last_eval_step) {
     const train_conf_t *c = t->p.conf;
     train_state_t *s = &t->state;
+    /* a stop that came after the last step's agreement (in its validation): the rest can take
+     * longer than the agent waits (--shutdown-timeout, then SIGKILL). As at a step boundary:
+     * the last step's snapshot (not marked finished), then exit; the next run resumes at the end
+     * and does only the evaluations */
+    bool is_out_of_time;
+    int signum = checkpoint_agree_step(&t->p, s, &is_out_of_time);
+    if (signum) stop_on_signal(t, signum, true);
     /* max_steps 0, or a run resumed at its end: the weights as they are */
     if (last_eval_step != s->step) last = eval_validate(&t->eval, s);
     die_if_diverged(&last, "validation", s->step);
@@ -484,7 +474,6 @@ static eval_result_t finish(trainer_t *t, eval_result_t last, int64_t last_eval_
     s->is_finished = true;
     double stall = checkpoint_take(&t->ckpt, &t->p, s); /* rank 0 with snapshot.dir */
     int64_t skipped_images = count_skipped_images(t);
-    stop_before_the_final_evaluation(t);
     eval_result_t final = eval_final(&t->eval, s, &last);
     checkpoint_commit(&t->ckpt, &t->p, s, &t->log, true, stall, t->has_written_params);
     checkpoint_memory_report(&t->memory, &t->log);
