@@ -850,6 +850,10 @@ static void join_work_cb(uv_work_t *req) {
     int round = j->plan.round, current = 0;
     if (j->job.rc == 0)
         j->job.rc = rdzv_current_round(&a->rdzv, a->ops, &current, j->err, sizeof j->err);
+    if (j->job.rc == 0 && round == 0) { /* this agent's first join */
+        int has_failed = rdzv_job_has_failed(&a->rdzv, a->ops, current, j->err, sizeof j->err);
+        j->job.rc = has_failed > 0 ? -ECANCELED : has_failed;
+    }
     for (int lost = 0; j->job.rc == 0; lost++) {
         int at = current > round ? current : round;
         j->job.rc = rdzv_join(&a->rdzv, a->ops, at, &j->joined, j->err, sizeof j->err);

@@ -12,6 +12,7 @@
 #include <cJSON.h>
 
 #include "clock.h"
+#include "exit_codes.h"
 #include "ddp_error.h"
 #include "rdzv/liveness.h"
 
@@ -153,6 +154,37 @@ int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round, char *err, size_t er
     }
     *round = (int)v;
     return 0;
+}
+
+int rdzv_job_has_failed(rdzv_t *r, rdzv_kv_t *c, int current, char *err, size_t err_len) {
+    if (current == 0) return 0;
+    char k[256];
+    key(r, k, sizeof k, current - 1, "restart");
+    const char *keys[] = {k};
+    uint8_t *v = NULL;
+    size_t n = 0;
+    int rc = c->ops->multi_get(c, keys, 1, &v, &n); /* no wait: absent reads as empty */
+    if (rc < 0) {
+        snprintf(err, err_len, "%s", c->ops->error(c));
+        return rc;
+    }
+    rdzv_why_t why;
+    bool is_read = n > 0 && rdzv_record_why_parse((const char *)v, n, &why);
+    free(v);
+    /* a peer failure past the budget is decided by the next round's size (a lost node is no
+     * restart): not an end by itself */
+    if (!is_read || why.is_finished || why.code == 0 ||
+        (!why.is_permanent &&
+         (why.failures <= r->opts->max_restarts || why.code == DDP_EXIT_PEER_FAILURE)))
+        return 0;
+    char text[256];
+    rdzv_record_why_describe(&why, text, sizeof text);
+    snprintf(err, err_len,
+             "the job of --rdzv-id %s ended in round %d (%s, %s): a new run of it needs another "
+             "--rdzv-id",
+             r->opts->rdzv_id, current - 1, text,
+             why.is_permanent ? "not retried" : "past --max-restarts");
+    return 1;
 }
 
 typedef struct {

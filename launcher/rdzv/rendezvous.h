@@ -46,6 +46,12 @@ void rdzv_set_own_peer(rdzv_t *r, const char *host, uint16_t port);
 /* The round a newly started agent should join (0 unless the job already ran rounds). 0, or a
  * negative code with err saying why (the store's error, or a counter that is no round number). */
 int rdzv_current_round(rdzv_t *r, rdzv_kv_t *c, int *round, char *err, size_t err_len);
+/* Whether the job of this --rdzv-id already gave up (round current - 1 ended with a failure that
+ * is not retried, or past --max-restarts, the way its agents decided): 1 with err saying so, 0
+ * when not, or a negative code (the store's error in err). For an agent's first join: a
+ * resubmission with the same id, or a node that comes after its job failed, would otherwise run
+ * a round of it with the spent budget. */
+int rdzv_job_has_failed(rdzv_t *r, rdzv_kv_t *c, int current, char *err, size_t err_len);
 /* Join round `round` and wait until it closes (--rdzv-conf join_timeout). DDP_ELOST (etcd): a
  * member lost its lease before it wrote its record, err says which: the round can never start; ask
  * for the next (rdzv_request_restart) and join that. */

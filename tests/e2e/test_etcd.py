@@ -266,7 +266,7 @@ def test_elastic_rules_as_on_c10d_scale_up_and_a_job_wide_restart_budget(ddprun,
     """A third node arriving while two run gets a new round of three (not a restart: as torchrun,
     TORCHELASTIC_RESTART_COUNT stays 0); a worker that fails restarts every node, each failure
     counted once against the job-wide --max-restarts, and past it every agent gives up with the
-    worker's exit code."""
+    worker's exit code; the same --rdzv-id started again is then refused."""
     with etcd_cluster_or_skip(tmp_path / "etcd", members=1) as cluster:
         up = tmp_path / "up"
         up.mkdir()
@@ -297,6 +297,17 @@ def test_elastic_rules_as_on_c10d_scale_up_and_a_job_wide_restart_budget(ddprun,
         assert seen[:2] == ["2", "2"] and seen[3] == "1", seen
         assert not (fail / "seen.2.0").exists(), "one restart only: the budget is job-wide"
         assert any("restart 1 of 1" in e for e in errs), errs
+
+        # the same --rdzv-id again: that job gave up, and a new run of it is refused, naming
+        # why (it ran a round 2 with the old job's spent budget: one failure ended it)
+        again = tmp_path / "again"
+        again.mkdir()
+        agents = elastic_agents(ddprun, cluster, again, 2, "failjob", {}, max_restarts="1")
+        errs = [a.communicate(timeout=60)[1] for a in agents]
+        assert [a.returncode for a in agents] == [1, 1], errs
+        assert all("the job of --rdzv-id failjob ended in round 1 (exit 3" in e and
+                   "a new run of it needs another --rdzv-id" in e for e in errs), errs
+        assert not any(again.glob("seen.*")), "no worker ran"
 
 
 def test_one_node_on_etcd_runs_on_a_store_of_its_own(ddprun, tmp_path):
