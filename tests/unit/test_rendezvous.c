@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "agent/agent_sm.h"
+#include "exit_codes.h"
 #include "ddp_error.h"
 #include "rdzv/liveness.h"
 #include "log.h"
@@ -803,6 +804,43 @@ Test(rendezvous, a_refund_during_a_failure_report_is_kept) {
     cr_assert_eq(failures, 1, "the failure counter reads %lld", (long long)failures);
     agent_dies(&reporter);
     agent_dies(&refunder);
+    server_stop(&srv);
+}
+
+/* A first join after the job gave up: which ended rounds end the job (a failure not retried or
+ * past --max-restarts) and which do not (a membership change, the job's finish, a failure within
+ * the budget, a peer failure past it: the next round's size decides that one). */
+Test(rendezvous, a_job_that_gave_up_is_told_apart_from_one_that_goes_on) {
+    server_t srv;
+    server_start(&srv);
+    job_options(srv.port);
+    opts.max_restarts = 2;
+    agent_t a;
+    agent_start(&a, false);
+    static const struct {
+        rdzv_why_t why;
+        int want;
+    } cases[] = {
+        {{.code = 0, .node = -1, .rank = -1}, 0},
+        {{.code = 0, .node = -1, .rank = -1, .is_finished = true}, 0},
+        {{.code = 1, .failures = 2, .node = 1, .rank = 2}, 0},
+        {{.code = DDP_EXIT_PEER_FAILURE, .failures = 3, .node = 1, .rank = 2}, 0},
+        {{.code = 1, .failures = 3, .node = 1, .rank = 2}, 1},
+        {{.code = DDP_EXIT_CONFIG, .is_permanent = true, .failures = 1, .node = 1, .rank = 2}, 1},
+    };
+    char err[512] = "";
+    cr_assert_eq(rdzv_job_has_failed(&a.r, a.kv, 0, err, sizeof err), 0, "no round ended yet");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char key[64], text[RDZV_RECORD_MAX_BYTES];
+        snprintf(key, sizeof key, "/ddprun/stale/r%zu/restart", i);
+        cr_assert_geq(rdzv_record_why_format(&cases[i].why, text, sizeof text), 0);
+        cr_assert_eq(a.kv->ops->set(a.kv, key, text, strlen(text)), 0);
+        err[0] = '\0';
+        int got = rdzv_job_has_failed(&a.r, a.kv, (int)i + 1, err, sizeof err);
+        cr_assert_eq(got, cases[i].want, "case %zu (%s): %d, %s", i, text, got, err);
+        if (got) cr_assert(strstr(err, "a new run of it needs another --rdzv-id"), "%s", err);
+    }
+    agent_dies(&a);
     server_stop(&srv);
 }
 
