@@ -165,7 +165,7 @@ static int recv_reply(store_client_t *c, store_reply_kind_t kind, store_reply_t 
     int rc = read_reply(c, kind, out);
     if (rc != DDP_ETIMEOUT) return rc;
     disconnect(c);
-    return fail(c, rc, "no answer to %s within %lld ms", store_op_name(c->op),
+    return fail(c, rc, "%s timed out after %lld ms (no answer)", store_op_name(c->op),
                 (long long)c->op_timeout_ms);
 }
 

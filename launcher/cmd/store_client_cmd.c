@@ -280,7 +280,7 @@ int store_client_cmd_main(int argc, char **argv) {
     const char *msg = c ? store_client_error(c) : "";
     if (rc < 0 && msg[0])
         fprintf(stderr, "ddprun store-client: %s\n", msg);
-    else if (rc == DDP_ETIMEOUT) /* some client paths (e.g. ADD) time out without a message */
+    else if (rc == DDP_ETIMEOUT) /* a timeout the client did not word */
         fprintf(stderr, "ddprun store-client: store %s:%u: %s timed out after %lld ms\n", opts.host,
                 opts.port, op, (long long)opts.op_timeout_ms);
     else if (rc < 0)
