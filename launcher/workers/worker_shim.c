@@ -127,7 +127,7 @@ int worker_shim_main(int argc, char **argv) {
     write_pid_file(child);
     struct sigaction sa = {.sa_handler = forward};
     sigemptyset(&sa.sa_mask);
-    int handled[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    int handled[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT};
     for (size_t i = 0; i < sizeof handled / sizeof handled[0]; i++)
         sigaction(handled[i], &sa, NULL);
     int pidfd = (int)syscall(SYS_pidfd_open, child, 0);

@@ -537,6 +537,10 @@ void workers_stop(workers_t *s, int signum, double timeout_s) {
         uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)(timeout_s * 1000), 0);
     }
     workers_signal(s, signum);
+    /* a stopped worker (SIGSTOP, a hang detector's suspect) acts on the signal only once it runs
+     * again: without this it waited for the SIGKILL at --shutdown-timeout (systemd continues
+     * what it stops too) */
+    if (signum != SIGKILL && signum != SIGCONT) workers_signal(s, SIGCONT);
     if (signum == SIGKILL) uv_timer_start(&s->kill_timer, on_give_up, GIVE_UP_AFTER_KILL_MS, 0);
     check_done(s);
 }

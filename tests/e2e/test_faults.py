@@ -216,6 +216,13 @@ def test_a_stopped_worker_fails_the_collective_deadline_and_the_job_recovers(ddp
     assert re.search(r"no data (from|to) rank \d", out) and "resuming from" in out, out
     assert restarts(out) == 1, out
     assert time.monotonic() - t0 < 60
+    # the stopped worker is continued with its SIGTERM, not left for --shutdown-timeout's (30 s)
+    # SIGKILL: the restart follows the failure within seconds
+    failed = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) .*exited with 75", out, re.M)
+    restart = re.search(r"^(\d\d):(\d\d):(\d\d\.\d+) .*restarting every worker", out, re.M)
+    assert failed and restart, out
+    seconds = [int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3]) for m in (failed, restart)]
+    assert (seconds[1] - seconds[0]) % 86400 < 20, out
     assert final_state(ddpworker, snap) == want
 
 
