@@ -32,11 +32,11 @@ _Noreturn void die(int code, const char *fmt, ...) {
 void die_comm(const comm_t *comm, int rc, const char *what) {
     if (rc >= 0) return;
     const char *why = comm->err[0] ? comm_error(comm) : "collective error";
-    /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
-     * not that this rank's question (a stop signal, the loss) failed */
     /* the stop came while the collective waited on a peer that is not answering: as a worker
      * that SIGTERM ended (128 + 15), not a failure of its own */
     if (rc == -ECANCELED) die(128 + SIGTERM, "%s; noticed at: %s", why, what);
+    /* a closed connection or a silent peer is what a dead or stopped peer looks like: say that,
+     * not that this rank's question (a stop signal, the loss) failed */
     if (rc == DDP_ECLOSED)
         die(DDP_EXIT_PEER_FAILURE,
             "a peer is gone (it exited, was killed, or its node failed): %s; noticed at: %s", why,
