@@ -213,11 +213,11 @@ static void arm_exit_deadline(agent_t *a) {
     uv_unref((uv_handle_t *)&a->exit_deadline);
 }
 
-/* The liveness watch in flight (etcd): its thread publishes its client before connecting it
- * (rdzv_kv_connect), so the loop reads it atomically. */
-static void interrupt_liveness(agent_t *a) {
-    rdzv_kv_t *alive = __atomic_load_n(&a->alive, __ATOMIC_ACQUIRE);
-    if (alive) alive->ops->interrupt(alive);
+/* End the request (or connect) in flight on the client a pool job's thread publishes in *slot:
+ * the thread stores it before connecting it (rdzv_kv_connect), so the loop reads it atomically. */
+static void interrupt_published(rdzv_kv_t **slot) {
+    rdzv_kv_t *c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (c) c->ops->interrupt(c);
 }
 
 /* AGENT_ACT_EXIT: close what keeps the loop running; jobs still in flight close their own
@@ -239,26 +239,27 @@ static void finish(agent_t *a, int code) {
         a->beat.is_timer_open = false;
     }
     /* a beat in flight may be reconnecting to a store that is gone (up to half the heartbeat
-     * timeout): end it, its callback destroys the client; the beat's thread publishes the client
-     * before connecting it (rdzv_kv_connect) */
-    rdzv_kv_t *hb = __atomic_load_n(&a->hb, __ATOMIC_ACQUIRE);
-    if (a->beat.job.is_busy) uv_cancel((uv_req_t *)&a->beat.job.req); /* still queued: never runs */
-    if (hb && a->beat.job.is_busy) hb->ops->interrupt(hb);
-    if (hb && !a->beat.job.is_busy) {
+     * timeout): end it (still queued: it never runs), its callback destroys the client */
+    if (a->beat.job.is_busy) {
+        uv_cancel((uv_req_t *)&a->beat.job.req);
+        interrupt_published(&a->hb);
+    }
+    if (a->hb && !a->beat.job.is_busy) {
         rdzv_kv_destroy(a->hb);
         a->hb = NULL;
     }
     a->liveness.is_wanted = false;
-    if (a->liveness.job.is_busy) interrupt_liveness(a);
+    if (a->liveness.job.is_busy) interrupt_published(&a->alive);
     if (a->alive && !a->liveness.job.is_busy) {
         rdzv_kv_destroy(a->alive);
         a->alive = NULL;
     }
     if (a->watch && a->watching.job.is_busy)
         a->watch->ops->interrupt(a->watch); /* end its WAIT too */
-    rdzv_kv_t *counting = __atomic_load_n(&a->barrier_lost.client, __ATOMIC_ACQUIRE);
-    if (a->barrier_lost.job.is_busy) uv_cancel((uv_req_t *)&a->barrier_lost.job.req);
-    if (counting && a->barrier_lost.job.is_busy) counting->ops->interrupt(counting);
+    if (a->barrier_lost.job.is_busy) {
+        uv_cancel((uv_req_t *)&a->barrier_lost.job.req);
+        interrupt_published(&a->barrier_lost.client);
+    }
     close_idle_clients(a);
     if (!a->store) return;
     /* after a signal nobody waits: the store goes with its host (the other agents then lose it
@@ -787,7 +788,7 @@ static void liveness_after_cb(uv_work_t *req, int status) {
 static void start_liveness(agent_t *a) {
     a->liveness.is_wanted = true;
     if (a->liveness.job.is_busy) { /* the last round's watch: end it, its callback restarts */
-        if (a->liveness.job.round.round != a->sm.round.round) interrupt_liveness(a);
+        if (a->liveness.job.round.round != a->sm.round.round) interrupt_published(&a->alive);
         return;
     }
     if (a->sm.round.group_world_size < 2 || !agent_sm_is_beating(&a->sm, a->sm.round.round)) {
@@ -931,14 +932,12 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         a->join.plan = act->plan;
         queue_job(a, &a->join.job, &act->round, join_work_cb, join_after_cb);
         return;
-    case AGENT_ACT_INTERRUPT_JOIN: {
-        /* the join's thread publishes each client before connecting it (rdzv_kv_connect) */
-        rdzv_kv_t *clients[] = {__atomic_load_n(&a->ops, __ATOMIC_ACQUIRE),
-                                __atomic_load_n(&a->watch, __ATOMIC_ACQUIRE)};
-        for (int i = 0; i < 2 && a->join.job.is_busy; i++)
-            if (clients[i]) clients[i]->ops->interrupt(clients[i]);
+    case AGENT_ACT_INTERRUPT_JOIN:
+        if (a->join.job.is_busy) { /* its two clients */
+            interrupt_published(&a->ops);
+            interrupt_published(&a->watch);
+        }
         return;
-    }
     case AGENT_ACT_INTERRUPT_BARRIER:
         if (a->barrier.is_busy && a->ops) {
             a->ops->ops->interrupt(a->ops);
@@ -957,7 +956,7 @@ static void perform(agent_t *a, const agent_sm_action_t *act) {
         else if (a->beat.is_timer_open)
             uv_timer_stop(&a->beat.timer);
         a->liveness.is_wanted = false;
-        if (a->liveness.job.is_busy) interrupt_liveness(a);
+        if (a->liveness.job.is_busy) interrupt_published(&a->alive);
         return;
     case AGENT_ACT_START_WORKERS:
         start_workers(a, act);
