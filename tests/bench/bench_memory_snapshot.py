@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_snapshot import CONF, kill_one, read_events, wait_for_step  # noqa: E402
+from bench_snapshot import CONF, read_events, wait_for_step  # noqa: E402
 from build_paths import build_path  # noqa: E402
 
 MODELS = [("cnn", 32, 28, 1, 64, 120), ("resnet18", 16, 32, 3, 32, 50),
@@ -126,11 +127,14 @@ def recovery(memory, spec, steps=400, every=20, kill_after=70):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_for_step(metrics, kill_after)
-            starts = sum(e["event"] == "start" for e in read_events(metrics))
-            reached = max(e.get("step", 0) for e in read_events(metrics) if e["event"] == "train")
+            events = read_events(metrics)
+            starts = [e for e in events if e["event"] == "start"]
+            reached = max(e.get("step", 0) for e in events if e["event"] == "train")
             t0 = time.monotonic()
-            kill_one(f"worker/ddpworker {conf}")
-            t1, events = wait_for_restart_step(metrics, starts)
+            # rank 0 by the pid its start event names: on a GPU node the newest ddpworker is
+            # the warm spare, which trains nothing (killing it restarts nothing)
+            os.kill(starts[-1]["pid"], signal.SIGKILL)
+            t1, events = wait_for_restart_step(metrics, len(starts))
         finally:
             job.kill()
             job.wait()

@@ -270,12 +270,15 @@ def test_kill_9_on_the_gpu_resumes_from_the_newest_snapshot(ddprun, ddpworker, c
     assert final["top1"] > 0.7, final
 
 
-def test_kill_9_on_the_gpu_resumes_from_memory_losing_at_most_a_step(ddprun, ddpworker, cuda_lib,
-                                                                     tmp_path):
-    """Memory snapshots on the GPU (a side-stream copy into page-locked shared memory, overlapped
-    with the next step): the worker killed mid-run resumes from the agent's memory with at most a
-    step lost, and ends as a run resumed from that very copy (same algorithm cache). The agent is
-    frozen while the copies are kept, so that the restarted worker cannot overwrite them first."""
+def test_kill_9_on_the_gpu_resumes_from_memory_losing_a_few_steps(ddprun, ddpworker, cuda_lib,
+                                                                  tmp_path):
+    """Memory snapshots on the GPU (a copy into a device buffer, then a side-stream copy into
+    page-locked shared memory, overlapped with the next steps; a due snapshot is skipped while the
+    last is on its way): the worker killed mid-run resumes from the agent's memory with at most
+    the steps one generation's copy and seal take lost (5 here: 22 MB, a step of about a
+    millisecond), and ends as a run resumed from that very copy (same algorithm cache). The agent
+    is frozen while the copies are kept, so that the restarted worker cannot overwrite them
+    first."""
     snaps, metrics = tmp_path / "snaps", tmp_path / "metrics.jsonl"
     conf = tmp_path / "mem.conf"
     conf.write_text(f"[model]\nname = resnet18\nwidth = 32\n[data]\nkind = fashion-mnist\n"
@@ -311,7 +314,7 @@ def test_kill_9_on_the_gpu_resumes_from_memory_losing_at_most_a_step(ddprun, ddp
                        r"lost", out)
     assert len(found) == 1, out
     path, step, source, lost = found[0][0], int(found[0][1]), found[0][2], int(found[0][3])
-    assert source == "memory" and step >= 59 and lost <= 1, (source, step, lost)
+    assert source == "memory" and step >= 55 and lost <= 5, (source, step, lost)
     ref = tmp_path / "reference"
     ref.mkdir()
     shutil.copy(kept / os.path.basename(path), ref / f"snapshot-{step:012d}.ddps")

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -406,4 +407,38 @@ Test(memory_snapshot, slots_too_big_for_the_tmpfs_are_an_error_not_a_sigbus) {
     cr_assert_lt(rc, 0, "a 1 MiB tmpfs took 16 MiB of slots");
     cr_assert(strstr(err, "No space left on device") && strstr(err, dir), "%s", err);
     umount2(dir, MNT_DETACH);
+}
+
+/* A GPU's copies still on their way (the wait callback holds the writer's thread): the generation
+ * is sealing until they land, then sealed; a trainer that must not wait sees it and skips. */
+static atomic_bool copies_landed;
+
+static void wait_for_copies(void *arg) {
+    (void)arg;
+    while (!atomic_load(&copies_landed))
+        usleep(1000);
+}
+
+Test(memory_snapshot, a_generation_is_sealing_until_its_copies_land) {
+    memory_snapshot_t *m;
+    char err[512];
+    memory_snapshot_wait_t wait = {.cb = wait_for_copies};
+    cr_assert_eq(
+        memory_snapshot_create(dir, N_PARAMS, N_BUFFERS, false, &wait, &m, err, sizeof err), 0,
+        "%s", err);
+    atomic_store(&copies_landed, false);
+    cr_assert_not(memory_snapshot_is_sealing(m));
+    snapshot_data_t *d = memory_snapshot_begin(m);
+    fill(d, 7);
+    snapshot_header_t h = {
+        .step = 7, .n_params = N_PARAMS, .n_buffers = N_BUFFERS, .world_size = 2};
+    memory_snapshot_submit(m, &h);
+    usleep(20000);
+    cr_assert(memory_snapshot_is_sealing(m), "sealed before its copies landed");
+    cr_assert_eq(memory_snapshot_sealed_step(m), -1);
+    atomic_store(&copies_landed, true);
+    memory_snapshot_flush(m);
+    cr_assert_not(memory_snapshot_is_sealing(m));
+    cr_assert_eq(memory_snapshot_sealed_step(m), 7);
+    memory_snapshot_destroy(m);
 }

@@ -19,6 +19,8 @@ static void gpu_destroy(backend_t *b) {
         cudaEventDestroy(g->copy_end);
         cudaStreamDestroy(g->copy_stream);
     }
+    for (int i = 0; i < COPY_STAGES; i++)
+        if (g->copy_stage[i]) cudaFree(g->copy_stage[i]);
     if (g->workspace) cudaFree(g->workspace);
     if (g->shadow) cudaFree(g->shadow);
     if (g->dw_scratch) cudaFree(g->dw_scratch);

@@ -54,6 +54,9 @@ typedef struct {
 
 #define CONV_FUSION_PLANS 64
 
+/* copies out per generation through a device buffer (cuda_memory.cu): a memory snapshot makes 4 */
+#define COPY_STAGES 8
+
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
@@ -136,6 +139,12 @@ typedef struct {
      * copy_start marks the main stream where copies start, copy_end where they end */
     cudaStream_t copy_stream;
     cudaEvent_t copy_start, copy_end;
+    /* the device buffers copies out go through (copy_out: one per copy of a generation), and
+     * whether a copy of this generation read its source directly (no buffer: the fence waits) */
+    void *copy_stage[COPY_STAGES];
+    size_t copy_stage_bytes[COPY_STAGES];
+    int copy_stages_used;
+    bool is_copy_direct;
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)

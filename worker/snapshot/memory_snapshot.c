@@ -392,6 +392,13 @@ void memory_snapshot_wait_copied(memory_snapshot_t *m) {
     pthread_mutex_unlock(&m->lock);
 }
 
+bool memory_snapshot_is_sealing(memory_snapshot_t *m) {
+    pthread_mutex_lock(&m->lock);
+    bool is_sealing = m->has_job;
+    pthread_mutex_unlock(&m->lock);
+    return is_sealing;
+}
+
 void memory_snapshot_flush(memory_snapshot_t *m) {
     if (!m) return;
     pthread_mutex_lock(&m->lock);

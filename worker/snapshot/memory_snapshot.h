@@ -75,6 +75,9 @@ void memory_snapshot_submit_copies(memory_snapshot_t *m, const snapshot_header_t
 void memory_snapshot_set_inline_bytes(memory_snapshot_t *m, size_t n_bytes);
 /* Wait until the copies of the generation in flight are made. */
 void memory_snapshot_wait_copied(memory_snapshot_t *m);
+/* Whether a generation is in flight (submitted, not yet sealed): memory_snapshot_begin would wait
+ * for it. A caller that must not wait skips a generation instead. */
+bool memory_snapshot_is_sealing(memory_snapshot_t *m);
 /* Wait for the generation in flight to be sealed. */
 void memory_snapshot_flush(memory_snapshot_t *m);
 /* The CPU seconds every generation's copies, checksums and checks took so far, on whichever thread

@@ -1,9 +1,11 @@
 /* checkpoint_memory: the trainer's side of memory snapshots (memory_snapshot.h): rank 0 copies its
  * state after every snapshot.every_memory steps into the agent's shared memory. The copy overlaps
- * the next step's forward and backward: on the cpu backend the memory writer's thread makes it, on
- * a GPU it is queued on the backend's side stream into page-locked slots; either way the optimizer
- * waits for it (checkpoint_memory_fence), and the batch-norm statistics, which the next forward
- * changes, are copied first. The checksums are the writer thread's. The trainer's thread. */
+ * the next step's forward and backward: on the cpu backend the memory writer's thread makes it and
+ * the optimizer waits for it (checkpoint_memory_fence); on a GPU the state is copied on the device
+ * into a buffer, and from there over PCIe into page-locked slots on the backend's side stream, so
+ * nothing waits (a due snapshot is skipped while the last is on its way). The batch-norm
+ * statistics, which the next forward changes, are copied first. The checksums are the writer
+ * thread's. The trainer's thread. */
 #include "checkpoint_memory.h"
 
 #include <stdlib.h>
@@ -77,6 +79,11 @@ void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
         memory_snapshot_mark_reached(cm->memory, s->step);
         return;
     }
+    if (is_async(p) && memory_snapshot_is_sealing(cm->memory)) {
+        memory_snapshot_mark_reached(cm->memory, s->step);
+        cm->n_skipped++;
+        return;
+    }
     double start = clock_now_s();
     snapshot_data_t *d = memory_snapshot_begin(cm->memory); /* the previous one is sealed */
     /* recorded only now: a kill from here on finds the previous step sealed (at most this one
@@ -144,6 +151,7 @@ void checkpoint_memory_report(checkpoint_memory_t *cm, run_log_t *log) {
     memory_snapshot_flush(cm->memory); /* the sealed step of the last generation */
     cJSON *event = json_line_new("memory_snapshots");
     json_line_int(event, "count", cm->n_taken);
+    json_line_int(event, "skipped", cm->n_skipped);
     json_line_num(event, "stall_ms_mean", cm->stall_s * 1e3 / (double)cm->n_taken);
     json_line_num(event, "stall_ms_max", cm->stall_max_s * 1e3);
     json_line_num(event, "seal_cpu_ms_mean",

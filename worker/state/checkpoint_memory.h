@@ -16,14 +16,17 @@ typedef struct {
     bool is_copying;           /* copies out to memory are in flight: fence before the optimizer */
     double stall_s, stall_max_s; /* the trainer's time in memory snapshots */
     int64_t n_taken;             /* memory snapshots taken by this process */
+    int64_t n_skipped; /* due ones skipped while the one before was still on its way (a GPU) */
 } checkpoint_memory_t;
 
 /* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
  * A failure is a warning: training goes on without them. */
 void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p);
 /* After every step: record the step reached; every snapshot.every_memory steps copy the state
- * into the next slot (a GPU: on a side stream, while the next step runs) to be sealed by the
- * writer's thread. */
+ * into the next slot (a GPU: into a device buffer, then over PCIe on a side stream while the next
+ * steps run) to be sealed by the writer's thread. On a GPU a due snapshot is skipped while the one
+ * before is still being copied or sealed: training never waits for one (a step can outrun the
+ * copy of its state: ResNet-18's 90 MB take longer over PCIe than its step on an H200). */
 void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
                             const train_state_t *s);
 /* Before anything overwrites the state (the optimizer, the loss scaler): wait for the copies. */
