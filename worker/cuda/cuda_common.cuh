@@ -45,11 +45,14 @@ static inline void check_cublas(cublasStatus_t rc, const char *what, const char 
 
 /* cuda_conv_fusion.cu: one shape's execution plan (a cudnnBackendDescriptor_t; NULL: cuDNN has
  * none for it, the op returns -1) */
+#define CONV_FUSION_KEPT 24 /* the descriptors a plan is made from: 10 tensors, 5 ops, ... */
 typedef struct {
     conv_shape_t shape;
     bool has_affine; /* scale, bias and ReLU before the convolution */
     void *plan;
     size_t workspace;
+    void *kept[CONV_FUSION_KEPT]; /* what the plan was made from, destroyed after it */
+    int n_kept;
 } conv_fusion_plan_t;
 
 #define CONV_FUSION_PLANS 64

@@ -95,10 +95,23 @@ fail:
     return NULL;
 }
 
+/* Hands descriptor *d (if any) to the plan's keeper, which destroys it after the plan, as
+ * cudnn-frontend keeps every descriptor a plan was made from alive as long as the plan. While they
+ * were destroyed as soon as the plan was made, the fusion tests ended in "double free or
+ * corruption" on the H100 (2026-11-27) and the H200 (2026-11-28); the next GPU run shows whether
+ * this was why. */
+static void keep(conv_fusion_plan_t *keeper, cudnnBackendDescriptor_t *d) {
+    if (!*d) return;
+    if (keeper->n_kept == CONV_FUSION_KEPT)
+        fail_at("convolution fusion", "more descriptors than CONV_FUSION_KEPT", __FILE__, __LINE__);
+    keeper->kept[keeper->n_kept++] = *d;
+    *d = NULL;
+}
+
 /* The execution plan for shape s, or NULL when cuDNN has no engine for it (or a step failed).
  * has_affine: x * scale + bias and a ReLU before the convolution (else the convolution reads x). */
 static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, bool has_affine,
-                                           int64_t *workspace) {
+                                           int64_t *workspace, conv_fusion_plan_t *keeper) {
     enum { N_TENSORS = 10, N_OPS = 5, N_CFGS = 16 };
     cudnnBackendDescriptor_t t[N_TENSORS] = {0}, pw[3] = {0}, ops[N_OPS] = {0}, conv = NULL,
                              graph = NULL, heur = NULL, cfgs[N_CFGS] = {0}, plan = NULL,
@@ -233,11 +246,22 @@ static cudnnBackendDescriptor_t build_plan(gpu_t *g, const conv_shape_t *s, bool
                                                        CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                        CUDNN_TYPE_INT64, 1, &count, workspace));
                 found = plan;
+                keep(keeper, &cfgs[i]);
             } else {
                 cudnnBackendDestroyDescriptor(plan);
             }
             plan = NULL;
         }
+    }
+    if (found) { /* what the plan was made from lives as long as the plan */
+        keep(keeper, &graph);
+        for (int i = 0; i < N_OPS; i++)
+            keep(keeper, &ops[i]);
+        for (int i = 0; i < 3; i++)
+            keep(keeper, &pw[i]);
+        keep(keeper, &conv);
+        for (int i = 0; i < N_TENSORS; i++)
+            keep(keeper, &t[i]);
     }
 out:
     if (plan) cudnnBackendDestroyDescriptor(plan);
@@ -272,7 +296,7 @@ static conv_fusion_plan_t *plan_for(gpu_t *g, const conv_shape_t *s, bool has_af
     p->shape = *s;
     p->has_affine = has_affine;
     int64_t workspace = 0;
-    p->plan = build_plan(g, s, has_affine, &workspace);
+    p->plan = build_plan(g, s, has_affine, &workspace, p);
     p->workspace = (size_t)workspace;
     if (p->plan && p->workspace > g->workspace_bytes &&
         gpu_reserve_workspace(&g->base, p->workspace) < 0)
@@ -292,9 +316,12 @@ static bool aligned16(const void *p) {
 }
 
 void gpu_conv_fusion_free(gpu_t *g) {
-    for (int i = 0; i < g->n_fusion_plans; i++)
-        if (g->fusion_plans[i].plan)
-            cudnnBackendDestroyDescriptor((cudnnBackendDescriptor_t)g->fusion_plans[i].plan);
+    for (int i = 0; i < g->n_fusion_plans; i++) {
+        conv_fusion_plan_t *p = &g->fusion_plans[i];
+        if (p->plan) cudnnBackendDestroyDescriptor((cudnnBackendDescriptor_t)p->plan);
+        for (int k = 0; k < p->n_kept; k++) /* the configuration first, the tensors last */
+            cudnnBackendDestroyDescriptor((cudnnBackendDescriptor_t)p->kept[k]);
+    }
     g->n_fusion_plans = 0;
     if (g->fusion_affine) cudaFree(g->fusion_affine);
     g->fusion_affine = NULL;
