@@ -116,6 +116,35 @@ Test(dataset, a_thousand_classes_do_not_wrap) {
     data_splits_free(&d);
 }
 
+/* Synthetic images are learnable: the rows of the label's band are bright (127-254), the others
+ * dark (0-127), noisy in both; rows of a width in bytes that is not a multiple of 8 (5 x 3) are
+ * filled to their end and no further (ASan: the buffer's end). */
+Test(dataset, synthetic_images_brighten_their_labels_band) {
+    train_conf_t c = synthetic_conf(5, 200, 0);
+    c.height = 10;
+    c.width_px = 5;
+    c.channels = 3;
+    data_splits_t d;
+    char err[256];
+    cr_assert_eq(data_splits_load(&c, &d, err, sizeof err), 0, "%s", err);
+    int distinct[256] = {0}, n_distinct = 0;
+    for (int64_t i = 0; i < d.train.n; i++) {
+        const uint8_t *img = d.train.images + (size_t)i * 10 * 15;
+        for (int y = 0; y < 10; y++) {
+            bool is_band = y * 5 / 10 == d.train.labels[i];
+            for (int j = 0; j < 15; j++) {
+                uint8_t v = img[y * 15 + j];
+                cr_assert(is_band ? v >= 127 && v <= 254 : v <= 127,
+                          "image %lld row %d byte %d: %d (label %d)", (long long)i, y, j, v,
+                          d.train.labels[i]);
+                n_distinct += distinct[v]++ == 0;
+            }
+        }
+    }
+    cr_assert_gt(n_distinct, 200, "noise: only %d distinct values", n_distinct);
+    data_splits_free(&d);
+}
+
 Test(dataset, val_split_holds_out_of_train_and_leaves_test_alone) {
     train_conf_t c = synthetic_conf(10, 400, 0.2);
     data_splits_t d;
