@@ -150,13 +150,13 @@ static void decide(agent_sm_t *sm, agent_sm_actions_t *out) {
                            .failures = ++sm->failures};
     }
     int code = why.code;
-    bool is_membership_change = is_failed && !sm->stop_signal && code == 0;
+    rdzv_why_outcome_t outcome =
+        is_failed ? rdzv_why_outcome(&why, sm->cfg.max_restarts, sm->cfg.is_multi) : RDZV_WHY_ENDS;
+    bool is_membership_change = is_failed && code == 0; /* a stop signal has its code */
     /* past the budget, a peer failure may still be a lost node, which is no restart: the next
      * round's size decides (JOIN_DONE) */
-    sm->is_budget_pending = is_failed && !why.is_permanent && sm->cfg.is_multi &&
-                            code == DDP_EXIT_PEER_FAILURE && why.failures > sm->cfg.max_restarts;
-    if (is_membership_change || sm->is_budget_pending ||
-        (is_failed && !why.is_permanent && why.failures <= sm->cfg.max_restarts)) {
+    sm->is_budget_pending = outcome == RDZV_WHY_SIZE_DECIDES;
+    if (outcome != RDZV_WHY_ENDS) {
         if (is_membership_change)
             say(out, AGENT_SAY_INFO, "membership changes: every node joins round %d",
                 sm->round.round + 1);

@@ -9,6 +9,7 @@
 #include <cJSON.h>
 
 #include "endpoint.h"
+#include "exit_codes.h"
 
 /* name: "HOST:PORT" when host is not empty; false when it does not fit. */
 static bool add_address(cJSON *o, const char *name, const char *host, uint16_t port) {
@@ -169,6 +170,13 @@ bool rdzv_record_rank_parse(const char *text, size_t n_bytes, rdzv_rank_record_t
     }
     cJSON_Delete(o);
     return is_ok;
+}
+
+rdzv_why_outcome_t rdzv_why_outcome(const rdzv_why_t *w, int max_restarts, bool is_multi) {
+    if (w->code == 0) return RDZV_WHY_RESTARTS;
+    if (w->is_permanent) return RDZV_WHY_ENDS;
+    if (w->failures <= max_restarts) return RDZV_WHY_RESTARTS;
+    return is_multi && w->code == DDP_EXIT_PEER_FAILURE ? RDZV_WHY_SIZE_DECIDES : RDZV_WHY_ENDS;
 }
 
 void rdzv_record_why_describe(const rdzv_why_t *w, char *out, size_t out_len) {

@@ -75,6 +75,14 @@ typedef struct {
                           completed): a node still waiting for it has nothing left to run */
 } rdzv_why_t;
 
+/* What a failed round (a restart record, or this node's own failure) leads to under
+ * --max-restarts: another round (a membership change, code 0, or a failure within the budget); a
+ * round whose size decides (several nodes, a peer failure past the budget: a node fewer means it
+ * was lost, which is no restart); or the job's end (a permanent failure, or one past the budget).
+ * The agent's decision and a resubmission's check (rdzv_job_has_failed) both ask it. */
+typedef enum { RDZV_WHY_RESTARTS, RDZV_WHY_SIZE_DECIDES, RDZV_WHY_ENDS } rdzv_why_outcome_t;
+rdzv_why_outcome_t rdzv_why_outcome(const rdzv_why_t *w, int max_restarts, bool is_multi);
+
 /* The record as JSON into out; returns its length, or -1 if it does not fit. */
 int rdzv_record_node_format(const rdzv_node_record_t *n, char *out, size_t out_len);
 int rdzv_record_why_format(const rdzv_why_t *w, char *out, size_t out_len);

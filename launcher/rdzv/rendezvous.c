@@ -173,9 +173,8 @@ int rdzv_job_has_failed(rdzv_t *r, rdzv_kv_t *c, int current, char *err, size_t 
     free(v);
     /* a peer failure past the budget is decided by the next round's size (a lost node is no
      * restart): not an end by itself */
-    if (!is_read || why.is_finished || why.code == 0 ||
-        (!why.is_permanent &&
-         (why.failures <= r->opts->max_restarts || why.code == DDP_EXIT_PEER_FAILURE)))
+    if (!is_read || why.is_finished ||
+        rdzv_why_outcome(&why, r->opts->max_restarts, true) != RDZV_WHY_ENDS)
         return 0;
     char text[256];
     rdzv_record_why_describe(&why, text, sizeof text);

@@ -237,6 +237,7 @@ def run_example(ddprun, conf, tmp_path, timeout):
 
 
 @needs_fashion
+@pytest.mark.cpu_bound
 def test_the_shipped_example_reaches_90_percent_on_two_ranks(ddprun, tmp_path):
     """The README's main job: docs/examples/fashion-mnist.conf, 2 epochs on 2 ranks."""
     conf = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "examples",

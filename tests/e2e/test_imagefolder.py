@@ -127,6 +127,7 @@ seed = 1
 """
 
 
+@pytest.mark.cpu_bound
 def test_resnet18_imagenet_stem_reaches_90_percent_on_the_jpeg_folder(ddprun, tmp_path):
     """ResNet-18 with the ImageNet stem on 40000 JPEGs made from Fashion-MNIST (48 px), validated on
     3000 of its test images: >= 90% top-1 on the CPU (measured 91.40% in 4m26s with a release

@@ -218,3 +218,27 @@ Test(rdzv_record, peer_addresses_round_trip_and_bad_ones_are_refused) {
         cr_assert_not(is_ok, "accepted %s", bad[i]);
     }
 }
+
+/* One rule for what a failed round leads to, the agent's and a resubmission's: a membership change
+ * or a failure within --max-restarts restarts; a permanent failure ends, within the budget too; a
+ * peer failure past it lets the next round's size decide on several nodes, ends on one; any other
+ * failure past it ends. */
+Test(rdzv_record, a_failed_round_restarts_ends_or_lets_the_size_decide) {
+    const struct {
+        rdzv_why_t why;
+        bool is_multi;
+        rdzv_why_outcome_t want;
+    } cases[] = {
+        {{.code = 0, .failures = 9}, true, RDZV_WHY_RESTARTS},
+        {{.code = 1, .failures = 3}, true, RDZV_WHY_RESTARTS},
+        {{.code = 1, .failures = 4}, true, RDZV_WHY_ENDS},
+        {{.code = 78, .is_permanent = true, .failures = 1}, true, RDZV_WHY_ENDS},
+        {{.code = 75, .failures = 3}, true, RDZV_WHY_RESTARTS},
+        {{.code = 75, .failures = 4}, true, RDZV_WHY_SIZE_DECIDES},
+        {{.code = 75, .failures = 4}, false, RDZV_WHY_ENDS},
+        {{.code = 75, .is_permanent = true, .failures = 1}, true, RDZV_WHY_ENDS},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_assert_eq(rdzv_why_outcome(&cases[i].why, 3, cases[i].is_multi), cases[i].want,
+                     "case %zu", i);
+}
