@@ -141,6 +141,15 @@ static void *copy_stage(gpu_t *g, size_t n_bytes) {
         if (g->copy_stage[i]) CHECK_CUDA(cudaFree(g->copy_stage[i]));
         g->copy_stage[i] = NULL;
         g->copy_stage_bytes[i] = 0;
+        /* never the memory training may still grow into (cuDNN's workspace, a larger batch at
+         * evaluation): a buffer only where a tenth of the GPU, and at least 1 GiB, stays free */
+        size_t free_bytes = 0, total_bytes = 0;
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        size_t margin = total_bytes / 10 > ((size_t)1 << 30) ? total_bytes / 10 : (size_t)1 << 30;
+        if (free_bytes < n_bytes || free_bytes - n_bytes < margin) return NULL;
         if (cudaMalloc(&g->copy_stage[i], n_bytes) != cudaSuccess) {
             cudaGetLastError(); /* out of memory: the direct copy, and a fence */
             g->copy_stage[i] = NULL;
