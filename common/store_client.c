@@ -17,6 +17,7 @@
 
 #include "clock.h"
 #include "ddp_error.h"
+#include "resolve.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_MS 30000
 #define DEFAULT_OP_TIMEOUT_MS      300000
@@ -391,9 +392,20 @@ static int reconnect(store_client_t *c) {
     c->is_interrupted = false;
     for (;;) {
         struct addrinfo *res = NULL;
-        int gai = getaddrinfo(c->host, port, &hints, &res);
+        /* bounded by the connect deadline and the interrupt: the system's resolver is not */
+        int gai = resolve_within(c->host, port, &hints, connect_deadline, c->wake[0], &res);
+        if (gai == RESOLVE_INTERRUPTED) {
+            char drain[64];
+            while (read(c->wake[0], drain, sizeof drain) > 0) {
+            }
+            c->is_interrupted = true;
+            return fail(c, DDP_ECLOSED, "connecting was interrupted");
+        }
+        if (gai == RESOLVE_TIMED_OUT)
+            return fail(c, DDP_ETIMEOUT, "could not resolve the host within %lld ms (%s)",
+                        (long long)c->opts.connect_timeout_ms, resolve_strerror(gai));
         if (gai != 0 && gai != EAI_AGAIN)
-            return fail(c, -EINVAL, "cannot resolve host: %s", gai_strerror(gai));
+            return fail(c, -EINVAL, "cannot resolve host: %s", resolve_strerror(gai));
         rc = gai != 0 ? -EAGAIN : -ECONNREFUSED;
         for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
             c->deadline_ms = connect_deadline;

@@ -3,6 +3,7 @@ blocking operations woken by another client, exit codes (0 done, 1 failed or tim
 and that the man page documents every option of `ddprun store --help`."""
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -327,3 +328,30 @@ def test_output_that_cannot_be_written_is_a_failure(ddprun, store):
                                timeout=30, env=clean_env())
         assert r.returncode == 1, (op, r.stderr)
         assert "writing the output failed: No space left on device" in r.stderr, (op, r.stderr)
+
+
+def test_a_resolver_that_never_answers_is_bounded_by_the_connect_timeout(ddprun, tmp_path):
+    """The store's host name looked up from a DNS server that never answers (a UDP socket that
+    reads and stays silent, named by a resolv.conf mounted over the system's in a mount namespace
+    of the client's own): the lookup ends at --connect-timeout, saying so, not after the system
+    resolver's 5 s x 2 attempts."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a mount namespace")
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        silent.bind(("127.0.0.153", 53))
+    except OSError as e:
+        pytest.skip(f"no silent DNS server at 127.0.0.153:53: {e}")
+    conf = tmp_path / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.153\noptions timeout:5 attempts:2\n")
+    script = (f'mount --bind {conf} /etc/resolv.conf && exec "$@"')
+    t0 = time.monotonic()
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", ddprun, "store-client",
+                        "--endpoint", "ddprun-test-unresolvable.example:29400",
+                        "--connect-timeout", "1500", "ping"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    elapsed = time.monotonic() - t0
+    silent.close()
+    assert r.returncode == 1, r.stderr
+    assert "could not resolve the host within 1500 ms" in r.stderr, r.stderr
+    assert elapsed < 5, f"{elapsed:.1f} s"
