@@ -23,6 +23,8 @@ classes, reading a JPEG folder (tests/tools/make_jpeg_folder.py, sides --jpeg-si
 that no epoch ends inside the timed windows; RandomResizedCrop + flip to 128 px, decoded on all the
 host's cores: data.workers 0) against the same run on synthetic data:
   RESULT resnet18-128-jpeg <precision> ddpworker_jpeg=<img/s> ddpworker_synthetic=<img/s> ratio=<jpeg/synthetic>
+and, once per folder, the loader alone on every core (tests/bench/bench_loader, no training): what
+the host can feed at most.
 --backend cpu runs ddpworker's cpu backend and no PyTorch (fp32 only): a check of this harness
 on a machine without a GPU, with --width, --row-batch and --steps small.
 """
@@ -121,6 +123,22 @@ def run_ddpworker(shape, model, width, precision, batch, steps, backend="cuda", 
             return None
         check_window_clock(windows[-2:], batch * steps)
         return windows[-1]["img_per_s"]
+
+
+def loader_rate(root, size, batch):
+    """img/s of the image-folder loader alone on root (tests/bench/bench_loader: every core
+    decoding and cropping one epoch, nothing trained): what the host can feed at most. None when
+    the tool is not built."""
+    tool = build_path("tests", "bench", "bench_loader")
+    if not os.access(tool, os.X_OK):
+        return None
+    r = subprocess.run([tool, root, str(size), str(batch), str(os.cpu_count() or 1), "1", "rrc"],
+                       capture_output=True, text=True, timeout=600)
+    found = r.stdout.split()
+    if r.returncode != 0 or len(found) != 4:
+        print(f"bench_loader failed: {r.stderr.strip()}", file=sys.stderr)
+        return None
+    return int(found[1]) / float(found[3])
 
 
 def event_time(event):
@@ -233,11 +251,15 @@ def main():
             make_jpeg_folder(jpeg_dir, 2 * args.steps * batch + batch, args.jpeg_sides,
                              min(16, os.cpu_count() or 1))
             print(f"JPEG folder {jpeg_dir} ready in {time.monotonic() - t0:.1f} s", flush=True)
+            loader_alone = loader_rate(jpeg_dir, SHAPES[shape][0][0], batch)
+            print(f"the loader alone (bench_loader, {os.cpu_count()} threads, no training): "
+                  f"{loader_alone or 0:.0f} img/s", flush=True)
         for precision in args.precisions.split(","):
             row = {"shape": shape, "precision": precision, "model": model, "batch": batch}
             if name:
                 row["row"] = name
             if jpeg_dir:
+                row["loader_alone"] = loader_alone
                 row["ddpworker_jpeg"] = run_ddpworker(shape, model, args.width, precision, batch,
                                                       args.steps, args.backend, jpeg_dir)
                 row["ddpworker"] = run_ddpworker(shape, model, args.width, precision, batch,
