@@ -13,7 +13,8 @@
              "seal CPU" is the thread CPU time of each snapshot's copies, checksums and checks
              (CLOCK_THREAD_CPUTIME_ID, whichever thread made them: a load-independent cost),
              against a rank's CPU time per step in the off runs (the run's CPU seconds / ranks /
-             steps, start-up included).
+             steps, start-up included). "taken" is the share of due snapshots taken (a GPU skips
+             one due while the last is still being copied or sealed; the cpu backend takes all).
   recovery : kill -9 of one of 2 workers mid-run, from the kill to the first training step the
              restarted workers complete; resumed from memory (every_memory = 1) against today's
              disk path (every_memory = 0, snapshot.every = 20, killed half-way between two disk
@@ -75,20 +76,23 @@ def one_run(model, width, size, channels, batch, steps, memory):
         mem = [e for e in events if e["event"] == "memory_snapshots"]
         if memory and not mem:
             sys.exit("bench_memory_snapshot: no memory_snapshots event: not under ddprun?")
+        # a GPU skips a snapshot due while the last is on its way: the share taken
+        taken = (mem[0]["count"] / (mem[0]["count"] + mem[0].get("skipped", 0))) if mem else 0.0
         return (step_ms, (mem[0]["stall_ms_mean"] if mem else 0.0), cpu_s,
-                mem[0].get("seal_cpu_ms_mean", 0.0) if mem else 0.0)
+                mem[0].get("seal_cpu_ms_mean", 0.0) if mem else 0.0, taken)
 
 
 def overhead(spec, rounds):
-    on, off, stalls, seals, cpu = [], [], [], [], {0: [], 1: []}
+    on, off, stalls, seals, taken, cpu = [], [], [], [], [], {0: [], 1: []}
     for r in range(rounds):
         for memory in ((1, 0) if r % 2 == 0 else (0, 1)):
-            steps, stall, cpu_s, seal = one_run(*spec, memory)
+            steps, stall, cpu_s, seal, share = one_run(*spec, memory)
             (on if memory else off).extend(steps)
             cpu[memory].append(cpu_s)
             if memory:
                 stalls.append(stall)
                 seals.append(seal)
+                taken.append(share)
     m_on, m_off = statistics.median(on), statistics.median(off)
     model, width, size, channels, batch, n_steps = spec
     step_cpu_ms = statistics.median(cpu[0]) / (RANKS * n_steps) * 1e3
@@ -99,7 +103,8 @@ def overhead(spec, rounds):
             "cpu_s_off": statistics.median(cpu[0]), "cpu_s_on": statistics.median(cpu[1]),
             "cpu_pct": (statistics.median(cpu[1]) / statistics.median(cpu[0]) - 1) * 100,
             "seal_cpu_ms": statistics.median(seals),
-            "seal_cpu_pct": statistics.median(seals) / step_cpu_ms * 100}
+            "seal_cpu_pct": statistics.median(seals) / step_cpu_ms * 100,
+            "taken_pct": statistics.median(taken) * 100}
 
 
 def wait_for_restart_step(metrics, starts_before, timeout=120):
@@ -168,7 +173,7 @@ def main():
           f"{args.rounds} alternating on/off runs each)")
     print(f"{'model':30} {'off ms':>8} {'on ms':>8} {'overhead':>9} {'stall ms':>9} "
           f"{'stall/step':>10} {'CPU s off':>9} {'CPU s on':>9} {'CPU +':>7} {'seal CPU ms':>11} "
-          f"{'/step CPU':>9}")
+          f"{'/step CPU':>9} {'taken':>6}")
     rows = []
     for spec in models:
         r = overhead(spec, args.rounds)
@@ -176,7 +181,8 @@ def main():
         print(f"{r['model']:30} {r['step_ms_off']:8.2f} {r['step_ms_on']:8.2f} "
               f"{r['overhead_pct']:8.2f}% {r['stall_ms']:9.3f} {r['stall_pct']:9.3f}% "
               f"{r['cpu_s_off']:9.2f} {r['cpu_s_on']:9.2f} {r['cpu_pct']:6.2f}% "
-              f"{r['seal_cpu_ms']:11.3f} {r['seal_cpu_pct']:8.3f}%", flush=True)
+              f"{r['seal_cpu_ms']:11.3f} {r['seal_cpu_pct']:8.3f}% {r['taken_pct']:5.0f}%",
+              flush=True)
     runs = {"memory": [], "disk": []}
     if args.no_recovery:
         if args.json:
