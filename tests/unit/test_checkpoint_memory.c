@@ -2,8 +2,9 @@
  * backend queues them and makes them when the writer's thread waits for them, which the test holds
  * back): a due snapshot is skipped while the last one is still on its way, never waited for, and
  * counted; the one after is taken; the sealed generation holds the state of the step it was taken
- * at, copied out, not what the arenas hold later. The cuda backend's own copies (a device buffer,
- * then the side stream) need a GPU: tests/gpu. */
+ * at, copied out, not what the arenas hold later, and its loss scale copied out with it (no
+ * read-back, which would wait for the GPU). The cuda backend's own copies (a device buffer, then
+ * the side stream) need a GPU: tests/gpu. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "checkpoint_memory.h"
+#include "loss_scale.h"
 #include "memory_snapshot.h"
 #include "model.h"
 #include "optimizer.h"
@@ -65,8 +67,20 @@ static bool is_device(backend_t *b, const void *p) {
     return true;
 }
 
+static int pin_host(backend_t *b, void *p, size_t n) {
+    (void)b, (void)p, (void)n;
+    return 0;
+}
+
+static void unpin_host(backend_t *b, void *p) {
+    (void)b, (void)p;
+}
+
+/* no to_host: a read-back, which would wait for the GPU, crashes the test */
 static backend_memory_i mem = {.name = "async-test",
                                .is_device = is_device,
+                               .pin_host = pin_host,
+                               .unpin_host = unpin_host,
                                .copy_out_begin = copy_out_begin,
                                .copy_out = copy_out,
                                .copy_out_fence = copy_out_fence,
@@ -101,7 +115,8 @@ Test(checkpoint_memory, a_snapshot_due_while_the_last_is_on_its_way_is_skipped_n
                            .optim = &optim,
                            .rank = 0,
                            .world = 1};
-    train_state_t state = {0};
+    static loss_scale_t scale = {.scale = 1024.0f, .good_steps = 7};
+    train_state_t state = {.loss_scale = &scale}; /* fp16: its scale goes into the header */
     checkpoint_memory_t cm = {0};
     atomic_store(&may_copy, false);
     checkpoint_memory_init(&cm, &parts);
@@ -113,6 +128,7 @@ Test(checkpoint_memory, a_snapshot_due_while_the_last_is_on_its_way_is_skipped_n
     checkpoint_memory_fence(&cm, &parts);
     for (int i = 0; i < N_PARAMS; i++)
         params[i] = 2.0f; /* the optimizer of step 2 */
+    scale = (loss_scale_t){.scale = 2048.0f, .good_steps = 0};
     state.step = 2;
     checkpoint_memory_take(&cm, &parts, &state); /* returns: step 1 is still on its way */
     cr_assert_eq(cm.n_taken, 1);
@@ -129,6 +145,9 @@ Test(checkpoint_memory, a_snapshot_due_while_the_last_is_on_its_way_is_skipped_n
     cr_assert(d.header.step == 1 && reached == 2, "step %llu, reached %lld",
               (unsigned long long)d.header.step, (long long)reached);
     cr_assert_float_eq(d.params[0], 1.0f, 0, "step 1's parameters, not the later ones");
+    cr_assert(d.header.loss_scale == 1024.0f && d.header.loss_scale_good_steps == 7,
+              "step 1's loss scale, copied out with the state: %g, %u", d.header.loss_scale,
+              d.header.loss_scale_good_steps);
     snapshot_data_free(&d);
     state.step = 3;
     checkpoint_memory_take(&cm, &parts, &state);

@@ -413,8 +413,8 @@ Test(memory_snapshot, slots_too_big_for_the_tmpfs_are_an_error_not_a_sigbus) {
  * is sealing until they land, then sealed; a trainer that must not wait sees it and skips. */
 static atomic_bool copies_landed;
 
-static void wait_for_copies(void *arg) {
-    (void)arg;
+static void wait_for_copies(void *arg, snapshot_header_t *h) {
+    (void)arg, (void)h;
     while (!atomic_load(&copies_landed))
         usleep(1000);
 }

@@ -269,7 +269,7 @@ static void *writer_main(void *arg) {
         snapshot_header_t h = m->job;
         int slot = m->filling;
         pthread_mutex_unlock(&m->lock);
-        if (m->wait.cb) m->wait.cb(m->wait.arg);
+        if (m->wait.cb) m->wait.cb(m->wait.arg, &h);
         bool is_sealed = fill_and_seal(m, slot, &h, m->copies, m->n_copies);
         pthread_mutex_lock(&m->lock);
         m->is_copied = true;

@@ -31,10 +31,11 @@
 typedef struct memory_snapshot memory_snapshot_t;
 
 /* Called on the writer's thread before the checksums of a generation: wait until its sections are
- * filled (a GPU's asynchronous copies). NULL: they are filled when memory_snapshot_submit is
- * called. */
+ * filled (a GPU's asynchronous copies), and complete its header h with what those copies brought
+ * (a GPU's loss scale, read without stopping the trainer). NULL: they are filled when
+ * memory_snapshot_submit is called. */
 typedef struct {
-    void (*cb)(void *arg);
+    void (*cb)(void *arg, snapshot_header_t *h);
     void *arg;
 } memory_snapshot_wait_t;
 

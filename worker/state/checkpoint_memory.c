@@ -15,10 +15,27 @@
 #include "checkpoint.h"
 #include "clock.h"
 
-/* The writer's thread waits for the side stream before it hashes. */
-static void wait_copies(void *arg) {
-    backend_t *b = arg;
+/* The writer's thread waits for the side stream before it hashes, and puts the loss scale that
+ * came with the copies into the header. */
+static void wait_copies(void *arg, snapshot_header_t *h) {
+    checkpoint_memory_t *cm = arg;
+    backend_t *b = cm->backend;
     b->mem->copy_out_wait(b);
+    if (cm->has_scale_copy) {
+        h->loss_scale = cm->scale_copy->scale;
+        h->loss_scale_good_steps = cm->scale_copy->good_steps;
+    }
+}
+
+/* A page of page-locked memory for the loss scale's copy (NULL: none; it is then read back). */
+static loss_scale_t *pinned_scale(backend_t *b) {
+    void *p = NULL;
+    if (!b->mem->pin_host || posix_memalign(&p, 4096, 4096) != 0) return NULL;
+    if (b->mem->pin_host(b, p, 4096) < 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
 }
 
 static void pin(void *arg, void *p, size_t n_bytes) {
@@ -44,7 +61,8 @@ static bool is_async(const train_parts_t *p) {
 void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p) {
     const char *dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
     if (!dir || !*dir || p->rank != 0) return;
-    memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = p->backend};
+    cm->backend = p->backend;
+    memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = cm};
     char err[1024];
     if (p->conf->snapshot_every_memory == 0) { /* how far training got, for the steps lost */
         if (memory_snapshot_create_progress(dir, &cm->memory, err, sizeof err) < 0)
@@ -61,6 +79,7 @@ void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p) {
     }
     if (is_async(p) && p->backend->mem->pin_host)
         memory_snapshot_each_slot(cm->memory, pin, p->backend);
+    if (is_async(p)) cm->scale_copy = pinned_scale(p->backend);
 }
 
 /* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */
@@ -100,13 +119,17 @@ void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
     const backend_memory_i *mem = p->backend->mem;
     size_t p_bytes = m->n_params * sizeof(float), b_bytes = m->n_buffers * sizeof(float);
     bool has_second = optimizer_has_second_moment(p->optim);
-    if (s->loss_scale) { /* a read-back (a synchronization): only fp16 runs scale */
+    bool is_scale_copied = s->loss_scale && is_async(p) && cm->scale_copy;
+    if (s->loss_scale && !is_scale_copied) { /* a read-back (waits for the GPU): fp16 scales */
         loss_scale_t ls = train_state_loss_scale(s, p->backend);
         h.loss_scale = ls.scale;
         h.loss_scale_good_steps = ls.good_steps;
     }
+    cm->has_scale_copy = is_scale_copied;
     if (is_async(p)) {
         mem->copy_out_begin(p->backend);
+        if (is_scale_copied) /* the writer's thread puts it into the header */
+            mem->copy_out(p->backend, cm->scale_copy, s->loss_scale, sizeof *cm->scale_copy);
         /* the running statistics change in the next forward: it waits for their (small) copy */
         mem->copy_out(p->backend, d->buffers, m->buffers, b_bytes);
         mem->copy_out_fence(p->backend);
@@ -167,4 +190,9 @@ void checkpoint_memory_free(checkpoint_memory_t *cm, const train_parts_t *p) {
         memory_snapshot_each_slot(cm->memory, unpin, p->backend);
     memory_snapshot_destroy(cm->memory);
     cm->memory = NULL;
+    if (cm->scale_copy) {
+        if (p->backend->mem->unpin_host) p->backend->mem->unpin_host(p->backend, cm->scale_copy);
+        free(cm->scale_copy);
+        cm->scale_copy = NULL;
+    }
 }

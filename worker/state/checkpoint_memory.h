@@ -17,6 +17,11 @@ typedef struct {
     double stall_s, stall_max_s; /* the trainer's time in memory snapshots */
     int64_t n_taken;             /* memory snapshots taken by this process */
     int64_t n_skipped; /* due ones skipped while the one before was still on its way (a GPU) */
+    /* a GPU's loss scale copied out with the state into page-locked memory (NULL: read back,
+     * which waits for the GPU), for the writer's thread to put into the generation's header */
+    backend_t *backend;
+    loss_scale_t *scale_copy;
+    bool has_scale_copy; /* the generation in flight carries one */
 } checkpoint_memory_t;
 
 /* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
