@@ -4,6 +4,9 @@
  * writer thread (including a failed write reported on the next acquire), and Adam's state (the
  * second-moment section and the step count). */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -614,4 +617,57 @@ Test(snapshot, the_run_state_round_trips_and_impossible_values_are_refused) {
         cr_assert_eq(snapshot_read(path, &got, err, sizeof err), -1, "case %d accepted", i);
         cr_assert(strstr(err, path) && strstr(err, "(corrupt)"), "%s", err);
     }
+}
+
+/* A write the disk holds (its temp file a FIFO nobody reads: open(2) blocks, as on a hung mount)
+ * is said while the trainer waits for it, with the step and the directory; the wait ends when the
+ * disk lets go (the write then fails: a FIFO takes no fsync). */
+static char fifo_path[4096];
+
+static void *read_the_fifo_later(void *arg) {
+    (void)arg;
+    usleep(700 * 1000);
+    int fd = open(fifo_path, O_RDONLY);
+    char buf[4096];
+    while (fd >= 0 && read(fd, buf, sizeof buf) > 0) {
+    }
+    if (fd >= 0) close(fd);
+    return NULL;
+}
+
+Test(snapshot, a_write_the_disk_holds_is_said_while_the_trainer_waits) {
+    snapshot_writer_t *w;
+    char err[1024];
+    snapshot_retention_t keep = {.keep = 3};
+    cr_assert_eq(
+        snapshot_writer_create(dir, N_PARAMS, N_BUFFERS, false, &keep, &w, err, sizeof err), 0,
+        "%s", err);
+    FILE *notice = tmpfile();
+    cr_assert_not_null(notice);
+    snapshot_writer_set_notice(w, 0.2, notice);
+    snprintf(fifo_path, sizeof fifo_path,
+             "%s/." SNAPSHOT_FILE_PREFIX "%012d" SNAPSHOT_FILE_SUFFIX ".tmp", dir, 10);
+    cr_assert_eq(mkfifo(fifo_path, 0600), 0, "%s", strerror(errno));
+    snapshot_data_t *buf;
+    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
+    snapshot_data_t s = sample(10);
+    buf->header = s.header;
+    memcpy(buf->params, params, sizeof params);
+    memcpy(buf->momentum, momentum, sizeof momentum);
+    memcpy(buf->buffers, buffers, sizeof buffers);
+    snapshot_writer_submit(w);
+    pthread_t reader;
+    cr_assert_eq(pthread_create(&reader, NULL, read_the_fifo_later, NULL), 0);
+    snapshot_writer_flush(w, err, sizeof err); /* returns once the FIFO is read */
+    pthread_join(reader, NULL);
+    char said[1024] = "";
+    rewind(notice);
+    size_t n = fread(said, 1, sizeof said - 1, notice);
+    said[n] = '\0';
+    cr_assert(strstr(said, "waiting 0 s for the snapshot of step 10 to be written to") &&
+                  strstr(said, dir) && strstr(said, "the disk is slow or hung"),
+              "said: %s", said);
+    fclose(notice);
+    snapshot_writer_destroy(w);
+    unlink(fifo_path);
 }

@@ -636,7 +636,15 @@ struct snapshot_writer {
     double landed_s;
     uint64_t landed_step;
     char failure[1024];
+    /* a wait for the write in flight that lasts notice_after_s is said on notice (every
+     * NOTICE_REPEAT_S after): a hung disk holds the trainer, and the other ranks then blame this
+     * one in their next collective without naming the disk */
+    double notice_after_s;
+    FILE *notice;
 };
+
+#define NOTICE_AFTER_S  10.0
+#define NOTICE_REPEAT_S 60.0
 
 static void *writer_main(void *arg) {
     snapshot_writer_t *w = arg;
@@ -708,7 +716,13 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
     if (has_second_moment)
         w->data.second_moment = malloc((n_params ? n_params : 1) * sizeof(float));
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC); /* clock_now_s's clock */
+    pthread_cond_init(&w->cv, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+    w->notice_after_s = NOTICE_AFTER_S;
+    w->notice = stderr;
     if (!w->data.params || !w->data.momentum || !w->data.buffers ||
         (has_second_moment && !w->data.second_moment) ||
         pthread_create(&w->thread, NULL, writer_main, w) != 0) {
@@ -722,8 +736,20 @@ int snapshot_writer_create(const char *dir, size_t n_params, size_t n_buffers,
 
 static int wait_idle(snapshot_writer_t *w, char *err, size_t err_len) {
     pthread_mutex_lock(&w->mu);
-    while (w->is_pending || w->is_busy)
-        pthread_cond_wait(&w->cv, &w->mu);
+    double start = clock_now_s(), notice_at = start + w->notice_after_s;
+    while (w->is_pending || w->is_busy) {
+        struct timespec until = {.tv_sec = (time_t)notice_at,
+                                 .tv_nsec = (long)((notice_at - (double)(time_t)notice_at) * 1e9)};
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != ETIMEDOUT) continue;
+        if (!w->is_pending && !w->is_busy) break;
+        fprintf(w->notice,
+                "ddpworker: waiting %.0f s for the snapshot of step %" PRIu64
+                " to be written to %s: the disk is slow or hung (training waits for it, and the "
+                "other ranks for this one)\n",
+                clock_now_s() - start, w->data.header.step, w->dir);
+        fflush(w->notice);
+        notice_at += NOTICE_REPEAT_S;
+    }
     int rc = w->last_rc;
     if (rc < 0) snprintf(err, err_len, "%s", w->last_err);
     w->last_rc = 0;
@@ -757,6 +783,11 @@ void snapshot_writer_set_progress(snapshot_writer_t *w, const snapshot_progress_
     pthread_mutex_lock(&w->mu);
     w->progress = *progress;
     pthread_mutex_unlock(&w->mu);
+}
+
+void snapshot_writer_set_notice(snapshot_writer_t *w, double after_s, FILE *out) {
+    w->notice_after_s = after_s;
+    w->notice = out;
 }
 
 double snapshot_writer_landed(snapshot_writer_t *w, uint64_t *step, char *failure,
