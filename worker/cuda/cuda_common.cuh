@@ -57,7 +57,8 @@ typedef struct {
 
 #define CONV_FUSION_PLANS 64
 
-/* copies out per generation through a device buffer (cuda_memory.cu): a memory snapshot makes 4 */
+/* copies out per generation through a device buffer (cuda_memory.cu): a memory snapshot makes up
+ * to 5 (the loss scale, the buffers, the parameters, the momentum, the second moment) */
 #define COPY_STAGES 8
 
 typedef __nv_bfloat16 bf16;
