@@ -12,6 +12,12 @@
 
 #include "clock.h"
 
+/* Lookups given up on still hold their thread until the resolver's own timeouts end them: a dead
+ * DNS server and a client that retries every beat would pile them up. Past this many at once a
+ * lookup is refused as a temporary failure (the caller's retry comes later). */
+#define MAX_IN_FLIGHT 16
+static atomic_int in_flight;
+
 /* One lookup, shared by the caller and the thread that makes it; the last to let go frees it. */
 typedef struct {
     char *host, *service;
@@ -35,7 +41,8 @@ static void release(lookup_t *l) {
 static void *look_up(void *arg) {
     lookup_t *l = arg;
     l->rc = getaddrinfo(l->host, l->service, &l->hints, &l->res);
-    ssize_t w = write(l->done[1], "x", 1);
+    atomic_fetch_sub(&in_flight, 1);
+    ssize_t w = write(l->done[1], "x", 1); /* the caller reads it before rc and res */
     (void)w;
     release(l);
     return NULL;
@@ -58,7 +65,13 @@ int resolve_within(const char *host, const char *service, const struct addrinfo 
         free(l->host);
         free(l->service);
         free(l);
-        return EAI_MEMORY;
+        return EAI_AGAIN; /* out of memory or descriptors now: a later try may have them */
+    }
+    if (atomic_fetch_add(&in_flight, 1) >= MAX_IN_FLIGHT) {
+        atomic_fetch_sub(&in_flight, 1);
+        atomic_store(&l->refs, 1);
+        release(l);
+        return EAI_AGAIN;
     }
     pthread_attr_t attr;
     pthread_t thread;
@@ -67,6 +80,7 @@ int resolve_within(const char *host, const char *service, const struct addrinfo 
     int e = pthread_create(&thread, &attr, look_up, l);
     pthread_attr_destroy(&attr);
     if (e != 0) {
+        atomic_fetch_sub(&in_flight, 1);
         atomic_store(&l->refs, 1);
         release(l);
         return EAI_AGAIN; /* no thread now: a later try may have one */
@@ -77,6 +91,9 @@ int resolve_within(const char *host, const char *service, const struct addrinfo 
         int n = poll(p, wake_fd >= 0 ? 2 : 1, clock_remaining_ms(deadline_ms));
         if (n < 0 && errno == EINTR) continue;
         if (n > 0 && (p[0].revents & POLLIN)) {
+            char byte;
+            ssize_t r = read(l->done[0], &byte, 1); /* after the thread's write: its rc and res */
+            (void)r;
             rc = l->rc;
             *res = l->res;
             l->res = NULL;

@@ -3,7 +3,8 @@
  * for its timeout times its attempts times its servers: 10 s and more with resolv.conf's
  * defaults), and a store client must keep its connect deadline and hear an interrupt. A name
  * that is a numeric address is converted at once; any other is looked up on a thread of its own,
- * which, when given up on, finishes and frees its lookup alone. */
+ * which, when given up on, finishes and frees its lookup alone (16 such at most in a process; past
+ * them a lookup fails with EAI_AGAIN, as when no thread or descriptor can be had). */
 #ifndef DDP_COMMON_RESOLVE_H
 #define DDP_COMMON_RESOLVE_H
 

@@ -47,16 +47,20 @@ echo "== end-to-end and interop tests"
 # -rs prints every skip's reason; a tool setup.sh installs that breaks at run time fails (not a
 # skip) unless DDP_ALLOW_SKIP=1 (tests/conftest.py: environment_broken); the 25 slowest tests are
 # listed last (CI's time budget: what to make faster). The convergence runs (marked cpu_bound:
-# minutes of training that wait on no clock of their own) run in a second pytest beside the rest,
-# their output shown once both are done: serially they were 13 of the suite's 34 minutes.
+# minutes of training whose only clock is a generous overall timeout) run in a second pytest
+# beside the rest, in a session of its own that this script ends if it ends first (Ctrl-C, CI's
+# timeout), their output shown once both are done: serially they were 13 of the suite's 34
+# minutes.
 export DDPRUN_BIN="$PWD/$build/launcher/ddprun"
 beside_log="$build/pytest-cpu-bound.log"
-/usr/bin/python3 -m pytest -q -rs --durations=5 -m cpu_bound tests >"$beside_log" 2>&1 &
+setsid /usr/bin/python3 -m pytest -q -rs --durations=5 -m cpu_bound tests >"$beside_log" 2>&1 &
 beside_pid=$!
+trap 'kill -TERM -- "-$beside_pid" 2>/dev/null || true' EXIT INT TERM
 rc=0
 /usr/bin/python3 -m pytest -q -rs --durations=25 -m "not cpu_bound" tests || rc=$?
 beside_rc=0
 wait "$beside_pid" || beside_rc=$?
+trap - EXIT INT TERM
 echo "== the convergence runs (pytest -m cpu_bound, beside the others)"
 cat "$beside_log"
 if [ "$rc" -ne 0 ] || [ "$beside_rc" -ne 0 ]; then

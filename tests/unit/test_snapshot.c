@@ -664,7 +664,8 @@ Test(snapshot, a_write_the_disk_holds_is_said_while_the_trainer_waits) {
     rewind(notice);
     size_t n = fread(said, 1, sizeof said - 1, notice);
     said[n] = '\0';
-    cr_assert(strstr(said, "waiting 0 s for the snapshot of step 10 to be written to") &&
+    cr_assert(strstr(said, "ddpworker: waiting ") &&
+                  strstr(said, " s for the snapshot of step 10 to be written to") &&
                   strstr(said, dir) && strstr(said, "the disk is slow or hung"),
               "said: %s", said);
     fclose(notice);

@@ -127,10 +127,14 @@ typedef struct {
      * side stream, overlapped with the ops queued after them (memory snapshots).
      * pin_host: page-lock host memory (n_bytes at p, e.g. a shared mapping) so copies into it are
      * DMA; 0 or -1 (then copies still work, slower). unpin_host undoes it.
-     * copy_out_begin: later copy_out calls start after every op queued so far. copy_out: queue one
-     * copy to dst (host). copy_out_fence: ops queued from now on wait (on the device, the host
-     * does not) for the copies queued so far: call it before anything overwrites their sources.
-     * copy_out_wait: the host waits for the copies; callable from any thread. */
+     * copy_out_begin: later copy_out calls start after every op queued so far (the host waits
+     * for the last generation's copies to leave the backend's buffers, if they have not). copy_out:
+     * queue one copy to dst (host): on the cuda backend a copy of the source into a device buffer
+     * queued with the ops (the first call of a size allocates it), then the slow copy from there
+     * on a side stream. copy_out_fence: ops queued from now on wait (on the device, the host does
+     * not) for copies that read their source directly (no buffer could be had): call it before
+     * anything overwrites their sources. copy_out_wait: the host waits for the copies; callable
+     * from any thread. */
     int (*pin_host)(backend_t *b, void *p, size_t n_bytes);
     void (*unpin_host)(backend_t *b, void *p);
     void (*copy_out_begin)(backend_t *b);

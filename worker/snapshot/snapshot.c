@@ -748,7 +748,7 @@ static int wait_idle(snapshot_writer_t *w, char *err, size_t err_len) {
                 "other ranks for this one)\n",
                 clock_now_s() - start, w->data.header.step, w->dir);
         fflush(w->notice);
-        notice_at += NOTICE_REPEAT_S;
+        notice_at = clock_now_s() + NOTICE_REPEAT_S;
     }
     int rc = w->last_rc;
     if (rc < 0) snprintf(err, err_len, "%s", w->last_err);

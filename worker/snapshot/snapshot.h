@@ -113,7 +113,8 @@ void snapshot_writer_set_progress(snapshot_writer_t *w, const snapshot_progress_
 double snapshot_writer_landed(snapshot_writer_t *w, uint64_t *step, char *failure,
                               size_t failure_len);
 /* A wait for the write in flight (acquire, flush) that lasts after_s seconds is said on out, with
- * the step and the directory, and again every minute (default: 10 s, stderr). */
+ * the step and the directory, and again every minute (default: 10 s, stderr). Before the first
+ * submit. */
 void snapshot_writer_set_notice(snapshot_writer_t *w, double after_s, FILE *out);
 void snapshot_writer_destroy(snapshot_writer_t *w);
 

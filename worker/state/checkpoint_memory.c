@@ -79,7 +79,6 @@ void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p) {
     }
     if (is_async(p) && p->backend->mem->pin_host)
         memory_snapshot_each_slot(cm->memory, pin, p->backend);
-    if (is_async(p)) cm->scale_copy = pinned_scale(p->backend);
 }
 
 /* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */
@@ -105,8 +104,9 @@ void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
     }
     double start = clock_now_s();
     snapshot_data_t *d = memory_snapshot_begin(cm->memory); /* the previous one is sealed */
-    /* recorded only now: a kill from here on finds the previous step sealed (at most this one
-     * lost), even when the writer's thread ran behind the training */
+    /* recorded only now: a kill from here on finds the previous generation sealed (at most this
+     * step lost; on a GPU, where due snapshots are skipped while one is on its way, the steps
+     * since the last one taken), even when the writer's thread ran behind the training */
     memory_snapshot_mark_reached(cm->memory, s->step);
     snapshot_header_t h;
     memset(&h, 0, sizeof h);
@@ -119,6 +119,10 @@ void checkpoint_memory_take(checkpoint_memory_t *cm, const train_parts_t *p,
     const backend_memory_i *mem = p->backend->mem;
     size_t p_bytes = m->n_params * sizeof(float), b_bytes = m->n_buffers * sizeof(float);
     bool has_second = optimizer_has_second_moment(p->optim);
+    if (s->loss_scale && is_async(p) && !cm->scale_copy && !cm->is_scale_unpinned) {
+        cm->scale_copy = pinned_scale(p->backend); /* once, at the first snapshot that scales */
+        cm->is_scale_unpinned = !cm->scale_copy;
+    }
     bool is_scale_copied = s->loss_scale && is_async(p) && cm->scale_copy;
     if (s->loss_scale && !is_scale_copied) { /* a read-back (waits for the GPU): fp16 scales */
         loss_scale_t ls = train_state_loss_scale(s, p->backend);

@@ -21,7 +21,8 @@ typedef struct {
      * which waits for the GPU), for the writer's thread to put into the generation's header */
     backend_t *backend;
     loss_scale_t *scale_copy;
-    bool has_scale_copy; /* the generation in flight carries one */
+    bool has_scale_copy;    /* the generation in flight carries one */
+    bool is_scale_unpinned; /* no page could be page-locked for it: read back */
 } checkpoint_memory_t;
 
 /* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
