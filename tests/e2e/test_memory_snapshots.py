@@ -469,7 +469,9 @@ def test_the_ring_is_reached_at_the_nodes_local_addr(ddprun, tmp_path, start_sto
                 cmd = open(f"/proc/{pid}/cmdline", "rb").read()
             except OSError:
                 continue
-            if b"ddpworker" in cmd and b"__shim" not in cmd and b"RANK=2" in env:
+            # this test's rank 2 (its conf on the command line: not another job's on the machine)
+            if (b"ddpworker" in cmd and b"__shim" not in cmd and b"RANK=2" in env and
+                    str(conf).encode() in cmd):
                 workers.append(pid)
         assert workers, "rank 2 not found"
         addresses = connected_addresses(workers[0])

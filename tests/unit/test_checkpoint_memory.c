@@ -119,12 +119,13 @@ Test(checkpoint_memory, a_snapshot_due_while_the_last_is_on_its_way_is_skipped_n
     train_state_t state = {.loss_scale = &scale}; /* fp16: its scale goes into the header */
     checkpoint_memory_t cm = {0};
     atomic_store(&may_copy, false);
-    checkpoint_memory_init(&cm, &parts);
-    cr_assert_not_null(cm.memory, "no memory snapshots in %s", dir);
+    checkpoint_memory_init(&cm, &parts); /* the slots open on a thread of their own */
     for (int i = 0; i < N_PARAMS; i++)
         params[i] = 1.0f;
     state.step = 1;
     checkpoint_memory_take(&cm, &parts, &state); /* queued; its copies held back */
+    cr_assert_not_null(cm.memory, "no memory snapshots in %s", dir);
+    cr_assert_not(cm.is_opening);
     checkpoint_memory_fence(&cm, &parts);
     for (int i = 0; i < N_PARAMS; i++)
         params[i] = 2.0f; /* the optimizer of step 2 */

@@ -103,7 +103,8 @@ void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
  */
 
 int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
-    (void)b;
+    gpu_bind_thread(gpu_of(b)); /* a thread of the caller's (memory snapshots open their slots on
+                                   one): the registration is for this device's context */
     if (cudaHostRegister(p, n_bytes, cudaHostRegisterDefault) != cudaSuccess) {
         cudaGetLastError(); /* pageable copies still work */
         return -1;
@@ -112,7 +113,7 @@ int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
 }
 
 void gpu_unpin_host(backend_t *b, void *p) {
-    (void)b;
+    gpu_bind_thread(gpu_of(b));
     if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 

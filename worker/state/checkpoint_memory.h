@@ -4,6 +4,7 @@
 #ifndef DDP_WORKER_CHECKPOINT_MEMORY_H
 #define DDP_WORKER_CHECKPOINT_MEMORY_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -23,10 +24,15 @@ typedef struct {
     loss_scale_t *scale_copy;
     bool has_scale_copy;    /* the generation in flight carries one */
     bool is_scale_unpinned; /* no page could be page-locked for it: read back */
+    /* the slots are opened on this thread while the first step runs (is_opening until joined) */
+    const train_parts_t *parts;
+    pthread_t opener;
+    bool is_opening;
 } checkpoint_memory_t;
 
-/* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots.
- * A failure is a warning: training goes on without them. */
+/* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots, on
+ * a thread of their own (the first take waits for it; p must outlive it). A failure is a warning:
+ * training goes on without them. */
 void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p);
 /* After every step: record the step reached; every snapshot.every_memory steps copy the state
  * into the next slot (a GPU: into a device buffer, then over PCIe on a side stream while the next
