@@ -149,6 +149,7 @@ typedef struct {
     size_t copy_stage_bytes[COPY_STAGES];
     int copy_stages_used;
     bool is_copy_direct;
+    bool is_copy_staging_off; /* given back when training ran out of memory (device_malloc) */
 } gpu_t;
 
 #define BN_PARTIALS_FLOATS ((size_t)2 << 20)

@@ -8,10 +8,31 @@
 
 /* ---- memory ---- */
 
+/* cudaMalloc; out of memory, the memory snapshots' staging buffers (copy_stage) are given back
+ * first, for good (their copies then read the parameters directly), and it is tried once more:
+ * training's own memory comes before a snapshot's speed. */
+static cudaError_t device_malloc(gpu_t *g, void **p, size_t n_bytes) {
+    cudaError_t rc = cudaMalloc(p, n_bytes);
+    if (rc != cudaErrorMemoryAllocation || g->is_copy_staging_off) return rc;
+    cudaGetLastError();
+    g->is_copy_staging_off = true;
+    if (g->copy_stream) CHECK_CUDA(cudaStreamSynchronize(g->copy_stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->stream));
+    for (int i = 0; i < COPY_STAGES; i++) {
+        if (g->copy_stage[i]) CHECK_CUDA(cudaFree(g->copy_stage[i]));
+        g->copy_stage[i] = NULL;
+        g->copy_stage_bytes[i] = 0;
+    }
+    return cudaMalloc(p, n_bytes);
+}
+
 void *gpu_alloc(backend_t *b, size_t n_bytes) {
     gpu_t *g = gpu_of(b);
     void *p = NULL;
-    if (cudaMalloc(&p, n_bytes ? n_bytes : 1) != cudaSuccess) return NULL;
+    if (device_malloc(g, &p, n_bytes ? n_bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
     CHECK_CUDA(cudaMemsetAsync(p, 0, n_bytes, g->stream));
     return p;
 }
@@ -38,7 +59,10 @@ int gpu_reserve_workspace(backend_t *b, size_t n_bytes) {
     if (g->workspace) CHECK_CUDA(cudaFree(g->workspace));
     g->workspace = NULL;
     g->workspace_bytes = 0;
-    if (cudaMalloc(&g->workspace, n_bytes) != cudaSuccess) return -12; /* -ENOMEM */
+    if (device_malloc(g, &g->workspace, n_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return -12; /* -ENOMEM */
+    }
     g->workspace_bytes = n_bytes;
     g->scratch_generation++;
     return 0;
@@ -52,7 +76,7 @@ float *gpu_grown(gpu_t *g, float **buf, size_t *have, size_t n_bytes) {
         if (*buf) CHECK_CUDA(cudaFree(*buf));
         *buf = NULL;
         *have = 0;
-        CHECK_CUDA(cudaMalloc(buf, n_bytes));
+        CHECK_CUDA(device_malloc(g, (void **)buf, n_bytes));
         *have = n_bytes;
         g->scratch_generation++;
     }
@@ -137,7 +161,7 @@ void gpu_copy_out_begin(backend_t *b) {
  * its source directly). One per copy of a generation, kept: every generation copies the same. */
 static void *copy_stage(gpu_t *g, size_t n_bytes) {
     int i = g->copy_stages_used;
-    if (i == COPY_STAGES) return NULL;
+    if (i == COPY_STAGES || g->is_copy_staging_off) return NULL;
     if (g->copy_stage_bytes[i] < n_bytes) {
         if (g->copy_stage[i]) CHECK_CUDA(cudaFree(g->copy_stage[i]));
         g->copy_stage[i] = NULL;
