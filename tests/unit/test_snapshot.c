@@ -343,6 +343,19 @@ Test(snapshot, retention_does_not_count_a_snapshot_it_cannot_read) {
     cr_assert(exists(999), "the unreadable snapshot stays: nothing is known of its bytes");
 }
 
+/* The writer's buffers filled with sample(step), handed to its thread. */
+static void submit_sample(snapshot_writer_t *w, uint64_t step) {
+    snapshot_data_t *buf;
+    char err[1024];
+    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0, "%s", err);
+    snapshot_data_t s = sample(step);
+    buf->header = s.header;
+    memcpy(buf->params, params, sizeof params);
+    memcpy(buf->momentum, momentum, sizeof momentum);
+    memcpy(buf->buffers, buffers, sizeof buffers);
+    snapshot_writer_submit(w);
+}
+
 Test(snapshot, the_writer_thread_writes_and_reports_a_failure_once) {
     snapshot_writer_t *w;
     char err[1024], sub[300];
@@ -351,20 +364,14 @@ Test(snapshot, the_writer_thread_writes_and_reports_a_failure_once) {
     cr_assert_eq(
         snapshot_writer_create(sub, N_PARAMS, N_BUFFERS, false, &keep, &w, err, sizeof err), 0,
         "%s", err);
-    snapshot_data_t *buf;
-    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
-    snapshot_data_t s = sample(4);
-    buf->header = s.header;
-    memcpy(buf->params, params, sizeof params);
-    memcpy(buf->momentum, momentum, sizeof momentum);
-    memcpy(buf->buffers, buffers, sizeof buffers);
-    snapshot_writer_submit(w);
+    submit_sample(w, 4);
     cr_assert_eq(snapshot_writer_flush(w, err, sizeof err), 0, "%s", err);
     cr_assert(strstr(snapshot_writer_last_path(w), "snapshot-000000000004.ddps"));
     /* the directory disappears: the next write fails, and the failure comes back once */
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", sub);
     cr_assert_eq(system(cmd), 0);
+    snapshot_data_t *buf;
     cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
     buf->header.step = 8;
     snapshot_writer_submit(w);
@@ -648,14 +655,7 @@ Test(snapshot, a_write_the_disk_holds_is_said_while_the_trainer_waits) {
     snprintf(fifo_path, sizeof fifo_path,
              "%s/." SNAPSHOT_FILE_PREFIX "%012d" SNAPSHOT_FILE_SUFFIX ".tmp", dir, 10);
     cr_assert_eq(mkfifo(fifo_path, 0600), 0, "%s", strerror(errno));
-    snapshot_data_t *buf;
-    cr_assert_eq(snapshot_writer_acquire(w, &buf, err, sizeof err), 0);
-    snapshot_data_t s = sample(10);
-    buf->header = s.header;
-    memcpy(buf->params, params, sizeof params);
-    memcpy(buf->momentum, momentum, sizeof momentum);
-    memcpy(buf->buffers, buffers, sizeof buffers);
-    snapshot_writer_submit(w);
+    submit_sample(w, 10);
     pthread_t reader;
     cr_assert_eq(pthread_create(&reader, NULL, read_the_fifo_later, NULL), 0);
     snapshot_writer_flush(w, err, sizeof err); /* returns once the FIFO is read */
