@@ -53,13 +53,33 @@ echo "== end-to-end and interop tests"
 # minutes.
 export DDPRUN_BIN="$PWD/$build/launcher/ddprun"
 beside_log="$build/pytest-cpu-bound.log"
-setsid /usr/bin/python3 -m pytest -q -rs --durations=5 -m cpu_bound tests >"$beside_log" 2>&1 &
+beside_pid="" main_pid=""
+stop_both() {
+    [ -n "$beside_pid" ] && kill -TERM -- "-$beside_pid" 2>/dev/null
+    [ -n "$main_pid" ] && kill -TERM "$main_pid" 2>/dev/null
+    return 0
+}
+trap stop_both EXIT
+trap 'stop_both; exit 130' INT
+trap 'stop_both; exit 143' TERM
+# its own session, which it ends itself if this script is gone (killed with no chance to say so)
+setsid bash -c '
+    /usr/bin/python3 -m pytest -q -rs --durations=5 -m cpu_bound tests &
+    pytest_pid=$!
+    while kill -0 "$1" 2>/dev/null && kill -0 "$pytest_pid" 2>/dev/null; do sleep 2; done
+    if kill -0 "$pytest_pid" 2>/dev/null; then kill -TERM -- "-$$"; fi
+    wait "$pytest_pid"' beside "$$" >"$beside_log" 2>&1 &
 beside_pid=$!
-trap 'kill -TERM -- "-$beside_pid" 2>/dev/null || true' EXIT INT TERM
+# in the background too, so that a signal to this script is acted on at once (bash runs a trap
+# only between commands, and wait is one)
+/usr/bin/python3 -m pytest -q -rs --durations=25 -m "not cpu_bound" tests &
+main_pid=$!
 rc=0
-/usr/bin/python3 -m pytest -q -rs --durations=25 -m "not cpu_bound" tests || rc=$?
+wait "$main_pid" || rc=$?
+main_pid=""
 beside_rc=0
 wait "$beside_pid" || beside_rc=$?
+beside_pid=""
 trap - EXIT INT TERM
 echo "== the convergence runs (pytest -m cpu_bound, beside the others)"
 cat "$beside_log"

@@ -13,7 +13,11 @@
  * training's own memory comes before a snapshot's speed. */
 static cudaError_t device_malloc(gpu_t *g, void **p, size_t n_bytes) {
     cudaError_t rc = cudaMalloc(p, n_bytes);
-    if (rc != cudaErrorMemoryAllocation || g->is_copy_staging_off) return rc;
+    bool has_staging = false;
+    for (int i = 0; i < COPY_STAGES; i++)
+        has_staging |= g->copy_stage[i] != NULL;
+    /* never while ops are being recorded: a synchronization would end the capture */
+    if (rc != cudaErrorMemoryAllocation || !has_staging || g->is_recording) return rc;
     cudaGetLastError();
     g->is_copy_staging_off = true;
     if (g->copy_stream) CHECK_CUDA(cudaStreamSynchronize(g->copy_stream));
@@ -127,8 +131,7 @@ void gpu_to_host(backend_t *b, void *dst, const void *src, size_t n_bytes) {
  */
 
 int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
-    gpu_bind_thread(gpu_of(b)); /* a thread of the caller's (memory snapshots open their slots on
-                                   one): the registration is for this device's context */
+    (void)b;
     if (cudaHostRegister(p, n_bytes, cudaHostRegisterDefault) != cudaSuccess) {
         cudaGetLastError(); /* pageable copies still work */
         return -1;
@@ -137,7 +140,7 @@ int gpu_pin_host(backend_t *b, void *p, size_t n_bytes) {
 }
 
 void gpu_unpin_host(backend_t *b, void *p) {
-    gpu_bind_thread(gpu_of(b));
+    (void)b;
     if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 

@@ -59,7 +59,8 @@ static bool is_async(const train_parts_t *p) {
     return mem->copy_out_begin && mem->copy_out && mem->copy_out_fence && mem->copy_out_wait;
 }
 
-/* The slots opened (created or resized, pre-faulted, verified, page-locked for a GPU's copies). */
+/* The slots opened (created or resized, pre-faulted, verified); no CUDA here: it runs on the
+ * opener's thread, which an exit() may find still running. */
 static void open_slots(checkpoint_memory_t *cm, const train_parts_t *p, const char *dir) {
     cm->backend = p->backend;
     memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = cm};
@@ -77,8 +78,6 @@ static void open_slots(checkpoint_memory_t *cm, const train_parts_t *p, const ch
         cm->memory = NULL;
         return;
     }
-    if (is_async(p) && p->backend->mem->pin_host)
-        memory_snapshot_each_slot(cm->memory, pin, p->backend);
 }
 
 static void *open_in_background(void *arg) {
@@ -94,17 +93,20 @@ void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p) {
      * slots of ResNet-18's 90 MB state took 0.39-1.4 s of a worker's start on the 2-core VM (and
      * a GPU page-locks them too) */
     cm->parts = p;
-    if (pthread_create(&cm->opener, NULL, open_in_background, cm) == 0)
-        cm->is_opening = true;
-    else
-        open_slots(cm, p, dir);
+    cm->has_opener = pthread_create(&cm->opener, NULL, open_in_background, cm) == 0;
+    if (!cm->has_opener) open_slots(cm, p, dir);
+    cm->is_opening = true; /* joined (if a thread) and pinned by wait_open */
 }
 
-/* Every use of the slots waits until they are open. */
+/* Every use of the slots waits until they are open; then, on the trainer's thread, a GPU
+ * page-locks them for its copies. */
 static void wait_open(checkpoint_memory_t *cm) {
     if (!cm->is_opening) return;
-    pthread_join(cm->opener, NULL);
+    if (cm->has_opener) pthread_join(cm->opener, NULL);
     cm->is_opening = false;
+    const train_parts_t *p = cm->parts;
+    if (cm->memory && p->conf->snapshot_every_memory && is_async(p) && p->backend->mem->pin_host)
+        memory_snapshot_each_slot(cm->memory, pin, p->backend);
 }
 
 /* The trainer's time in a memory snapshot since start (for the "memory_snapshots" event). */

@@ -24,10 +24,11 @@ typedef struct {
     loss_scale_t *scale_copy;
     bool has_scale_copy;    /* the generation in flight carries one */
     bool is_scale_unpinned; /* no page could be page-locked for it: read back */
-    /* the slots are opened on this thread while the first step runs (is_opening until joined) */
+    /* the slots are opened on this thread while the first step runs (has_opener: it was
+     * started), then page-locked on the trainer's (is_opening until both are done) */
     const train_parts_t *parts;
     pthread_t opener;
-    bool is_opening;
+    bool has_opener, is_opening;
 } checkpoint_memory_t;
 
 /* Rank 0 under ddprun (DDPRUN_MEMORY_SNAPSHOT_DIR) with snapshot.every_memory: open the slots, on

@@ -152,9 +152,9 @@ void trainer_start(trainer_t *t, comm_t *comm) {
     checkpoint_init(&t->ckpt, &t->p);
     bool is_resumed = checkpoint_resume(&t->ckpt, &t->p, &t->state);
     align_schedule(t);
-    checkpoint_memory_init(&t->memory, &t->p);
     /* trainer_run does nothing: the metrics stay as they are */
     if (t->ckpt.is_already_finished) return;
+    checkpoint_memory_init(&t->memory, &t->p);
     if (!is_resumed) init_params(t); /* a resumed run has the snapshot's */
     open_metrics(t, is_resumed);
     if (t->p.rank == 0 && conf->tensorboard_dir[0] &&
