@@ -90,8 +90,8 @@ void checkpoint_memory_init(checkpoint_memory_t *cm, const train_parts_t *p) {
     const char *dir = getenv(MEMORY_SNAPSHOT_DIR_ENV);
     if (!dir || !*dir || p->rank != 0) return;
     /* on a thread of its own while the first step runs: sizing, pre-faulting and verifying both
-     * slots of ResNet-18's 90 MB state took 0.39-1.4 s of a worker's start on the 2-core VM (and
-     * a GPU page-locks them too) */
+     * slots of ResNet-18's 90 MB state took 0.39-1.4 s of a worker's start on the 2-core VM (a
+     * GPU then page-locks them, at the first take) */
     cm->parts = p;
     cm->has_opener = pthread_create(&cm->opener, NULL, open_in_background, cm) == 0;
     if (!cm->has_opener) open_slots(cm, p, dir);
