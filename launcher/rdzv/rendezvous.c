@@ -12,7 +12,6 @@
 #include <cJSON.h>
 
 #include "clock.h"
-#include "exit_codes.h"
 #include "ddp_error.h"
 #include "rdzv/liveness.h"
 

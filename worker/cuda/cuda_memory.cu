@@ -13,11 +13,12 @@
  * training's own memory comes before a snapshot's speed. */
 static cudaError_t device_malloc(gpu_t *g, void **p, size_t n_bytes) {
     cudaError_t rc = cudaMalloc(p, n_bytes);
+    /* never while ops are being recorded: a synchronization would end the capture */
+    if (rc != cudaErrorMemoryAllocation || g->is_recording) return rc;
     bool has_staging = false;
     for (int i = 0; i < COPY_STAGES; i++)
         has_staging |= g->copy_stage[i] != NULL;
-    /* never while ops are being recorded: a synchronization would end the capture */
-    if (rc != cudaErrorMemoryAllocation || !has_staging || g->is_recording) return rc;
+    if (!has_staging) return rc;
     cudaGetLastError();
     g->is_copy_staging_off = true;
     if (g->copy_stream) CHECK_CUDA(cudaStreamSynchronize(g->copy_stream));

@@ -20,7 +20,7 @@
  * came with the copies into the header. */
 static void wait_copies(void *arg, snapshot_header_t *h) {
     checkpoint_memory_t *cm = arg;
-    backend_t *b = cm->backend;
+    backend_t *b = cm->parts->backend;
     b->mem->copy_out_wait(b);
     if (cm->has_scale_copy) {
         h->loss_scale = cm->scale_copy->scale;
@@ -62,7 +62,6 @@ static bool is_async(const train_parts_t *p) {
 /* The slots opened (created or resized, pre-faulted, verified); no CUDA here: it runs on the
  * opener's thread, which an exit() may find still running. */
 static void open_slots(checkpoint_memory_t *cm, const train_parts_t *p, const char *dir) {
-    cm->backend = p->backend;
     memory_snapshot_wait_t wait = {.cb = wait_copies, .arg = cm};
     char err[1024];
     if (p->conf->snapshot_every_memory == 0) { /* how far training got, for the steps lost */

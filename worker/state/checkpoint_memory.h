@@ -20,13 +20,12 @@ typedef struct {
     int64_t n_skipped; /* due ones skipped while the one before was still on its way (a GPU) */
     /* a GPU's loss scale copied out with the state into page-locked memory (NULL: read back,
      * which waits for the GPU), for the writer's thread to put into the generation's header */
-    backend_t *backend;
     loss_scale_t *scale_copy;
-    bool has_scale_copy;    /* the generation in flight carries one */
-    bool is_scale_unpinned; /* no page could be page-locked for it: read back */
+    bool has_scale_copy;        /* the generation in flight carries one */
+    bool is_scale_unpinned;     /* no page could be page-locked for it: read back */
+    const train_parts_t *parts; /* init's (the opener's and the writer's threads read it) */
     /* the slots are opened on this thread while the first step runs (has_opener: it was
      * started), then page-locked on the trainer's (is_opening until both are done) */
-    const train_parts_t *parts;
     pthread_t opener;
     bool has_opener, is_opening;
 } checkpoint_memory_t;
